@@ -1,0 +1,49 @@
+# Everything runs on Node 24. When the machine's node is older, Node 24 comes from the npm
+# registry (the node-linux-<arch> package ships the official binary) into .tools/, and every
+# target puts it first on PATH, so npm, tsc and tap run on it too.
+SHELL := /bin/bash
+NODE_MAJOR_WANTED := 24
+ARCH := $(shell uname -m | sed -e 's/x86_64/x64/' -e 's/aarch64/arm64/')
+SYSTEM_NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+ifeq ($(shell [ "$(SYSTEM_NODE_MAJOR)" -ge "$(NODE_MAJOR_WANTED)" ] && echo ok),ok)
+  NODE_DIR :=
+else
+  NODE_DIR := $(CURDIR)/.tools/node$(NODE_MAJOR_WANTED)/node_modules/node-linux-$(ARCH)/bin
+  export PATH := $(NODE_DIR):$(PATH)
+endif
+NODE := node
+
+.DEFAULT_GOAL := help
+.PHONY: help setup run test check bench clean node
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+node: $(if $(NODE_DIR),$(NODE_DIR)/node)
+$(NODE_DIR)/node:
+	@echo "node $(SYSTEM_NODE_MAJOR) is older than $(NODE_MAJOR_WANTED): fetching Node $(NODE_MAJOR_WANTED) from the npm registry into .tools/"
+	@mkdir -p .tools/node$(NODE_MAJOR_WANTED)
+	@cd .tools/node$(NODE_MAJOR_WANTED) && echo '{"private":true}' > package.json && \
+	  npm install --no-save --no-audit --no-fund --loglevel=error node-linux-$(ARCH)@$(NODE_MAJOR_WANTED)
+	@$(NODE_DIR)/node --version
+
+node_modules/.installed: package.json package-lock.json | node
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+setup: node_modules/.installed ## install Node 24 (if needed) and the dependencies
+
+run: setup ## start PostgreSQL (embedded unless DATABASE_URL is set), migrate, serve API and worker on PORT (3000)
+	$(NODE) bin/crm.js serve
+
+test: setup ## run every test against a real PostgreSQL (embedded unless DATABASE_URL is set)
+	$(NODE) test/run.ts
+
+check: setup ## type-check with tsc --noEmit
+	npx tsc --noEmit -p .
+
+bench: setup ## run the benchmarks and write bench/RESULTS.md
+	$(NODE) bench/run.ts
+
+clean: ## remove dependencies, Node 24 and local data (.data/ holds the embedded database)
+	rm -rf node_modules .tools .data .tap coverage

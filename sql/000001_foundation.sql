@@ -1,0 +1,74 @@
+-- Foundation: the crm schema, the role the API switches to on every request, the extensions
+-- the later migrations rely on, and time-ordered ids.
+
+create schema if not exists crm;
+comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
+
+-- crm_api is NOLOGIN: the service connects as the owner role (the one that ran migrations) and
+-- switches with set_config('role', 'crm_api', true) inside each request transaction, so a
+-- request can never see more than the policies allow, even through a bug in TypeScript.
+do $$
+begin
+  if not exists (select from pg_roles where rolname = 'crm_api') then
+    create role crm_api nologin;
+  end if;
+end
+$$;
+grant crm_api to current_user;
+grant usage on schema crm to crm_api;
+
+-- pgcrypto: hmac() for the request-context proof and digest(); pg_trgm: fuzzy search.
+-- Both are trusted extensions (PostgreSQL 13+), so a database owner without superuser can add them.
+create extension if not exists pgcrypto;
+create extension if not exists pg_trgm;
+
+-- UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits. PostgreSQL 18 has uuidv7(),
+-- 15 to 17 do not, so this works everywhere. Time-ordered ids keep B-tree inserts at the right edge.
+create or replace function crm.uuid_v7() returns uuid
+language sql volatile parallel safe
+as $$
+  select encode(
+    set_bit(set_bit(
+      overlay(uuid_send(gen_random_uuid())
+              placing substring(int8send((extract(epoch from clock_timestamp()) * 1000)::bigint) from 3)
+              from 1 for 6),
+      52, 1), 53, 1),
+    'hex')::uuid
+$$;
+comment on function crm.uuid_v7() is 'A time-ordered UUID version 7 (works on PostgreSQL 15+).';
+grant execute on function crm.uuid_v7() to crm_api;
+
+-- Keeps updated_at honest whatever the client sends.
+create or replace function crm.tg__touch_updated_at() returns trigger
+language plpgsql
+as $$
+begin
+  new.updated_at := now();
+  return new;
+end
+$$;
+comment on function crm.tg__touch_updated_at() is 'BEFORE UPDATE trigger: sets updated_at to the transaction time.';
+
+-- Housekeeping grows with each feature without editing this function: every migration that keeps
+-- expiring rows adds a function crm.prune_<what>(log_retention_days integer) returning the number
+-- of rows removed, and this runs them all. The worker's cron task calls it.
+create or replace function crm.housekeeping(log_retention_days integer)
+returns table (step text, removed bigint)
+language plpgsql
+as $$
+declare
+  v_function regproc;
+begin
+  for v_function in
+    select p.oid::regproc from pg_proc p
+    where p.pronamespace = 'crm'::regnamespace and p.proname like 'prune\_%'
+      and p.pronargs = 1 and p.proargtypes[0] = 'integer'::regtype
+    order by p.proname
+  loop
+    step := v_function::text;
+    execute format('select %s($1)', v_function) into removed using log_retention_days;
+    return next;
+  end loop;
+end
+$$;
+comment on function crm.housekeeping(integer) is 'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';

@@ -1,0 +1,122 @@
+// `crm <command>`: the operator's entry point. Every command accepts --json (then prints exactly
+// one JSON object) and exits non-zero with a one-line reason on error.
+import { parseArgs, type ParseArgsConfig } from 'node:util'
+import { ConfigError, loadConfig, type Config } from '../config.ts'
+import { createLogger } from '../log.ts'
+import { commands as operatorCommands } from './operator.ts'
+
+export class CliError extends Error {}
+
+export type CliContext = {
+  args: string[]
+  json: boolean
+  config: () => Config
+  print: (human: string, data: unknown) => void
+}
+
+export type Command = {
+  usage: string
+  summary: string
+  options?: ParseArgsConfig['options']
+  run: (context: CliContext, values: Record<string, any>, positionals: string[]) => Promise<number | void>
+}
+
+const serviceCommands: Record<string, Command> = {
+  migrate: {
+    usage: 'migrate',
+    summary: 'apply pending migrations (safe to run twice, or twice at once)',
+    run: async (context) => {
+      const { provisionDatabase } = await import('../db/provision.ts')
+      const { migrate } = await import('../db/migrate.ts')
+      const config = context.config()
+      const database = await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
+      try {
+        const result = await migrate(database.url, { log: context.json ? undefined : (line) => console.log(line) })
+        context.print(result.applied.length ? `applied ${result.applied.length} migration(s)` : 'schema is current: nothing to apply', result)
+      } finally {
+        await database.stop()
+      }
+    },
+  },
+  serve: {
+    usage: 'serve [--no-worker]',
+    summary: 'run the API and the worker (--no-worker: the API alone)',
+    options: { 'no-worker': { type: 'boolean' } },
+    run: async (context, values) => runService(context, { api: true, worker: !values['no-worker'] }),
+  },
+  worker: {
+    usage: 'worker',
+    summary: 'run the background worker alone',
+    run: async (context) => runService(context, { api: false, worker: true }),
+  },
+}
+
+async function runService(context: CliContext, parts: { api: boolean; worker: boolean }): Promise<number> {
+  const config = context.config()
+  const logger = createLogger(config.logLevel)
+  const { startService } = await import('../service.ts')
+  const service = await startService({ config, logger, ...parts })
+  const where = config.databaseUrl ? 'the database at DATABASE_URL' : `the embedded PostgreSQL, data in ${config.dataDir}`
+  if (parts.api) logger.info(`CRM API listening on ${service.url} (${parts.worker ? 'with the worker' : 'without the worker'}), using ${where}`)
+  else logger.info(`CRM worker running, using ${where}`)
+  return new Promise<number>((resolve) => {
+    const shutdown = (signal: string) => {
+      logger.info(`${signal}: finishing in-flight work and stopping`)
+      service.stop().then(
+        () => resolve(0),
+        (error) => {
+          logger.error('shutdown failed', { error: String(error) })
+          resolve(1)
+        },
+      )
+    }
+    process.once('SIGINT', () => shutdown('SIGINT'))
+    process.once('SIGTERM', () => shutdown('SIGTERM'))
+  })
+}
+
+const allCommands: Record<string, Command> = { ...serviceCommands, ...operatorCommands }
+
+function usage(): string {
+  const lines = Object.values(allCommands).map((command) => `  crm ${command.usage.padEnd(58)} ${command.summary}`)
+  return ['usage: crm <command> [options] [--json]', '', ...lines].join('\n')
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const json = argv.includes('--json')
+  const fail = (message: string, code = 1) => {
+    const oneLine = message.replace(/\s*\n\s*/g, '; ')
+    if (json) console.log(JSON.stringify({ error: oneLine }))
+    else console.error(`crm: ${oneLine}`)
+    return code
+  }
+  const name = [argv[0], argv[1]].filter(Boolean).join(' ')
+  const command = allCommands[name] ?? allCommands[argv[0] ?? '']
+  if (!argv[0] || argv[0] === 'help' || argv[0] === '--help') {
+    console.log(usage())
+    return 0
+  }
+  if (!command) return fail(`unknown command "${argv[0]}"; run crm help`, 2)
+  const rest = argv.slice(command === allCommands[name] && name.includes(' ') ? 2 : 1)
+  let parsed
+  try {
+    parsed = parseArgs({ args: rest, options: { json: { type: 'boolean' }, ...command.options }, allowPositionals: true, strict: true })
+  } catch (error) {
+    return fail(`${(error as Error).message}; usage: crm ${command.usage}`, 2)
+  }
+  const context: CliContext = {
+    args: rest,
+    json,
+    config: () => loadConfig(),
+    print: (human, data) => console.log(json ? JSON.stringify(data) : human),
+  }
+  try {
+    return (await command.run(context, parsed.values, parsed.positionals)) ?? 0
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      for (const problem of error.problems) console.error(`crm: configuration: ${problem}`)
+      return 2
+    }
+    return fail((error as Error).message)
+  }
+}

@@ -1,0 +1,168 @@
+// Configuration comes from the environment only, is validated once at start-up, and every bad
+// value yields one line naming its variable (ConfigError.problems), so an operator fixes them all
+// in one go.
+import { randomBytes } from 'node:crypto'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { parseCidrList } from './webhooks/address-guard.ts'
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
+
+export type Config = {
+  databaseUrl: string | null
+  host: string
+  port: number
+  appSecret: string
+  logLevel: LogLevel
+  production: boolean
+  dataDir: string
+  publicBaseUrl: string | null
+  tokenTtlDays: number
+  rateLimitPerMinute: number
+  webhook: {
+    timeoutMs: number
+    retryScheduleMs: number[]
+    allowHttp: boolean
+    allowedCidrs: string
+    logRetentionDays: number
+    concurrencyPerSubscription: number
+  }
+  smtpUrl: string | null
+  workerConcurrency: number
+  dbPoolSize: number
+}
+
+export class ConfigError extends Error {
+  readonly problems: string[]
+  constructor(problems: string[]) {
+    super(problems.join('\n'))
+    this.name = 'ConfigError'
+    this.problems = problems
+  }
+}
+
+/** The documented delivery schedule: first attempt at once, then these delays (API.md section 8). */
+export const DEFAULT_RETRY_SCHEDULE = '30s,2m,10m,1h,6h,24h'
+
+const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 }
+
+export function parseDuration(text: string): number | null {
+  const match = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)$/.exec(text.trim())
+  if (!match) return null
+  return Math.round(Number(match[1]) * DURATION_UNITS[match[2]])
+}
+
+type Env = Record<string, string | undefined>
+
+export function loadConfig(env: Env = process.env, options: { dataDir?: string } = {}): Config {
+  const problems: string[] = []
+  const production = env.NODE_ENV === 'production'
+  const dataDir = options.dataDir ?? env.CRM_DATA_DIR ?? join(process.cwd(), '.data')
+
+  const integer = (name: string, fallback: number, min: number, max: number): number => {
+    const raw = env[name]
+    if (raw === undefined || raw === '') return fallback
+    if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+      problems.push(`${name}: expected a whole number from ${min} to ${max}, got ${JSON.stringify(raw)}`)
+      return fallback
+    }
+    return Number(raw)
+  }
+  const boolean = (name: string, fallback: boolean): boolean => {
+    const raw = env[name]
+    if (raw === undefined || raw === '') return fallback
+    if (/^(true|1|yes|on)$/i.test(raw)) return true
+    if (/^(false|0|no|off)$/i.test(raw)) return false
+    problems.push(`${name}: expected true or false, got ${JSON.stringify(raw)}`)
+    return fallback
+  }
+
+  let databaseUrl: string | null = env.DATABASE_URL || null
+  if (databaseUrl !== null) {
+    try {
+      const url = new URL(databaseUrl)
+      if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') throw new Error('scheme')
+    } catch {
+      problems.push('DATABASE_URL: expected a postgres:// or postgresql:// connection URI')
+      databaseUrl = null
+    }
+  }
+
+  const port = integer('PORT', 3000, 0, 65535)
+  const host = env.HOST || '127.0.0.1'
+  if (!/^[A-Za-z0-9.:\-[\]]+$/.test(host)) problems.push(`HOST: expected a host name or address, got ${JSON.stringify(host)}`)
+
+  const logLevel = (env.LOG_LEVEL || 'info') as LogLevel
+  if (!['debug', 'info', 'warn', 'error', 'silent'].includes(logLevel)) {
+    problems.push(`LOG_LEVEL: expected one of debug, info, warn, error, silent, got ${JSON.stringify(env.LOG_LEVEL)}`)
+  }
+
+  let appSecret = env.APP_SECRET || ''
+  if (appSecret !== '' && appSecret.length < 32) {
+    problems.push('APP_SECRET: must be at least 32 characters (for example: openssl rand -base64 48)')
+  } else if (appSecret === '') {
+    if (production) problems.push('APP_SECRET: required when NODE_ENV=production (at least 32 characters)')
+    else appSecret = localAppSecret(dataDir)
+  }
+
+  const retryText = env.WEBHOOK_RETRY_SCHEDULE || DEFAULT_RETRY_SCHEDULE
+  const retryScheduleMs = retryText.split(',').map(parseDuration)
+  if (retryScheduleMs.length !== 6 || retryScheduleMs.some((ms) => ms === null)) {
+    problems.push(`WEBHOOK_RETRY_SCHEDULE: expected six comma-separated delays such as ${DEFAULT_RETRY_SCHEDULE}`)
+  }
+
+  const allowedCidrs = env.WEBHOOK_ALLOWED_CIDRS || ''
+  try {
+    parseCidrList(allowedCidrs)
+  } catch (error) {
+    problems.push(`WEBHOOK_ALLOWED_CIDRS: ${(error as Error).message}`)
+  }
+
+  let publicBaseUrl = env.PUBLIC_BASE_URL || null
+  if (publicBaseUrl !== null) {
+    try {
+      publicBaseUrl = new URL(publicBaseUrl).toString().replace(/\/$/, '')
+    } catch {
+      problems.push('PUBLIC_BASE_URL: expected an absolute URL such as https://crm.example.com')
+    }
+  }
+
+  const smtpUrl = env.SMTP_URL || null
+  if (smtpUrl !== null && !/^smtps?:\/\//.test(smtpUrl)) problems.push('SMTP_URL: expected smtp:// or smtps://')
+
+  const config: Config = {
+    databaseUrl,
+    host,
+    port,
+    appSecret,
+    logLevel,
+    production,
+    dataDir,
+    publicBaseUrl,
+    tokenTtlDays: integer('TOKEN_TTL_DAYS', 14, 1, 3650),
+    rateLimitPerMinute: integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000),
+    webhook: {
+      timeoutMs: integer('WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
+      retryScheduleMs: retryScheduleMs.map((ms) => ms ?? 0),
+      allowHttp: boolean('WEBHOOK_ALLOW_HTTP', false),
+      allowedCidrs,
+      logRetentionDays: integer('WEBHOOK_LOG_RETENTION_DAYS', 30, 1, 3650),
+      concurrencyPerSubscription: integer('WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION', 10, 1, 1000),
+    },
+    smtpUrl,
+    workerConcurrency: integer('WORKER_CONCURRENCY', 20, 1, 1000),
+    dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
+  }
+  if (problems.length > 0) throw new ConfigError(problems)
+  return config
+}
+
+/** Local runs keep a generated secret under the data directory so sessions survive restarts. */
+function localAppSecret(dataDir: string): string {
+  const file = join(dataDir, 'app-secret')
+  if (existsSync(file)) return readFileSync(file, 'utf8').trim()
+  mkdirSync(dirname(file), { recursive: true })
+  const secret = randomBytes(48).toString('base64url')
+  writeFileSync(file, secret + '\n', { mode: 0o600 })
+  return secret
+}

@@ -1,0 +1,101 @@
+// Numbered plain-SQL migrations from sql/. Each file runs in its own transaction that first
+// records its number and checksum, so a file is applied whole or not at all. A session advisory
+// lock serialises concurrent migrators: the second waits, then finds nothing left to do.
+import { createHash } from 'node:crypto'
+import { readdirSync, readFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+import { Logger, runMigrations as runWorkerMigrations } from 'graphile-worker'
+
+export const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url))
+
+/** Any constant works; it only has to be the same for every migrator of this schema. */
+const MIGRATION_LOCK_KEY = 727_001
+
+export type MigrationFile = { number: number; name: string; sql: string; checksum: string }
+
+export class MigrationError extends Error {
+  constructor(message: string) {
+    super(message)
+    this.name = 'MigrationError'
+  }
+}
+
+export function readMigrationFiles(dir = SQL_DIR): MigrationFile[] {
+  return readdirSync(dir)
+    .filter((name) => /^\d{6}_[a-z0-9_]+\.sql$/.test(name))
+    .sort()
+    .map((name) => {
+      const sql = readFileSync(join(dir, name), 'utf8')
+      return { number: Number(name.slice(0, 6)), name, sql, checksum: createHash('sha256').update(sql).digest('hex') }
+    })
+}
+
+const LEDGER_DDL = `
+  create schema if not exists crm;
+  create table if not exists crm.schema_migrations (
+    number integer primary key,
+    name text not null,
+    checksum text not null,
+    applied_at timestamptz not null default now()
+  );
+  comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
+`
+
+export type MigrateResult = { applied: string[]; alreadyApplied: number }
+
+export async function migrate(databaseUrl: string, options: { dir?: string; log?: (line: string) => void } = {}): Promise<MigrateResult> {
+  const files = readMigrationFiles(options.dir)
+  const client = new pg.Client({ connectionString: databaseUrl })
+  await client.connect()
+  const applied: string[] = []
+  try {
+    await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK_KEY])
+    await client.query(LEDGER_DDL)
+    const { rows } = await client.query<{ number: number; name: string; checksum: string }>(
+      'select number, name, checksum from crm.schema_migrations order by number',
+    )
+    const done = new Map(rows.map((row) => [row.number, row]))
+    for (const file of files) {
+      const previous = done.get(file.number)
+      if (previous) {
+        if (previous.checksum !== file.checksum) {
+          throw new MigrationError(
+            `migration ${file.name} was changed after it was applied (recorded sha256 ${previous.checksum.slice(0, 12)}…, file ${file.checksum.slice(0, 12)}…); restore it and add a new numbered migration instead`,
+          )
+        }
+        continue
+      }
+      await client.query('begin')
+      try {
+        // Recorded first: a concurrent migrator that slipped past the lock fails on the key at once.
+        await client.query('insert into crm.schema_migrations (number, name, checksum) values ($1, $2, $3)', [file.number, file.name, file.checksum])
+        await client.query(file.sql)
+        await client.query('commit')
+      } catch (error) {
+        await client.query('rollback')
+        throw new MigrationError(`migration ${file.name} failed and was rolled back: ${(error as Error).message}`)
+      }
+      applied.push(file.name)
+      options.log?.(`applied ${file.name}`)
+    }
+    await runWorkerMigrations({ connectionString: databaseUrl, logger: quietWorkerLogger() })
+    return { applied, alreadyApplied: files.length - applied.length }
+  } finally {
+    await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY]).catch(() => {})
+    await client.end()
+  }
+}
+
+/** The newest migration number on disk versus in the database: /readyz answers 200 only when equal. */
+export async function schemaIsCurrent(query: (text: string) => Promise<{ rows: { number: number | null }[] }>): Promise<boolean> {
+  const files = readMigrationFiles()
+  const newest = files.length > 0 ? files[files.length - 1].number : 0
+  const { rows } = await query('select max(number) as number from crm.schema_migrations')
+  return (rows[0]?.number ?? 0) === newest
+}
+
+function quietWorkerLogger() {
+  return new Logger(() => () => {})
+}

@@ -1,0 +1,39 @@
+// The slonik pool the API uses. Values come back as the API shows them: numeric as exact decimal
+// strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
+import { createPool, type DatabasePool } from 'slonik'
+import { createPgDriverFactory } from '@slonik/pg-driver'
+
+export { sql } from 'slonik'
+export type { DatabasePool, DatabaseTransactionConnection, CommonQueryMethods } from 'slonik'
+
+/** PostgreSQL prints timestamptz as `2026-11-22 03:00:21.123456+00`; the API wants `2026-11-22T03:00:21.123Z`. */
+export function toApiTime(text: string): string {
+  return new Date(text.replace(' ', 'T').replace(/([+-]\d\d)$/, '$1:00')).toISOString()
+}
+
+export async function createDatabasePool(url: string, options: { maxPoolSize?: number; connectionTimeoutMs?: number } = {}): Promise<DatabasePool> {
+  return createPool(url, {
+    driverFactory: createPgDriverFactory(),
+    maxPoolSize: options.maxPoolSize ?? 20,
+    // A request waits this long for a free connection, then gets 503 (never an unbounded queue).
+    connectionTimeout: options.connectionTimeoutMs ?? 5000,
+    // Slonik captures a stack trace per query by default: measurable cost on every request.
+    captureStackTrace: false,
+    // Slonik runs DISCARD ALL when a connection goes back to the pool: one more round trip per
+    // request. Everything this service sets is transaction-local (set_config(..., true)), so
+    // there is nothing to discard.
+    resetConnection: async () => {},
+    // Request transactions are retried by slonik on serialization failures; side effects stay outside.
+    transactionRetryLimit: 3,
+    queryRetryLimit: 0,
+    statementTimeout: 30_000,
+    idleInTransactionSessionTimeout: 60_000,
+    typeParsers: [
+      { name: 'int8', parse: (value: string) => Number(value) },
+      { name: 'numeric', parse: (value: string) => value },
+      { name: 'timestamptz', parse: toApiTime },
+      { name: 'timestamp', parse: (value: string) => toApiTime(value + '+00') },
+      { name: 'date', parse: (value: string) => value },
+    ],
+  })
+}

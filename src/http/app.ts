@@ -1,0 +1,124 @@
+// The HTTP layer: request ids, one log line per request, body limits, validation, the request
+// transaction, and the single place that turns errors into problem+json answers.
+import { randomUUID } from 'node:crypto'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import polka from 'polka'
+import { readJsonObject } from './body.ts'
+import { toApiError } from './database-errors.ts'
+import { ApiError, problemBody, problems } from './problem.ts'
+import { validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
+import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+
+export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
+
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/
+
+type Request = IncomingMessage & { params: Record<string, string>; query: Record<string, string | string[]>; path: string; requestId: string; callerId?: string }
+
+export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string | undefined> = {}, contentType = 'application/json; charset=utf-8'): void {
+  if (res.headersSent) return
+  const text = body === undefined ? '' : JSON.stringify(body)
+  res.statusCode = status
+  for (const [name, value] of Object.entries(headers)) if (value !== undefined) res.setHeader(name, value)
+  if (status !== 204 && status !== 304) {
+    res.setHeader('Content-Type', contentType)
+    res.setHeader('Content-Length', Buffer.byteLength(text))
+    res.end(text)
+  } else {
+    res.end()
+  }
+}
+
+export function sendProblem(res: ServerResponse, error: ApiError, requestId: string): void {
+  if (res.headersSent) {
+    // A stream already started: the only honest signal left is to cut the connection.
+    res.destroy(error)
+    return
+  }
+  for (const name of res.getHeaderNames()) if (!name.startsWith('ratelimit-') && name !== 'x-request-id') res.removeHeader(name)
+  sendJson(res, error.status, problemBody(error, requestId), error.headers ?? {}, 'application/problem+json')
+}
+
+export type App = { server: Server; handler: (req: IncomingMessage, res: ServerResponse) => void }
+
+export function createApp(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, extra: { pages?: (app: ReturnType<typeof polka>) => void } = {}): App {
+  const { logger, pool } = services
+
+  const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
+    const request = req as Request
+    const apiError = toApiError(error)
+    if (apiError.status >= 500) {
+      const cause = apiError.cause ?? error
+      logger.error('request failed', {
+        request_id: request.requestId,
+        method: req.method,
+        path: request.path,
+        error: cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause),
+        stack: cause instanceof Error && apiError.status === 500 ? cause.stack : undefined,
+      })
+    }
+    sendProblem(res, apiError, request.requestId)
+  }
+
+  const app = polka({
+    onError: (error: unknown, req: IncomingMessage, res: ServerResponse) => onError(error, req, res),
+    onNoMatch: (req: IncomingMessage, res: ServerResponse) => onError(problems.notFound(`No route for ${req.method} ${(req as Request).path}`), req, res),
+  })
+
+  app.use((req: IncomingMessage, res: ServerResponse, next: () => void) => {
+    const request = req as Request
+    const started = performance.now()
+    const given = req.headers['x-request-id']
+    request.requestId = typeof given === 'string' && SANE_REQUEST_ID.test(given) ? given : randomUUID()
+    res.setHeader('X-Request-Id', request.requestId)
+    res.on('finish', () => {
+      logger.info('request', {
+        method: req.method,
+        path: request.path,
+        status: res.statusCode,
+        ms: Math.round((performance.now() - started) * 10) / 10,
+        request_id: request.requestId,
+        user_id: request.callerId,
+      })
+    })
+    next()
+  })
+
+  for (const definition of definitions) {
+    const method = definition.method.toLowerCase() as 'get' | 'post' | 'put' | 'patch' | 'delete'
+    app[method](definition.path, (req: IncomingMessage, res: ServerResponse) => runRoute(definition, req as Request, res))
+  }
+  extra.pages?.(app)
+
+  async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
+    // The body is read before a connection is taken, so a slow client never holds one.
+    let body: unknown = undefined
+    if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
+    const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }
+
+    const result =
+      definition.auth === 'none'
+        ? await definition.handler(base as unknown as RouteContext)
+        : await pool.transaction(async (db) => {
+            const caller = await authenticate(db, req, req.requestId)
+            req.callerId = caller.userId
+            res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
+            res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
+            res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
+            return definition.handler({ ...base, db, caller } as RouteContext)
+          }).catch(async (error: unknown) => {
+            // The rollback took the rate-limit count with it: count the request again, outside.
+            if (req.callerId && !(error instanceof ApiError && error.status === 429)) {
+              await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+            }
+            throw error
+          })
+    if (definition.streams) return
+    const status = result?.status ?? definition.status ?? 200
+    sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)
+  }
+
+  const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)
+  const server = createServer(handler)
+  return { server, handler }
+}

@@ -1,0 +1,110 @@
+// A route is declared once, with its typebox schemas: the same definition validates requests,
+// runs the handler in the caller's transaction and feeds /api/openapi.json.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { TSchema } from 'typebox'
+import { Compile } from 'typebox/compile'
+import type { Config } from '../config.ts'
+import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
+import type { Logger } from '../log.ts'
+import { problems, type FieldProblem } from './problem.ts'
+
+export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
+
+/** Who is calling, as decided by crm.authenticate in the request transaction. */
+export type Caller = {
+  userId: string
+  workspaceId: string
+  workspaceSlug: string
+  tokenId: string
+  tokenKind: 'token' | 'session'
+  isAdmin: boolean
+  via: 'api' | 'ui'
+  rateLimit: { limit: number; remaining: number; resetSeconds: number }
+}
+
+export type Services = {
+  config: Config
+  pool: DatabasePool
+  logger: Logger
+  /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
+  [key: string]: unknown
+}
+
+export type RouteContext<Body = any> = {
+  req: IncomingMessage
+  res: ServerResponse
+  requestId: string
+  params: Record<string, string>
+  query: Record<string, string | string[]>
+  body: Body
+  services: Services
+  /** The request transaction, running as crm_api with the caller's context (auth routes only). */
+  db: DatabaseTransactionConnection
+  caller: Caller
+}
+
+export type RouteResult = { status?: number; body?: unknown; headers?: Record<string, string | undefined> } | void
+
+export type AuthMode =
+  /** bearer token or session cookie; the handler runs as crm_api in the caller's transaction */
+  | 'required'
+  /** no caller; the handler gets the pool (token endpoints, health) */
+  | 'none'
+
+export type RouteDefinition = {
+  method: HttpMethod
+  path: string
+  summary: string
+  tag: string
+  auth: AuthMode
+  /** JSON body schema (validated; unknown fields refused when the schema says so). */
+  body?: TSchema
+  /** Body handling: 'json' (default when body is set), 'raw' (the handler reads the stream itself). */
+  bodyKind?: 'json' | 'raw'
+  /** Success status and schema for the OpenAPI document. */
+  status?: number
+  response?: TSchema
+  /** Extra documented query parameters, by name. */
+  queryParameters?: Record<string, { description: string; schema: Record<string, unknown> }>
+  /** Statuses this route may answer besides success, for the OpenAPI document. */
+  errors?: number[]
+  example?: { request?: unknown; response?: unknown }
+  /** The handler writes the response itself (streams); the framework must not. */
+  streams?: boolean
+  handler: (context: RouteContext) => Promise<RouteResult>
+}
+
+const validators = new WeakMap<TSchema, ReturnType<typeof Compile>>()
+
+/** Validates a JSON value against a schema and turns failures into one 422 with a pointer per problem. */
+export function validateBody<T>(schema: TSchema, value: unknown): T {
+  let validator = validators.get(schema)
+  if (!validator) {
+    validator = Compile(schema)
+    validators.set(schema, validator)
+  }
+  if (validator.Check(value)) return value as T
+  const errors: FieldProblem[] = []
+  for (const error of validator.Errors(value)) {
+    if (error.keyword === 'boolean') continue // the additionalProperties twin of the entry below
+    if (error.keyword === 'additionalProperties') {
+      for (const name of (error.params as { additionalProperties: string[] }).additionalProperties) {
+        errors.push({ pointer: `${error.instancePath}/${name}`, code: 'unknown_field', message: 'is not a known field' })
+      }
+      continue
+    }
+    if (error.keyword === 'required') {
+      for (const name of (error.params as { requiredProperties?: string[] }).requiredProperties ?? []) {
+        errors.push({ pointer: `${error.instancePath}/${name}`, code: 'required', message: 'is required' })
+      }
+      continue
+    }
+    errors.push({ pointer: error.instancePath || '/', code: error.keyword, message: error.message })
+  }
+  const first = errors[0]
+  throw problems.validation(first ? `${first.pointer.slice(1) || 'body'} ${first.message}` : 'The body is invalid', errors.slice(0, 50))
+}
+
+export function defineRoutes(...definitions: RouteDefinition[]): RouteDefinition[] {
+  return definitions
+}

@@ -1,0 +1,39 @@
+// Liveness and readiness for load balancers and orchestrators.
+import Type from 'typebox'
+import { sql } from '../../db/pool.ts'
+import { schemaIsCurrent } from '../../db/migrate.ts'
+import { problems } from '../problem.ts'
+import { defineRoutes } from '../route.ts'
+
+export default defineRoutes(
+  {
+    method: 'GET',
+    path: '/healthz',
+    summary: 'The process is up (does not touch the database)',
+    tag: 'operations',
+    auth: 'none',
+    response: Type.Object({ status: Type.Literal('ok') }),
+    handler: async () => ({ body: { status: 'ok' } }),
+  },
+  {
+    method: 'GET',
+    path: '/readyz',
+    summary: 'The database answers and every migration is applied',
+    tag: 'operations',
+    auth: 'none',
+    errors: [503],
+    response: Type.Object({ status: Type.Literal('ready') }),
+    handler: async ({ services }) => {
+      let current: boolean
+      try {
+        current = await schemaIsCurrent(async () => ({
+          rows: [{ number: (await services.pool.oneFirst(sql.unsafe`select max(number) from crm.schema_migrations`)) as number | null }],
+        }))
+      } catch (error) {
+        throw problems.unavailable(error)
+      }
+      if (!current) throw problems.unavailable(null, 'The database schema is behind this version: run crm migrate')
+      return { body: { status: 'ready' } }
+    },
+  },
+)

@@ -1,0 +1,74 @@
+// Starts the whole service in one process: database (provisioned or given), migrations, the API
+// and the worker; and stops it in the reverse order, finishing in-flight work first.
+import type { AddressInfo } from 'node:net'
+import type { Config } from './config.ts'
+import { createDatabasePool, type DatabasePool } from './db/pool.ts'
+import { migrate } from './db/migrate.ts'
+import { provisionDatabase, type ProvisionedDatabase } from './db/provision.ts'
+import { createApp } from './http/app.ts'
+import { allRoutes } from './http/routes/index.ts'
+import type { Logger } from './log.ts'
+import { startWorker, type WorkerHandle } from './worker.ts'
+import { createAuthenticator } from './auth/authenticate.ts'
+
+export type RunningService = {
+  url: string
+  databaseUrl: string
+  pool: DatabasePool
+  worker: WorkerHandle | null
+  stop: () => Promise<void>
+}
+
+export async function startService(options: {
+  config: Config
+  logger: Logger
+  api?: boolean
+  worker?: boolean
+  database?: ProvisionedDatabase
+  migrate?: boolean
+}): Promise<RunningService> {
+  const { config, logger } = options
+  const database = options.database ?? (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
+  if (options.migrate !== false) {
+    const result = await migrate(database.url, { log: (line) => logger.info(line) })
+    logger.info('schema is current', { applied_now: result.applied.length })
+  }
+  const pool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize })
+  const worker = options.worker === false ? null : await startWorker({ databaseUrl: database.url, config, logger })
+  if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
+    logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {
+      WEBHOOK_ALLOW_HTTP: config.webhook.allowHttp,
+      WEBHOOK_ALLOWED_CIDRS: config.webhook.allowedCidrs,
+    })
+  }
+
+  let url = ''
+  let closeServer = async () => {}
+  if (options.api !== false) {
+    const app = createApp({ config, pool, logger, worker }, allRoutes(), createAuthenticator(config))
+    await new Promise<void>((resolve, reject) => {
+      app.server.once('error', reject)
+      app.server.listen(config.port, config.host, () => resolve())
+    })
+    const address = app.server.address() as AddressInfo
+    url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`
+    closeServer = () =>
+      new Promise<void>((resolve) => {
+        // Stop accepting, let in-flight requests finish, and close idle keep-alive sockets now.
+        app.server.close(() => resolve())
+        app.server.closeIdleConnections()
+        setTimeout(() => app.server.closeAllConnections(), 10_000).unref()
+      })
+  }
+
+  let stopping: Promise<void> | null = null
+  const stop = () =>
+    (stopping ??= (async () => {
+      await closeServer()
+      await worker?.stop()
+      await pool.end()
+      await database.stop()
+    })())
+
+  return { url, databaseUrl: database.url, pool, worker, stop }
+}

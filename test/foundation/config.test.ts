@@ -1,0 +1,72 @@
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import t from 'tap'
+import { ConfigError, loadConfig, parseDuration } from '../../src/config.ts'
+
+const dataDir = () => mkdtempSync(join(tmpdir(), 'crm-config-'))
+
+t.test('defaults', async (t) => {
+  const config = loadConfig({}, { dataDir: dataDir() })
+  t.equal(config.port, 3000)
+  t.equal(config.host, '127.0.0.1')
+  t.equal(config.databaseUrl, null)
+  t.equal(config.tokenTtlDays, 14)
+  t.equal(config.rateLimitPerMinute, 600)
+  t.same(config.webhook.retryScheduleMs, [30_000, 120_000, 600_000, 3_600_000, 21_600_000, 86_400_000])
+  t.equal(config.webhook.timeoutMs, 10_000)
+  t.equal(config.webhook.allowHttp, false)
+  t.equal(config.webhook.logRetentionDays, 30)
+})
+
+t.test('a local APP_SECRET is generated once and kept under the data directory', async (t) => {
+  const dir = dataDir()
+  const first = loadConfig({}, { dataDir: dir })
+  t.ok(existsSync(join(dir, 'app-secret')))
+  t.equal(loadConfig({}, { dataDir: dir }).appSecret, first.appSecret)
+  t.equal(readFileSync(join(dir, 'app-secret'), 'utf8').trim(), first.appSecret)
+  t.ok(first.appSecret.length >= 32)
+})
+
+t.test('each bad value yields one line naming its variable', async (t) => {
+  const env = {
+    PORT: 'eighty',
+    DATABASE_URL: 'mysql://x',
+    LOG_LEVEL: 'loud',
+    APP_SECRET: 'short',
+    TOKEN_TTL_DAYS: '0',
+    RATE_LIMIT_PER_MINUTE: '-5',
+    WEBHOOK_TIMEOUT_MS: 'soon',
+    WEBHOOK_RETRY_SCHEDULE: '1s,2s',
+    WEBHOOK_ALLOW_HTTP: 'maybe',
+    WEBHOOK_ALLOWED_CIDRS: 'not-a-cidr',
+    WEBHOOK_LOG_RETENTION_DAYS: 'x',
+    HOST: 'bad host!',
+    PUBLIC_BASE_URL: 'nope',
+    SMTP_URL: 'http://mail',
+  }
+  const error = t.throws(() => loadConfig(env, { dataDir: dataDir() })) as unknown as ConfigError
+  t.type(error, ConfigError)
+  for (const name of Object.keys(env)) {
+    t.equal(error.problems.filter((line) => line.startsWith(`${name}:`)).length, 1, `${name} named once`)
+  }
+  t.equal(error.problems.length, Object.keys(env).length)
+})
+
+t.test('production requires APP_SECRET', async (t) => {
+  const error = t.throws(() => loadConfig({ NODE_ENV: 'production' }, { dataDir: dataDir() })) as unknown as ConfigError
+  t.match(error.problems, [/^APP_SECRET: required when NODE_ENV=production/])
+  t.equal(loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40) }, { dataDir: dataDir() }).production, true)
+})
+
+t.test('test knobs', async (t) => {
+  const config = loadConfig(
+    { WEBHOOK_RETRY_SCHEDULE: '10ms,20ms,1s,1m,1h,1d', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8,::1/128', DATABASE_URL: 'postgres://a@b/c' },
+    { dataDir: dataDir() },
+  )
+  t.same(config.webhook.retryScheduleMs, [10, 20, 1000, 60_000, 3_600_000, 86_400_000])
+  t.equal(config.webhook.allowHttp, true)
+  t.equal(config.databaseUrl, 'postgres://a@b/c')
+  t.equal(parseDuration('1.5s'), 1500)
+  t.equal(parseDuration('soon'), null)
+})

@@ -1,0 +1,66 @@
+import { cpSync, mkdtempSync, writeFileSync, appendFileSync } from 'node:fs'
+import { randomBytes } from 'node:crypto'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import t from 'tap'
+import { migrate, MigrationError, readMigrationFiles, SQL_DIR } from '../../src/db/migrate.ts'
+import { adminQuery, databaseUrl, ownerClient } from '../helpers/database.ts'
+
+async function emptyDatabase(t: { teardown: (fn: () => unknown) => void }): Promise<string> {
+  const name = `crm_empty_${randomBytes(4).toString('hex')}`
+  await adminQuery(`create database ${name}`)
+  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
+  return databaseUrl(name)
+}
+
+function copyOfSqlDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'crm-sql-'))
+  cpSync(SQL_DIR, dir, { recursive: true })
+  return dir
+}
+
+t.test('two migrators at once both succeed and the schema is applied once', async (t) => {
+  const url = await emptyDatabase(t)
+  const [a, b] = await Promise.all([migrate(url), migrate(url)])
+  const files = readMigrationFiles()
+  t.equal(a.applied.length + b.applied.length, files.length, 'every file applied exactly once between them')
+  const client = await ownerClient(t, url)
+  const { rows } = await client.query('select number, checksum from crm.schema_migrations order by number')
+  t.same(rows.map((row) => row.number), files.map((file) => file.number))
+  t.same(rows.map((row) => row.checksum), files.map((file) => file.checksum))
+  const { rows: worker } = await client.query("select count(*)::int as n from information_schema.schemata where schema_name = 'graphile_worker'")
+  t.equal(worker[0].n, 1, 'graphile-worker schema installed by the same command')
+  const again = await migrate(url)
+  t.same(again.applied, [], 'running it again is a no-op')
+})
+
+t.test('a migration whose file changed after it was applied is refused', async (t) => {
+  const url = await emptyDatabase(t)
+  const dir = copyOfSqlDir()
+  await migrate(url, { dir })
+  appendFileSync(join(dir, '000001_foundation.sql'), '\n-- edited\n')
+  const error = await migrate(url, { dir }).catch((caught) => caught)
+  t.type(error, MigrationError)
+  t.match(error.message, /000001_foundation\.sql was changed after it was applied/)
+})
+
+t.test('a failing migration leaves nothing half-applied', async (t) => {
+  const url = await emptyDatabase(t)
+  const dir = copyOfSqlDir()
+  writeFileSync(join(dir, '999998_good.sql'), 'create table crm.migration_probe_a (id int);')
+  writeFileSync(join(dir, '999999_broken.sql'), 'create table crm.migration_probe_b (id int);\nselect * from no_such_table;')
+  const error = await migrate(url, { dir }).catch((caught) => caught)
+  t.type(error, MigrationError)
+  t.match(error.message, /999999_broken\.sql failed and was rolled back/)
+  const client = await ownerClient(t, url)
+  const { rows } = await client.query("select to_regclass('crm.migration_probe_a') as a, to_regclass('crm.migration_probe_b') as b")
+  t.equal(rows[0].a, 'crm.migration_probe_a', 'earlier files stay applied')
+  t.equal(rows[0].b, null, 'the failing file left nothing')
+  const { rows: recorded } = await client.query('select count(*)::int as n from crm.schema_migrations where number = 999999')
+  t.equal(recorded[0].n, 0)
+})
+
+t.test('the API role is created by a migration and cannot log in', async (t) => {
+  const { rows } = await adminQuery("select rolcanlogin, rolsuper, rolbypassrls from pg_roles where rolname = 'crm_api'")
+  t.same(rows, [{ rolcanlogin: false, rolsuper: false, rolbypassrls: false }])
+})

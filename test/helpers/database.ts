@@ -1,0 +1,43 @@
+// Each test file gets its own database, cloned from the migrated template that test/run.ts made.
+import { randomBytes } from 'node:crypto'
+import pg from 'pg'
+
+type Teardown = { teardown: (fn: () => unknown) => void }
+
+export function testServerUrl(): string {
+  const url = process.env.CRM_TEST_SERVER_URL
+  if (!url) throw new Error('CRM_TEST_SERVER_URL is not set: run the tests with `make test` (test/run.ts provisions PostgreSQL)')
+  return url
+}
+
+export function databaseUrl(name: string): string {
+  const parsed = new URL(testServerUrl())
+  parsed.pathname = `/${name}`
+  return parsed.toString()
+}
+
+export async function adminQuery(text: string, values: unknown[] = []): Promise<pg.QueryResult> {
+  const client = new pg.Client({ connectionString: testServerUrl() })
+  await client.connect()
+  try {
+    return await client.query(text, values)
+  } finally {
+    await client.end()
+  }
+}
+
+/** Clones the template into a fresh database and drops it when the test ends. */
+export async function createTestDatabase(t: Teardown): Promise<string> {
+  const name = `crm_test_${randomBytes(5).toString('hex')}`
+  await adminQuery(`create database ${name} template ${process.env.CRM_TEST_TEMPLATE ?? 'crm_test_template'}`)
+  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
+  return databaseUrl(name)
+}
+
+/** A plain pg client on the test database, as the owner role (what a DBA would use). */
+export async function ownerClient(t: Teardown, url: string): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  t.teardown(() => client.end())
+  return client
+}

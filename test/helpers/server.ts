@@ -1,0 +1,45 @@
+// Starts the real service on port 0 against a cloned test database; tests call it over HTTP.
+import { loadConfig, type Config } from '../../src/config.ts'
+import { createLogger } from '../../src/log.ts'
+import { startService, type RunningService } from '../../src/service.ts'
+import { createTestDatabase } from './database.ts'
+
+type Teardown = { teardown: (fn: () => unknown) => void }
+
+export type TestResponse = { status: number; headers: Headers; body: any; text: string }
+
+export type TestServer = RunningService & {
+  config: Config
+  logLines: string[]
+  request: (method: string, path: string, options?: { body?: unknown; token?: string; headers?: Record<string, string>; raw?: string | Buffer }) => Promise<TestResponse>
+}
+
+export const TEST_APP_SECRET = 'test-app-secret-that-is-long-enough-0123456789'
+
+export async function startTestServer(t: Teardown, options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string } = {}): Promise<TestServer> {
+  const url = options.databaseUrl ?? (await createTestDatabase(t))
+  const config = loadConfig({ PORT: '0', APP_SECRET: TEST_APP_SECRET, LOG_LEVEL: 'info', DATABASE_URL: url, ...options.env })
+  const logLines: string[] = []
+  const logger = createLogger(config.logLevel, (line) => logLines.push(line))
+  const service = await startService({ config, logger, worker: options.worker ?? false, migrate: false, database: { url, description: 'test', stop: async () => {} } })
+  t.teardown(() => service.stop())
+  const request: TestServer['request'] = async (method, path, requestOptions = {}) => {
+    const headers: Record<string, string> = { ...requestOptions.headers }
+    if (requestOptions.token) headers.authorization = `Bearer ${requestOptions.token}`
+    let body: string | Buffer | undefined = requestOptions.raw
+    if (requestOptions.body !== undefined) {
+      body = JSON.stringify(requestOptions.body)
+      headers['content-type'] ??= 'application/json'
+    }
+    const response = await fetch(service.url + path, { method, headers, body: body as BodyInit | undefined })
+    const text = await response.text()
+    let parsed: unknown = null
+    try {
+      parsed = text ? JSON.parse(text) : null
+    } catch {
+      parsed = null
+    }
+    return { status: response.status, headers: response.headers, body: parsed, text }
+  }
+  return { ...service, config, logLines, request }
+}

@@ -1,0 +1,80 @@
+// `make test`: provision one PostgreSQL for the whole run, migrate a template database once, then
+// run tap; every test file clones the template (CREATE DATABASE ... TEMPLATE), which takes
+// milliseconds and isolates files from each other. Ends with the plain "N passed, N failed" line.
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import pg from 'pg'
+import { migrate } from '../src/db/migrate.ts'
+import { redactUrl, startEmbeddedPostgres, type ProvisionedDatabase } from '../src/db/provision.ts'
+
+const TEMPLATE = 'crm_test_template'
+
+async function provision(): Promise<ProvisionedDatabase & { label: string }> {
+  if (process.env.DATABASE_URL) {
+    return { url: process.env.DATABASE_URL, description: '', stop: async () => {}, label: `DATABASE_URL (${redactUrl(process.env.DATABASE_URL)})` }
+  }
+  if (process.env.TEST_DATABASE === 'testcontainers') {
+    try {
+      const { PostgreSqlContainer } = await import('@testcontainers/postgresql')
+      const container = await new PostgreSqlContainer('postgres:18').start()
+      return { url: container.getConnectionUri(), description: '', stop: async () => void (await container.stop()), label: 'a PostgreSQL container (testcontainers)' }
+    } catch (error) {
+      console.log(`TEST_DATABASE=testcontainers: no container runtime answered (${(error as Error).message.split('\n')[0]}); using the embedded PostgreSQL instead`)
+    }
+  }
+  const baseDir = mkdtempSync(join(tmpdir(), 'crm-test-'))
+  const database = await startEmbeddedPostgres({ baseDir, database: 'postgres', persistent: false, durability: 'none' })
+  return {
+    ...database,
+    label: 'the embedded PostgreSQL (throwaway cluster)',
+    stop: async () => {
+      await database.stop()
+      rmSync(baseDir, { recursive: true, force: true })
+    },
+  }
+}
+
+function withDatabase(url: string, database: string): string {
+  const parsed = new URL(url)
+  parsed.pathname = `/${database}`
+  return parsed.toString()
+}
+
+async function main(): Promise<number> {
+  const started = Date.now()
+  const server = await provision()
+  try {
+    const admin = new pg.Client({ connectionString: server.url })
+    await admin.connect()
+    const { rows } = await admin.query<{ server_version: string }>('show server_version')
+    console.log(`tests use ${server.label}, PostgreSQL ${rows[0].server_version}`)
+    await admin.query(`drop database if exists ${TEMPLATE} with (force)`)
+    await admin.query(`create database ${TEMPLATE}`)
+    await admin.end()
+    await migrate(withDatabase(server.url, TEMPLATE))
+
+    const args = process.argv.slice(2)
+    const tap = spawn('npx', ['tap', ...args], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+      env: { ...process.env, CRM_TEST_SERVER_URL: server.url, CRM_TEST_TEMPLATE: TEMPLATE, DATABASE_URL: '' },
+    })
+    let summary = ''
+    tap.stdout.on('data', (chunk: Buffer) => {
+      process.stdout.write(chunk)
+      summary = (summary + chunk.toString()).slice(-4000)
+    })
+    const code: number = await new Promise((resolve) => tap.on('close', (exitCode) => resolve(exitCode ?? 1)))
+    const counts = /# \{ total: (\d+)(?:, pass: (\d+))?(?:, fail: (\d+))?/.exec(summary)
+    const passed = counts ? Number(counts[2] ?? 0) : 0
+    const failed = counts ? Number(counts[3] ?? 0) : code === 0 ? 0 : 1
+    console.log(`\nassertions: ${passed + failed} in ${Math.round((Date.now() - started) / 1000)} s`)
+    console.log(`${passed} passed, ${failed} failed`)
+    return code === 0 && failed === 0 ? 0 : 1
+  } finally {
+    await server.stop()
+  }
+}
+
+process.exitCode = await main()

@@ -1,0 +1,13 @@
+// The task list: every background task, named after what it does.
+import type { TaskList } from 'graphile-worker'
+import type { Config } from '../src/config.ts'
+import { housekeeping } from './housekeeping.ts'
+
+export function taskList(config: Config): TaskList {
+  return {
+    housekeeping: housekeeping(config),
+  }
+}
+
+/** Housekeeping every 10 minutes; graphile-worker's cron survives restarts and never runs twice for one slot. */
+export const crontab = '*/10 * * * * housekeeping ?max=1\n'
