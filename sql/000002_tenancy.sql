@@ -332,9 +332,17 @@ as $$
 $$;
 comment on function crm.shares_workspace(uuid) is 'Whether a user is a member of the current workspace (lets members see each other''s names).';
 
+create function crm.my_workspace_ids() returns uuid[]
+language sql stable security definer
+set search_path = pg_catalog, public
+as $$
+  select array(select workspace_id from crm.memberships where user_id = crm.current_user_id())
+$$;
+comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
+
 grant execute on function crm.current_user_id(), crm.current_workspace_id(), crm.current_via(),
   crm.grant_scope(text, text), crm.current_team_user_ids(), crm.scope_owner_ids(text, text), crm.is_admin(),
-  crm.shares_workspace(uuid) to crm_api;
+  crm.shares_workspace(uuid), crm.my_workspace_ids() to crm_api;
 
 -- =============================================================================================
 -- Authentication: one call per request
@@ -353,6 +361,7 @@ returns table (
 language plpgsql volatile security definer
 set search_path = pg_catalog, public
 as $$
+#variable_conflict use_column
 declare
   v_token crm.tokens;
   v_user crm.users;
@@ -596,7 +605,7 @@ comment on function crm.issue_token(uuid, text, text, bytea, interval) is 'Store
 -- =============================================================================================
 -- Policies: what crm_api may see and change. Admin-only writes on members, roles and teams.
 create policy workspaces_select_member on crm.workspaces for select to crm_api
-  using (id in (select workspace_id from crm.memberships where user_id = (select crm.current_user_id())));
+  using (id = any ((select crm.my_workspace_ids())::uuid[]));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
 
 create policy users_select_self_or_colleague on crm.users for select to crm_api
@@ -615,8 +624,8 @@ create policy memberships_write_admin on crm.memberships for all to crm_api
 comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace.';
 
 create policy roles_select_workspace on crm.roles for select to crm_api
-  using (workspace_id = (select crm.current_workspace_id()));
-comment on policy roles_select_workspace on crm.roles is 'Members see the roles of the current workspace.';
+  using (workspace_id = any ((select crm.my_workspace_ids())::uuid[]));
+comment on policy roles_select_workspace on crm.roles is 'Members see the roles of their workspaces (the workspace list shows their role in each).';
 create policy roles_write_admin on crm.roles for all to crm_api
   using (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()))
   with check (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()));

@@ -26,6 +26,8 @@ export async function startService(options: {
   worker?: boolean
   database?: ProvisionedDatabase
   migrate?: boolean
+  /** Sees every statement the API's pool sends (tests count round trips with it). */
+  onQuery?: (text: string) => void
 }): Promise<RunningService> {
   const { config, logger } = options
   const database = options.database ?? (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
@@ -33,7 +35,7 @@ export async function startService(options: {
     const result = await migrate(database.url, { log: (line) => logger.info(line) })
     logger.info('schema is current', { applied_now: result.applied.length })
   }
-  const pool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize })
+  const pool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
   const worker = options.worker === false ? null : await startWorker({ databaseUrl: database.url, config, logger })
   if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
     logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {

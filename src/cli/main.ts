@@ -90,14 +90,15 @@ export async function main(argv: string[]): Promise<number> {
     else console.error(`crm: ${oneLine}`)
     return code
   }
-  const name = [argv[0], argv[1]].filter(Boolean).join(' ')
-  const command = allCommands[name] ?? allCommands[argv[0] ?? '']
   if (!argv[0] || argv[0] === 'help' || argv[0] === '--help') {
     console.log(usage())
     return 0
   }
-  if (!command) return fail(`unknown command "${argv[0]}"; run crm help`, 2)
-  const rest = argv.slice(command === allCommands[name] && name.includes(' ') ? 2 : 1)
+  // Commands are one to three words (`migrate`, `user create`, `user totp enable`): longest first.
+  const words = [3, 2, 1].find((count) => argv.slice(0, count).every((word) => !word.startsWith('-')) && allCommands[argv.slice(0, count).join(' ')])
+  if (!words) return fail(`unknown command "${argv.filter((word) => !word.startsWith('-')).slice(0, 2).join(' ')}"; run crm help`, 2)
+  const command = allCommands[argv.slice(0, words).join(' ')]
+  const rest = argv.slice(words)
   let parsed
   try {
     parsed = parseArgs({ args: rest, options: { json: { type: 'boolean' }, ...command.options }, allowPositionals: true, strict: true })

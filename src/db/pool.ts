@@ -11,7 +11,7 @@ export function toApiTime(text: string): string {
   return new Date(text.replace(' ', 'T').replace(/([+-]\d\d)$/, '$1:00')).toISOString()
 }
 
-export async function createDatabasePool(url: string, options: { maxPoolSize?: number; connectionTimeoutMs?: number } = {}): Promise<DatabasePool> {
+export async function createDatabasePool(url: string, options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void } = {}): Promise<DatabasePool> {
   return createPool(url, {
     driverFactory: createPgDriverFactory(),
     maxPoolSize: options.maxPoolSize ?? 20,
@@ -28,6 +28,9 @@ export async function createDatabasePool(url: string, options: { maxPoolSize?: n
     queryRetryLimit: 0,
     statementTimeout: 30_000,
     idleInTransactionSessionTimeout: 60_000,
+    interceptors: options.onQuery
+      ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) }]
+      : [],
     typeParsers: [
       { name: 'int8', parse: (value: string) => Number(value) },
       { name: 'numeric', parse: (value: string) => value },

@@ -11,17 +11,27 @@ export type TestResponse = { status: number; headers: Headers; body: any; text: 
 export type TestServer = RunningService & {
   config: Config
   logLines: string[]
+  /** Every SQL text the API's pool ran, when started with countQueries. */
+  queries: string[]
   request: (method: string, path: string, options?: { body?: unknown; token?: string; headers?: Record<string, string>; raw?: string | Buffer }) => Promise<TestResponse>
 }
 
 export const TEST_APP_SECRET = 'test-app-secret-that-is-long-enough-0123456789'
 
-export async function startTestServer(t: Teardown, options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string } = {}): Promise<TestServer> {
+export async function startTestServer(t: Teardown, options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string; countQueries?: boolean } = {}): Promise<TestServer> {
   const url = options.databaseUrl ?? (await createTestDatabase(t))
   const config = loadConfig({ PORT: '0', APP_SECRET: TEST_APP_SECRET, LOG_LEVEL: 'info', DATABASE_URL: url, ...options.env })
   const logLines: string[] = []
   const logger = createLogger(config.logLevel, (line) => logLines.push(line))
-  const service = await startService({ config, logger, worker: options.worker ?? false, migrate: false, database: { url, description: 'test', stop: async () => {} } })
+  const queries: string[] = []
+  const service = await startService({
+    config,
+    logger,
+    worker: options.worker ?? false,
+    migrate: false,
+    database: { url, description: 'test', stop: async () => {} },
+    onQuery: options.countQueries ? (text) => queries.push(text) : undefined,
+  })
   t.teardown(() => service.stop())
   const request: TestServer['request'] = async (method, path, requestOptions = {}) => {
     const headers: Record<string, string> = { ...requestOptions.headers }
@@ -41,5 +51,5 @@ export async function startTestServer(t: Teardown, options: { env?: Record<strin
     }
     return { status: response.status, headers: response.headers, body: parsed, text }
   }
-  return { ...service, config, logLines, request }
+  return { ...service, config, logLines, request, queries }
 }

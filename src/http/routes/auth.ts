@@ -1,0 +1,164 @@
+// Sign-in (tokens, two-factor), the caller's identity, workspaces and tokens (API.md section 3).
+import Type from 'typebox'
+import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
+import { sql } from '../../db/pool.ts'
+import { problems } from '../problem.ts'
+import { defineRoutes } from '../route.ts'
+
+const Uuid = Type.String({ format: 'uuid' })
+const Time = Type.String({ format: 'date-time' })
+
+export const TokenBodySchema = Type.Object({
+  token: Type.String({ description: 'crm_ followed by 43 base64url characters; shown only now' }),
+  token_type: Type.Literal('Bearer'),
+  token_id: Uuid,
+  expires_at: Time,
+})
+const ChallengeSchema = Type.Object({ two_factor: Type.Literal(true), challenge_token: Type.String(), expires_at: Time })
+
+const SignInBody = Type.Object(
+  {
+    email: Type.String({ minLength: 3, maxLength: 254 }),
+    password: Type.String({ minLength: 1, maxLength: 1024 }),
+    device_name: Type.String({ minLength: 1, maxLength: 200 }),
+  },
+  { additionalProperties: false },
+)
+const ChallengeBody = Type.Union([
+  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
+  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), recovery_code: Type.String({ minLength: 1, maxLength: 100 }) }, { additionalProperties: false }),
+])
+
+const TokenSummary = Type.Object({
+  id: Uuid,
+  kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+  name: Type.String(),
+  created_at: Time,
+  last_used_at: Type.Union([Time, Type.Null()]),
+  expires_at: Time,
+  current: Type.Boolean(),
+})
+
+export default defineRoutes(
+  {
+    method: 'POST',
+    path: '/api/token',
+    summary: 'Exchange email and password for a bearer token (or a two-factor challenge)',
+    tag: 'auth',
+    auth: 'none',
+    body: SignInBody,
+    response: Type.Union([TokenBodySchema, ChallengeSchema]),
+    errors: [400, 401, 422, 429],
+    example: { request: { email: 'ada@example.com', password: 'correct horse battery', device_name: 'ERP sync' } },
+    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.pool, services.config, body) }),
+  },
+  {
+    method: 'POST',
+    path: '/api/token/2fa-challenge',
+    summary: 'Complete a two-factor sign-in with a TOTP code or a recovery code',
+    tag: 'auth',
+    auth: 'none',
+    body: ChallengeBody,
+    response: TokenBodySchema,
+    errors: [400, 401, 422, 429],
+    example: { request: { challenge_token: 'eyJhbGciOiJIUzI1NiJ9…', code: '123456' } },
+    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.pool, services.config, body) }),
+  },
+  {
+    method: 'GET',
+    path: '/api/me',
+    summary: 'The caller: user, workspace, role with its permissions, and the token in use',
+    tag: 'auth',
+    auth: 'required',
+    errors: [401, 404, 429],
+    response: Type.Object({ data: Type.Object({ user: Type.Any(), workspace: Type.Any(), role: Type.Any(), token: Type.Any() }) }),
+    handler: async ({ db, caller }) => {
+      const data = await db.one(sql.unsafe`
+        select
+          json_build_object('id', u.id, 'email', u.email, 'name', u.name) as user,
+          json_build_object('id', w.id, 'slug', w.slug, 'name', w.name, 'plan', w.plan,
+            'trial_ends_at', to_char(w.trial_ends_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'seat_limit', w.seat_limit) as workspace,
+          json_build_object('name', r.name, 'is_admin', r.is_admin, 'permissions',
+            coalesce((select json_agg(g.resource || ':' || g.action || ':' || g.scope order by g.resource, g.action)
+                      from crm.role_grants g where g.workspace_id = r.workspace_id and g.role_id = r.id), '[]'::json)) as role,
+          json_build_object('id', t.id, 'name', t.name,
+            'expires_at', to_char(t.expires_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')) as token
+        from crm.users u
+        join crm.memberships m on m.user_id = u.id and m.workspace_id = ${caller.workspaceId}
+        join crm.workspaces w on w.id = m.workspace_id
+        join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+        join crm.tokens t on t.id = ${caller.tokenId}
+        where u.id = ${caller.userId}
+      `)
+      return { body: { data } }
+    },
+  },
+  {
+    method: 'GET',
+    path: '/api/workspaces',
+    summary: "The caller's workspaces with their role and plan",
+    tag: 'auth',
+    auth: 'required',
+    errors: [401, 429],
+    response: Type.Object({ data: Type.Array(Type.Object({ slug: Type.String(), name: Type.String(), role: Type.String(), plan: Type.String() })) }),
+    handler: async ({ db, caller }) => {
+      const rows = await db.any(sql.unsafe`
+        select w.slug, w.name, r.name as role, w.plan, (m.suspended_at is not null) as suspended, (w.id = ${caller.workspaceId}) as current
+        from crm.memberships m
+        join crm.workspaces w on w.id = m.workspace_id
+        join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+        where m.user_id = ${caller.userId}
+        order by m.joined_at
+      `)
+      return { body: { data: rows } }
+    },
+  },
+  {
+    method: 'GET',
+    path: '/api/tokens',
+    summary: "The caller's tokens and UI sessions (never their values)",
+    tag: 'auth',
+    auth: 'required',
+    errors: [401, 429],
+    response: Type.Object({ data: Type.Array(TokenSummary) }),
+    handler: async ({ db, caller }) => {
+      const rows = await db.any(sql.unsafe`
+        select id, kind, name, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
+        from crm.tokens
+        where user_id = ${caller.userId} and revoked_at is null and expires_at > now()
+        order by created_at desc
+      `)
+      return { body: { data: rows } }
+    },
+  },
+  {
+    method: 'DELETE',
+    path: '/api/tokens/:id',
+    summary: 'Revoke one token or session of the caller',
+    tag: 'auth',
+    auth: 'required',
+    status: 204,
+    errors: [401, 404, 429],
+    handler: async ({ db, params }) => {
+      if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw problems.notFound('No such token')
+      const revoked = await db.maybeOne(sql.unsafe`
+        update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
+      `)
+      if (!revoked) throw problems.notFound('No such token')
+      return { status: 204 }
+    },
+  },
+  {
+    method: 'DELETE',
+    path: '/api/tokens',
+    summary: 'Revoke every token and session of the caller, this one included',
+    tag: 'auth',
+    auth: 'required',
+    status: 204,
+    errors: [401, 429],
+    handler: async ({ db, caller }) => {
+      await db.query(sql.unsafe`update crm.tokens set revoked_at = now() where user_id = ${caller.userId} and revoked_at is null`)
+      return { status: 204 }
+    },
+  },
+)

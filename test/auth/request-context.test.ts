@@ -1,0 +1,68 @@
+// The settings policies trust: set transaction-locally with bound values, gone after commit on the
+// same pooled connection, and worthless when set by hand without the proof.
+import t from 'tap'
+import { sql, createDatabasePool } from '../../src/db/pool.ts'
+import { hashToken } from '../../src/auth/tokens.ts'
+import { createTestDatabase, ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
+
+const url = await createTestDatabase(t)
+const tenant = await createTenant(url, { slug: 'acme', members: { 'ada@acme.test': 'admin', 'bob@acme.test': 'member' } })
+const ada = tenant.members['ada@acme.test']
+
+t.test('request settings are transaction-local and gone after commit on the same connection', async (t) => {
+  const pool = await createDatabasePool(url, { maxPoolSize: 1 })
+  t.teardown(() => pool.end())
+  const inside = await pool.transaction(async (db) => {
+    await db.one(sql.unsafe`select a.*, set_config('role', 'crm_api', true) from crm.authenticate(${sql.binary(hashToken(ada.token))}, ${'acme'}, ${'api'}, ${600}) a`)
+    return db.one(sql.unsafe`
+      select current_user as role, current_setting('crm.user_id') as user_id, current_setting('crm.workspace_id') as workspace_id,
+             current_setting('crm.via') as via, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)
+  })
+  t.match(inside, { role: 'crm_api', user_id: ada.id, workspace_id: tenant.id, via: 'api', proven_user: ada.id })
+  const after = await pool.one(sql.unsafe`
+    select current_user as role, coalesce(current_setting('crm.user_id', true), '') as user_id,
+           crm.current_user_id() as proven_user, pg_backend_pid() as pid`)
+  t.equal(after.pid, inside.pid, 'the same pooled connection')
+  t.not(after.role, 'crm_api', 'the role switch ended with the transaction')
+  t.equal(after.user_id, '', 'the setting is gone')
+  t.equal(after.proven_user, null)
+})
+
+t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => {
+  const client = await ownerClient(t, url)
+  await client.query('begin')
+  await client.query("select set_config('role', 'crm_api', true)")
+  await client.query("select set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true), set_config('crm.context_proof', 'forged', true)", [ada.id, tenant.id])
+  const { rows } = await client.query(`select crm.current_user_id() as user_id,
+    (select count(*)::int from crm.memberships) as memberships, (select count(*)::int from crm.tokens) as tokens,
+    (select count(*)::int from crm.roles) as roles, (select count(*)::int from crm.workspaces) as workspaces`)
+  t.same(rows[0], { user_id: null, memberships: 0, tokens: 0, roles: 0, workspaces: 0 })
+  for (const statement of [
+    `select crm.set_context('${ada.id}', '${tenant.id}', 'api')`,
+    `select crm.context_proof('${ada.id}', '${tenant.id}')`,
+    'select * from crm.internal_secrets',
+    `select crm.act_as('ada@acme.test', 'acme')`,
+    `insert into crm.teams (workspace_id, name) values ('${tenant.id}', 'intruders')`,
+  ]) {
+    await client.query('savepoint probe')
+    const error = await client.query(statement).then(() => null, (caught) => caught)
+    t.ok(error, `refused: ${statement.slice(0, 50)}`)
+    await client.query('rollback to savepoint probe')
+  }
+  await client.query('rollback')
+})
+
+t.test('crm.act_as shows a DBA exactly what the member sees', async (t) => {
+  const client = await ownerClient(t, url)
+  await client.query('begin')
+  const { rows: [said] } = await client.query("select crm.act_as('BOB@acme.test', 'acme') as said")
+  t.match(said.said, /acting as bob@acme\.test in acme/)
+  const { rows } = await client.query(`select current_user as role, crm.current_user_id() as user_id, crm.is_admin() as admin,
+    crm.grant_scope('deals', 'update') as deals_update, crm.grant_scope('deals', 'export') as deals_export,
+    (select count(*)::int from crm.tokens) as own_tokens, (select count(*)::int from crm.memberships) as memberships`)
+  t.same(rows[0], { role: 'crm_api', user_id: tenant.members['bob@acme.test'].id, admin: false, deals_update: 'own', deals_export: null, own_tokens: 1, memberships: 2 })
+  await client.query('rollback')
+  const error = await client.query("select crm.act_as('nobody@acme.test', 'acme')").then(() => null, (caught) => caught)
+  t.match(error?.message, /is not a member of workspace acme/)
+})
