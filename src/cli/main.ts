@@ -63,7 +63,10 @@ async function runService(context: CliContext, parts: { api: boolean; worker: bo
     const shutdown = (signal: string) => {
       logger.info(`${signal}: finishing in-flight work and stopping`)
       service.stop().then(
-        () => resolve(0),
+        () => {
+          logger.info('stopped cleanly')
+          resolve(0)
+        },
         (error) => {
           logger.error('shutdown failed', { error: String(error) })
           resolve(1)

@@ -125,7 +125,7 @@ export async function startEmbeddedPostgres(options: {
     ],
     initdbFlags: ['--encoding=UTF8', '--locale=C'],
     onLog: (message: string) => {
-      if (/FATAL|PANIC|ERROR/.test(message)) log(message.trim())
+      if (/FATAL|PANIC/.test(message)) log(message.trim())
     },
     onError: (error: unknown) => log(`embedded PostgreSQL: ${String(error)}`),
   })
