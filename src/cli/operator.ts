@@ -3,7 +3,6 @@
 import pg from 'pg'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
-import { migrate } from '../db/migrate.ts'
 import { provisionDatabase } from '../db/provision.ts'
 import { databaseErrorOf } from '../http/database-errors.ts'
 import type { CliContext, Command } from './main.ts'
@@ -12,10 +11,11 @@ async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => P
   const config = context.config()
   const database = await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
   try {
-    await migrate(database.url)
     const client = new pg.Client({ connectionString: database.url })
     await client.connect()
     try {
+      const { rows } = await client.query("select to_regclass('crm.workspaces') is not null as ready")
+      if (!rows[0].ready) throw new Error('the database has no schema yet: run crm migrate (make run does it too)')
       await client.query('begin')
       const result = await fn(client)
       await client.query('commit')
