@@ -30,6 +30,8 @@ export type Config = {
   smtpUrl: string | null
   workerConcurrency: number
   dbPoolSize: number
+  /** How long a request may wait for a free database connection before it gets 503. */
+  dbWaitMs: number
 }
 
 export class ConfigError extends Error {
@@ -152,6 +154,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     smtpUrl,
     workerConcurrency: integer('WORKER_CONCURRENCY', 20, 1, 1000),
     dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
+    dbWaitMs: integer('DB_WAIT_MS', 5000, 1, 600_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
 import { readJsonObject } from './body.ts'
+import { createAdmissionGate } from './admission.ts'
 import { toApiError } from './database-errors.ts'
 import { ApiError, problemBody, problems } from './problem.ts'
 import { validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
@@ -42,7 +43,8 @@ export function sendProblem(res: ServerResponse, error: ApiError, requestId: str
 export type App = { server: Server; handler: (req: IncomingMessage, res: ServerResponse) => void }
 
 export function createApp(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, extra: { pages?: (app: ReturnType<typeof polka>) => void } = {}): App {
-  const { logger, pool } = services
+  const { logger, pool, config } = services
+  const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
     const request = req as Request
@@ -99,7 +101,7 @@ export function createApp(services: Services, definitions: RouteDefinition[], au
     const result =
       definition.auth === 'none'
         ? await definition.handler(base as unknown as RouteContext)
-        : await pool.transaction(async (db) => {
+        : await admission.run(() => pool.transaction(async (db) => {
             const caller = await authenticate(db, req, req.requestId)
             req.callerId = caller.userId
             res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
@@ -112,7 +114,7 @@ export function createApp(services: Services, definitions: RouteDefinition[], au
               await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
             }
             throw error
-          })
+          }))
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200
     sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)

@@ -1,0 +1,51 @@
+// A bounded wait for a database connection. Slonik queues requests for a busy pool without limit;
+// this gate admits at most `capacity` requests to the pool at once, lets others wait up to
+// `maxWaitMs`, and then refuses them with 503 so a saturated service sheds load instead of piling up.
+import { problems } from './problem.ts'
+
+export type AdmissionGate = { run: <T>(fn: () => Promise<T>) => Promise<T>; inFlight: () => number; waiting: () => number }
+
+export function createAdmissionGate(capacity: number, maxWaitMs: number): AdmissionGate {
+  let active = 0
+  const queue: { admit: () => void; timer: NodeJS.Timeout }[] = []
+
+  const release = () => {
+    const next = queue.shift()
+    if (next) {
+      clearTimeout(next.timer)
+      next.admit()
+    } else {
+      active--
+    }
+  }
+
+  const enter = (): Promise<void> => {
+    if (active < capacity) {
+      active++
+      return Promise.resolve()
+    }
+    return new Promise((resolve, reject) => {
+      const entry = {
+        admit: () => resolve(),
+        timer: setTimeout(() => {
+          queue.splice(queue.indexOf(entry), 1)
+          reject(problems.unavailable(null, `All ${capacity} database connections stayed busy for ${maxWaitMs} ms; retry shortly`))
+        }, maxWaitMs),
+      }
+      queue.push(entry)
+    })
+  }
+
+  return {
+    run: async (fn) => {
+      await enter()
+      try {
+        return await fn()
+      } finally {
+        release()
+      }
+    },
+    inFlight: () => active,
+    waiting: () => queue.length,
+  }
+}
