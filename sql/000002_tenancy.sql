@@ -232,8 +232,10 @@ $$;
 comment on function crm.set_context(uuid, uuid, text) is 'Sets the transaction-local request context with its proof. Not executable by crm_api.';
 revoke execute on function crm.set_context(uuid, uuid, text) from public;
 
--- Both helpers verify the proof, so a context set by hand (as crm_api) reads as "nobody".
-create function crm.current_user_id() returns uuid
+-- Every helper below verifies the proof exactly once (through crm.verified_context), so a context
+-- set by hand as crm_api reads as "nobody". Policies call each helper once per statement as an
+-- InitPlan; keeping the HMAC count at one per helper is what keeps RLS cheap (bench/).
+create function crm.verified_context(out user_id uuid, out workspace_id uuid)
 language plpgsql stable security definer
 set search_path = pg_catalog, public
 as $$
@@ -243,13 +245,22 @@ declare
 begin
   if v_user is null or v_workspace is null
      or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$' then
-    return null;
+    return;
   end if;
   if crm.context_proof(v_user::uuid, v_workspace::uuid) is distinct from current_setting('crm.context_proof', true) then
-    return null;
+    return;
   end if;
-  return v_user::uuid;
+  user_id := v_user::uuid;
+  workspace_id := v_workspace::uuid;
 end
+$$;
+comment on function crm.verified_context() is 'The (user, workspace) of this transaction when its proof checks out; nulls otherwise.';
+
+create function crm.current_user_id() returns uuid
+language sql stable security definer
+set search_path = pg_catalog, public
+as $$
+  select user_id from crm.verified_context()
 $$;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 
@@ -257,8 +268,7 @@ create function crm.current_workspace_id() returns uuid
 language sql stable security definer
 set search_path = pg_catalog, public
 as $$
-  select case when crm.current_user_id() is null then null
-              else nullif(current_setting('crm.workspace_id', true), '')::uuid end
+  select workspace_id from crm.verified_context()
 $$;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 
@@ -274,28 +284,34 @@ language sql stable security definer
 set search_path = pg_catalog, public
 as $$
   select g.scope
-  from crm.memberships m
+  from crm.verified_context() c
+  join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id
   join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
-  where m.workspace_id = crm.current_workspace_id()
-    and m.user_id = crm.current_user_id()
-    and m.suspended_at is null
+  where m.suspended_at is null
     and g.resource = p_resource
     and g.action = p_action
 $$;
 comment on function crm.grant_scope(text, text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null. Read live, so role changes apply on the next statement.';
 
-create function crm.current_team_user_ids() returns uuid[]
-language sql stable security definer
-set search_path = pg_catalog, public
+create function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) returns uuid[]
+language sql stable
 as $$
   select array(
-    select crm.current_user_id()
+    select p_user_id
     union
     select mate.user_id
     from crm.team_members mine
     join crm.team_members mate on mate.workspace_id = mine.workspace_id and mate.team_id = mine.team_id
-    where mine.workspace_id = crm.current_workspace_id() and mine.user_id = crm.current_user_id()
+    where mine.workspace_id = p_workspace_id and mine.user_id = p_user_id
   )
+$$;
+comment on function crm.team_user_ids(uuid, uuid) is 'A user and everyone sharing a team with them in a workspace (internal; not granted to crm_api).';
+
+create function crm.current_team_user_ids() returns uuid[]
+language sql stable security definer
+set search_path = pg_catalog, public
+as $$
+  select crm.team_user_ids(c.user_id, c.workspace_id) from crm.verified_context() c where c.user_id is not null
 $$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 
@@ -303,11 +319,17 @@ create function crm.scope_owner_ids(p_resource text, p_action text) returns uuid
 language sql stable security definer
 set search_path = pg_catalog, public
 as $$
-  select case crm.grant_scope(p_resource, p_action)
-           when 'own' then array[crm.current_user_id()]
-           when 'team' then crm.current_team_user_ids()
-           else '{}'::uuid[]
-         end
+  select coalesce((
+    select case g.scope
+             when 'own' then array[c.user_id]
+             when 'team' then crm.team_user_ids(c.user_id, c.workspace_id)
+             else '{}'::uuid[]
+           end
+    from crm.verified_context() c
+    join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id
+    join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
+    where m.suspended_at is null and g.resource = p_resource and g.action = p_action
+  ), '{}'::uuid[])
 $$;
 comment on function crm.scope_owner_ids(text, text) is 'Owners whose records an own or team scope covers; empty for all (checked separately) or no grant.';
 
@@ -317,32 +339,33 @@ set search_path = pg_catalog, public
 as $$
   select coalesce((
     select r.is_admin
-    from crm.memberships m
+    from crm.verified_context() c
+    join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id
     join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-    where m.workspace_id = crm.current_workspace_id() and m.user_id = crm.current_user_id() and m.suspended_at is null
+    where m.suspended_at is null
   ), false)
 $$;
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role.';
 
-create function crm.shares_workspace(p_user_id uuid) returns boolean
+create function crm.colleague_ids() returns uuid[]
 language sql stable security definer
 set search_path = pg_catalog, public
 as $$
-  select exists (select 1 from crm.memberships where workspace_id = crm.current_workspace_id() and user_id = p_user_id)
+  select array(select m.user_id from crm.verified_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
 $$;
-comment on function crm.shares_workspace(uuid) is 'Whether a user is a member of the current workspace (lets members see each other''s names).';
+comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 
 create function crm.my_workspace_ids() returns uuid[]
 language sql stable security definer
 set search_path = pg_catalog, public
 as $$
-  select array(select workspace_id from crm.memberships where user_id = crm.current_user_id())
+  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
 $$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
 
 grant execute on function crm.current_user_id(), crm.current_workspace_id(), crm.current_via(),
   crm.grant_scope(text, text), crm.current_team_user_ids(), crm.scope_owner_ids(text, text), crm.is_admin(),
-  crm.shares_workspace(uuid), crm.my_workspace_ids() to crm_api;
+  crm.colleague_ids(), crm.my_workspace_ids() to crm_api;
 
 -- =============================================================================================
 -- Authentication: one call per request
@@ -609,7 +632,7 @@ create policy workspaces_select_member on crm.workspaces for select to crm_api
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
 
 create policy users_select_self_or_colleague on crm.users for select to crm_api
-  using (id = (select crm.current_user_id()) or crm.shares_workspace(id));
+  using (id = (select crm.current_user_id()) or id = any ((select crm.colleague_ids())::uuid[]));
 comment on policy users_select_self_or_colleague on crm.users is 'A user sees themself and the members of the current workspace.';
 create policy users_update_self on crm.users for update to crm_api
   using (id = (select crm.current_user_id())) with check (id = (select crm.current_user_id()));

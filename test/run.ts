@@ -2,7 +2,7 @@
 // run tap; every test file clones the template (CREATE DATABASE ... TEMPLATE), which takes
 // milliseconds and isolates files from each other. Ends with the plain "N passed, N failed" line.
 import { spawn } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
@@ -36,6 +36,28 @@ async function provision(): Promise<ProvisionedDatabase & { label: string }> {
   }
 }
 
+/** Tokens, webhook secrets, challenge tokens and the test passwords must never reach a log line. */
+function scanLogsForSecrets(dir: string): { scanned: string; found: string[] } {
+  const patterns: [string, RegExp][] = [
+    ['bearer token', /crm_[A-Za-z0-9_-]{43}/],
+    ['webhook secret', /whsec_[A-Za-z0-9_-]{43}/],
+    ['signed challenge or session', /eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\./],
+    ['test password', /correct horse battery/],
+    ['otpauth URI', /otpauth:\/\//],
+  ]
+  const found: string[] = []
+  let lines = 0
+  const files = readdirSync(dir)
+  for (const file of files) {
+    for (const line of readFileSync(join(dir, file), 'utf8').split('\n')) {
+      if (!line) continue
+      lines++
+      for (const [what, pattern] of patterns) if (pattern.test(line)) found.push(`${what} in ${file}: ${line.slice(0, 200)}`)
+    }
+  }
+  return { scanned: `secret scan: ${lines} log lines from ${files.length} test servers, ${found.length} secrets found`, found }
+}
+
 function withDatabase(url: string, database: string): string {
   const parsed = new URL(url)
   parsed.pathname = `/${database}`
@@ -55,10 +77,11 @@ async function main(): Promise<number> {
     await admin.end()
     await migrate(withDatabase(server.url, TEMPLATE))
 
+    const logDir = mkdtempSync(join(tmpdir(), 'crm-test-logs-'))
     const args = process.argv.slice(2)
     const tap = spawn('npx', ['tap', ...args], {
       stdio: ['ignore', 'pipe', 'inherit'],
-      env: { ...process.env, CRM_TEST_SERVER_URL: server.url, CRM_TEST_TEMPLATE: TEMPLATE, DATABASE_URL: '' },
+      env: { ...process.env, CRM_TEST_SERVER_URL: server.url, CRM_TEST_TEMPLATE: TEMPLATE, CRM_TEST_LOG_DIR: logDir, DATABASE_URL: '' },
     })
     let summary = ''
     tap.stdout.on('data', (chunk: Buffer) => {
@@ -70,8 +93,12 @@ async function main(): Promise<number> {
     const passed = counts ? Number(counts[2] ?? 0) : 0
     const failed = counts ? Number(counts[3] ?? 0) : code === 0 ? 0 : 1
     console.log(`\nassertions: ${passed + failed} in ${Math.round((Date.now() - started) / 1000)} s`)
-    console.log(`${passed} passed, ${failed} failed`)
-    return code === 0 && failed === 0 ? 0 : 1
+    const leaks = scanLogsForSecrets(logDir)
+    rmSync(logDir, { recursive: true, force: true })
+    console.log(leaks.scanned)
+    for (const leak of leaks.found) console.log(`SECRET IN LOGS: ${leak}`)
+    console.log(`${passed} passed, ${failed + leaks.found.length} failed`)
+    return code === 0 && failed === 0 && leaks.found.length === 0 ? 0 : 1
   } finally {
     await server.stop()
   }

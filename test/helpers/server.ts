@@ -1,4 +1,7 @@
 // Starts the real service on port 0 against a cloned test database; tests call it over HTTP.
+import { randomBytes } from 'node:crypto'
+import { appendFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { loadConfig, type Config } from '../../src/config.ts'
 import { createLogger } from '../../src/log.ts'
 import { startService, type RunningService } from '../../src/service.ts'
@@ -22,7 +25,12 @@ export async function startTestServer(t: Teardown, options: { env?: Record<strin
   const url = options.databaseUrl ?? (await createTestDatabase(t))
   const config = loadConfig({ PORT: '0', APP_SECRET: TEST_APP_SECRET, LOG_LEVEL: 'info', DATABASE_URL: url, ...options.env })
   const logLines: string[] = []
-  const logger = createLogger(config.logLevel, (line) => logLines.push(line))
+  // test/run.ts scans every server's log after the run for secrets (tokens, passwords, webhook secrets).
+  const logFile = process.env.CRM_TEST_LOG_DIR ? join(process.env.CRM_TEST_LOG_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.log`) : null
+  const logger = createLogger(config.logLevel, (line) => {
+    logLines.push(line)
+    if (logFile) appendFileSync(logFile, line + '\n')
+  })
   const queries: string[] = []
   const service = await startService({
     config,
