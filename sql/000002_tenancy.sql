@@ -192,8 +192,10 @@ comment on table crm.two_factor_challenges is 'Pending second steps of a sign-in
 -- ---------------------------------------------------------------------------------------------
 -- Rate limit: fixed one-minute windows, one counter row per (user, window, backend). Splitting by
 -- backend pid means concurrent requests never wait on each other's row lock (a backend runs one
--- transaction at a time); the limit check sums the few rows of the window.
-create table crm.rate_limit_counters (
+-- transaction at a time); the limit check sums the few rows of the window. Unlogged: counting a
+-- request writes no WAL and needs no flush at commit (measured: auth went from 0.47 to 0.2 ms);
+-- after a database crash the counters start again from zero, which only forgives one minute.
+create unlogged table crm.rate_limit_counters (
   user_id uuid not null,
   window_start timestamptz not null,
   backend_pid integer not null,

@@ -10,6 +10,7 @@ import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
 import { createAuthenticator } from './auth/authenticate.ts'
+import { registerPages } from './ui/routes.ts'
 
 export type RunningService = {
   url: string
@@ -47,7 +48,9 @@ export async function startService(options: {
   let url = ''
   let closeServer = async () => {}
   if (options.api !== false) {
-    const app = createApp({ config, pool, logger, worker }, allRoutes(), createAuthenticator(config))
+    const services = { config, pool, logger, worker }
+    const routes = allRoutes()
+    const app = createApp(services, routes, createAuthenticator(config), { pages: (polkaApp) => registerPages(polkaApp, services, routes) })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)
       app.server.listen(config.port, config.host, () => resolve())

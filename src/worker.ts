@@ -1,14 +1,20 @@
 // The graphile-worker runner. Tasks live in workers/, one file each, named after the task.
-import { run, Logger, type Runner } from 'graphile-worker'
+import { EventEmitter } from 'node:events'
+import { run, Logger, type Runner, type WorkerEvents } from 'graphile-worker'
 import type { Config } from './config.ts'
 import type { Logger as AppLogger } from './log.ts'
 import { taskList, crontab } from '../workers/index.ts'
+import { startWorkerHeartbeat } from './webhooks/worker-heartbeat.ts'
 
 export type WorkerHandle = { runner: Runner; stop: () => Promise<void> }
 
 export async function startWorker(options: { databaseUrl: string; config: Config; logger: AppLogger }): Promise<WorkerHandle> {
   const { config, logger } = options
+  // Kill safety: see src/webhooks/worker-heartbeat.ts.
+  const events = new EventEmitter() as WorkerEvents
+  const heartbeat = startWorkerHeartbeat({ events, databaseUrl: options.databaseUrl, logger })
   const runner = await run({
+    events,
     taskList: taskList(config),
     crontab,
     noHandleSignals: true,
@@ -35,6 +41,7 @@ export async function startWorker(options: { databaseUrl: string; config: Config
     runner,
     stop: async () => {
       await runner.stop()
+      await heartbeat.stop()
     },
   }
 }

@@ -2,10 +2,16 @@
 import type { TaskList } from 'graphile-worker'
 import type { Config } from '../src/config.ts'
 import { housekeeping } from './housekeeping.ts'
+import { processImportTask } from './process_import.ts'
+import { fanOutEvent } from './fan_out_event.ts'
+import { deliverWebhook } from './deliver_webhook.ts'
 
 export function taskList(config: Config): TaskList {
   return {
     housekeeping: housekeeping(config),
+    process_import: processImportTask(config),
+    fan_out_event: fanOutEvent(),
+    deliver_webhook: deliverWebhook(config),
   }
 }
 

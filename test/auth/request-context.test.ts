@@ -15,14 +15,14 @@ t.test('request settings are transaction-local and gone after commit on the same
   t.teardown(() => pool.end())
   const inside = await pool.transaction(async (db) => {
     await db.one(sql.unsafe`select a.*, set_config('role', 'crm_api', true) from crm.authenticate(${sql.binary(hashToken(ada.token))}, ${'acme'}, ${'api'}, ${600}) a`)
-    return db.one(sql.unsafe`
+    return (await db.one(sql.unsafe`
       select current_user as role, current_setting('crm.user_id') as user_id, current_setting('crm.workspace_id') as workspace_id,
-             current_setting('crm.via') as via, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)
+             current_setting('crm.via') as via, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<string, unknown>
   })
   t.match(inside, { role: 'crm_api', user_id: ada.id, workspace_id: tenant.id, via: 'api', proven_user: ada.id })
-  const after = await pool.one(sql.unsafe`
+  const after = (await pool.one(sql.unsafe`
     select current_user as role, coalesce(current_setting('crm.user_id', true), '') as user_id,
-           crm.current_user_id() as proven_user, pg_backend_pid() as pid`)
+           crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<string, unknown>
   t.equal(after.pid, inside.pid, 'the same pooled connection')
   t.not(after.role, 'crm_api', 'the role switch ended with the transaction')
   t.equal(after.user_id, '', 'the setting is gone')

@@ -1,0 +1,268 @@
+// Records throughput: the real API (bearer auth, one transaction per request, RLS as crm_api)
+// against a baseline in the same run — bare node:http + pg running the same SQL as the owner,
+// without auth or RLS — for GET one deal, list 50 deals with a filter, and create a deal.
+// Then, with BENCH_DEALS deals loaded (default 1,000,000), the list query's plan and latency.
+//
+//   node bench/records.ts            prints a markdown report (DATABASE_URL, or an embedded PostgreSQL)
+//   BENCH_DEALS=100000 BENCH_SECONDS=5 node bench/records.ts     a quicker run
+//
+// Each server runs in its own child process so neither shares an event loop with autocannon.
+import { spawn, type ChildProcess } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { createServer } from 'node:http'
+import { createRequire } from 'node:module'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+
+// autocannon ships no types; this is the part of its API used here.
+type AutocannonResult = { requests: { average: number }; latency: { p50: number; p99: number }; errors: number; timeouts: number; non2xx: number }
+const autocannon = createRequire(import.meta.url)('autocannon') as (options: Record<string, unknown>) => Promise<AutocannonResult>
+
+const SELF = fileURLToPath(import.meta.url)
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
+const CONNECTIONS = 50
+
+type Scenario = { name: string; method: 'GET' | 'POST'; path: (ids: string[]) => string; body?: string; read: boolean }
+
+const SCENARIOS: Scenario[] = [
+  { name: 'GET one deal', method: 'GET', path: (ids) => `/api/deals/${ids[Math.floor(Math.random() * ids.length)]}`, read: true },
+  { name: 'list 50 deals, filter[stage]=won', method: 'GET', path: () => '/api/deals?filter[stage]=won&limit=50', read: true },
+  { name: 'create a deal', method: 'POST', path: () => '/api/deals', body: JSON.stringify({ name: 'Bench deal', amount: '1250.00' }), read: false },
+]
+
+// ---------------------------------------------------------------------------------------------
+// Child process: the real service
+async function serveApi(databaseUrl: string): Promise<void> {
+  const { loadConfig } = await import('../src/config.ts')
+  const { createLogger } = await import('../src/log.ts')
+  const { startService } = await import('../src/service.ts')
+  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', APP_SECRET, LOG_LEVEL: 'silent', RATE_LIMIT_PER_MINUTE: '1000000' })
+  const service = await startService({ config, logger: createLogger('silent'), worker: false, migrate: false, database: { url: databaseUrl, description: 'bench', stop: async () => {} } })
+  process.stdout.write(JSON.stringify({ url: service.url }) + '\n')
+  process.on('SIGTERM', () => void service.stop().then(() => process.exit(0)))
+}
+
+// Child process: the baseline — the same statements the API runs, as the owner, no auth, no RLS.
+async function serveBaseline(databaseUrl: string, workspaceId: string, ownerId: string, poolSize: number): Promise<void> {
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: poolSize })
+  const server = createServer(async (req, res) => {
+    try {
+      const url = new URL(req.url ?? '/', 'http://x')
+      let status = 200
+      let body: unknown
+      if (req.method === 'GET' && url.pathname === '/api/deals') {
+        const { rows } = await pool.query(
+          `select crm.deal_json(t) as record from crm.deals t
+            where t.workspace_id = $1 and t.stage = $2
+            order by t.created_at asc nulls last, t.id asc nulls last limit $3`,
+          [workspaceId, url.searchParams.get('filter[stage]'), Number(url.searchParams.get('limit')) + 1],
+        )
+        body = { data: rows.slice(0, 50).map((row) => row.record), next_cursor: rows.length > 50 ? 'x' : null }
+      } else if (req.method === 'GET' && url.pathname.startsWith('/api/deals/')) {
+        const { rows } = await pool.query('select crm.deal_json(t) as record from crm.deals t where t.workspace_id = $1 and t.id = $2', [workspaceId, url.pathname.slice(11)])
+        body = { data: rows[0]?.record ?? null }
+        if (!rows[0]) status = 404
+      } else if (req.method === 'POST' && url.pathname === '/api/deals') {
+        const chunks: Buffer[] = []
+        for await (const chunk of req) chunks.push(chunk as Buffer)
+        const input = JSON.parse(Buffer.concat(chunks).toString('utf8'))
+        const { rows } = await pool.query(
+          'insert into crm.deals as t (workspace_id, owner_id, name, amount) values ($1, $2, $3, $4) returning crm.deal_json(t) as record',
+          [workspaceId, ownerId, input.name, input.amount],
+        )
+        status = 201
+        body = { data: rows[0].record }
+      } else {
+        status = 404
+      }
+      const text = JSON.stringify(body)
+      res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text) })
+      res.end(text)
+    } catch (error) {
+      res.writeHead(500)
+      res.end(String(error))
+    }
+  })
+  server.listen(0, '127.0.0.1', () => {
+    const address = server.address() as { port: number }
+    process.stdout.write(JSON.stringify({ url: `http://127.0.0.1:${address.port}` }) + '\n')
+  })
+  process.on('SIGTERM', () => server.close(() => void pool.end().then(() => process.exit(0))))
+}
+
+function startChild(args: string[]): Promise<{ url: string; child: ChildProcess }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [SELF, ...args], { stdio: ['ignore', 'pipe', 'inherit'], cwd: ROOT })
+    let buffer = ''
+    child.stdout!.on('data', (chunk: Buffer) => {
+      buffer += chunk.toString()
+      const line = buffer.split('\n')[0]
+      if (buffer.includes('\n')) {
+        try {
+          resolve({ url: (JSON.parse(line) as { url: string }).url, child })
+        } catch (error) {
+          reject(error)
+        }
+      }
+    })
+    child.on('exit', (code) => reject(new Error(`${args[0]} exited with ${code}`)))
+  })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parent: database, data, load, report
+
+type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number }
+
+async function load(url: string, scenario: Scenario, ids: string[], seconds: number, headers: Record<string, string>): Promise<Result> {
+  const result = await autocannon({
+    url,
+    connections: CONNECTIONS,
+    duration: seconds,
+    headers: { ...headers, ...(scenario.body ? { 'content-type': 'application/json' } : {}) },
+    requests: [{ method: scenario.method, setupRequest: (request: any) => ({ ...request, path: scenario.path(ids), body: scenario.body }) }],
+  })
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.timeouts, non2xx: result.non2xx }
+}
+
+async function provision(): Promise<{ url: string; stop: () => Promise<void>; label: string }> {
+  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
+  const { startEmbeddedPostgres } = await import('../src/db/provision.ts')
+  const baseDir = mkdtempSync(join(tmpdir(), 'crm-bench-'))
+  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none' })
+  return {
+    url: database.url,
+    label: 'embedded PostgreSQL (fsync off)',
+    stop: async () => {
+      await database.stop()
+      rmSync(baseDir, { recursive: true, force: true })
+    },
+  }
+}
+
+async function seedDeals(client: pg.Client, workspaceId: string, ownerId: string, count: number, log: (line: string) => void): Promise<void> {
+  // Bulk load as the owner without the outbox trigger: a million deal.created events would only
+  // measure the loader. The API requests below keep every trigger.
+  const chunk = 100_000
+  for (let start = 0; start < count; start += chunk) {
+    const size = Math.min(chunk, count - start)
+    await client.query('begin')
+    await client.query('alter table crm.deals disable trigger tg_deals__events_insert')
+    await client.query(
+      `insert into crm.deals (workspace_id, owner_id, created_by, updated_by, name, amount, stage, close_date, created_at, updated_at, stage_changed_at)
+       select $1, $2, $2, $2, 'Deal ' || g, (g % 100000)::numeric / 4,
+              (array['lead', 'qualified', 'proposal', 'negotiation', 'won', 'lost'])[1 + g % 6],
+              date '2026-01-01' + (g % 365), ts, ts, ts
+         from generate_series($3::int, $4::int) as g,
+              lateral (select now() - interval '1 second' * ($4::int - g)) as x (ts)`,
+      [workspaceId, ownerId, start + 1, start + size],
+    )
+    await client.query('alter table crm.deals enable trigger tg_deals__events_insert')
+    await client.query('commit')
+    log(`  loaded ${start + size} deals`)
+  }
+  await client.query('analyze crm.deals')
+}
+
+function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]
+}
+
+export async function benchRecords(options: { deals?: number; seconds?: number; log?: (line: string) => void } = {}): Promise<string> {
+  const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'))
+  const dealCount = options.deals ?? Number(process.env.BENCH_DEALS ?? 1_000_000)
+  const seconds = options.seconds ?? Number(process.env.BENCH_SECONDS ?? 10)
+  const database = await provision()
+  const children: ChildProcess[] = []
+  try {
+    const { migrate } = await import('../src/db/migrate.ts')
+    await migrate(database.url)
+    const { createTenant } = await import('../test/helpers/fixtures.ts')
+    const slug = `bench-${Date.now().toString(36)}`
+    const tenant = await createTenant(database.url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
+    const admin = tenant.members[`admin@${slug}.test`]
+
+    const client = new pg.Client({ connectionString: database.url })
+    await client.connect()
+    log(`loading ${dealCount} deals into workspace ${slug}`)
+    const loadStarted = Date.now()
+    await seedDeals(client, tenant.id, admin.id, dealCount, log)
+    const loadSeconds = Math.round((Date.now() - loadStarted) / 1000)
+    const { rows: sample } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
+    const ids = sample.map((row) => row.id as string)
+
+    // The list query exactly as the API builds it, run as the admin through crm.act_as (RLS on).
+    const { sql, createDatabasePool } = await import('../src/db/pool.ts')
+    const { DEAL } = await import('../src/records/fields.ts')
+    const { parseListRequest } = await import('../src/records/list-parameters.ts')
+    const { listQuery } = await import('../src/records/list-query.ts')
+    const { parseQueryString } = await import('../src/records/query-string.ts')
+    const request = parseListRequest(DEAL, parseQueryString('/api/deals?filter[stage]=won&limit=50'))
+    const pool = await createDatabasePool(database.url, { maxPoolSize: 2 })
+    const { plan, timings } = await pool.transaction(async (db) => {
+      await db.query(sql.unsafe`select crm.act_as(${admin.email}, ${slug})`)
+      const plan = (await db.anyFirst(sql.unsafe`explain (analyze, buffers, costs off) ${listQuery(DEAL, request)}`)) as string[]
+      const timings: number[] = []
+      for (let i = 0; i < 200; i++) {
+        const started = performance.now()
+        await db.any(sql.unsafe`${listQuery(DEAL, request)}`)
+        timings.push(performance.now() - started)
+      }
+      return { plan, timings }
+    })
+    await pool.end()
+    const usesIndex = plan.some((line) => /Index (Only )?Scan/.test(line)) && !plan.some((line) => /Seq Scan on deals/.test(line))
+
+    const api = await startChild(['--serve-api', database.url])
+    children.push(api.child)
+    const baseline = await startChild(['--serve-baseline', database.url, tenant.id, admin.id, '20'])
+    children.push(baseline.child)
+    const auth = { authorization: `Bearer ${admin.token}`, 'x-tenant-slug': slug }
+
+    const rows: string[] = []
+    for (const scenario of SCENARIOS) {
+      log(`${scenario.name}: baseline, then API (${seconds} s each, ${CONNECTIONS} connections)`)
+      const bare = await load(baseline.url, scenario, ids, seconds, {})
+      const real = await load(api.url, scenario, ids, seconds, auth)
+      const ratio = real.rps / bare.rps
+      const target = scenario.read ? (ratio >= 0.6 ? ' ✅ ≥ 60%' : ' ❌ < 60%') : ''
+      rows.push(
+        `| ${scenario.name} | ${Math.round(real.rps)} | ${real.p50} | ${real.p99} | ${Math.round(bare.rps)} | ${bare.p50} | ${bare.p99} | ${Math.round(ratio * 100)}%${target} | ${real.errors + real.non2xx} / ${bare.errors + bare.non2xx} |`,
+      )
+    }
+    const { rows: version } = await client.query('show server_version')
+    await client.end()
+
+    return [
+      `## Records API (${new Date().toISOString().slice(0, 10)})`,
+      '',
+      `PostgreSQL ${version[0].server_version} (${database.label}), Node ${process.version}, ${dealCount.toLocaleString('en')} deals in one workspace (loaded in ${loadSeconds} s), autocannon ${CONNECTIONS} connections × ${seconds} s per row, pool of 20 connections on both sides.`,
+      'API = the real service (bearer token, crm.authenticate, rate-limit counter, RLS as crm_api, slonik); baseline = bare node:http + pg running the same SQL as the table owner (no auth, no RLS).',
+      '',
+      '| scenario | API req/s | API p50 ms | API p99 ms | baseline req/s | baseline p50 ms | baseline p99 ms | API / baseline | errors (API / baseline) |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
+      ...rows,
+      '',
+      `List query (\`filter[stage]=won&limit=50\`, default sort) as the admin through \`crm.act_as\`, 200 runs one after another: p50 ${percentile(timings, 50).toFixed(2)} ms, p99 ${percentile(timings, 99).toFixed(2)} ms (target p50 < 10 ms: ${percentile(timings, 50) < 10 ? '✅' : '❌'}); index used: ${usesIndex ? '✅' : '❌'}.`,
+      '',
+      '```',
+      ...plan,
+      '```',
+      '',
+    ].join('\n')
+  } finally {
+    for (const child of children) child.kill('SIGTERM')
+    await database.stop()
+  }
+}
+
+const [mode, ...args] = process.argv.slice(2)
+if (process.argv[1] === SELF) {
+  if (mode === '--serve-api') await serveApi(args[0])
+  else if (mode === '--serve-baseline') await serveBaseline(args[0], args[1], args[2], Number(args[3]))
+  else process.stdout.write((await benchRecords()) + '\n')
+}

@@ -1,0 +1,635 @@
+-- Outgoing webhooks: subscriptions, deliveries and their attempts, the fan-out from the outbox,
+-- the state machine of a delivery, and worker heartbeats for kill safety. API.md sections 7 and 8
+-- are the contract.
+--
+-- Who writes what: admins change subscriptions through RLS (crm_api); deliveries and attempts are
+-- written only by the worker (the owner role) and by the SECURITY DEFINER functions below, which
+-- check crm.is_admin() themselves. A delivery's state changes in one function call each
+-- (crm.webhook_delivery_to_send, crm.record_webhook_attempt, ...), so a retry job is added in the
+-- same transaction as the state it belongs to.
+--
+-- graphile-worker's own migrations run after ours (src/db/migrate.ts), so every function that
+-- touches graphile_worker.* is plpgsql: its body is resolved when it runs, not when it is created.
+
+-- ---------------------------------------------------------------------------------------------
+-- Event names and patterns
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.webhook_event_patterns_are_valid(patterns text[]) returns boolean
+language sql immutable parallel safe
+as $$
+  select coalesce(bool_and(p ~ '^(\*|(contact|company|deal)\.(\*|created|updated|deleted))$'), false)
+    from unnest(patterns) p
+$$;
+comment on function crm.webhook_event_patterns_are_valid(text[]) is 'CHECK for events: each entry an event name, contact.*, company.*, deal.* or *.';
+
+create function crm.webhook_event_matches(patterns text[], event text) returns boolean
+language sql immutable parallel safe
+as $$
+  select '*' = any (patterns) or event = any (patterns) or split_part(event, '.', 1) || '.*' = any (patterns)
+$$;
+comment on function crm.webhook_event_matches(text[], text) is 'Whether an event name matches any of a subscription''s patterns.';
+
+-- The smallest UUIDv7 of a moment: "ids created since t" becomes an index range on time-ordered ids.
+create function crm.uuid_v7_floor(t timestamptz) returns uuid
+language sql immutable parallel safe
+as $$
+  select (lpad(to_hex((extract(epoch from t) * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid
+$$;
+comment on function crm.uuid_v7_floor(timestamptz) is 'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
+
+-- The plan gate (API.md section 9): pro, or inside the trial.
+create function crm.webhooks_enabled(p_workspace_id uuid) returns boolean
+language sql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
+$$;
+comment on function crm.webhooks_enabled(uuid) is 'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or sent.';
+
+-- Every webhook route calls this first: admin-only (403), then the plan (402).
+create function crm.require_webhook_access() returns void
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if not crm.is_admin() then
+    raise exception 'webhooks are managed by workspace admins' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if not crm.webhooks_enabled(crm.current_workspace_id()) then
+    raise exception 'webhooks need the Pro plan or an active trial' using errcode = 'CR402', hint = 'plan_required';
+  end if;
+end
+$$;
+comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, then CR402 plan_required unless the workspace may use webhooks.';
+
+grant execute on function crm.webhook_event_patterns_are_valid(text[]), crm.webhook_event_matches(text[], text),
+  crm.webhooks_enabled(uuid), crm.require_webhook_access(), crm.uuid_v7_floor(timestamptz) to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Subscriptions
+-- ---------------------------------------------------------------------------------------------
+
+create table crm.webhook_subscriptions (
+  workspace_id uuid not null default crm.current_workspace_id() references crm.workspaces (id) on delete cascade,
+  id uuid not null default crm.uuid_v7(),
+  name text not null constraint webhook_subscriptions_name_length check (length(btrim(name)) between 1 and 255),
+  url text not null constraint webhook_subscriptions_url_length check (length(url) between 1 and 2048),
+  events text[] not null constraint webhook_subscriptions_events_valid
+    check (cardinality(events) between 1 and 20 and crm.webhook_event_patterns_are_valid(events)),
+  status text not null default 'active' constraint webhook_subscriptions_status_known check (status in ('active', 'paused')),
+  paused_reason text constraint webhook_subscriptions_paused_reason_known check (paused_reason in ('manual', 'auto')),
+  paused_at timestamptz,
+  secret_encrypted bytea not null,
+  secret_last4 text not null constraint webhook_subscriptions_secret_last4_length check (length(secret_last4) = 4),
+  previous_secret_encrypted bytea,
+  previous_secret_expires_at timestamptz,
+  created_at timestamptz not null default now(),
+  updated_at timestamptz not null default now(),
+  created_by uuid default crm.current_user_id(),
+  primary key (workspace_id, id),
+  constraint webhook_subscriptions_paused_consistent check (
+    (status = 'paused') = (paused_reason is not null) and (status = 'paused') = (paused_at is not null)),
+  constraint webhook_subscriptions_previous_secret_consistent check (
+    (previous_secret_encrypted is null) = (previous_secret_expires_at is null))
+);
+alter table crm.webhook_subscriptions enable row level security;
+-- The primary key (workspace_id, id) serves the policies, the list (keyset on id) and fan-out.
+create trigger tg_webhook_subscriptions__touch_updated_at before update on crm.webhook_subscriptions
+  for each row execute function crm.tg__touch_updated_at();
+
+-- At most 100 per workspace, and none without the plan. The advisory lock makes two concurrent
+-- creations count one after the other.
+create function crm.tg_webhook_subscriptions__check_limits() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if not crm.webhooks_enabled(new.workspace_id) then
+    raise exception 'webhooks need the Pro plan or an active trial' using errcode = 'CR402', hint = 'plan_required';
+  end if;
+  perform pg_advisory_xact_lock(hashtextextended('crm.webhook_subscriptions/' || new.workspace_id::text, 0));
+  if (select count(*) from crm.webhook_subscriptions s where s.workspace_id = new.workspace_id) >= 100 then
+    raise exception 'a workspace holds at most 100 webhook subscriptions' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  return new;
+end
+$$;
+create trigger tg_webhook_subscriptions__check_limits before insert on crm.webhook_subscriptions
+  for each row execute function crm.tg_webhook_subscriptions__check_limits();
+comment on function crm.tg_webhook_subscriptions__check_limits() is 'Refuses a subscription without the plan (402) or beyond 100 per workspace (422).';
+
+comment on table crm.webhook_subscriptions is 'Webhook endpoints of a workspace (API.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
+comment on column crm.webhook_subscriptions.secret_encrypted is 'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
+comment on column crm.webhook_subscriptions.previous_secret_encrypted is 'The secret before the last rotation; signs too until previous_secret_expires_at.';
+
+create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions for all to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()))
+  with check (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()));
+comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions; everyone else sees none.';
+
+grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by)
+  on crm.webhook_subscriptions to crm_api;
+grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
+grant update (name, url, events, status, paused_reason, paused_at, secret_encrypted, secret_last4, previous_secret_encrypted, previous_secret_expires_at)
+  on crm.webhook_subscriptions to crm_api;
+grant delete on crm.webhook_subscriptions to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Deliveries and attempts
+-- ---------------------------------------------------------------------------------------------
+
+create table crm.webhook_deliveries (
+  workspace_id uuid not null,
+  id uuid not null default crm.uuid_v7(),
+  subscription_id uuid not null,
+  event_id uuid not null,
+  event text not null,
+  record_type text not null,
+  record_id uuid not null,
+  status text not null default 'pending'
+    constraint webhook_deliveries_status_known check (status in ('pending', 'retrying', 'delivered', 'dead', 'held')),
+  attempt_count integer not null default 0 constraint webhook_deliveries_attempt_count_check check (attempt_count >= 0),
+  cycle_attempts integer not null default 0 constraint webhook_deliveries_cycle_attempts_check check (cycle_attempts between 0 and 7),
+  next_attempt_at timestamptz,
+  generation integer not null default 1,
+  in_release boolean not null default false,
+  created_at timestamptz not null default now(),
+  updated_at timestamptz not null default now(),
+  completed_at timestamptz,
+  primary key (workspace_id, id),
+  constraint webhook_deliveries_subscription_fkey foreign key (workspace_id, subscription_id)
+    references crm.webhook_subscriptions (workspace_id, id) on delete cascade,
+  constraint webhook_deliveries_completed_when_final check ((status in ('delivered', 'dead')) = (completed_at is not null))
+);
+alter table crm.webhook_deliveries enable row level security;
+create unique index webhook_deliveries_subscription_event on crm.webhook_deliveries (workspace_id, subscription_id, event_id);
+comment on index crm.webhook_deliveries_subscription_event is 'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
+create index webhook_deliveries_log on crm.webhook_deliveries (workspace_id, subscription_id, id desc);
+comment on index crm.webhook_deliveries_log is 'The delivery log, newest first (ids are time-ordered), keyset cursor on id; the cascade on subscription delete.';
+create index webhook_deliveries_completed on crm.webhook_deliveries (workspace_id, subscription_id, completed_at) where completed_at is not null;
+comment on index crm.webhook_deliveries_completed is 'Stats and the auto-pause rule: final deliveries of the last 24 hours.';
+create index webhook_deliveries_held on crm.webhook_deliveries (workspace_id, subscription_id, event_id) where status = 'held' or in_release;
+comment on index crm.webhook_deliveries_held is 'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by the outbox).';
+create index webhook_deliveries_prune on crm.webhook_deliveries (completed_at) where completed_at is not null;
+comment on index crm.webhook_deliveries_prune is 'Housekeeping removes final deliveries past the log retention.';
+create trigger tg_webhook_deliveries__touch_updated_at before update on crm.webhook_deliveries
+  for each row execute function crm.tg__touch_updated_at();
+
+create function crm.tg_webhook_deliveries__keep_identity() returns trigger
+language plpgsql
+as $$
+begin
+  if new.id <> old.id or new.workspace_id <> old.workspace_id or new.subscription_id <> old.subscription_id
+     or new.event_id <> old.event_id or new.event <> old.event or new.created_at <> old.created_at then
+    raise exception 'a delivery''s id, subscription and event never change' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  if new.attempt_count < old.attempt_count then
+    raise exception 'attempt_count only grows' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  return new;
+end
+$$;
+create trigger tg_webhook_deliveries__keep_identity before update on crm.webhook_deliveries
+  for each row execute function crm.tg_webhook_deliveries__keep_identity();
+comment on function crm.tg_webhook_deliveries__keep_identity() is 'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
+
+comment on table crm.webhook_deliveries is
+  'One event for one subscription (API.md section 7). status: pending (first attempt due), retrying, delivered, dead (7 failures in a cycle), held (paused subscription or lapsed plan).';
+comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle of 7; redeliver starts a new cycle, resume keeps it (the attempts left).';
+comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
+comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
+
+create table crm.webhook_attempts (
+  workspace_id uuid not null,
+  delivery_id uuid not null,
+  attempt integer not null constraint webhook_attempts_attempt_positive check (attempt >= 1),
+  started_at timestamptz not null,
+  duration_ms integer not null constraint webhook_attempts_duration_check check (duration_ms >= 0),
+  response_status integer,
+  error text constraint webhook_attempts_error_known
+    check (error in ('timeout', 'connection_refused', 'dns_failed', 'address_refused', 'tls_error', 'redirect', 'http_status')),
+  response_body_excerpt text constraint webhook_attempts_excerpt_length check (octet_length(response_body_excerpt) <= 8192),
+  primary key (workspace_id, delivery_id, attempt),
+  constraint webhook_attempts_delivery_fkey foreign key (workspace_id, delivery_id)
+    references crm.webhook_deliveries (workspace_id, id) on delete cascade
+);
+alter table crm.webhook_attempts enable row level security;
+-- The primary key serves "a delivery's attempts" and the cascade.
+
+create function crm.tg_webhook_attempts__append_only() returns trigger
+language plpgsql
+as $$
+begin
+  raise exception 'webhook attempts are append-only' using errcode = 'CR422', hint = 'validation_failed';
+end
+$$;
+create trigger tg_webhook_attempts__append_only before update on crm.webhook_attempts
+  for each row execute function crm.tg_webhook_attempts__append_only();
+comment on function crm.tg_webhook_attempts__append_only() is 'An attempt is a fact: never changed (rows leave only with their delivery).';
+comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
+
+create policy webhook_deliveries_select_admin on crm.webhook_deliveries for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()));
+comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log; writes go through SECURITY DEFINER functions only.';
+create policy webhook_attempts_select_admin on crm.webhook_attempts for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin()));
+comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries.';
+grant select on crm.webhook_deliveries, crm.webhook_attempts to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Jobs: the outbox hand-off and the delivery state machine
+-- ---------------------------------------------------------------------------------------------
+
+-- Replaces the no-op of 000003 (same signature): one fan_out_event job per statement that wrote
+-- events. Runs inside the writing transaction, so a rolled-back change adds no job.
+create or replace function crm.enqueue_event_fan_out(event_ids uuid[]) returns void
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if event_ids is null or cardinality(event_ids) = 0 then
+    return;
+  end if;
+  perform graphile_worker.add_job('fan_out_event', json_build_object('event_ids', event_ids), max_attempts => 25);
+end
+$$;
+comment on function crm.enqueue_event_fan_out(uuid[]) is
+  'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them.';
+revoke execute on function crm.enqueue_event_fan_out(uuid[]) from public;
+
+-- crm.events is keyed (workspace_id, id), but the outbox hands over bare ids.
+create index webhook_events_id on crm.events (id);
+comment on index crm.webhook_events_id is 'fan_out_event looks events up by id alone (the outbox job carries only ids).';
+
+-- Adds deliver_webhook jobs for the given deliveries in the order given, the first due at p_run_at
+-- and each next one a microsecond later: graphile-worker picks jobs by run_at, so they start in
+-- that order. p_ordered marks resume's jobs (see workers/deliver_webhook.ts).
+create function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamptz, p_ordered boolean default false) returns void
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if p_deliveries is null or cardinality(p_deliveries) = 0 then
+    return;
+  end if;
+  perform graphile_worker.add_jobs(array(
+    select row('deliver_webhook',
+               json_build_object('w', (p_deliveries[i]).workspace_id, 's', (p_deliveries[i]).subscription_id, 'd', (p_deliveries[i]).id,
+                                 'g', (p_deliveries[i]).generation, 'o', p_ordered),
+               null, p_run_at + (i - 1) * interval '1 microsecond', 25, null, null, null)::graphile_worker.job_spec
+      from generate_subscripts(p_deliveries, 1) i
+     order by i));
+end
+$$;
+comment on function crm.add_webhook_delivery_jobs(crm.webhook_deliveries[], timestamptz, boolean) is 'One deliver_webhook job per delivery, payload {w, s, d, g, o}: workspace, subscription, delivery id, generation, and whether it must keep its place (resume).';
+
+-- fan_out_event: one delivery per matching subscription (held when paused), none while the plan
+-- has lapsed. Idempotent: the unique (subscription, event) key makes a re-run create nothing.
+create function crm.fan_out_events(p_event_ids uuid[]) returns integer
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_new crm.webhook_deliveries[];
+begin
+  with events as (
+    select e.* from crm.events e where e.id = any (p_event_ids) and crm.webhooks_enabled(e.workspace_id)
+  ), inserted as (
+    insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, created_at)
+    select e.workspace_id, s.id, e.id, e.event, e.record_type, e.record_id,
+           case s.status when 'active' then 'pending' else 'held' end,
+           case s.status when 'active' then now() end,
+           now()
+      from events e
+      join crm.webhook_subscriptions s on s.workspace_id = e.workspace_id and crm.webhook_event_matches(s.events, e.event)
+     order by e.id, s.id
+    on conflict (workspace_id, subscription_id, event_id) do nothing
+    returning *
+  )
+  select array_agg(i order by i.id) into v_new from inserted i where i.status = 'pending';
+  perform crm.add_webhook_delivery_jobs(v_new, now());
+  return coalesce(cardinality(v_new), 0);
+end
+$$;
+comment on function crm.fan_out_events(uuid[]) is 'Creates the deliveries of some events and their first deliver_webhook jobs in one transaction; returns how many will be sent now.';
+
+-- What deliver_webhook needs for one attempt, or no row when the job is stale or the delivery is
+-- final. A paused subscription or a lapsed plan turns the delivery held instead (resume releases it).
+create function crm.webhook_delivery_to_send(p_workspace_id uuid, p_delivery_id uuid, p_generation integer)
+returns table (
+  delivery_id uuid, subscription_id uuid, event_id uuid, event text, occurred_at timestamptz, data jsonb, actor jsonb,
+  workspace_slug text, url text, secret_encrypted bytea, previous_secret_encrypted bytea, attempt integer
+)
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_delivery crm.webhook_deliveries;
+  v_subscription crm.webhook_subscriptions;
+begin
+  select * into v_delivery from crm.webhook_deliveries d
+   where d.workspace_id = p_workspace_id and d.id = p_delivery_id and d.generation = p_generation
+     and d.status in ('pending', 'retrying');
+  if not found then
+    return;
+  end if;
+  select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
+  if v_subscription.status <> 'active' or not crm.webhooks_enabled(p_workspace_id) then
+    update crm.webhook_deliveries d set status = 'held', next_attempt_at = null, in_release = false
+     where d.workspace_id = p_workspace_id and d.id = p_delivery_id and d.generation = p_generation;
+    return;
+  end if;
+  return query
+    select v_delivery.id, v_delivery.subscription_id, e.id, e.event, e.occurred_at, e.data, e.actor,
+           w.slug, v_subscription.url, v_subscription.secret_encrypted,
+           case when v_subscription.previous_secret_expires_at > now() then v_subscription.previous_secret_encrypted end,
+           v_delivery.attempt_count + 1
+      from crm.events e, crm.workspaces w
+     where e.workspace_id = p_workspace_id and e.id = v_delivery.event_id and w.id = p_workspace_id;
+end
+$$;
+comment on function crm.webhook_delivery_to_send(uuid, uuid, integer) is
+  'deliver_webhook''s read: the event, the endpoint and its secrets for a current job; none when stale or final; holds the delivery when paused or the plan lapsed.';
+
+-- After one attempt (made outside any transaction): log it and move the delivery on, all in one
+-- transaction. p_retry_delays_ms are the six delays of the schedule (WEBHOOK_RETRY_SCHEDULE).
+create function crm.record_webhook_attempt(
+  p_workspace_id uuid, p_delivery_id uuid, p_generation integer, p_started_at timestamptz, p_duration_ms integer,
+  p_response_status integer, p_error text, p_excerpt text, p_retry_delays_ms integer[]
+) returns text
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_delivery crm.webhook_deliveries;
+  v_subscription crm.webhook_subscriptions;
+  v_final_total bigint;
+  v_final_dead bigint;
+begin
+  select * into v_delivery from crm.webhook_deliveries d
+   where d.workspace_id = p_workspace_id and d.id = p_delivery_id for update;
+  if not found then
+    return 'gone'; -- the subscription was deleted meanwhile
+  end if;
+  insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
+  values (p_workspace_id, p_delivery_id, v_delivery.attempt_count + 1, p_started_at, p_duration_ms, p_response_status, p_error, p_excerpt);
+  if v_delivery.in_release then
+    update crm.webhook_deliveries d set in_release = false where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+  end if;
+
+  if v_delivery.generation <> p_generation or v_delivery.status not in ('pending', 'retrying') then
+    -- A redeliver or resume superseded this job while it was sending: log the attempt only.
+    update crm.webhook_deliveries d set attempt_count = d.attempt_count + 1 where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+    return 'stale';
+  end if;
+
+  if p_error is null then
+    update crm.webhook_deliveries d
+       set status = 'delivered', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1,
+           next_attempt_at = null, completed_at = now()
+     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+    return 'delivered';
+  end if;
+
+  if v_delivery.cycle_attempts + 1 >= 7 then
+    update crm.webhook_deliveries d
+       set status = 'dead', attempt_count = d.attempt_count + 1, cycle_attempts = 7, next_attempt_at = null, completed_at = now()
+     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+    -- Auto-pause (API.md section 8). The subscription row lock makes deaths of one subscription
+    -- count one after the other, so two concurrent deaths cannot both miss the threshold.
+    select * into v_subscription from crm.webhook_subscriptions s
+     where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id for update;
+    select count(*), count(*) filter (where d.status = 'dead') into v_final_total, v_final_dead
+      from crm.webhook_deliveries d
+     where d.workspace_id = p_workspace_id and d.subscription_id = v_delivery.subscription_id
+       and d.completed_at is not null and d.completed_at > now() - interval '24 hours';
+    if v_subscription.status = 'active' and v_final_total >= 10 and v_final_dead * 2 >= v_final_total then
+      update crm.webhook_subscriptions s set status = 'paused', paused_reason = 'auto', paused_at = now()
+       where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
+      return 'dead_paused';
+    end if;
+    return 'dead';
+  end if;
+
+  select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
+  if v_subscription.status <> 'active' then
+    update crm.webhook_deliveries d
+       set status = 'held', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1, next_attempt_at = null
+     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+    return 'held';
+  end if;
+  update crm.webhook_deliveries d
+     set status = 'retrying', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1, generation = d.generation + 1,
+         next_attempt_at = now() + make_interval(secs => p_retry_delays_ms[v_delivery.cycle_attempts + 1] / 1000.0)
+   where d.workspace_id = p_workspace_id and d.id = p_delivery_id
+  returning * into v_delivery;
+  perform crm.add_webhook_delivery_jobs(array[v_delivery], v_delivery.next_attempt_at);
+  return 'retrying';
+end
+$$;
+comment on function crm.record_webhook_attempt(uuid, uuid, integer, timestamptz, integer, integer, text, text, integer[]) is
+  'Logs one attempt and moves the delivery on: delivered; retrying (next job added with run_at); held (paused); dead after the 7th failure of a cycle, with the auto-pause rule in the same transaction.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Admin actions that write deliveries (SECURITY DEFINER: they check the caller themselves)
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.pause_webhook_subscription(p_subscription_id uuid) returns void
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform crm.require_webhook_access();
+  update crm.webhook_subscriptions s set status = 'paused', paused_reason = 'manual', paused_at = now()
+   where s.workspace_id = crm.current_workspace_id() and s.id = p_subscription_id and s.status = 'active';
+  if not found and not exists (select 1 from crm.webhook_subscriptions s where s.workspace_id = crm.current_workspace_id() and s.id = p_subscription_id) then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+end
+$$;
+comment on function crm.pause_webhook_subscription(uuid) is 'Pauses a subscription (manual): new events and due retries become held.';
+
+-- The next step of a release: the earliest released delivery not yet attempted gets its job.
+create function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) returns boolean
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_next crm.webhook_deliveries;
+begin
+  select * into v_next from crm.webhook_deliveries d
+   where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.in_release
+   order by d.event_id limit 1;
+  if not found then
+    return false;
+  end if;
+  perform crm.add_webhook_delivery_jobs(array[v_next], now(), true);
+  return true;
+end
+$$;
+comment on function crm.continue_webhook_release(uuid, uuid) is 'Adds the job of the next delivery a resume released (event order); false when the release is done.';
+
+-- Resume: held deliveries go out again in their original order with the attempts they had left.
+create function crm.resume_webhook_subscription(p_subscription_id uuid) returns integer
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_released crm.webhook_deliveries[];
+begin
+  perform crm.require_webhook_access();
+  -- The row lock orders resume against a delivery that is being recorded as held right now.
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id for update;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  update crm.webhook_subscriptions s set status = 'active', paused_reason = null, paused_at = null
+   where s.workspace_id = v_workspace and s.id = p_subscription_id and s.status = 'paused';
+  -- Released deliveries go out one after the other in event order: the first job is added here,
+  -- and each deliver_webhook of the release adds the next (crm.continue_webhook_release).
+  with released as (
+    update crm.webhook_deliveries d
+       set status = case when d.cycle_attempts = 0 then 'pending' else 'retrying' end,
+           generation = d.generation + 1, next_attempt_at = now(), in_release = true
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.status = 'held'
+    returning d.*
+  )
+  select array_agg(r order by r.event_id) into v_released from released r;
+  if v_released is not null then
+    perform crm.continue_webhook_release(v_workspace, p_subscription_id);
+  end if;
+  return coalesce(cardinality(v_released), 0);
+end
+$$;
+comment on function crm.resume_webhook_subscription(uuid) is 'Resumes a subscription and releases its held deliveries in their original order; returns how many.';
+
+create function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) returns void
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_delivery crm.webhook_deliveries;
+begin
+  perform crm.require_webhook_access();
+  update crm.webhook_deliveries d
+     set status = case when s.status = 'active' then 'pending' else 'held' end,
+         cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+         next_attempt_at = case when s.status = 'active' then now() end
+    from crm.webhook_subscriptions s
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     and s.workspace_id = d.workspace_id and s.id = d.subscription_id
+  returning d.* into v_delivery;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if v_delivery.status = 'pending' then
+    perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
+  end if;
+end
+$$;
+comment on function crm.redeliver_webhook(uuid, uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
+
+-- Rotation reads the current secret into previous_secret_encrypted, a column crm_api cannot read.
+create function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
+returns timestamptz
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_expires timestamptz;
+begin
+  perform crm.require_webhook_access();
+  if p_grace_period_seconds not between 0 and 604800 then
+    raise exception 'grace_period_seconds must be 0 to 604800' using errcode = 'CR422', hint = 'validation_failed', detail = '/grace_period_seconds';
+  end if;
+  update crm.webhook_subscriptions s
+     set previous_secret_encrypted = case when p_grace_period_seconds > 0 then s.secret_encrypted end,
+         previous_secret_expires_at = case when p_grace_period_seconds > 0 then now() + make_interval(secs => p_grace_period_seconds) end,
+         secret_encrypted = p_secret_encrypted, secret_last4 = p_secret_last4
+   where s.workspace_id = crm.current_workspace_id() and s.id = p_subscription_id
+  returning s.previous_secret_expires_at into v_expires;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  return v_expires;
+end
+$$;
+comment on function crm.rotate_webhook_secret(uuid, bytea, text, integer) is 'Replaces the secret; the old one keeps signing (second v1) for the grace period, none when it is 0.';
+
+grant execute on function crm.pause_webhook_subscription(uuid), crm.resume_webhook_subscription(uuid), crm.redeliver_webhook(uuid, uuid),
+  crm.rotate_webhook_secret(uuid, bytea, text, integer) to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Worker heartbeats: kill safety
+-- ---------------------------------------------------------------------------------------------
+-- graphile-worker keeps the jobs of a worker that died without shutting down (kill -9, lost
+-- machine) locked for 4 hours. Every worker pool of this service beats here every few seconds;
+-- each beat also frees the jobs of pools that stopped beating, and of pools that never beat
+-- whose locks are older than the staleness limit.
+
+create table crm.worker_heartbeats (
+  worker_id text primary key,
+  started_at timestamptz not null default now(),
+  beat_at timestamptz not null default now(),
+  host text
+);
+alter table crm.worker_heartbeats enable row level security;
+comment on table crm.worker_heartbeats is 'One row per live graphile-worker pool (its locked_by id); the owner role only.';
+
+create function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) returns text[]
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_dead text[];
+begin
+  insert into crm.worker_heartbeats as h (worker_id, host) values (p_worker_id, p_host)
+  on conflict (worker_id) do update set beat_at = now();
+  with stale as (
+    delete from crm.worker_heartbeats h where h.beat_at < now() - p_stale_after returning h.worker_id
+  )
+  select array_agg(worker_id) into v_dead from (
+    select worker_id from stale
+    union
+    select j.locked_by from graphile_worker._private_jobs j
+     where j.locked_by is not null and j.locked_at < now() - p_stale_after
+       and not exists (select 1 from crm.worker_heartbeats h where h.worker_id = j.locked_by)
+    union
+    select q.locked_by from graphile_worker._private_job_queues q
+     where q.locked_by is not null and q.locked_at < now() - p_stale_after
+       and not exists (select 1 from crm.worker_heartbeats h where h.worker_id = q.locked_by)
+  ) dead;
+  if v_dead is not null then
+    perform graphile_worker.force_unlock_workers(v_dead);
+  end if;
+  return coalesce(v_dead, '{}');
+end
+$$;
+comment on function crm.worker_heartbeat(text, text, interval) is
+  'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
+
+create function crm.worker_stopped(p_worker_id text) returns void
+language sql volatile
+as $$
+  delete from crm.worker_heartbeats where worker_id = p_worker_id
+$$;
+comment on function crm.worker_stopped(text) is 'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Housekeeping (crm.housekeeping runs every crm.prune_* function)
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.prune_webhook_deliveries(log_retention_days integer) returns bigint
+language sql volatile
+as $$
+  with removed as (
+    delete from crm.webhook_deliveries
+     where completed_at is not null and completed_at < now() - make_interval(days => log_retention_days)
+    returning 1)
+  select count(*) from removed
+$$;
+comment on function crm.prune_webhook_deliveries(integer) is
+  'Removes delivered and dead deliveries (their attempts cascade) older than the log retention; held and pending ones stay (nothing is dropped).';

@@ -1,0 +1,496 @@
+-- Imports (API.md section 6): uploaded CSV files, their staged rows and per-row errors, the proven
+-- import context that policies read, and the functions the process_import job runs. Exports need
+-- no table: the export query itself adds the export scope (src/exports/export-query.ts).
+--
+-- Where the file lives: in crm.imports.file_bytes (bytea, storage EXTERNAL). Keeping it in the
+-- database makes upload and job one system: any worker on any machine can run the job, the file is
+-- backed up and removed with its workspace, and there is no shared disk or object store to run.
+-- EXTERNAL (uncompressed TOAST) lets the job read the file in 1 MiB substring() slices, so neither
+-- side ever holds the whole 50 MiB. crm.prune_imports drops files and staged rows after 7 days.
+--
+-- How a job lands rows (workers/process_import.ts): it stages every record of the file into
+-- crm.import_rows (one transaction), then lands them in batches; each batch transaction runs as
+-- crm_api with the importing user's proven context, validates set-wise, inserts/updates, records
+-- its errors and advances crm.imports.last_row_done together. A killed worker leaves whole batches
+-- done or not done, and the retried job resumes after last_row_done.
+
+-- ---------------------------------------------------------------------------------------------
+-- Imports
+-- ---------------------------------------------------------------------------------------------
+
+create table crm.imports (
+  workspace_id uuid not null default crm.current_workspace_id() references crm.workspaces (id) on delete cascade,
+  id uuid not null default crm.uuid_v7(),
+  user_id uuid not null default crm.current_user_id(),
+  record_type text not null constraint imports_record_type_known check (record_type in ('contacts', 'companies', 'deals')),
+  file_name text constraint imports_file_name_length check (length(file_name) between 1 and 255),
+  file_bytes bytea,
+  file_size bigint not null constraint imports_file_size_check check (file_size >= 0),
+  delimiter text not null constraint imports_delimiter_known check (delimiter in (',', ';', E'\t')),
+  columns text[] not null,
+  row_count integer not null constraint imports_row_count_check check (row_count >= 0),
+  sample_rows jsonb not null,
+  suggested_mapping jsonb not null,
+  status text not null default 'uploaded' constraint imports_status_known check (status in ('uploaded', 'queued', 'processing', 'completed', 'failed')),
+  mapping jsonb,
+  mode text constraint imports_mode_known check (mode in ('create', 'upsert')),
+  match_on text constraint imports_match_on_known check (match_on in ('email', 'domain', 'id')),
+  dry_run boolean not null default false,
+  staged boolean not null default false,
+  last_row_done integer not null default 0,
+  created integer not null default 0,
+  updated integer not null default 0,
+  skipped integer not null default 0,
+  failed integer not null default 0,
+  companies_created integer not null default 0,
+  failure text,
+  created_at timestamptz not null default now(),
+  queued_at timestamptz,
+  started_at timestamptz,
+  finished_at timestamptz,
+  primary key (workspace_id, id),
+  constraint imports_user_fkey foreign key (workspace_id, user_id) references crm.memberships (workspace_id, user_id) on delete cascade
+);
+alter table crm.imports enable row level security;
+-- Uncompressed out-of-line storage: substring(file_bytes ...) then reads only the slice's chunks.
+alter table crm.imports alter column file_bytes set storage external;
+create index imports_created_at on crm.imports (created_at);
+comment on index crm.imports_created_at is 'crm.prune_imports: files and imports past their retention.';
+comment on table crm.imports is 'One uploaded CSV file and the import job run on it (API.md section 6).';
+comment on column crm.imports.file_bytes is 'The uploaded file as sent (BOM included); null once pruned.';
+comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
+comment on column crm.imports.staged is 'Every record of the file is in crm.import_rows.';
+
+create policy imports_select_own_or_admin on crm.imports for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id())
+         and (user_id = (select crm.current_user_id()) or (select crm.is_admin())));
+comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins.';
+create policy imports_insert_with_grant on crm.imports for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id()) and user_id = (select crm.current_user_id())
+              and crm.grant_scope(record_type, 'import') is not null);
+comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs the import grant on the record type.';
+-- No update or delete for crm_api: the state machine moves only through the functions below.
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows,
+              suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed,
+              companies_created, failure, created_at, queued_at, started_at, finished_at)
+   on crm.imports to crm_api;
+grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping)
+   on crm.imports to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Staged rows and errors
+-- ---------------------------------------------------------------------------------------------
+
+create table crm.import_rows (
+  workspace_id uuid not null,
+  import_id uuid not null,
+  row integer not null,
+  user_id uuid not null,
+  cells text[] not null,
+  primary key (workspace_id, import_id, row),
+  foreign key (workspace_id, import_id) references crm.imports (workspace_id, id) on delete cascade
+);
+alter table crm.import_rows enable row level security;
+-- The primary key serves the batch ranges (row > last_row_done order by row).
+comment on table crm.import_rows is 'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
+comment on column crm.import_rows.user_id is 'The importing user (copied from crm.imports so the policy needs no join).';
+create policy import_rows_select_own_or_admin on crm.import_rows for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id())
+         and (user_id = (select crm.current_user_id()) or (select crm.is_admin())));
+comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged rows are seen like their import.';
+grant select on crm.import_rows to crm_api;
+
+create table crm.import_errors (
+  workspace_id uuid not null,
+  import_id uuid not null,
+  row integer not null,
+  position integer not null,
+  user_id uuid not null,
+  column_name text,
+  field text,
+  message text not null,
+  primary key (workspace_id, import_id, row, position),
+  foreign key (workspace_id, import_id) references crm.imports (workspace_id, id) on delete cascade
+);
+alter table crm.import_errors enable row level security;
+-- The primary key serves "the first 100 errors" and errors.csv (in row order).
+comment on table crm.import_errors is 'Why a row was not imported: one line per problem (a row may have several).';
+create policy import_errors_select_own_or_admin on crm.import_errors for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id())
+         and (user_id = (select crm.current_user_id()) or (select crm.is_admin())));
+comment on policy import_errors_select_own_or_admin on crm.import_errors is 'Errors are seen like their import.';
+grant select on crm.import_errors to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- The proven import context. crm.via = 'import' only describes events; what authorizes an
+-- import's inserts is crm.import_id, which carries an HMAC proof like the request context.
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.import_proof(p_import_id uuid) returns text
+language sql stable security definer
+set search_path = pg_catalog, public
+as $$
+  select encode(
+    hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+         (select value from crm.internal_secrets where name = 'context_proof'),
+         'sha256'),
+    'hex')
+$$;
+comment on function crm.import_proof(uuid) is 'HMAC binding an import to this backend and transaction.';
+revoke execute on function crm.import_proof(uuid) from public;
+
+create function crm.current_import_id() returns uuid
+language plpgsql stable security definer
+set search_path = pg_catalog, public
+as $$
+declare
+  v_import text := nullif(current_setting('crm.import_id', true), '');
+begin
+  if v_import is null or v_import !~ '^[0-9a-f-]{36}$' or crm.current_user_id() is null then
+    return null;
+  end if;
+  if crm.import_proof(v_import::uuid) is distinct from current_setting('crm.import_proof', true) then
+    return null;
+  end if;
+  return v_import::uuid;
+end
+$$;
+comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
+grant execute on function crm.current_import_id() to crm_api;
+
+-- Inside an import, the import grant decides whose records may be created (API.md section 4):
+-- a permissive policy lets an import insert with the import grant, and a restrictive one holds
+-- every insert of an import to the import scope, whatever the create grant says.
+create policy contacts_insert_import on crm.contacts for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id()) and (select crm.current_import_id()) is not null
+              and ((select crm.grant_scope('contacts', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('contacts', 'import'))::uuid[])));
+comment on policy contacts_insert_import on crm.contacts is 'An import creates contacts with contacts:import (the new owner within its scope).';
+create policy contacts_insert_import_scope on crm.contacts as restrictive for insert to crm_api
+  with check ((select crm.current_import_id()) is null
+              or (select crm.grant_scope('contacts', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('contacts', 'import'))::uuid[]));
+comment on policy contacts_insert_import_scope on crm.contacts is 'Inside an import, the new owner must be within the contacts:import scope.';
+create policy companies_insert_import on crm.companies for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id()) and (select crm.current_import_id()) is not null
+              and ((select crm.grant_scope('companies', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('companies', 'import'))::uuid[])));
+comment on policy companies_insert_import on crm.companies is 'An import creates companies (rows and company_name links) with companies:import.';
+create policy companies_insert_import_scope on crm.companies as restrictive for insert to crm_api
+  with check ((select crm.current_import_id()) is null
+              or (select crm.grant_scope('companies', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('companies', 'import'))::uuid[]));
+comment on policy companies_insert_import_scope on crm.companies is 'Inside an import, the new owner must be within the companies:import scope.';
+create policy deals_insert_import on crm.deals for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id()) and (select crm.current_import_id()) is not null
+              and ((select crm.grant_scope('deals', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('deals', 'import'))::uuid[])));
+comment on policy deals_insert_import on crm.deals is 'An import creates deals with deals:import (the new owner within its scope).';
+create policy deals_insert_import_scope on crm.deals as restrictive for insert to crm_api
+  with check ((select crm.current_import_id()) is null
+              or (select crm.grant_scope('deals', 'import')) = 'all' or owner_id = any ((select crm.scope_owner_ids('deals', 'import'))::uuid[]));
+comment on policy deals_insert_import_scope on crm.deals is 'Inside an import, the new owner must be within the deals:import scope.';
+
+-- An import picks each new record's id before inserting (uuid_v7, or the file's own id in an upsert
+-- on id, so an export re-imported into an empty workspace keeps its ids): that is how a batch maps
+-- the rows it inserted back to their file rows, set-wise. The API's create never sends id.
+grant insert (id) on crm.contacts, crm.companies, crm.deals to crm_api;
+
+-- Measured: the column defaults workspace_id, created_by and updated_by call the HMAC-checking
+-- context helpers once per row (about 170 µs a row, half of an import's insert time). An import
+-- sends the values instead, computed once per statement; these restrictive policies (InitPlans,
+-- once per statement too) make sure nobody can send anything but the caller's own context.
+grant insert (workspace_id, created_by, updated_by) on crm.contacts, crm.companies, crm.deals to crm_api;
+create policy contacts_insert_own_bookkeeping on crm.contacts as restrictive for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id())
+              and created_by is not distinct from (select crm.current_user_id()) and updated_by is not distinct from (select crm.current_user_id()));
+comment on policy contacts_insert_own_bookkeeping on crm.contacts is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+create policy companies_insert_own_bookkeeping on crm.companies as restrictive for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id())
+              and created_by is not distinct from (select crm.current_user_id()) and updated_by is not distinct from (select crm.current_user_id()));
+comment on policy companies_insert_own_bookkeeping on crm.companies is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+create policy deals_insert_own_bookkeeping on crm.deals as restrictive for insert to crm_api
+  with check (workspace_id = (select crm.current_workspace_id())
+              and created_by is not distinct from (select crm.current_user_id()) and updated_by is not distinct from (select crm.current_user_id()));
+comment on policy deals_insert_own_bookkeeping on crm.deals is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+
+-- company_name links the company of that name, case-insensitively.
+create index companies_name_lower on crm.companies (workspace_id, lower(name));
+comment on index crm.companies_name_lower is 'Imports: the company_name pseudo-field finds a company by name, case-insensitively.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Step 2: queue the job (called by the API as crm_api)
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) returns void
+language plpgsql volatile security definer
+set search_path = pg_catalog, public
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_record_type text;
+  v_status text;
+  v_dry_run boolean;
+  v_available boolean;
+begin
+  select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
+    into v_record_type, v_status, v_dry_run, v_available
+    from crm.imports i
+   where i.workspace_id = v_workspace and i.id = p_import_id and i.user_id = crm.current_user_id()
+     for update;
+  if not found then
+    raise exception 'no such import' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if crm.grant_scope(v_record_type, 'import') is null then
+    raise exception 'your role has no % import grant', v_record_type using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if p_mode = 'upsert' and crm.grant_scope(v_record_type, 'update') is null then
+    raise exception 'an upsert needs the % update grant', v_record_type using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  -- A file runs once for real; after a dry run it may run again (for real or dry).
+  if not (v_status = 'uploaded' or (v_status in ('completed', 'failed') and v_dry_run)) then
+    raise exception 'this import has already been started (status %)', v_status using errcode = 'CR409', hint = 'import_already_started';
+  end if;
+  if not v_available then
+    raise exception 'the file of this import has been removed; upload it again' using errcode = 'CR409', hint = 'import_file_removed';
+  end if;
+  delete from crm.import_errors e where e.workspace_id = v_workspace and e.import_id = p_import_id;
+  update crm.imports i
+     set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
+         last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
+         failure = null, queued_at = now(), started_at = null, finished_at = null
+   where i.workspace_id = v_workspace and i.id = p_import_id;
+  perform graphile_worker.add_job('process_import',
+    json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
+    max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
+end
+$$;
+comment on function crm.queue_import(uuid, jsonb, text, text, boolean) is
+  'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and adds the process_import job in the same transaction.';
+revoke execute on function crm.queue_import(uuid, jsonb, text, text, boolean) from public;
+grant execute on function crm.queue_import(uuid, jsonb, text, text, boolean) to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- The job's steps (the worker connects as the owner; none of these is executable by crm_api
+-- except finish_import_batch, which needs the proven import context)
+-- ---------------------------------------------------------------------------------------------
+
+-- Opens a batch: checks that the importing member is still active and still holds the grants,
+-- sets the request context for that user with via = 'import' plus the import proof, and locks the
+-- import row so two workers can never land the same batch. The caller then switches to crm_api.
+create function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
+returns table (status text, record_type text, columns text[], mapping jsonb, mode text, match_on text, dry_run boolean, last_row_done integer)
+language plpgsql volatile security definer
+set search_path = pg_catalog, public
+as $$
+declare
+  v_user uuid;
+begin
+  -- Column by column: never drags the file (file_bytes) into the function.
+  select i.user_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+    from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
+     for update;
+  if not found then
+    raise exception 'no such import' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                  where m.workspace_id = p_workspace_id and m.user_id = v_user
+                    and m.suspended_at is null and u.suspended_at is null) then
+    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  perform crm.set_context(v_user, p_workspace_id, 'import');
+  perform set_config('crm.import_id', p_import_id::text, true);
+  perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
+  if crm.grant_scope(record_type, 'import') is null then
+    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if mode = 'upsert' and crm.grant_scope(record_type, 'update') is null then
+    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if status = 'queued' then
+    update crm.imports i set status = 'processing', started_at = coalesce(i.started_at, now())
+     where i.workspace_id = p_workspace_id and i.id = p_import_id;
+    status := 'processing';
+  end if;
+  return next;
+end
+$$;
+comment on function crm.begin_import_batch(uuid, uuid) is
+  'Worker only: opens an import batch as the importing user (via import), after checking membership and grants; locks the import row.';
+revoke execute on function crm.begin_import_batch(uuid, uuid) from public;
+
+-- Closes a batch: its errors, its counts and the new progress mark, in the batch's transaction.
+create function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb) returns void
+language plpgsql volatile security definer
+set search_path = pg_catalog, public
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_user uuid := crm.current_user_id();
+begin
+  if crm.current_import_id() is distinct from p_import_id then
+    raise exception 'not inside this import' using errcode = '42501';
+  end if;
+  insert into crm.import_errors (workspace_id, import_id, row, position, user_id, column_name, field, message)
+  select v_workspace, p_import_id, (e.item ->> 'row')::integer,
+         row_number() over (partition by (e.item ->> 'row')::integer order by e.ordinality),
+         v_user, e.item ->> 'column_name', e.item ->> 'field', e.item ->> 'message'
+    from jsonb_array_elements(p_errors) with ordinality as e(item, ordinality);
+  update crm.imports i
+     set last_row_done = p_last_row,
+         created = i.created + coalesce((p_counts ->> 'created')::integer, 0),
+         updated = i.updated + coalesce((p_counts ->> 'updated')::integer, 0),
+         skipped = i.skipped + coalesce((p_counts ->> 'skipped')::integer, 0),
+         failed = i.failed + coalesce((p_counts ->> 'failed')::integer, 0),
+         companies_created = i.companies_created + coalesce((p_counts ->> 'companies_created')::integer, 0)
+   where i.workspace_id = v_workspace and i.id = p_import_id and i.last_row_done = p_expected_last_row;
+  if not found then
+    raise exception 'import % moved on under this batch', p_import_id using errcode = '40001';
+  end if;
+end
+$$;
+comment on function crm.finish_import_batch(uuid, integer, integer, jsonb, jsonb) is
+  'Records a batch''s errors and counts and advances last_row_done (only from the expected mark: a concurrent run fails with 40001).';
+revoke execute on function crm.finish_import_batch(uuid, integer, integer, jsonb, jsonb) from public;
+grant execute on function crm.finish_import_batch(uuid, integer, integer, jsonb, jsonb) to crm_api;
+
+-- Stages the file's records (the worker parses the CSV and sends batches of {row, cells}).
+create function crm.stage_import_rows(p_workspace_id uuid, p_import_id uuid, p_rows json) returns integer
+language sql volatile
+as $$
+  with staged as (
+    insert into crm.import_rows (workspace_id, import_id, row, user_id, cells)
+    select p_workspace_id, p_import_id, r.row, i.user_id, r.cells
+      from json_to_recordset(p_rows) as r(row integer, cells text[])
+      join crm.imports i on i.workspace_id = p_workspace_id and i.id = p_import_id
+    on conflict do nothing
+    returning 1)
+  select count(*)::integer from staged
+$$;
+comment on function crm.stage_import_rows(uuid, uuid, json) is 'Worker only: adds parsed records of an import file to crm.import_rows (idempotent).';
+revoke execute on function crm.stage_import_rows(uuid, uuid, json) from public;
+
+create function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) returns void
+language sql volatile
+as $$
+  update crm.imports set status = p_status, failure = p_failure, finished_at = now()
+   where workspace_id = p_workspace_id and id = p_import_id;
+  -- After a real run only the rows errors.csv needs are kept; a dry run keeps all for the real run.
+  delete from crm.import_rows r
+   using crm.imports i
+   where i.workspace_id = p_workspace_id and i.id = p_import_id and p_status = 'completed' and not i.dry_run
+     and r.workspace_id = i.workspace_id and r.import_id = i.id
+     and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
+$$;
+comment on function crm.complete_import(uuid, uuid, text, text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
+revoke execute on function crm.complete_import(uuid, uuid, text, text) from public;
+
+-- ---------------------------------------------------------------------------------------------
+-- Set-wise validation helpers (run as crm_api inside a batch)
+-- ---------------------------------------------------------------------------------------------
+
+-- A cell as a date, or null when it is not a real YYYY-MM-DD date (no exception, no subtransaction).
+create function crm.import_date(value text) returns date
+language sql immutable parallel safe
+as $$
+  select case
+    when value ~ '^\d{4}-\d{2}-\d{2}$'
+         and substr(value, 1, 4)::integer between 1000 and 9999
+         and substr(value, 6, 2)::integer between 1 and 12
+         and substr(value, 9, 2)::integer between 1 and
+             extract(day from (make_date(substr(value, 1, 4)::integer, substr(value, 6, 2)::integer, 1) + interval '1 month - 1 day'))::integer
+    then value::date
+  end
+$$;
+comment on function crm.import_date(text) is 'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
+grant execute on function crm.import_date(text) to crm_api;
+
+-- Every CHECK constraint of the target table, evaluated on the batch's typed rows: the same rules
+-- as a create, read from the catalog so that they never drift from 000003. A row whose value breaks
+-- a constraint gets one problem per constraint, named after the constraint's (first) column.
+create function crm.import_check_constraints(p_record_type text) returns integer
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_constraint record;
+  v_count integer := 0;
+  v_added integer;
+begin
+  if p_record_type not in ('contacts', 'companies', 'deals') then
+    raise exception 'unknown record type %', p_record_type;
+  end if;
+  for v_constraint in
+    select c.conname, pg_get_expr(c.conbin, c.conrelid) as expression,
+           (select a.attname from pg_attribute a where a.attrelid = c.conrelid and a.attnum = c.conkey[1]) as field
+      from pg_constraint c
+     where c.conrelid = format('crm.%I', p_record_type)::regclass and c.contype = 'c'
+     order by c.conname
+  loop
+    -- The expression is the catalog's own text of a constraint of our table, never client input.
+    execute format(
+      'insert into pg_temp.import_problems (row, field, message)
+       select t.row, %L, %L from pg_temp.import_typed t where not coalesce((%s), true)',
+      v_constraint.field, crm.import_constraint_message(v_constraint.conname, v_constraint.field),
+      v_constraint.expression);
+    get diagnostics v_added = row_count;
+    v_count := v_count + v_added;
+  end loop;
+  return v_count;
+end
+$$;
+comment on function crm.import_check_constraints(text) is 'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse.';
+grant execute on function crm.import_check_constraints(text) to crm_api;
+
+create function crm.import_constraint_message(p_constraint text, p_field text) returns text
+language sql immutable parallel safe
+as $$
+  select case
+    when p_constraint like '%\_name\_or\_email' then 'needs a first name, a last name or an email'
+    when p_constraint like '%\_length' then p_field || ' is empty or too long'
+    when p_constraint like '%\_format' then p_field || ' is not in a valid format'
+    when p_constraint like '%\_custom\_fields\_check' then 'custom_fields are invalid (at most 50 keys)'
+    when p_constraint like '%\_check' then p_field || ' is out of range'
+    else p_field || ' is invalid (' || p_constraint || ')'
+  end
+$$;
+comment on function crm.import_constraint_message(text, text) is 'A readable message for a constraint an import row breaks.';
+grant execute on function crm.import_constraint_message(text, text) to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Exports: CSV cells are built in SQL, so the API process only concatenates lines
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.csv_cell(value text) returns text
+language sql immutable parallel safe
+as $$
+  select case
+    when value is null then ''
+    when value ~ '[",\r\n]' or value ~ '^\s|\s$' then '"' || replace(value, '"', '""') || '"'
+    else value
+  end
+$$;
+comment on function crm.csv_cell(text) is 'One RFC 4180 CSV cell: quoted when it holds a quote, comma, line break or edge space; null is empty.';
+grant execute on function crm.csv_cell(text) to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- Housekeeping (crm.housekeeping runs every crm.prune_* function)
+-- ---------------------------------------------------------------------------------------------
+
+create function crm.prune_imports(log_retention_days integer) returns bigint
+language sql volatile
+as $$
+  with files as (
+    update crm.imports set file_bytes = null
+     where file_bytes is not null and created_at < now() - interval '7 days' and status not in ('queued', 'processing')
+    returning 1
+  ), staged as (
+    delete from crm.import_rows r using crm.imports i
+     where i.workspace_id = r.workspace_id and i.id = r.import_id
+       and i.created_at < now() - interval '7 days' and i.status not in ('queued', 'processing')
+    returning 1
+  ), imports as (
+    delete from crm.imports
+     where created_at < now() - make_interval(days => greatest(log_retention_days, 7)) and status not in ('queued', 'processing')
+    returning 1
+  )
+  select (select count(*) from files) + (select count(*) from staged) + (select count(*) from imports)
+$$;
+comment on function crm.prune_imports(integer) is
+  'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention (at least 7 days).';

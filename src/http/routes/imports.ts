@@ -1,0 +1,192 @@
+// CSV import (API.md section 6): upload and inspect a file, start the job, read it, download its
+// errors. The job itself is workers/process_import.ts; every permission is decided in SQL (the
+// imports policies, crm.queue_import, and the import policies on the record tables).
+import Type from 'typebox'
+import { sql, type DatabaseTransactionConnection } from '../../db/pool.ts'
+import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
+import { keyFieldOf, matchOnAllowed } from '../../imports/land-batch.ts'
+import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
+import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
+import { streamLines } from '../../exports/stream-lines.ts'
+import { UUID_PATTERN } from '../../records/fields.ts'
+import { CSV_BODY_LIMIT, readBody } from '../body.ts'
+import { problems } from '../problem.ts'
+import type { RouteDefinition } from '../route.ts'
+
+const DEFAULT_MATCH_ON: Record<ImportType, 'email' | 'domain' | 'id'> = { contacts: 'email', companies: 'domain', deals: 'id' }
+const ERRORS_SHOWN = 100
+
+const StartBody = Type.Object(
+  {
+    mapping: Type.Optional(Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()]), { description: 'column → field, custom_fields.<key> or null (default: the suggested mapping)' })),
+    mode: Type.Optional(Type.Union([Type.Literal('create'), Type.Literal('upsert')], { description: 'create (default) or upsert' })),
+    match_on: Type.Optional(Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id')], { description: 'upsert key: contacts email or id, companies domain or id, deals id' })),
+    dry_run: Type.Optional(Type.Boolean({ description: 'check everything and write nothing' })),
+  },
+  { additionalProperties: false },
+)
+
+function importId(id: string | undefined): string {
+  if (!id || !UUID_PATTERN.test(id)) throw problems.notFound('No such import')
+  return id.toLowerCase()
+}
+
+async function assertImportGrant(db: DatabaseTransactionConnection, type: ImportType): Promise<void> {
+  const allowed = await db.oneFirst(sql.unsafe`select crm.grant_scope(${type}, 'import') is not null`)
+  if (!allowed) throw problems.forbidden(`Your role does not allow importing ${type}`)
+}
+
+/** The job as GET answers it: counts, the first 100 errors, times. */
+async function readJob(db: DatabaseTransactionConnection, type: ImportType, id: string) {
+  const job = await db.maybeOne(sql.unsafe`
+    select i.id, i.status, i.mode, i.match_on, i.dry_run, i.file_name,
+           json_build_object('total', i.row_count, 'created', i.created, 'updated', i.updated, 'skipped', i.skipped,
+                             'failed', i.failed, 'companies_created', i.companies_created) as counts,
+           coalesce((select json_agg(json_build_object('row', e.row, 'column', e.column_name, 'field', e.field, 'message', e.message) order by e.row, e.position)
+                       from (select * from crm.import_errors e
+                              where e.workspace_id = i.workspace_id and e.import_id = i.id
+                              order by e.row, e.position limit ${ERRORS_SHOWN}) e), '[]'::json) as errors,
+           i.failure, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at, crm.api_time(i.finished_at) as finished_at
+      from crm.imports i
+     where i.workspace_id = (select crm.current_workspace_id()) and i.id = ${id} and i.record_type = ${type}`)
+  if (!job) throw problems.notFound('No such import')
+  return job
+}
+
+function routesFor(type: ImportType): RouteDefinition[] {
+  const base = `/api/${type}/import`
+  return [
+    {
+      method: 'POST',
+      path: `${base}/upload`,
+      summary: `Upload a CSV file of ${type} (multipart part "file" or a text/csv body, up to 50 MiB): answers its columns, 5 sample rows and a suggested mapping`,
+      tag: type,
+      auth: 'required',
+      bodyKind: 'raw',
+      status: 201,
+      errors: [401, 403, 413, 415, 422],
+      handler: async ({ req, db }) => {
+        await assertImportGrant(db, type)
+        const body = await readBody(req, CSV_BODY_LIMIT)
+        let upload
+        try {
+          upload = uploadFromRequest(req.headers['content-type'], body)
+        } catch (error) {
+          if (!(error instanceof UploadError)) throw error
+          if (error.code === 'unsupported_media_type') throw problems.unsupportedMediaType(error.message)
+          throw problems.validation(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+        }
+        let inspection
+        try {
+          inspection = await inspectCsvAsync(upload.bytes)
+        } catch (error) {
+          if (!(error instanceof CsvFileError)) throw error
+          throw problems.validation(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+        }
+        const suggested = suggestMapping(type, inspection.columns, inspection.sampleRows)
+        const fileName = upload.fileName === null ? null : upload.fileName.slice(0, 255)
+        const created = await db.one(sql.unsafe`
+          insert into crm.imports (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping)
+          values (${type}, ${fileName}, ${sql.binary(upload.bytes)}, ${upload.bytes.length}, ${inspection.delimiter},
+                  ${sql.array(inspection.columns, 'text')}, ${inspection.rowCount}, ${sql.jsonb(inspection.sampleRows)}, ${sql.jsonb(suggested)})
+          returning id, crm.api_time(created_at) as created_at`) as { id: string; created_at: string }
+        return {
+          status: 201,
+          headers: { Location: `${base}/${created.id}` },
+          body: {
+            data: {
+              id: created.id,
+              status: 'uploaded',
+              file_name: fileName,
+              row_count: inspection.rowCount,
+              columns: inspection.columns,
+              sample_rows: inspection.sampleRows,
+              suggested_mapping: suggested,
+              created_at: created.created_at,
+            },
+          },
+        }
+      },
+    },
+    {
+      method: 'POST',
+      path: `${base}/:id`,
+      summary: `Start importing an uploaded file of ${type} (202 with the job; needs the import grant, and update for upsert)`,
+      tag: type,
+      auth: 'required',
+      body: StartBody,
+      status: 202,
+      errors: [401, 403, 404, 409, 413, 415, 422],
+      example: { request: { mapping: { 'First Name': 'first_name', Email: 'email', Index: null }, mode: 'upsert', match_on: 'email', dry_run: false } },
+      handler: async ({ db, params, body }) => {
+        const id = importId(params.id)
+        const upload = (await db.maybeOne(sql.unsafe`
+          select columns, suggested_mapping from crm.imports
+           where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[]; suggested_mapping: Record<string, string | null> } | null
+        if (!upload) throw problems.notFound('No such import')
+        const columns = upload.columns
+        const mode = body.mode ?? 'create'
+        const matchOn = body.match_on ?? DEFAULT_MATCH_ON[type]
+        // A column left out of the mapping is not imported (the same as null).
+        const mapping: Record<string, string | null> = body.mapping ?? upload.suggested_mapping
+        const mappingProblems = validateMapping(type, columns, mapping)
+        if (mappingProblems.length > 0) throw problems.validation(`mapping: ${mappingProblems[0].message}`, mappingProblems)
+        if (!matchOnAllowed(type, matchOn)) {
+          throw problems.validation(`${type} cannot be matched on ${matchOn}`, [{ pointer: '/match_on', code: 'invalid', message: `${type} match on ${DEFAULT_MATCH_ON[type]} or id` }])
+        }
+        const keyField = keyFieldOf({ type, mode, matchOn, mapping })
+        if (mode === 'upsert' && !Object.values(mapping).includes(keyField)) {
+          throw problems.validation(`an upsert on ${matchOn} needs a column mapped to ${matchOn}`, [{ pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` }])
+        }
+        await db.query(sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false})`)
+        return { status: 202, headers: { Location: `${base}/${id}` }, body: { data: await readJob(db, type, id) } }
+      },
+    },
+    {
+      method: 'GET',
+      path: `${base}/:id`,
+      summary: `Read an import job of ${type}: status, counts, the first 100 errors`,
+      tag: type,
+      auth: 'required',
+      errors: [401, 404],
+      handler: async ({ db, params }) => ({ body: { data: await readJob(db, type, importId(params.id)) } }),
+    },
+    {
+      method: 'GET',
+      path: `${base}/:id/errors.csv`,
+      summary: `Every row of an import of ${type} that was not imported: the file's columns plus row and error`,
+      tag: type,
+      auth: 'required',
+      streams: true,
+      errors: [401, 404],
+      handler: async ({ db, res, params }) => {
+        const id = importId(params.id)
+        const upload = (await db.maybeOne(sql.unsafe`
+          select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[] } | null
+        if (!upload) throw problems.notFound('No such import')
+        const columns = upload.columns as string[]
+        const header = [...columns, 'row', 'error'].map(csvCell).join(',')
+        res.writeHead(200, { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` })
+        res.write(header + '\r\n')
+        // Each row's own cells (padded or cut to the header), then its number and its errors.
+        await streamLines(db, sql.unsafe`
+          select concat_ws(',',
+                   (select string_agg(crm.csv_cell(r.cells[n]), ',' order by n) from generate_series(1, ${columns.length}::int) n),
+                   e.row::text,
+                   crm.csv_cell(e.message)) as line
+            from (select e.row, string_agg(e.message, '; ' order by e.position) as message
+                    from crm.import_errors e
+                   where e.workspace_id = (select crm.current_workspace_id()) and e.import_id = ${id}
+                   group by e.row) e
+            left join crm.import_rows r on r.workspace_id = (select crm.current_workspace_id()) and r.import_id = ${id} and r.row = e.row
+           order by e.row`, res, '\r\n')
+      },
+    },
+  ]
+}
+
+function csvCell(value: string): string {
+  return /[",\r\n]|^\s|\s$/.test(value) ? `"${value.replace(/"/g, '""')}"` : value
+}
+
+export default IMPORT_TYPES.flatMap(routesFor)

@@ -1,0 +1,81 @@
+// Teams (API.md section 3): admins create, rename and delete; membership is set per member with
+// PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
+import Type from 'typebox'
+import '../../members/constraints.ts'
+import { createTeam, deleteTeam, getTeam, listTeams, updateTeam } from '../../members/teams.ts'
+import { defineRoutes } from '../route.ts'
+
+const TeamSchema = Type.Object({
+  id: Type.String({ format: 'uuid' }),
+  name: Type.String(),
+  members: Type.Array(Type.String({ format: 'uuid' }), { description: 'user_ids' }),
+  created_at: Type.String({ format: 'date-time' }),
+})
+const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S' })
+const CreateBody = Type.Object({ name: Name }, { additionalProperties: false })
+const UpdateBody = Type.Object({ name: Type.Optional(Name) }, { additionalProperties: false })
+const one = Type.Object({ data: TeamSchema })
+const tag = 'workspace administration'
+
+export default defineRoutes(
+  {
+    method: 'GET',
+    path: '/api/teams',
+    summary: 'Teams of this workspace (non-admins: the teams they belong to)',
+    tag,
+    auth: 'required',
+    response: Type.Object({ data: Type.Array(TeamSchema), next_cursor: Type.Null() }),
+    errors: [401],
+    handler: async ({ db, caller }) => ({ body: { data: await listTeams(db, caller), next_cursor: null } }),
+  },
+  {
+    method: 'POST',
+    path: '/api/teams',
+    summary: 'Create a team (admins)',
+    tag,
+    auth: 'required',
+    body: CreateBody,
+    status: 201,
+    response: one,
+    errors: [401, 403, 409, 422],
+    example: { request: { name: 'East' } },
+    handler: async ({ db, caller, body }) => {
+      const team = await createTeam(db, caller, body)
+      return { status: 201, body: { data: team }, headers: { Location: `/api/teams/${team.id}` } }
+    },
+  },
+  {
+    method: 'GET',
+    path: '/api/teams/:id',
+    summary: 'One team with its members',
+    tag,
+    auth: 'required',
+    response: one,
+    errors: [401, 404],
+    handler: async ({ db, caller, params }) => ({ body: { data: await getTeam(db, caller, params.id) } }),
+  },
+  ...(['PATCH', 'PUT'] as const).map((method) => ({
+    method,
+    path: '/api/teams/:id',
+    summary: 'Rename a team (admins)',
+    tag,
+    auth: 'required' as const,
+    body: UpdateBody,
+    response: one,
+    errors: [401, 403, 404, 409, 422],
+    handler: async ({ db, caller, params, body }: any) => ({ body: { data: await updateTeam(db, caller, params.id, body) } }),
+  })),
+  {
+    method: 'DELETE',
+    path: '/api/teams/:id',
+    summary: 'Delete a team (its members leave it; records keep their owners)',
+    tag,
+    auth: 'required',
+    status: 204,
+    errors: [401, 403, 404],
+    handler: async ({ db, caller, params }) => {
+      await deleteTeam(db, caller, params.id)
+      return { status: 204 }
+    },
+  },
+)

@@ -1,0 +1,158 @@
+// The process_import job: stage the file's records, then land them batch by batch. The worker
+// connects as the owner; each batch transaction opens with crm.begin_import_batch (the importing
+// user's proven context, via = import) and then switches to crm_api, so row-level security and
+// the import policies judge every write exactly as for an API request by that user.
+//
+// Crash safety: staging is one transaction (all records or none); each batch commits its rows,
+// its events, its errors, its counts and the new last_row_done together. A worker killed at any
+// point leaves whole batches; the retried job (graphile-worker hands it to the next worker) skips
+// the staging when done and resumes after last_row_done.
+import { readCsvRecords, CsvFileError, type Delimiter } from './csv-file.ts'
+import { landBatch, type ImportPlan, type Queryable } from './land-batch.ts'
+import type { ImportType } from './suggest-mapping.ts'
+
+export type ImportJob = { workspace_id: string; import_id: string }
+
+export type ProcessOptions = {
+  batchSize?: number
+  /** Tests: called inside each batch transaction before it commits (throw to simulate a crash). */
+  beforeCommit?: (batch: number) => void | Promise<void>
+  /** Tests: called after each batch committed. */
+  afterCommit?: (batch: number) => void | Promise<void>
+  log?: (message: string) => void
+}
+
+export const DEFAULT_BATCH_SIZE = 5000
+const STAGE_CHUNK_RECORDS = 5000
+const FILE_SLICE_BYTES = 1024 * 1024
+
+/** A permanent refusal (grant gone, member suspended, broken file): the job fails without retrying. */
+export class ImportRefused extends Error {}
+
+type ImportRow = {
+  status: string
+  staged: boolean
+  delimiter: Delimiter
+  record_type: ImportType
+  columns: string[]
+  mapping: Record<string, string | null>
+  mode: 'create' | 'upsert'
+  match_on: 'email' | 'domain' | 'id'
+  dry_run: boolean
+  last_row_done: number
+  file_size: number
+  has_file: boolean
+}
+
+async function readImport(client: Queryable, job: ImportJob): Promise<ImportRow | null> {
+  const { rows } = await client.query(
+    `select status, staged, delimiter, record_type, columns, mapping, mode, match_on, dry_run, last_row_done, file_size, file_bytes is not null as has_file
+       from crm.imports where workspace_id = $1 and id = $2`,
+    [job.workspace_id, job.import_id],
+  )
+  return rows[0] ?? null
+}
+
+/** The stored file, read in slices so that neither the database nor the worker holds it whole. */
+async function* fileSlices(client: Queryable, job: ImportJob, size: number): AsyncGenerator<Buffer> {
+  for (let offset = 0; offset < size; offset += FILE_SLICE_BYTES) {
+    const { rows } = await client.query('select substring(file_bytes from $3::int for $4::int) as slice from crm.imports where workspace_id = $1 and id = $2', [
+      job.workspace_id,
+      job.import_id,
+      offset + 1,
+      FILE_SLICE_BYTES,
+    ])
+    yield rows[0].slice as Buffer
+  }
+}
+
+async function stage(client: Queryable, job: ImportJob, row: ImportRow): Promise<void> {
+  if (!row.has_file) throw new ImportRefused('the file of this import has been removed; upload it again')
+  await client.query('begin')
+  try {
+    await client.query('delete from crm.import_rows where workspace_id = $1 and import_id = $2', [job.workspace_id, job.import_id])
+    let chunk: { row: number; cells: string[] }[] = []
+    const flush = async () => {
+      if (chunk.length === 0) return
+      await client.query('select crm.stage_import_rows($1, $2, $3::json)', [job.workspace_id, job.import_id, JSON.stringify(chunk)])
+      chunk = []
+    }
+    for await (const record of readCsvRecords(fileSlices(client, job, row.file_size), row.delimiter)) {
+      chunk.push({ row: record.row, cells: record.values })
+      if (chunk.length >= STAGE_CHUNK_RECORDS) await flush()
+    }
+    await flush()
+    await client.query('update crm.imports set staged = true where workspace_id = $1 and id = $2', [job.workspace_id, job.import_id])
+    await client.query('commit')
+  } catch (error) {
+    await client.query('rollback').catch(() => {})
+    if (error instanceof CsvFileError) throw new ImportRefused(error.message)
+    throw error
+  }
+}
+
+function isRefusal(error: unknown): boolean {
+  const code = (error as { code?: string } | null)?.code
+  return error instanceof ImportRefused || code === 'CR403' || code === 'CR404'
+}
+
+export async function markFailed(client: Queryable, job: ImportJob, message: string): Promise<void> {
+  await client.query('select crm.complete_import($1, $2, $3, $4)', [job.workspace_id, job.import_id, 'failed', message.slice(0, 1000)])
+}
+
+/** Runs (or resumes) one import to its end. Returns false when there was nothing to do. */
+export async function processImport(client: Queryable, job: ImportJob, options: ProcessOptions = {}): Promise<boolean> {
+  const batchSize = options.batchSize ?? DEFAULT_BATCH_SIZE
+  const row = await readImport(client, job)
+  if (!row || !['queued', 'processing'].includes(row.status)) return false
+  try {
+    if (!row.staged) await stage(client, job, row)
+    for (let batch = 1; ; batch++) {
+      await client.query('begin')
+      try {
+        const { rows: [current] } = await client.query('select * from crm.begin_import_batch($1, $2)', [job.workspace_id, job.import_id])
+        if (current.status !== 'processing') {
+          await client.query('rollback')
+          return false
+        }
+        await client.query(`select set_config('role', 'crm_api', true)`)
+        const plan: ImportPlan = {
+          importId: job.import_id,
+          type: current.record_type,
+          columns: current.columns,
+          mapping: current.mapping,
+          mode: current.mode,
+          matchOn: current.match_on,
+          dryRun: current.dry_run,
+        }
+        const outcome = await landBatch(client, plan, current.last_row_done, batchSize)
+        if (outcome.rows === 0) {
+          await client.query('rollback')
+          break
+        }
+        await client.query('select crm.finish_import_batch($1, $2, $3, $4::jsonb, $5::jsonb)', [
+          job.import_id,
+          current.last_row_done,
+          outcome.lastRow,
+          JSON.stringify(outcome.counts),
+          JSON.stringify(outcome.errors),
+        ])
+        await options.beforeCommit?.(batch)
+        await client.query('commit')
+        options.log?.(`import ${job.import_id}: rows to ${outcome.lastRow} done (${JSON.stringify(outcome.counts)})`)
+      } catch (error) {
+        await client.query('rollback').catch(() => {})
+        throw error
+      }
+      await options.afterCommit?.(batch)
+    }
+    await client.query('select crm.complete_import($1, $2, $3, null)', [job.workspace_id, job.import_id, 'completed'])
+    return true
+  } catch (error) {
+    if (isRefusal(error)) {
+      await markFailed(client, job, (error as Error).message)
+      return true
+    }
+    throw error
+  }
+}

@@ -1,0 +1,15 @@
+// Constraint names of sql/000002_tenancy.sql and sql/000004_members.sql → the field each protects,
+// so a taken email, role or team name answers 409 with its pointer.
+import { registerConstraintFields } from '../http/database-errors.ts'
+
+registerConstraintFields({
+  users_email_key: '/email',
+  users_email_format: '/email',
+  users_name_length: '/name',
+  workspaces_name_length: '/workspace_name',
+  roles_name_key: '/name',
+  roles_name_format: '/name',
+  teams_name_key: '/name',
+  teams_name_length: '/name',
+  invitations_email_format: '/email',
+})

@@ -1,0 +1,111 @@
+// Members of a workspace (API.md section 3): list with seat usage, change role and teams, suspend,
+// unsuspend, remove. The rules live in SQL: admin-only write policies, the seat trigger (unsuspend
+// needs a free seat) and the last-admin trigger (422) of 000002. Non-admins read only themselves.
+import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import { databaseErrorOf } from '../http/database-errors.ts'
+import { problems } from '../http/problem.ts'
+import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { resolveRole, resolveTeams } from './references.ts'
+
+export type Member = { user_id: string; email: string; name: string; role: string; teams: string[]; suspended_at: string | null; joined_at: string }
+export type Seats = { used: number; limit: number | null }
+
+const memberColumns = sql.fragment`
+  m.user_id, u.email, u.name, r.name as role,
+  coalesce((select json_agg(t.name order by t.name) from crm.team_members tm
+            join crm.teams t on t.workspace_id = tm.workspace_id and t.id = tm.team_id
+            where tm.workspace_id = m.workspace_id and tm.user_id = m.user_id), '[]'::json) as teams,
+  m.suspended_at, m.joined_at`
+
+const memberSource = sql.fragment`
+  crm.memberships m
+  join crm.users u on u.id = m.user_id
+  join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id`
+
+const visibleToActor = (actor: Actor) => sql.fragment`
+  m.workspace_id = ${actor.workspaceId} and ((select crm.is_admin()) or m.user_id = (select crm.current_user_id()))`
+
+export async function listMembers(db: CommonQueryMethods, actor: Actor): Promise<{ data: Member[]; seats: Seats }> {
+  const data = (await db.any(sql.unsafe`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} order by m.joined_at, m.user_id`)) as Member[]
+  return { data, seats: await seatUsage(db, actor) }
+}
+
+/** Active (not suspended) members against the workspace's limit; integration users count like anyone. */
+export async function seatUsage(db: CommonQueryMethods, actor: Actor): Promise<Seats> {
+  return (await db.one(sql.unsafe`
+    select (select count(*) from crm.memberships where workspace_id = w.id and suspended_at is null) as used, w.seat_limit as limit
+    from crm.workspaces w where w.id = ${actor.workspaceId}
+  `)) as Seats
+}
+
+export async function getMember(db: CommonQueryMethods, actor: Actor, userId: string): Promise<Member> {
+  const member = isUuid(userId)
+    ? ((await db.maybeOne(sql.unsafe`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`)) as Member | null)
+    : null
+  if (!member) throw problems.notFound('No such member')
+  return member
+}
+
+export type MemberChange = { role?: string; teams?: string[] }
+
+/** Role and teams in one go; `teams` replaces the member's set. The new role applies on the member's next request. */
+export async function updateMember(db: CommonQueryMethods, actor: Actor, userId: string, change: MemberChange): Promise<Member> {
+  requireAdmin(actor)
+  await getMember(db, actor, userId)
+  if (change.role !== undefined) {
+    const role = await resolveRole(db, actor.workspaceId, change.role)
+    await db.query(sql.unsafe`update crm.memberships set role_id = ${role.id} where workspace_id = ${actor.workspaceId} and user_id = ${userId}`)
+  }
+  if (change.teams !== undefined) await setTeams(db, actor.workspaceId, userId, await resolveTeams(db, actor.workspaceId, change.teams))
+  return getMember(db, actor, userId)
+}
+
+export async function setTeams(db: CommonQueryMethods, workspaceId: string, userId: string, teamIds: string[]): Promise<void> {
+  await db.query(sql.unsafe`
+    delete from crm.team_members
+    where workspace_id = ${workspaceId} and user_id = ${userId} and team_id <> all (${sql.array(teamIds, 'uuid')})
+  `)
+  await db.query(sql.unsafe`
+    insert into crm.team_members (workspace_id, team_id, user_id)
+    select ${workspaceId}, team_id, ${userId} from unnest(${sql.array(teamIds, 'uuid')}) as team_id
+    on conflict do nothing
+  `)
+}
+
+/** Suspension stops the member's tokens and sessions in this workspace at once (crm.authenticate reads it). */
+export async function setSuspended(db: CommonQueryMethods, actor: Actor, userId: string, suspended: boolean): Promise<Member> {
+  requireAdmin(actor)
+  await getMember(db, actor, userId)
+  await db.query(sql.unsafe`
+    update crm.memberships set suspended_at = ${suspended ? sql.fragment`coalesce(suspended_at, now())` : sql.fragment`null`}
+    where workspace_id = ${actor.workspaceId} and user_id = ${userId}
+  `)
+  return getMember(db, actor, userId)
+}
+
+/**
+ * Removes a member. Records they own would be orphaned, so either `reassignTo` (another member)
+ * takes them over first, in the same transaction, or the removal is refused with 409
+ * member_owns_records (suspension is the way to stop someone without touching their records).
+ */
+export async function removeMember(db: CommonQueryMethods, actor: Actor, userId: string, reassignTo?: string): Promise<void> {
+  requireAdmin(actor)
+  await getMember(db, actor, userId)
+  if (reassignTo !== undefined) {
+    if (reassignTo === userId || !isUuid(reassignTo)) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    const heir = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${reassignTo}`)
+    if (heir === null) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    for (const table of [sql.identifier(['crm', 'contacts']), sql.identifier(['crm', 'companies']), sql.identifier(['crm', 'deals'])]) {
+      await db.query(sql.unsafe`update ${table} set owner_id = ${reassignTo} where workspace_id = ${actor.workspaceId} and owner_id = ${userId}`)
+    }
+  }
+  try {
+    await db.query(sql.unsafe`delete from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${userId}`)
+  } catch (error) {
+    const fields = databaseErrorOf(error)
+    if (fields?.code === '23503' && /_owner_fkey$/.test(fields.constraint ?? '')) {
+      throw problems.conflict('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
+    }
+    throw error
+  }
+}

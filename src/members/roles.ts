@@ -1,0 +1,94 @@
+// Custom roles and their grants (API.md sections 3 and 4). Built-in roles are read-only (a trigger
+// in 000002 refuses changes); a role held by a member or a pending invitation is not deleted (409,
+// trigger in 000004). Non-admins read only their own role; other roles read as absent.
+import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import { problems } from '../http/problem.ts'
+import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+
+export const GRANT_PATTERN = '^(contacts|companies|deals):(view|create|update|delete|import|export):(own|team|all)$'
+
+export type Role = { id: string; name: string; is_admin: boolean; is_builtin: boolean; grants: string[]; member_count: number; created_at: string }
+
+const roleColumns = sql.fragment`
+  r.id, r.name, r.is_admin, r.is_builtin,
+  coalesce((select json_agg(g.resource || ':' || g.action || ':' || g.scope order by g.resource, g.action)
+            from crm.role_grants g where g.workspace_id = r.workspace_id and g.role_id = r.id), '[]'::json) as grants,
+  (select count(*) from crm.memberships m where m.workspace_id = r.workspace_id and m.role_id = r.id) as member_count,
+  r.created_at`
+
+/** Admins see every role; anyone else only the role they hold. */
+const visibleToActor = (actor: Actor) => sql.fragment`
+  r.workspace_id = ${actor.workspaceId}
+  and ((select crm.is_admin())
+       or r.id = (select m.role_id from crm.memberships m where m.workspace_id = ${actor.workspaceId} and m.user_id = (select crm.current_user_id())))`
+
+export async function listRoles(db: CommonQueryMethods, actor: Actor): Promise<Role[]> {
+  return (await db.any(sql.unsafe`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} order by r.is_builtin desc, r.created_at, r.name`)) as Role[]
+}
+
+export async function getRole(db: CommonQueryMethods, actor: Actor, id: string): Promise<Role> {
+  const role = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`)) as Role | null) : null
+  if (!role) throw problems.notFound('No such role')
+  return role
+}
+
+/** One scope per resource and action: a second one for the same pair is refused rather than silently chosen. */
+function parseGrants(grants: string[]): { resource: string; action: string; scope: string }[] {
+  const seen = new Map<string, number>()
+  return grants.map((grant, index) => {
+    const [resource, action, scope] = grant.split(':')
+    const key = `${resource}:${action}`
+    if (seen.has(key)) {
+      throw problems.validation(`grants/${index} repeats ${key} (a role holds one scope per resource and action)`, [
+        { pointer: `/grants/${index}`, code: 'duplicate', message: `repeats ${key}; a role holds one scope per resource and action` },
+      ])
+    }
+    seen.set(key, index)
+    return { resource, action, scope }
+  })
+}
+
+async function replaceGrants(db: CommonQueryMethods, workspaceId: string, roleId: string, grants: string[]): Promise<void> {
+  const rows = parseGrants(grants)
+  await db.query(sql.unsafe`delete from crm.role_grants where workspace_id = ${workspaceId} and role_id = ${roleId}`)
+  if (rows.length === 0) return
+  await db.query(sql.unsafe`
+    insert into crm.role_grants (workspace_id, role_id, resource, action, scope)
+    select ${workspaceId}, ${roleId}, g.resource, g.action, g.scope
+    from unnest(${sql.array(rows.map((row) => row.resource), 'text')}::text[], ${sql.array(rows.map((row) => row.action), 'text')}::text[], ${sql.array(rows.map((row) => row.scope), 'text')}::text[]) as g (resource, action, scope)
+  `)
+}
+
+export type RoleInput = { name: string; is_admin?: boolean; grants?: string[] }
+
+export async function createRole(db: CommonQueryMethods, actor: Actor, input: RoleInput): Promise<Role> {
+  requireAdmin(actor)
+  const grants = input.grants ?? []
+  parseGrants(grants)
+  const id = (await db.oneFirst(sql.unsafe`
+    insert into crm.roles (workspace_id, name, is_admin) values (${actor.workspaceId}, ${input.name}, ${input.is_admin ?? false}) returning id
+  `)) as string
+  await replaceGrants(db, actor.workspaceId, id, grants)
+  return getRole(db, actor, id)
+}
+
+export async function updateRole(db: CommonQueryMethods, actor: Actor, id: string, input: Partial<RoleInput>): Promise<Role> {
+  requireAdmin(actor)
+  const role = await getRole(db, actor, id)
+  if (role.is_builtin) throw problems.validation(`built-in role ${role.name} cannot be changed; create a custom role instead`)
+  if (input.grants) parseGrants(input.grants)
+  if (input.name !== undefined || input.is_admin !== undefined) {
+    await db.query(sql.unsafe`
+      update crm.roles set name = ${input.name ?? role.name}, is_admin = ${input.is_admin ?? role.is_admin}
+      where workspace_id = ${actor.workspaceId} and id = ${id}
+    `)
+  }
+  if (input.grants) await replaceGrants(db, actor.workspaceId, id, input.grants)
+  return getRole(db, actor, id)
+}
+
+export async function deleteRole(db: CommonQueryMethods, actor: Actor, id: string): Promise<void> {
+  requireAdmin(actor)
+  await getRole(db, actor, id)
+  await db.query(sql.unsafe`delete from crm.roles where workspace_id = ${actor.workspaceId} and id = ${id}`)
+}

@@ -1,0 +1,49 @@
+// Teams (API.md section 3): admins create, rename and delete them; members join them through
+// PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
+import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import { problems } from '../http/problem.ts'
+import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+
+export type Team = { id: string; name: string; members: string[]; created_at: string }
+
+const teamColumns = sql.fragment`
+  t.id, t.name,
+  coalesce((select json_agg(tm.user_id order by tm.user_id) from crm.team_members tm
+            where tm.workspace_id = t.workspace_id and tm.team_id = t.id), '[]'::json) as members,
+  t.created_at`
+
+const visibleToActor = (actor: Actor) => sql.fragment`
+  t.workspace_id = ${actor.workspaceId}
+  and ((select crm.is_admin())
+       or exists (select 1 from crm.team_members mine
+                  where mine.workspace_id = t.workspace_id and mine.team_id = t.id and mine.user_id = (select crm.current_user_id())))`
+
+export async function listTeams(db: CommonQueryMethods, actor: Actor): Promise<Team[]> {
+  return (await db.any(sql.unsafe`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} order by lower(t.name), t.name, t.id`)) as Team[]
+}
+
+export async function getTeam(db: CommonQueryMethods, actor: Actor, id: string): Promise<Team> {
+  const team = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`)) as Team | null) : null
+  if (!team) throw problems.notFound('No such team')
+  return team
+}
+
+export async function createTeam(db: CommonQueryMethods, actor: Actor, input: { name: string }): Promise<Team> {
+  requireAdmin(actor)
+  const id = (await db.oneFirst(sql.unsafe`insert into crm.teams (workspace_id, name) values (${actor.workspaceId}, ${input.name.trim()}) returning id`)) as string
+  return getTeam(db, actor, id)
+}
+
+export async function updateTeam(db: CommonQueryMethods, actor: Actor, id: string, input: { name?: string }): Promise<Team> {
+  requireAdmin(actor)
+  await getTeam(db, actor, id)
+  if (input.name !== undefined) await db.query(sql.unsafe`update crm.teams set name = ${input.name.trim()} where workspace_id = ${actor.workspaceId} and id = ${id}`)
+  return getTeam(db, actor, id)
+}
+
+/** Members leave the team with it (cascade); their records keep their owners. */
+export async function deleteTeam(db: CommonQueryMethods, actor: Actor, id: string): Promise<void> {
+  requireAdmin(actor)
+  await getTeam(db, actor, id)
+  await db.query(sql.unsafe`delete from crm.teams where workspace_id = ${actor.workspaceId} and id = ${id}`)
+}

@@ -1,0 +1,184 @@
+// Turns a checked ListRequest into one SQL statement: filters, keyset condition, order and limit.
+// Identifiers come only from the whitelist in fields.ts; values are bound parameters, each cast to
+// its field's type. Row-level security adds the workspace and the caller's scope by itself.
+import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { encodeCursor, type Cursor } from './cursor.ts'
+import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
+import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
+
+type Fragment = ReturnType<typeof sql.fragment>
+
+const TYPE_NAME: Record<Exclude<FieldKind, 'json'>, string> = {
+  text: 'text',
+  lowercase: 'text',
+  uuid: 'uuid',
+  numeric: 'numeric',
+  integer: 'int4',
+  date: 'date',
+  timestamp: 'timestamptz',
+}
+
+const CAST: Record<Exclude<FieldKind, 'json'>, Fragment> = {
+  text: sql.fragment`text`,
+  lowercase: sql.fragment`text`,
+  uuid: sql.fragment`uuid`,
+  numeric: sql.fragment`numeric`,
+  integer: sql.fragment`int4`,
+  date: sql.fragment`date`,
+  timestamp: sql.fragment`timestamptz`,
+}
+
+export function column(field: FieldSpec): Fragment {
+  return sql.fragment`${sql.identifier(['t', field.name])}`
+}
+
+function typed(kind: FieldKind, value: string): Fragment {
+  return sql.fragment`${value}::${CAST[kind as Exclude<FieldKind, 'json'>]}`
+}
+
+export function escapeLike(text: string): string {
+  return text.replace(/[\\%_]/g, (character) => `\\${character}`)
+}
+
+/** The JSON values a custom field equality may mean: "42" matches 42 and "42", "true" matches true. */
+export function customFieldCandidates(value: string): (string | number | boolean | null)[] {
+  const candidates: (string | number | boolean | null)[] = [value]
+  if (/^-?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?$/.test(value) && Number.isFinite(Number(value))) candidates.push(Number(value))
+  if (value === 'true') candidates.push(true)
+  if (value === 'false') candidates.push(false)
+  if (value === 'null') candidates.push(null)
+  return candidates
+}
+
+export function filterCondition(filter: Filter): Fragment {
+  if (filter.kind === 'custom') {
+    const alternatives = customFieldCandidates(filter.value).map(
+      (candidate) => sql.fragment`t.custom_fields @> ${sql.jsonb({ [filter.key]: candidate })}`,
+    )
+    return sql.fragment`(${sql.join(alternatives, sql.fragment` or `)})`
+  }
+  const col = column(filter.field)
+  const kind = filter.field.kind
+  const [value] = filter.values
+  switch (filter.op) {
+    case 'eq':
+      return sql.fragment`${col} = ${typed(kind, value)}`
+    case 'ne':
+      return sql.fragment`${col} is distinct from ${typed(kind, value)}`
+    case 'lt':
+      return sql.fragment`${col} < ${typed(kind, value)}`
+    case 'lte':
+      return sql.fragment`${col} <= ${typed(kind, value)}`
+    case 'gt':
+      return sql.fragment`${col} > ${typed(kind, value)}`
+    case 'gte':
+      return sql.fragment`${col} >= ${typed(kind, value)}`
+    case 'in':
+      return sql.fragment`${col} = any(${sql.array(filter.values, TYPE_NAME[kind as Exclude<FieldKind, 'json'>])})`
+    case 'contains':
+      return sql.fragment`${col} ilike ${`%${escapeLike(value)}%`}`
+    case 'starts_with':
+      return sql.fragment`${col} ilike ${`${escapeLike(value)}%`}`
+    case 'is_null':
+      return filter.isNull ? sql.fragment`${col} is null` : sql.fragment`${col} is not null`
+  }
+}
+
+/** One key of an order: its expression, direction, and how a cursor value is written and read back. */
+type OrderKey = { expression: Fragment; descending: boolean; nullable: boolean; asText: Fragment; fromText: (value: string) => Fragment }
+
+function orderKey(key: SortKey): OrderKey {
+  const expression = column(key.field)
+  const kind = key.field.kind
+  if (kind === 'timestamp') {
+    // Microseconds since the epoch: exact (the API's JSON keeps only milliseconds).
+    return {
+      expression,
+      descending: key.descending,
+      nullable: key.field.nullable,
+      asText: sql.fragment`((extract(epoch from ${expression}) * 1000000)::bigint)::text`,
+      fromText: (value) => sql.fragment`(timestamptz 'epoch' + ${value}::bigint * interval '1 microsecond')`,
+    }
+  }
+  return {
+    expression,
+    descending: key.descending,
+    nullable: key.field.nullable,
+    asText: kind === 'date' ? sql.fragment`to_char(${expression}, 'YYYY-MM-DD')` : sql.fragment`${expression}::text`,
+    fromText: (value) => typed(kind, value),
+  }
+}
+
+export function orderKeys(request: ListRequest, score: Fragment | null): OrderKey[] {
+  if (request.sort.length > 0) return request.sort.map(orderKey)
+  // Search without an explicit sort: best score first, then id.
+  const scoreExpression = score ?? sql.fragment`0::float8`
+  return [
+    { expression: scoreExpression, descending: true, nullable: false, asText: sql.fragment`(${scoreExpression})::text`, fromText: (value) => sql.fragment`${value}::float8` },
+    orderKey({ field: { name: 'id', kind: 'uuid', writable: false, nullable: false }, descending: false }),
+  ]
+}
+
+/**
+ * Rows strictly after the cursor in this order. Nulls sort last in either direction, so a null
+ * cursor value only ties with nulls. When no key can be null and all run the same way, this is a
+ * row comparison, which a matching index answers with one range scan.
+ */
+export function keysetCondition(keys: OrderKey[], cursor: Cursor): Fragment {
+  const values = cursor.values
+  const sameDirection = keys.every((key) => key.descending === keys[0].descending)
+  if (sameDirection && keys.every((key, index) => !key.nullable && values[index] !== null)) {
+    const left = sql.join(keys.map((key) => key.expression), sql.fragment`, `)
+    const right = sql.join(keys.map((key, index) => key.fromText(values[index] as string)), sql.fragment`, `)
+    return keys[0].descending ? sql.fragment`((${left}) < (${right}))` : sql.fragment`((${left}) > (${right}))`
+  }
+  const alternatives: Fragment[] = []
+  for (let i = 0; i < keys.length; i++) {
+    const value = values[i]
+    if (value === null) continue // nothing sorts after null in this key; ties are handled by later keys
+    const key = keys[i]
+    const after = key.descending ? sql.fragment`${key.expression} < ${key.fromText(value)}` : sql.fragment`${key.expression} > ${key.fromText(value)}`
+    const conditions: Fragment[] = keys.slice(0, i).map((previous, j) =>
+      values[j] === null ? sql.fragment`${previous.expression} is null` : sql.fragment`${previous.expression} = ${previous.fromText(values[j] as string)}`,
+    )
+    conditions.push(key.nullable ? sql.fragment`(${after} or ${key.expression} is null)` : after)
+    alternatives.push(sql.fragment`(${sql.join(conditions, sql.fragment` and `)})`)
+  }
+  return alternatives.length === 0 ? sql.fragment`false` : sql.fragment`(${sql.join(alternatives, sql.fragment` or `)})`
+}
+
+export function orderByClause(keys: OrderKey[]) {
+  return sql.join(
+    keys.map((key) => (key.descending ? sql.fragment`${key.expression} desc nulls last` : sql.fragment`${key.expression} asc nulls last`)),
+    sql.fragment`, `,
+  )
+}
+
+export type SearchPart = { where: Fragment; score: Fragment }
+
+export function listQuery(type: RecordType, request: ListRequest, search: SearchPart | null = null) {
+  const keys = orderKeys(request, search?.score ?? null)
+  const conditions: Fragment[] = request.filters.map(filterCondition)
+  if (search) conditions.push(search.where)
+  if (request.cursor) conditions.push(keysetCondition(keys, request.cursor))
+  const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
+  return sql.fragment`
+    select ${type.jsonFunction}(t) as record,
+           json_build_array(${sql.join(keys.map((key) => key.asText), sql.fragment`, `)}) as cursor
+      from ${type.table} as t
+     where ${where}
+     order by ${orderByClause(keys)}
+     limit ${request.limit + 1}`
+}
+
+export type Page = { data: unknown[]; next_cursor: string | null }
+
+export async function runList(db: DatabaseTransactionConnection, type: RecordType, request: ListRequest, search: SearchPart | null = null): Promise<Page> {
+  const rows = (await db.any(sql.unsafe`${listQuery(type, request, search)}`)) as readonly { record: unknown; cursor: (string | null)[] }[]
+  const more = rows.length > request.limit
+  const page = more ? rows.slice(0, request.limit) : rows
+  return {
+    data: page.map((row) => row.record),
+    next_cursor: more ? encodeCursor(request.sortText, page[page.length - 1].cursor) : null,
+  }
+}

@@ -1,0 +1,122 @@
+// How a signed-in page runs: the form is read and its CSRF token checked first, then one
+// transaction authenticates the session cookie through crm.authenticate (so revocation,
+// suspension and the rate limit apply as for API tokens) and runs the page as crm_api.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Authenticator } from '../http/app.ts'
+import { toApiError } from '../http/database-errors.ts'
+import { ApiError } from '../http/problem.ts'
+import type { Caller, RouteDefinition, Services } from '../http/route.ts'
+import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { apiCaller, type ApiCall } from './api-calls.ts'
+import { readForm, type Form } from './form.ts'
+import { html, type SafeHtml } from './html.ts'
+import { appPage, redirect, requestPath, sendHtml, signedOutPage, type Frame, type Workspace } from './layout.ts'
+import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookies, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
+
+export type Attempt<T> = { ok: true; value: T } | { ok: false; error: ApiError }
+
+export type PageContext = {
+  req: IncomingMessage
+  res: ServerResponse
+  services: Services
+  db: DatabaseTransactionConnection
+  caller: Caller
+  api: ApiCall
+  frame: Frame
+  form: Form
+  params: Record<string, string>
+  query: URLSearchParams
+  /** Runs a change in a savepoint (use the db and api it passes): a refusal comes back as a value and the page still renders. */
+  attempt: <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>) => Promise<Attempt<T>>
+}
+
+export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml }
+export type PageHandler = (context: PageContext) => Promise<PageResult>
+
+type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
+
+const EMPTY_FORM: Form = { get: () => '', has: () => false }
+
+export function errorPage(res: ServerResponse, status: number, message: string): void {
+  sendHtml(res, status, signedOutPage('Something went wrong', html`<h1>${status === 404 ? 'Not found' : 'Something went wrong'}</h1>
+<div class="notice error" role="alert">${message}</div>
+<p><a href="/">Back to the start page</a></p>`))
+}
+
+export function signedInPage(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, handler: PageHandler) {
+  return async (incoming: IncomingMessage, res: ServerResponse): Promise<void> => {
+    const req = incoming as Request
+    const path = requestPath(req)
+    const requestId = req.requestId ?? ''
+    try {
+      let form = EMPTY_FORM
+      if (req.method === 'POST') {
+        form = await readForm(req)
+        if (!csrfValid(services.config.appSecret, req, form.get('csrf'))) {
+          if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
+          return errorPage(res, 403, 'This form has expired. Reload the page and try again.')
+        }
+      }
+      if (!hasSessionCookie(req)) return redirect(res, req.method === 'GET' ? `/sign-in?next=${encodeURIComponent(req.url ?? '/')}` : '/sign-in')
+
+      const slug = readCookies(req).get(WORKSPACE_COOKIE)
+      const authRequest = { headers: { cookie: req.headers.cookie, ...(slug ? { 'x-tenant-slug': slug } : {}) } } as unknown as IncomingMessage
+      const result = await services.pool
+        .transaction(async (db) => {
+          const caller = await authenticate(db, authRequest, requestId)
+          req.callerId = caller.userId
+          const api = apiCaller(definitions, services, db, caller, req, res, requestId)
+          const me = (await api('GET', '/api/me')).data as { user: { email: string; name: string }; role: { is_admin: boolean } }
+          const workspaces = (await api('GET', '/api/workspaces')).data as Workspace[]
+          const frame: Frame = { title: '', csrf: csrfToken(services.config.appSecret, req), path, user: me.user, isAdmin: me.role.is_admin, workspaces }
+          const attempt = async <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>): Promise<Attempt<T>> => {
+            try {
+              return { ok: true, value: await db.transaction(async (savepoint) => fn({ db: savepoint, api: apiCaller(definitions, services, savepoint, caller, req, res, requestId) })) }
+            } catch (error) {
+              const apiError = toApiError(error)
+              if (apiError.status >= 500) throw error
+              return { ok: false, error: apiError }
+            }
+          }
+          const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
+          const outcome = await handler({ req, res, services, db, caller, api, frame, form, params: req.params ?? {}, query, attempt })
+          return { outcome, frame }
+        })
+        .catch(async (error: unknown) => {
+          if (req.callerId && !(error instanceof ApiError && error.status === 429)) {
+            await services.pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+          }
+          throw error
+        })
+      if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
+      result.frame.title = result.outcome.title
+      sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content))
+    } catch (error) {
+      const apiError = toApiError(error)
+      if (apiError.status === 401) {
+        clearCookie(req, res, SESSION_COOKIE)
+        return redirect(res, '/sign-in?notice=session-ended')
+      }
+      if (apiError.code === 'workspace_not_found') {
+        clearCookie(req, res, WORKSPACE_COOKIE)
+        return redirect(res, req.method === 'GET' ? (req.url ?? '/') : '/')
+      }
+      if (apiError.status === 429) {
+        return errorPage(res, 429, `Too many requests. Wait ${apiError.headers?.['Retry-After'] ?? 'a few'} seconds and try again.`)
+      }
+      if (apiError.status >= 500) {
+        const cause = apiError.cause ?? error
+        services.logger.error('page failed', { request_id: requestId, path, error: cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause), stack: cause instanceof Error ? cause.stack : undefined })
+        return errorPage(res, apiError.status, `Something went wrong on our side. Quote this reference if you report it: ${requestId}`)
+      }
+      return errorPage(res, apiError.status, apiError.message)
+    }
+  }
+}
+
+/** Field problems of a refused API call, named by the form's labels, in plain words. */
+export function describeRefusal(error: ApiError, labels: Record<string, string>): string {
+  const fields = (error.errors ?? []).map((problem) => labels[problem.pointer.split('/')[1] ?? ''] ?? null).filter((label): label is string => label !== null)
+  if (error.code === 'validation_failed' && fields.length > 0) return `Check ${[...new Set(fields)].join(' and ')}: ${error.message}.`
+  return error.message.endsWith('.') ? error.message : `${error.message}.`
+}

@@ -1,0 +1,256 @@
+// Security: the user's API tokens and browser sessions (revoke one, revoke all), new API tokens
+// shown once, and two-factor enrollment with a QR code, a confirming code and recovery codes.
+import { hashToken, newToken } from '../../auth/tokens.ts'
+import { open } from '../../auth/secret-box.ts'
+import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
+import { sql } from '../../db/pool.ts'
+import { ApiError } from '../../http/problem.ts'
+import { html, trusted, type SafeHtml } from '../html.ts'
+import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
+import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
+import { qrSvg } from '../qr-code.ts'
+import { clearCookie, SESSION_COOKIE, setFlash, takeFlash } from '../session.ts'
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
+const EXPIRY_CHOICES = [
+  { days: 7, label: '7 days' },
+  { days: 30, label: '30 days' },
+  { days: 90, label: '90 days' },
+  { days: 365, label: '1 year' },
+]
+
+type TokenRow = { id: string; kind: 'token' | 'session'; name: string; created_at: string; last_used_at: string | null; expires_at: string; current: boolean }
+type Totp = { secret_encrypted: Buffer; confirmed: boolean; recovery_codes_left: number }
+
+const DONE: Record<string, string> = {
+  revoked: 'Revoked. It stops working at once.',
+  'two-factor-off': 'Two-factor sign-in is off.',
+}
+
+async function myTotp(context: PageContext): Promise<Totp | null> {
+  return (await context.db.maybeOne(sql.unsafe`select secret_encrypted, confirmed, recovery_codes_left from crm.my_totp()`)) as Totp | null
+}
+
+function tokenTable(tokens: TokenRow[], csrf: string): SafeHtml {
+  if (tokens.length === 0) return html`<p class="muted">No active tokens or sessions.</p>`
+  return html`<table>
+  <caption class="sr-only">API tokens and browser sessions</caption>
+  <thead><tr><th scope="col">Name</th><th scope="col">Type</th><th scope="col">Created</th><th scope="col">Last used</th><th scope="col">Expires</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
+  <tbody>
+  ${tokens.map(
+    (token) => html`<tr>
+    <th scope="row">${token.name}${token.current ? html` <span class="tag">this browser</span>` : ''}</th>
+    <td>${token.kind === 'session' ? 'Browser session' : 'API token'}</td>
+    <td>${when(token.created_at)}</td>
+    <td>${when(token.last_used_at, 'Never')}</td>
+    <td>${when(token.expires_at)}</td>
+    <td><form method="post" action="/security/tokens/${token.id}/revoke">${hiddenCsrf(csrf)}<button type="submit" class="danger small" aria-label="Revoke ${token.name}">Revoke</button></form></td>
+  </tr>`,
+  )}
+  </tbody>
+</table>`
+}
+
+type State = { tokenError?: string; tokenName?: string; newToken?: { name: string; value: string; expires_at: string }; twoFactorError?: string }
+
+async function render(context: PageContext, state: State = {}, status = 200): Promise<PageResult> {
+  const { api, frame, query } = context
+  const tokens = (await api('GET', '/api/tokens')).data as TokenRow[]
+  const totp = await myTotp(context)
+  const done = DONE[query.get('done') ?? '']
+  const twoFactorOn = totp?.confirmed === true
+  return {
+    status,
+    title: 'Security',
+    content: html`<h1>Security</h1>
+${done ? html`<div class="notice success" role="status">${done}</div>` : ''}
+${
+  state.newToken
+    ? html`<section class="notice success" aria-labelledby="token-heading">
+  <h2 id="token-heading">API token “${state.newToken.name}” created</h2>
+  <p>Copy it now: it is shown only once. It expires on ${when(state.newToken.expires_at)}. Send it as <code>Authorization: Bearer …</code>.</p>
+  ${shownOnce('new-token', 'Token', state.newToken.value)}
+</section>`
+    : ''
+}
+<section aria-labelledby="tokens-heading">
+  <h2 id="tokens-heading">Tokens and sessions</h2>
+  ${tokenTable(tokens, frame.csrf)}
+  <form class="actions" method="post" action="/security/tokens/revoke-all">
+    ${hiddenCsrf(frame.csrf)}
+    <button type="submit" class="danger" aria-describedby="revoke-all-hint">Revoke all</button>
+    <span class="hint muted" id="revoke-all-hint">Stops every API token and signs out every browser, this one included.</span>
+  </form>
+</section>
+<div class="two-col">
+<section class="panel" aria-labelledby="new-token-heading">
+  <h2 id="new-token-heading">New API token</h2>
+  ${errorNotice(state.tokenError)}
+  <form class="stack" method="post" action="/security/tokens">
+    ${hiddenCsrf(frame.csrf)}
+    <div class="field">
+      <label for="token-name">Name</label>
+      <input type="text" id="token-name" name="name" value="${state.tokenName ?? ''}" maxlength="200" required aria-describedby="token-name-hint">
+      <span class="hint" id="token-name-hint">Say where it is used, for example “ERP sync”.</span>
+    </div>
+    <div class="field">
+      <label for="token-expiry">Expires in</label>
+      <select id="token-expiry" name="expires_in_days">
+        ${EXPIRY_CHOICES.map((choice) => html`<option value="${choice.days}"${choice.days === 30 ? html` selected` : ''}>${choice.label}</option>`)}
+      </select>
+    </div>
+    <div class="actions"><button type="submit">Create token</button></div>
+  </form>
+</section>
+<section class="panel" aria-labelledby="two-factor-heading">
+  <h2 id="two-factor-heading">Two-factor sign-in</h2>
+  ${errorNotice(state.twoFactorError)}
+  ${
+    twoFactorOn
+      ? html`<p>Two-factor sign-in is <strong>on</strong>. ${totp.recovery_codes_left} recovery code${totp.recovery_codes_left === 1 ? '' : 's'} left.</p>
+  <form class="stack" method="post" action="/security/two-factor/disable">
+    ${hiddenCsrf(frame.csrf)}
+    <div class="field">
+      <label for="disable-code">Authentication code</label>
+      <input type="text" id="disable-code" name="code" inputmode="numeric" pattern="[0-9 ]{6,7}" maxlength="7" autocomplete="one-time-code" required>
+    </div>
+    <div class="actions"><button type="submit" class="danger">Turn off two-factor</button></div>
+  </form>`
+      : html`<p>Two-factor sign-in is <strong>off</strong>. With it on, signing in also needs a code from an authenticator app.</p>
+  <form method="post" action="/security/two-factor/start">
+    ${hiddenCsrf(frame.csrf)}
+    <button type="submit">Set up two-factor</button>
+  </form>`
+  }
+</section>
+</div>`,
+  }
+}
+
+export const showSecurity: PageHandler = (context) =>
+  render(context, { newToken: takeFlash<{ name: string; value: string; expires_at: string }>(context.services.config.appSecret, context.req, context.res, 'token') ?? undefined })
+
+export const createToken: PageHandler = async (context) => {
+  const { form, attempt } = context
+  const name = form.get('name').trim()
+  const days = Number(form.get('expires_in_days'))
+  if (name === '') return render(context, { tokenError: 'Enter a name for the token.' }, 422)
+  if (name.length > 200) return render(context, { tokenError: 'The name is too long (at most 200 characters).', tokenName: name }, 422)
+  if (!EXPIRY_CHOICES.some((choice) => choice.days === days)) return render(context, { tokenError: 'Choose when the token expires.', tokenName: name }, 422)
+  const value = newToken()
+  const created = await attempt(
+    async (scope) =>
+      (await scope.db.one(sql.unsafe`
+        insert into crm.tokens (user_id, kind, name, token_hash, expires_at)
+        values ((select crm.current_user_id()), 'token', ${name}, ${sql.binary(hashToken(value))}, now() + make_interval(days => ${days}))
+        returning expires_at`)) as { expires_at: string },
+  )
+  if (!created.ok) return render(context, { tokenError: created.error.message, tokenName: name }, created.error.status)
+  setFlash(context.services.config.appSecret, context.req, context.res, 'token', { name, value, expires_at: created.value.expires_at })
+  return { redirect: '/security' }
+}
+
+export const revokeToken: PageHandler = async ({ api, params, caller, req, res }) => {
+  if (!UUID.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such token or session.')
+  await api('DELETE', '/api/tokens/:id', { params: { id: params.id.toLowerCase() } })
+  if (params.id.toLowerCase() === caller.tokenId) {
+    clearCookie(req, res, SESSION_COOKIE)
+    return { redirect: '/sign-in?notice=signed-out' }
+  }
+  return { redirect: '/security?done=revoked' }
+}
+
+export const revokeAll: PageHandler = async ({ api, req, res }) => {
+  await api('DELETE', '/api/tokens')
+  clearCookie(req, res, SESSION_COOKIE)
+  return { redirect: '/sign-in?notice=signed-out' }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-factor enrollment
+
+export const startTwoFactor: PageHandler = async (context) => {
+  const totp = await myTotp(context)
+  if (totp?.confirmed) return { redirect: '/security' }
+  const secret = newTotpSecret()
+  await context.db.query(sql.unsafe`select crm.start_totp_enrollment(${sql.binary(sealTotpSecret(context.services.config.appSecret, secret))})`)
+  return { redirect: '/security/two-factor' }
+}
+
+async function enrollmentPage(context: PageContext, error?: string, status = 200): Promise<PageResult> {
+  const totp = await myTotp(context)
+  if (!totp || totp.confirmed) return { redirect: '/security' }
+  const secret = open(totpKey(context.services.config.appSecret), totp.secret_encrypted)
+  const uri = otpauthUri(context.frame.user.email, secret)
+  const grouped = secret.replace(/(.{4})/g, '$1 ').trim()
+  return {
+    status,
+    title: 'Set up two-factor sign-in',
+    content: html`<h1>Set up two-factor sign-in</h1>
+<div class="two-col">
+<section class="panel" aria-labelledby="scan-heading">
+  <h2 id="scan-heading">1. Scan the QR code</h2>
+  <p>Scan it with an authenticator app (1Password, Google Authenticator, Aegis, …).</p>
+  ${trusted(qrSvg(uri, 'QR code for your authenticator app'))}
+  <p>Cannot scan? Enter this key instead: <code id="totp-secret">${grouped}</code></p>
+</section>
+<section class="panel" aria-labelledby="confirm-heading">
+  <h2 id="confirm-heading">2. Enter a code</h2>
+  ${errorNotice(error)}
+  <form class="stack" method="post" action="/security/two-factor/confirm">
+    ${hiddenCsrf(context.frame.csrf)}
+    <div class="field">
+      <label for="confirm-code">Authentication code</label>
+      <input type="text" id="confirm-code" name="code" inputmode="numeric" pattern="[0-9 ]{6,7}" maxlength="7" autocomplete="one-time-code" required autofocus>
+    </div>
+    <div class="actions"><button type="submit">Turn on two-factor</button> <a href="/security">Cancel</a></div>
+  </form>
+</section>
+</div>`,
+  }
+}
+
+export const showTwoFactor: PageHandler = (context) => enrollmentPage(context)
+
+export const confirmTwoFactor: PageHandler = async (context) => {
+  const totp = await myTotp(context)
+  if (!totp || totp.confirmed) return { redirect: '/security' }
+  const code = context.form.get('code').replace(/\s+/g, '')
+  if (!checkTotp(context.services.config.appSecret, totp.secret_encrypted, code)) {
+    return enrollmentPage(context, 'That code is not right. Enter the 6-digit code your app shows now.', 422)
+  }
+  const codes = newRecoveryCodes()
+  await context.db.query(sql.unsafe`select crm.confirm_totp_enrollment(${sql.array(codes.map(hashRecoveryCode), 'bytea')})`)
+  setFlash(context.services.config.appSecret, context.req, context.res, 'recovery-codes', codes)
+  return { redirect: '/security/two-factor/recovery-codes' }
+}
+
+export const showRecoveryCodes: PageHandler = async (context) => {
+  const codes = takeFlash<string[]>(context.services.config.appSecret, context.req, context.res, 'recovery-codes')
+  if (!codes) return { redirect: '/security' }
+  return {
+    title: 'Two-factor sign-in is on',
+    content: html`<h1>Two-factor sign-in is on</h1>
+<section class="panel" aria-labelledby="codes-heading">
+  <h2 id="codes-heading">Recovery codes</h2>
+  <p>Save these codes somewhere safe: they are shown only once. Each one signs you in once if you lose your authenticator.</p>
+  <ol class="codes" id="recovery-codes">${codes.map((code) => html`<li>${code}</li>`)}</ol>
+  <div class="actions">
+    <button type="button" class="secondary" data-copy="recovery-codes" hidden>Copy</button>
+    <span id="recovery-codes-status" class="muted" role="status"></span>
+    <a href="/security">Done</a>
+  </div>
+</section>`,
+  }
+}
+
+export const disableTwoFactor: PageHandler = async (context) => {
+  const totp = await myTotp(context)
+  if (!totp?.confirmed) return { redirect: '/security' }
+  const code = context.form.get('code').replace(/\s+/g, '')
+  if (!checkTotp(context.services.config.appSecret, totp.secret_encrypted, code)) {
+    return render(context, { twoFactorError: 'That code is not right. Two-factor sign-in is still on.' }, 422)
+  }
+  await context.db.query(sql.unsafe`select crm.disable_totp()`)
+  return { redirect: '/security?done=two-factor-off' }
+}

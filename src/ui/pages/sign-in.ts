@@ -1,0 +1,180 @@
+// Sign in with email and password, then (when two-factor is on) an authentication or recovery
+// code. Both steps call the same functions as POST /api/token, asking for a session token.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
+import { toApiError } from '../../http/database-errors.ts'
+import type { ApiError } from '../../http/problem.ts'
+import type { Services } from '../../http/route.ts'
+import { readForm } from '../form.ts'
+import { html } from '../html.ts'
+import { errorNotice, hiddenCsrf, redirect, safeReturnPath, sendHtml, signedOutPage } from '../layout.ts'
+import {
+  CHALLENGE_COOKIE,
+  clearCookie,
+  csrfToken,
+  csrfValid,
+  ensurePreSession,
+  hasSessionCookie,
+  PRE_SESSION_COOKIE,
+  readCookies,
+  SESSION_COOKIE,
+  setCookie,
+} from '../session.ts'
+
+const NOTICES: Record<string, string> = {
+  'session-ended': 'Your session has ended. Sign in again.',
+  'signed-out': 'You are signed out.',
+  'challenge-expired': 'The sign-in took too long or the code was tried too often. Sign in again.',
+}
+
+function query(req: IncomingMessage): URLSearchParams {
+  return new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
+}
+
+function deviceName(req: IncomingMessage): string {
+  const agent = req.headers['user-agent'] ?? ''
+  const browser = /Edg\//.test(agent) ? 'Edge' : /Firefox\//.test(agent) ? 'Firefox' : /Chrom(e|ium)\//.test(agent) ? 'Chrome' : /Safari\//.test(agent) ? 'Safari' : 'Browser'
+  const system = /Windows/.test(agent) ? 'Windows' : /Mac OS X/.test(agent) ? 'macOS' : /Android/.test(agent) ? 'Android' : /iPhone|iPad/.test(agent) ? 'iOS' : /Linux/.test(agent) ? 'Linux' : ''
+  return `Web session: ${browser}${system ? ` on ${system}` : ''}`
+}
+
+function startSession(req: IncomingMessage, res: ServerResponse, token: string, expiresAt: string): void {
+  setCookie(req, res, SESSION_COOKIE, token, { maxAgeSeconds: (Date.parse(expiresAt) - Date.now()) / 1000 })
+  clearCookie(req, res, PRE_SESSION_COOKIE)
+  clearCookie(req, res, CHALLENGE_COOKIE, '/sign-in')
+}
+
+function passwordForm(services: Services, req: IncomingMessage, res: ServerResponse, status: number, values: { email?: string; error?: string; notice?: string }): void {
+  ensurePreSession(req, res)
+  const next = safeReturnPath(query(req).get('next'), '')
+  sendHtml(res, status, signedOutPage('Sign in', html`<h1>Sign in</h1>
+${values.notice ? html`<div class="notice info" role="status">${values.notice}</div>` : ''}
+${errorNotice(values.error)}
+<form class="stack panel" method="post" action="/sign-in${next ? `?next=${encodeURIComponent(next)}` : ''}">
+  ${hiddenCsrf(csrfToken(services.config.appSecret, req))}
+  <div class="field">
+    <label for="email">Email</label>
+    <input type="email" id="email" name="email" value="${values.email ?? ''}" autocomplete="username" required autofocus${values.error ? html` aria-invalid="true"` : ''}>
+  </div>
+  <div class="field">
+    <label for="password">Password</label>
+    <input type="password" id="password" name="password" autocomplete="current-password" required>
+  </div>
+  <div class="actions"><button type="submit">Sign in</button></div>
+</form>`))
+}
+
+function codeForm(services: Services, req: IncomingMessage, res: ServerResponse, status: number, recovery: boolean, error?: string): void {
+  ensurePreSession(req, res)
+  const next = safeReturnPath(query(req).get('next'), '')
+  const action = `/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}`
+  sendHtml(res, status, signedOutPage('Two-factor sign-in', html`<h1>Two-factor sign-in</h1>
+<p class="lead">${recovery ? 'Enter one of the recovery codes you saved when you turned two-factor on. Each code works once.' : 'Enter the 6-digit code from your authenticator app.'}</p>
+${errorNotice(error)}
+<form class="stack panel" method="post" action="${action}">
+  ${hiddenCsrf(csrfToken(services.config.appSecret, req))}
+  ${
+    recovery
+      ? html`<div class="field">
+    <label for="recovery_code">Recovery code</label>
+    <input type="text" id="recovery_code" name="recovery_code" autocomplete="off" spellcheck="false" required autofocus>
+  </div>`
+      : html`<div class="field">
+    <label for="code">Authentication code</label>
+    <input type="text" id="code" name="code" inputmode="numeric" pattern="[0-9 ]{6,7}" maxlength="7" autocomplete="one-time-code" required autofocus>
+  </div>`
+  }
+  <div class="actions"><button type="submit">Verify</button></div>
+</form>
+<p>${
+    recovery
+      ? html`<a href="/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}">Use an authentication code instead</a>`
+      : html`<a href="/sign-in/two-factor?method=recovery${next ? `&next=${encodeURIComponent(next)}` : ''}">Use a recovery code instead</a>`
+  }</p>
+<p><a href="/sign-in">Start over</a></p>`))
+}
+
+function signInRefusal(error: ApiError): string {
+  switch (error.code) {
+    case 'invalid_credentials':
+      return 'The email or password is wrong.'
+    case 'too_many_attempts': {
+      const minutes = Math.max(1, Math.ceil(Number(error.headers?.['Retry-After'] ?? 60) / 60))
+      return `Too many failed sign-ins for this email. Try again in ${minutes} minute${minutes === 1 ? '' : 's'}.`
+    }
+    case 'user_suspended':
+      return 'This account is suspended. Ask your workspace admin for help.'
+    case 'validation_failed':
+      return 'Enter your email and your password.'
+    default:
+      return error.message
+  }
+}
+
+export function signInPages(services: Services) {
+  const { config, pool } = services
+  const afterSignIn = (req: IncomingMessage) => safeReturnPath(query(req).get('next'), '/')
+
+  return {
+    showPassword: async (req: IncomingMessage, res: ServerResponse) => {
+      if (hasSessionCookie(req)) return redirect(res, afterSignIn(req))
+      passwordForm(services, req, res, 200, { notice: NOTICES[query(req).get('notice') ?? ''] })
+    },
+
+    submitPassword: async (req: IncomingMessage, res: ServerResponse) => {
+      const form = await readForm(req)
+      if (!csrfValid(config.appSecret, req, form.get('csrf'))) {
+        return passwordForm(services, req, res, 403, { email: form.get('email'), error: 'This form has expired. Please sign in again.' })
+      }
+      const email = form.get('email').trim()
+      const password = form.get('password')
+      if (email === '' || password === '') return passwordForm(services, req, res, 422, { email, error: 'Enter your email and your password.' })
+      try {
+        const result = await signInWithPassword(pool, config, { email: email.slice(0, 254), password: password.slice(0, 1024), device_name: deviceName(req) }, 'session')
+        if ('two_factor' in result) {
+          setCookie(req, res, CHALLENGE_COOKIE, result.challenge_token, { path: '/sign-in', maxAgeSeconds: (Date.parse(result.expires_at) - Date.now()) / 1000 })
+          const next = safeReturnPath(query(req).get('next'), '')
+          return redirect(res, `/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}`)
+        }
+        startSession(req, res, result.token, result.expires_at)
+        return redirect(res, afterSignIn(req))
+      } catch (error) {
+        const apiError = toApiError(error)
+        if (apiError.status >= 500) throw error
+        return passwordForm(services, req, res, apiError.status, { email, error: signInRefusal(apiError) })
+      }
+    },
+
+    showCode: async (req: IncomingMessage, res: ServerResponse) => {
+      if (!readCookies(req).get(CHALLENGE_COOKIE)) return redirect(res, '/sign-in')
+      codeForm(services, req, res, 200, query(req).get('method') === 'recovery')
+    },
+
+    submitCode: async (req: IncomingMessage, res: ServerResponse) => {
+      const form = await readForm(req)
+      const challenge = readCookies(req).get(CHALLENGE_COOKIE)
+      const recovery = form.has('recovery_code')
+      if (!challenge) return redirect(res, '/sign-in?notice=challenge-expired')
+      if (!csrfValid(config.appSecret, req, form.get('csrf'))) return codeForm(services, req, res, 403, recovery, 'This form has expired. Please try again.')
+      const code = form.get('code').replace(/\s+/g, '')
+      const recoveryCode = form.get('recovery_code').trim()
+      if (recovery ? recoveryCode === '' : !/^\d{6}$/.test(code)) {
+        return codeForm(services, req, res, 422, recovery, recovery ? 'Enter one of your recovery codes.' : 'Enter the 6 digits shown in your authenticator app.')
+      }
+      try {
+        const result = await completeTwoFactor(pool, config, recovery ? { challenge_token: challenge, recovery_code: recoveryCode.slice(0, 100) } : { challenge_token: challenge, code }, 'session')
+        startSession(req, res, result.token, result.expires_at)
+        return redirect(res, afterSignIn(req))
+      } catch (error) {
+        const apiError = toApiError(error)
+        if (apiError.status >= 500) throw error
+        if (apiError.code === 'challenge_expired' || apiError.code === 'too_many_attempts') {
+          clearCookie(req, res, CHALLENGE_COOKIE, '/sign-in')
+          return redirect(res, '/sign-in?notice=challenge-expired')
+        }
+        const message = recovery ? 'That recovery code is not valid or was already used.' : 'That code is not right. Check the code in your authenticator app and try again.'
+        return codeForm(services, req, res, 401, recovery, message)
+      }
+    },
+  }
+}

@@ -1,0 +1,92 @@
+// The web UI's routes, registered on the API's polka app (createApp's `pages` hook): server-
+// rendered pages, forms that post and redirect, one stylesheet and one small script.
+import { readFileSync } from 'node:fs'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type polka from 'polka'
+import { createAuthenticator } from '../auth/authenticate.ts'
+import { toApiError } from '../http/database-errors.ts'
+import type { RouteDefinition, Services } from '../http/route.ts'
+import { safeReturnPath, SECURITY_HEADERS } from './layout.ts'
+import { errorPage, signedInPage, type PageHandler } from './page-context.ts'
+import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
+import { confirmTwoFactor, createToken, disableTwoFactor, revokeAll, revokeToken, showRecoveryCodes, showSecurity, showTwoFactor, startTwoFactor } from './pages/security.ts'
+import { signInPages } from './pages/sign-in.ts'
+import { changeWebhook, createWebhook, showWebhooks } from './pages/webhooks.ts'
+import { clearCookie, sessionCredential, SESSION_COOKIE, setCookie, WORKSPACE_COOKIE } from './session.ts'
+
+type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void>
+
+function asset(file: string, type: string): Handler {
+  const body = readFileSync(new URL(file, import.meta.url))
+  return async (_req, res) => {
+    for (const [name, value] of Object.entries(SECURITY_HEADERS)) res.setHeader(name, value)
+    res.setHeader('Content-Type', type)
+    res.setHeader('Cache-Control', 'public, max-age=300')
+    res.setHeader('Content-Length', body.length)
+    res.end(body)
+  }
+}
+
+const home: PageHandler = async ({ caller }) => ({ redirect: caller.isAdmin ? '/webhooks' : '/security' })
+
+const switchWorkspace: PageHandler = async ({ form, frame, req, res }) => {
+  const slug = form.get('workspace')
+  const target = frame.workspaces.find((workspace) => workspace.slug === slug)
+  if (target) setCookie(req, res, WORKSPACE_COOKIE, target.slug, { maxAgeSeconds: 400 * 86_400 })
+  // Pages of the previous workspace (a webhook's id) mean nothing in the next one: go to the section.
+  const section = safeReturnPath(form.get('return_to'), '/').split('/').slice(0, 2).join('/') || '/'
+  return { redirect: section }
+}
+
+const signOut: PageHandler = async ({ api, caller, req, res }) => {
+  await api('DELETE', '/api/tokens/:id', { params: { id: caller.tokenId } })
+  clearCookie(req, res, SESSION_COOKIE)
+  return { redirect: '/sign-in?notice=signed-out' }
+}
+
+export function registerPages(app: ReturnType<typeof polka>, services: Services, definitions: RouteDefinition[]): void {
+  const authenticate = createAuthenticator(services.config, sessionCredential)
+  const page = (handler: PageHandler) => signedInPage(services, definitions, authenticate, handler)
+  // Handlers outside a signed-in page still answer in HTML, never with a problem+json.
+  const guard = (handler: Handler): Handler => async (req, res) => {
+    try {
+      await handler(req, res)
+    } catch (error) {
+      const apiError = toApiError(error)
+      if (apiError.status >= 500) services.logger.error('page failed', { path: req.url, error: error instanceof Error ? error.message : String(error) })
+      errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
+    }
+  }
+  const signIn = signInPages(services)
+
+  app.get('/ui/style.css', asset('./style.css', 'text/css; charset=utf-8'))
+  app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
+
+  app.get('/sign-in', guard(signIn.showPassword))
+  app.post('/sign-in', guard(signIn.submitPassword))
+  app.get('/sign-in/two-factor', guard(signIn.showCode))
+  app.post('/sign-in/two-factor', guard(signIn.submitCode))
+  app.post('/sign-out', page(signOut))
+
+  app.get('/', page(home))
+  app.post('/workspace', page(switchWorkspace))
+
+  app.get('/webhooks', page(showWebhooks))
+  app.post('/webhooks', page(createWebhook))
+  app.post('/webhooks/:id/pause', page(changeWebhook('pause')))
+  app.post('/webhooks/:id/resume', page(changeWebhook('resume')))
+
+  app.get('/security', page(showSecurity))
+  app.post('/security/tokens', page(createToken))
+  app.post('/security/tokens/revoke-all', page(revokeAll))
+  app.post('/security/tokens/:id/revoke', page(revokeToken))
+  app.post('/security/two-factor/start', page(startTwoFactor))
+  app.get('/security/two-factor', page(showTwoFactor))
+  app.post('/security/two-factor/confirm', page(confirmTwoFactor))
+  app.get('/security/two-factor/recovery-codes', page(showRecoveryCodes))
+  app.post('/security/two-factor/disable', page(disableTwoFactor))
+
+  app.get('/oauth-apps', page(showOAuthApps))
+  app.post('/oauth-apps', page(registerOAuthApp))
+  app.post('/oauth-apps/:id/delete', page(deleteOAuthApp))
+}

@@ -1,0 +1,44 @@
+// /api/openapi.json describes every /api route and is a valid OpenAPI 3.1 document.
+import SwaggerParser from '@apidevtools/swagger-parser'
+import t from 'tap'
+import { allRoutes } from '../../src/http/routes/index.ts'
+import { startTestServer } from '../helpers/server.ts'
+
+t.test('the document validates and covers every /api route', async (t) => {
+  const server = await startTestServer(t)
+  const response = await server.request('GET', '/api/openapi.json')
+  t.equal(response.status, 200)
+  t.match(response.headers.get('content-type'), /application\/json/)
+  const document = response.body
+  t.equal(document.openapi, '3.1.0')
+
+  const validated = await SwaggerParser.validate(structuredClone(document))
+  t.ok(validated, 'swagger-parser accepts it')
+
+  const routes = allRoutes().filter((route) => route.path.startsWith('/api/'))
+  t.ok(routes.length >= 25, `${routes.length} routes`)
+  for (const route of routes) {
+    const path = route.path.replace(/:([A-Za-z_]+)/g, '{$1}')
+    const operation = document.paths[path]?.[route.method.toLowerCase()]
+    t.ok(operation, `${route.method} ${route.path} is documented`)
+    if (!operation) continue
+    t.ok(operation.summary, `${route.method} ${route.path} has a summary`)
+    if (route.body) t.ok(operation.requestBody?.content?.['application/json']?.schema, `${route.method} ${route.path} documents its body`)
+  }
+  const ids = Object.values(document.paths).flatMap((item: any) => Object.values(item).map((operation: any) => operation.operationId))
+  t.equal(new Set(ids).size, ids.length, 'operation ids are unique')
+
+  const createDeal = document.paths['/api/deals'].post
+  t.ok(createDeal.requestBody.content['application/json'].example, 'examples are included')
+  t.ok(createDeal.parameters.some((parameter: any) => parameter.name === 'Idempotency-Key'))
+  t.ok(createDeal.responses['201'].headers.Location)
+  t.equal(createDeal.responses['422'].$ref, '#/components/responses/Problem422')
+  t.equal(createDeal.requestBody.content['application/json'].schema.additionalProperties, false, 'the same schema that refuses unknown fields')
+  const listDeals = document.paths['/api/deals'].get
+  t.ok(listDeals.parameters.find((parameter: any) => parameter.name === 'filter' && parameter.style === 'deepObject'))
+  t.ok(document.paths['/api/deals/{id}'].put.parameters.some((parameter: any) => parameter.name === 'If-Match'))
+  t.same(document.paths['/api/openapi.json'].get.security, [], 'the document itself needs no token')
+
+  const again = await server.request('GET', '/api/openapi.json')
+  t.same(again.body, document, 'stable across requests')
+})
