@@ -1,0 +1,96 @@
+// Property-based abuse: arbitrary filter, sort, cursor, search and JSON inputs against the real
+// server. Whatever the input, the answer is a 2xx or a 4xx problem: never a 500, never a crash.
+import fc from 'fast-check'
+import t from 'tap'
+import { createTenant } from '../helpers/fixtures.ts'
+import { startTestServer } from '../helpers/server.ts'
+
+const RUNS = Number(process.env.FUZZ_RUNS ?? 150)
+const server = await startTestServer(t)
+const { members } = await createTenant(server.databaseUrl, { members: { 'ada@acme.test': 'admin' } })
+const token = members['ada@acme.test'].token
+for (const name of ['Acme', 'Ünïcode Ltd', "O'Brien & Sons"]) {
+  await server.request('POST', '/api/companies', { token, body: { name, domain: `${name.replace(/\W/g, '').toLowerCase()}.test` } })
+  await server.request('POST', '/api/deals', { token, body: { name: `${name} deal`, amount: '100.00' } })
+}
+let inputs = 0
+
+const FIELDS = ['name', 'amount', 'stage', 'created_at', 'updated_at', 'id', 'owner_id', 'email', 'custom_fields.x', 'custom_fields', 'nope', '', "name'--", 'name;drop']
+const OPERATORS = ['eq', 'ne', 'lt', 'lte', 'gt', 'gte', 'in', 'contains', 'starts_with', 'is_null', 'like', '', 'eq]', '[eq']
+const hostileText = fc.oneof(
+  fc.string({ maxLength: 40 }),
+  fc.string({ unit: 'binary', maxLength: 40 }),
+  fc.constantFrom("' or 1=1 --", '%00', '%ff%fe', '\u0000', '%', '_', '\\', '1e309', '-0', 'NaN', '2026-13-45', '9'.repeat(400), 'a'.repeat(5000), '{}', '[]', 'null', 'true', ',,,'),
+)
+
+async function expectNo500(path: string, method = 'GET', body?: unknown): Promise<void> {
+  inputs++
+  const response = await server.request(method, path, { token, body })
+  if (response.status >= 500) throw new Error(`${method} ${path} answered ${response.status}: ${response.text.slice(0, 300)}`)
+  if (response.status >= 400 && response.headers.get('content-type') !== 'application/problem+json') throw new Error(`${path}: a ${response.status} without a problem body`)
+}
+
+t.test('list filters, sort, limit and cursor', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'companies', 'deals'),
+      fc.array(fc.tuple(fc.constantFrom(...FIELDS), fc.option(fc.constantFrom(...OPERATORS)), hostileText), { maxLength: 3 }),
+      fc.option(fc.array(fc.tuple(fc.boolean(), fc.constantFrom(...FIELDS)), { maxLength: 3 })),
+      fc.option(fc.oneof(fc.integer({ min: -5, max: 500 }).map(String), hostileText)),
+      fc.option(hostileText),
+      async (type, filters, sort, limit, cursor) => {
+        const parts = filters.map(([field, op, value]) => `${encodeURIComponent(`filter[${field}]${op ? `[${op}]` : ''}`)}=${encodeURIComponent(value)}`)
+        if (sort) parts.push(`sort=${encodeURIComponent(sort.map(([desc, field]) => (desc ? '-' : '') + field).join(','))}`)
+        if (limit !== null) parts.push(`limit=${encodeURIComponent(limit)}`)
+        if (cursor !== null) parts.push(`cursor=${encodeURIComponent(cursor)}`)
+        await expectNo500(`/api/${type}?${parts.join('&')}`)
+      },
+    ),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('raw, badly encoded query strings', async () => {
+  await fc.assert(
+    fc.asyncProperty(fc.constantFrom('contacts', 'deals', 'search', 'deals/search'), fc.string({ unit: 'binary', maxLength: 60 }), async (path, raw) => {
+      // Percent-encode only what would break the HTTP request line itself; lone surrogates become
+      // an invalid UTF-8 byte, so the server also meets bad encodings.
+      const query = Array.from(raw, (char) => {
+        if (!/[\s#\u0000-\u001f\u007f-\u{10ffff}]/u.test(char)) return char
+        try {
+          return encodeURIComponent(char)
+        } catch {
+          return '%ff'
+        }
+      }).join('')
+      await expectNo500(`/api/${path}?${query}`)
+    }),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('search terms', async () => {
+  await fc.assert(
+    fc.asyncProperty(hostileText, fc.option(fc.constantFrom('contacts', 'deals,companies', 'nope', '')), async (q, types) => {
+      await expectNo500(`/api/search?q=${encodeURIComponent(q)}${types !== null ? `&types=${encodeURIComponent(types)}` : ''}`)
+      await expectNo500(`/api/deals/search?q=${encodeURIComponent(q)}`)
+    }),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('JSON bodies for create and update', async () => {
+  const { body: created } = await server.request('POST', '/api/deals', { token, body: { name: 'fuzz target' } })
+  await fc.assert(
+    fc.asyncProperty(fc.constantFrom('contacts', 'companies', 'deals'), fc.object({ maxDepth: 2, values: [fc.jsonValue(), hostileText] }), async (type, body) => {
+      await expectNo500(`/api/${type}`, 'POST', body)
+      await expectNo500(`/api/deals/${created.data.id}`, 'PATCH', body)
+    }),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('summary', async (t) => {
+  t.ok(inputs > RUNS * 4, `${inputs} hostile inputs, no 500`)
+  console.log(`# fuzz: ${inputs} inputs sent to the API, none answered 500`)
+})
