@@ -621,6 +621,9 @@ create policy companies_select_scoped on crm.companies for select to crm_api
   using (workspace_id = (select crm.current_workspace_id())
          and ((select crm.grant_scope('companies', 'view')) = 'all' or owner_id = any ((select crm.scope_owner_ids('companies', 'view'))::uuid[])));
 comment on policy companies_select_scoped on crm.companies is 'companies:view: all, or the owners the own/team scope covers.';
+create policy companies_select_created_now on crm.companies for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and created_by = (select crm.current_user_id()) and created_at = now());
+comment on policy companies_select_created_now on crm.companies is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy companies_insert_scoped on crm.companies for insert to crm_api
   with check (workspace_id = (select crm.current_workspace_id())
               and ((select crm.grant_scope('companies', 'create')) = 'all' or owner_id = any ((select crm.scope_owner_ids('companies', 'create'))::uuid[])));
@@ -644,6 +647,9 @@ create policy contacts_select_scoped on crm.contacts for select to crm_api
   using (workspace_id = (select crm.current_workspace_id())
          and ((select crm.grant_scope('contacts', 'view')) = 'all' or owner_id = any ((select crm.scope_owner_ids('contacts', 'view'))::uuid[])));
 comment on policy contacts_select_scoped on crm.contacts is 'contacts:view: all, or the owners the own/team scope covers.';
+create policy contacts_select_created_now on crm.contacts for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and created_by = (select crm.current_user_id()) and created_at = now());
+comment on policy contacts_select_created_now on crm.contacts is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy contacts_insert_scoped on crm.contacts for insert to crm_api
   with check (workspace_id = (select crm.current_workspace_id())
               and ((select crm.grant_scope('contacts', 'create')) = 'all' or owner_id = any ((select crm.scope_owner_ids('contacts', 'create'))::uuid[])));
@@ -667,6 +673,9 @@ create policy deals_select_scoped on crm.deals for select to crm_api
   using (workspace_id = (select crm.current_workspace_id())
          and ((select crm.grant_scope('deals', 'view')) = 'all' or owner_id = any ((select crm.scope_owner_ids('deals', 'view'))::uuid[])));
 comment on policy deals_select_scoped on crm.deals is 'deals:view: all, or the owners the own/team scope covers.';
+create policy deals_select_created_now on crm.deals for select to crm_api
+  using (workspace_id = (select crm.current_workspace_id()) and created_by = (select crm.current_user_id()) and created_at = now());
+comment on policy deals_select_created_now on crm.deals is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy deals_insert_scoped on crm.deals for insert to crm_api
   with check (workspace_id = (select crm.current_workspace_id())
               and ((select crm.grant_scope('deals', 'create')) = 'all' or owner_id = any ((select crm.scope_owner_ids('deals', 'create'))::uuid[])));
