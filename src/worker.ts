@@ -4,13 +4,13 @@ import { run, Logger, type Runner, type WorkerEvents } from 'graphile-worker'
 import type { Config } from './config.ts'
 import type { Logger as AppLogger } from './log.ts'
 import { taskList, crontab } from '../workers/index.ts'
-import { startWorkerHeartbeat } from './webhooks/worker-heartbeat.ts'
+import { startWorkerHeartbeat } from './worker-heartbeat.ts'
 
 export type WorkerHandle = { runner: Runner; stop: () => Promise<void> }
 
 export async function startWorker(options: { databaseUrl: string; config: Config; logger: AppLogger }): Promise<WorkerHandle> {
   const { config, logger } = options
-  // Kill safety: see src/webhooks/worker-heartbeat.ts.
+  // Kill safety: see src/worker-heartbeat.ts.
   const events = new EventEmitter() as WorkerEvents
   const heartbeat = startWorkerHeartbeat({ events, databaseUrl: options.databaseUrl, logger })
   const runner = await run({

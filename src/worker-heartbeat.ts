@@ -8,7 +8,7 @@
 import { hostname } from 'node:os'
 import pg from 'pg'
 import type { WorkerEvents } from 'graphile-worker'
-import type { Logger } from '../log.ts'
+import type { Logger } from './log.ts'
 
 export const BEAT_INTERVAL_MS = 5_000
 /** Well above any event-loop stall or GC pause, well below graphile-worker's 4 hours. */
