@@ -97,16 +97,8 @@ async function main(): Promise<void> {
       [tenant.id, admin.id, bytes, bytes.length, inspection.columns, inspection.rowCount, JSON.stringify(inspection.sampleRows), JSON.stringify(mapping)],
     )
     const job = { workspace_id: tenant.id, import_id: created.id }
-    const batchSeconds: number[] = []
-    let batchStarted = 0
     started = performance.now()
-    await processImport(client, job, {
-      beforeCommit: () => void (batchStarted ||= performance.now()),
-      afterCommit: () => {
-        batchSeconds.push((performance.now() - (batchSeconds.length === 0 ? batchStarted : batchStarted)) / 1000)
-        batchStarted = performance.now()
-      },
-    })
+    await processImport(client, job)
     const importSeconds = (performance.now() - started) / 1000
     const { rows: [result] } = await client.query(
       `select i.created, i.failed, i.companies_created,
@@ -116,10 +108,6 @@ async function main(): Promise<void> {
       [tenant.id, created.id],
     )
     await client.end()
-    if (process.env.IMPORT_PROFILE) {
-      const { PROFILE } = await import('../src/imports/land-batch.ts')
-      console.error([...PROFILE].sort((a, b) => b[1] - a[1]).slice(0, 25).map(([k, v]) => `${v.toFixed(0).padStart(7)} ms  ${k}`).join('\n'))
-    }
     if (result.contacts !== ROWS || result.events !== ROWS || baselineRows !== ROWS) throw new Error(`expected ${ROWS} rows everywhere: ${JSON.stringify({ baselineRows, ...result })}`)
 
     const rate = (seconds: number) => Math.round(ROWS / seconds).toLocaleString('en-US')

@@ -401,6 +401,9 @@ begin
   if not found then failure := 'token_invalid'; return next; return; end if;
   if v_token.revoked_at is not null then failure := 'token_revoked'; return next; return; end if;
   if v_token.expires_at <= now() then failure := 'token_expired'; return next; return; end if;
+  -- A UI session works only through the UI (its cookie); copied into an Authorization header it is
+  -- refused, so turning API access off cannot be side-stepped with a browser session.
+  if v_token.kind = 'session' and p_via is distinct from 'ui' then failure := 'token_invalid'; return next; return; end if;
 
   select * into v_user from crm.users u where u.id = v_token.user_id;
   if v_user.suspended_at is not null then failure := 'user_suspended'; return next; return; end if;

@@ -97,7 +97,10 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
       ? sql.fragment`${type.jsonFunction}(t)::text`
       : sql.fragment`json_build_object(${sql.join(fields.map((field) => sql.fragment`${field.name}::text, ${jsonValue(field)}`), sql.fragment`, `)})::text`
   } else {
-    line = sql.fragment`concat_ws(',', ${sql.join(fields.map((field) => sql.fragment`crm.csv_cell(${textValue(field)})`), sql.fragment`, `)})`
+    // Only text and JSON can hold a quote, comma or line break; ids, numbers, dates and times never need quoting.
+    const cell = (field: FieldSpec) =>
+      field.kind === 'text' || field.kind === 'lowercase' || field.kind === 'json' ? sql.fragment`crm.csv_cell(${textValue(field)})` : sql.fragment`coalesce(${textValue(field)}, '')`
+    line = sql.fragment`concat_ws(',', ${sql.join(fields.map(cell), sql.fragment`, `)})`
     header = fields.map((field) => field.name).join(',')
   }
   return { query: sql.unsafe`select ${line} as line from ${type.table} as t where ${where} order by ${order}`, header }

@@ -41,12 +41,9 @@ const UUID_TEXT = '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-
 const INTEGER_TEXT = '^[+-]?[0-9]{1,10}$'
 const MONEY_TEXT = '^[+-]?[0-9]{1,16}([.][0-9]{1,2})?$'
 
-export const PROFILE = new Map<string, number>()
 async function run(db: Queryable, token: Token): Promise<any[]> {
   // slonik writes bound values as $slonik_N; pg wants $N (slonik's own executor does the same).
-  const t0 = performance.now()
   const result = await db.query(token.sql.replaceAll('$slonik_', '$'), token.values as unknown[])
-  if (process.env.IMPORT_PROFILE) { const k = token.sql.replace(/\s+/g, ' ').trim().slice(0, 90); PROFILE.set(k, (PROFILE.get(k) ?? 0) + performance.now() - t0) }
   return result.rows
 }
 

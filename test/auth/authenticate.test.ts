@@ -1,5 +1,6 @@
 // Every way a token stops working, workspace choice, and the headers of authenticated answers.
 import t from 'tap'
+import { hashToken } from '../../src/auth/tokens.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 
@@ -72,9 +73,11 @@ t.test('tokens: list, revoke one, revoke all', async (t) => {
   t.equal((await server.request('DELETE', `/api/tokens/${adaTokens.body.data[0].id}`, { token: second })).status, 404, "someone else's token is not found")
   t.equal((await server.request('DELETE', '/api/tokens/not-a-uuid', { token: second })).status, 404)
   const third = await withOwner(url, (client) => mintToken(client, bob.id, { kind: 'session' }))
+  t.equal((await server.request('GET', '/api/me', { token: third })).body.code, 'token_invalid', 'a UI session is not an API token')
   t.equal((await server.request('DELETE', '/api/tokens', { token: second })).status, 204)
   t.equal((await server.request('GET', '/api/me', { token: second })).body.code, 'token_revoked', 'the calling token too')
-  t.equal((await server.request('GET', '/api/me', { token: third })).body.code, 'token_revoked', 'sessions too')
+  const revoked = await withOwner(url, (client) => client.query('select revoked_at from crm.tokens where token_hash = $1', [hashToken(third)]))
+  t.ok(revoked.rows[0].revoked_at, 'sessions too')
 })
 
 t.test('a token stops at once on expiry, suspension and API access off', async (t) => {

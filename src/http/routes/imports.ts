@@ -186,7 +186,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
 }
 
 function csvCell(value: string): string {
-  return /[",\r\n]|^\s|\s$/.test(value) ? `"${value.replace(/"/g, '""')}"` : value
+  return /[",\r\n]/.test(value) ? `"${value.replace(/"/g, '""')}"` : value
 }
 
 export default IMPORT_TYPES.flatMap(routesFor)

@@ -1,0 +1,78 @@
+// The UI over plain HTTP (no browser needed): security headers, cookie flags behind an https
+// proxy, CSRF, escaping, and that /api keeps answering JSON, never HTML.
+import t from 'tap'
+import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
+import { startTestServer } from '../helpers/server.ts'
+import { setPassword } from './browser.ts'
+
+const server = await startTestServer(t)
+const acme = await createTenant(server.databaseUrl, { slug: 'acme', members: { 'ada@acme.test': 'admin' } })
+await setPassword(server.databaseUrl, 'ada@acme.test', 'correct horse battery')
+const session = await withOwner(server.databaseUrl, (client) => mintToken(client, acme.members['ada@acme.test'].id, { kind: 'session' }))
+const get = (path: string, headers: Record<string, string> = {}) => fetch(server.url + path, { headers, redirect: 'manual' })
+const csrfOf = (text: string) => /name="csrf" value="([^"]+)"/.exec(text)?.[1] ?? ''
+
+t.test('pages carry the security headers', async (t) => {
+  for (const path of ['/sign-in', '/security', '/ui/style.css']) {
+    const response = await get(path, path === '/sign-in' ? {} : { cookie: `crm_session=${session}` })
+    t.equal(response.status, 200, path)
+    t.match(response.headers.get('content-security-policy'), /default-src 'none'.*script-src 'self'.*frame-ancestors 'none'/)
+    t.equal(response.headers.get('x-frame-options'), 'DENY')
+    t.equal(response.headers.get('x-content-type-options'), 'nosniff')
+    t.equal(response.headers.get('referrer-policy'), 'same-origin')
+  }
+  t.equal((await get('/security', { cookie: `crm_session=${session}` })).headers.get('cache-control'), 'no-store')
+})
+
+t.test('cookies are Secure behind an https proxy, HttpOnly and SameSite=Lax always', async (t) => {
+  const plain = await get('/sign-in')
+  t.match(plain.headers.get('set-cookie'), /^crm_pre_session=[^;]+; Path=\/; HttpOnly; SameSite=Lax; Max-Age=3600$/)
+  const proxied = await get('/sign-in', { 'x-forwarded-proto': 'https' })
+  const cookie = proxied.headers.get('set-cookie') ?? ''
+  t.match(cookie, /; Secure$/)
+  const csrf = csrfOf(await proxied.text())
+  const signedIn = await fetch(server.url + '/sign-in', {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { 'x-forwarded-proto': 'https', 'content-type': 'application/x-www-form-urlencoded', cookie: cookie.split(';')[0] },
+    body: new URLSearchParams({ csrf, email: 'ada@acme.test', password: 'correct horse battery' }).toString(),
+  })
+  t.equal(signedIn.status, 303)
+  t.equal(signedIn.headers.get('location'), '/')
+  const sessionCookie = signedIn.headers.getSetCookie().find((line) => line.startsWith('crm_session='))
+  t.match(sessionCookie, /^crm_session=crm_[A-Za-z0-9_-]+; Path=\/; HttpOnly; SameSite=Lax; Max-Age=\d+; Secure$/)
+})
+
+t.test('a CSRF token from another session is refused', async (t) => {
+  const other = await withOwner(server.databaseUrl, (client) => mintToken(client, acme.members['ada@acme.test'].id, { kind: 'session' }))
+  const foreign = csrfOf(await (await get('/security', { cookie: `crm_session=${other}` })).text())
+  const response = await fetch(server.url + '/security/tokens/revoke-all', {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', cookie: `crm_session=${session}` },
+    body: `csrf=${foreign}`,
+  })
+  t.equal(response.status, 403)
+  t.equal((await get('/security', { cookie: `crm_session=${session}` })).status, 200, 'nothing was revoked')
+})
+
+t.test('values are escaped', async (t) => {
+  const name = '<img src=x onerror=alert(1)>'
+  await withOwner(server.databaseUrl, (client) => client.query("update crm.tokens set name = $1 where kind = 'session'", [name]))
+  const text = await (await get('/security', { cookie: `crm_session=${session}` })).text()
+  t.notMatch(text, /<img src=x/)
+  t.match(text, /&lt;img src=x onerror=alert\(1\)&gt;/)
+})
+
+t.test('signed-out visitors are sent to sign-in; /api stays JSON', async (t) => {
+  const page = await get('/webhooks')
+  t.equal(page.status, 303)
+  t.equal(page.headers.get('location'), '/sign-in?next=%2Fwebhooks')
+  const api = await get('/api/nothing-here')
+  t.equal(api.status, 404)
+  t.equal(api.headers.get('content-type'), 'application/problem+json')
+  const expired = await get('/security', { cookie: 'crm_session=crm_' + 'A'.repeat(43) })
+  t.equal(expired.status, 303)
+  t.equal(expired.headers.get('location'), '/sign-in?notice=session-ended')
+  t.match(expired.headers.get('set-cookie'), /^crm_session=; Path=\/; HttpOnly; SameSite=Lax; Max-Age=0$/)
+})
