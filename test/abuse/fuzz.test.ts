@@ -2,11 +2,13 @@
 // server. Whatever the input, the answer is a 2xx or a 4xx problem: never a 500, never a crash.
 import fc from 'fast-check'
 import t from 'tap'
+import { checkWebhookUrl, isGlobalUnicast } from '../../src/webhooks/address-guard.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 
 const RUNS = Number(process.env.FUZZ_RUNS ?? 150)
-const server = await startTestServer(t)
+// Thousands of requests from one user: the rate limit is not what this test is about.
+const server = await startTestServer(t, { env: { RATE_LIMIT_PER_MINUTE: '1000000' } })
 const { members } = await createTenant(server.databaseUrl, { members: { 'ada@acme.test': 'admin' } })
 const token = members['ada@acme.test'].token
 for (const name of ['Acme', 'Ünïcode Ltd', "O'Brien & Sons"]) {
@@ -87,6 +89,49 @@ t.test('JSON bodies for create and update', async () => {
       await expectNo500(`/api/deals/${created.data.id}`, 'PATCH', body)
     }),
     { numRuns: RUNS },
+  )
+})
+
+t.test('CSV uploads', async () => {
+  const csvCell = fc.oneof(fc.string({ maxLength: 12 }), fc.constantFrom('"', '""', '"a,b"', '\r\n', ';', '\t', '\uFEFF', '\u0000', 'é', '😀'))
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'companies', 'deals'),
+      fc.oneof(
+        fc.array(fc.array(csvCell, { maxLength: 5 }), { maxLength: 6 }).map((rows) => Buffer.from(rows.map((row) => row.join(',')).join('\n'))),
+        fc.uint8Array({ maxLength: 300 }).map((bytes) => Buffer.from(bytes)),
+      ),
+      fc.constantFrom('text/csv', 'multipart/form-data; boundary=x', 'application/octet-stream'),
+      async (type, bytes, contentType) => {
+        inputs++
+        const response = await server.request('POST', `/api/${type}/import/upload`, { token, raw: bytes, headers: { 'content-type': contentType } })
+        if (response.status >= 500) throw new Error(`upload answered ${response.status}: ${response.text.slice(0, 300)}`)
+      },
+    ),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('the webhook address guard never throws and refuses every non-global address', async () => {
+  const policy = { allowHttp: false, allowedCidrs: [] }
+  await fc.assert(
+    fc.asyncProperty(
+      fc.oneof(
+        fc.webUrl(),
+        fc.string({ maxLength: 80 }),
+        fc.tuple(fc.integer({ min: 0, max: 0xffffffff }), fc.constantFrom('', '/x', ':8443/x')).map(([n, rest]) => `https://${n}${rest}`),
+        fc.ipV4().map((ip) => `https://${ip}/`),
+        fc.ipV6().map((ip) => `https://[${ip}]/`),
+      ),
+      async (candidate) => {
+        inputs++
+        const result = await checkWebhookUrl(candidate, { ...policy, resolve: async () => ['10.0.0.1'] })
+        if (result.ok) {
+          for (const { address } of result.addresses) if (!isGlobalUnicast(address)) throw new Error(`${candidate} passed with ${address}`)
+        }
+      },
+    ),
+    { numRuns: RUNS * 4 },
   )
 })
 
