@@ -74,7 +74,15 @@ ${content}
 
 export function appPage(frame: Frame, content: SafeHtml): SafeHtml {
   const links = [
-    ...(frame.isAdmin ? [{ href: '/webhooks', label: 'Webhooks' }, { href: '/oauth-apps', label: 'OAuth apps' }] : []),
+    ...(frame.isAdmin
+      ? [
+          { href: '/members', label: 'Members' },
+          { href: '/roles', label: 'Roles' },
+          { href: '/teams', label: 'Teams' },
+          { href: '/webhooks', label: 'Webhooks' },
+          { href: '/oauth-apps', label: 'OAuth apps' },
+        ]
+      : []),
     { href: '/security', label: 'Security' },
   ]
   const current = frame.workspaces.find((workspace) => workspace.current)

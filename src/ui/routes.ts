@@ -10,7 +10,11 @@ import { safeReturnPath, SECURITY_HEADERS } from './layout.ts'
 import { errorPage, signedInPage, type PageHandler } from './page-context.ts'
 import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { confirmTwoFactor, createToken, disableTwoFactor, revokeAll, revokeToken, showRecoveryCodes, showSecurity, showTwoFactor, startTwoFactor } from './pages/security.ts'
+import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
+import { createRole, deleteRole, showRole, showRoles, updateRole } from './pages/roles.ts'
 import { signInPages } from './pages/sign-in.ts'
+import { signUpPages } from './pages/sign-up.ts'
+import { createTeam, deleteTeam, renameTeam, showTeams, teamMembership } from './pages/teams.ts'
 import { changeWebhook, createWebhook, showWebhooks } from './pages/webhooks.ts'
 import { clearCookie, sessionCredential, SESSION_COOKIE, setCookie, WORKSPACE_COOKIE } from './session.ts'
 
@@ -58,6 +62,7 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
     }
   }
   const signIn = signInPages(services)
+  const signUp = signUpPages(services, definitions)
 
   app.get('/ui/style.css', asset('./style.css', 'text/css; charset=utf-8'))
   app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
@@ -67,6 +72,10 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.get('/sign-in/two-factor', guard(signIn.showCode))
   app.post('/sign-in/two-factor', guard(signIn.submitCode))
   app.post('/sign-out', page(signOut))
+  app.get('/sign-up', guard(signUp.showSignUp))
+  app.post('/sign-up', guard(signUp.submitSignUp))
+  app.get('/invitations/accept', guard(signUp.showAccept))
+  app.post('/invitations/accept', guard(signUp.submitAccept))
 
   app.get('/', page(home))
   app.post('/workspace', page(switchWorkspace))
@@ -89,4 +98,24 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.get('/oauth-apps', page(showOAuthApps))
   app.post('/oauth-apps', page(registerOAuthApp))
   app.post('/oauth-apps/:id/delete', page(deleteOAuthApp))
+
+  app.get('/members', page(showMembers))
+  app.post('/members/invite', page(inviteMember))
+  app.post('/members/invitations/:id/withdraw', page(withdrawInvitation))
+  app.post('/members/:user_id/role', page(changeRole))
+  app.post('/members/:user_id/suspend', page(suspension('suspend')))
+  app.post('/members/:user_id/unsuspend', page(suspension('unsuspend')))
+
+  app.get('/roles', page(showRoles))
+  app.post('/roles', page(createRole))
+  app.get('/roles/:id', page(showRole))
+  app.post('/roles/:id', page(updateRole))
+  app.post('/roles/:id/delete', page(deleteRole))
+
+  app.get('/teams', page(showTeams))
+  app.post('/teams', page(createTeam))
+  app.post('/teams/:id/rename', page(renameTeam))
+  app.post('/teams/:id/delete', page(deleteTeam))
+  app.post('/teams/:id/members', page(teamMembership('add')))
+  app.post('/teams/:id/members/:user_id/remove', page(teamMembership('remove')))
 }

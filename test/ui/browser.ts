@@ -68,3 +68,12 @@ export async function signIn(page: Page, baseUrl: string, email: string, passwor
   await page.getByLabel('Password').fill(password)
   await page.getByRole('button', { name: 'Sign in' }).click()
 }
+
+/** Visible form fields without a label (accessibility basics: every input has one). */
+export async function unlabelledFields(page: Page): Promise<string[]> {
+  return page.evaluate(() =>
+    [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+      .filter((element) => !(element as HTMLInputElement).labels?.length && !element.getAttribute('aria-label'))
+      .map((element) => element.outerHTML),
+  )
+}

@@ -7,9 +7,10 @@ import { writeFileSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
+import { otpauthUri } from '../../src/auth/two-factor.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
-import { openBrowser, setPassword, signIn } from './browser.ts'
+import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
 const browser = await openBrowser(t)
 if (browser) {
@@ -29,7 +30,7 @@ if (browser) {
     await page.waitForURL(`${server.url}/security`)
     const sessionRow = page.getByRole('row', { name: /this browser/ })
     t.match(await sessionRow.textContent(), /Browser session/)
-    t.equal(await page.getByRole('columnheader').allTextContents().then((names) => names.slice(0, 5)), ['Name', 'Type', 'Created', 'Last used', 'Expires'].join() === '' ? [] : ['Name', 'Type', 'Created', 'Last used', 'Expires'])
+    t.same((await page.getByRole('columnheader').allTextContents()).slice(0, 5), ['Name', 'Type', 'Created', 'Last used', 'Expires'])
 
     await page.getByLabel('Name').fill('ERP sync')
     await page.getByLabel('Expires in').selectOption({ label: '7 days' })
@@ -38,6 +39,7 @@ if (browser) {
     const token = await page.getByLabel('Token', { exact: true }).inputValue()
     t.match(token, /^crm_[A-Za-z0-9_-]{43}$/)
     await browser.screenshot('security-token-created')
+    t.same(await unlabelledFields(page), [], 'every field has a label')
     const works = await me(token)
     t.equal(works.status, 200, 'the API accepts the new token')
     t.equal(works.body.data.token.name, 'ERP sync')
@@ -68,8 +70,9 @@ if (browser) {
     if (spawnSync('zbarimg', ['--version']).status === 0) {
       const file = join(mkdtempSync(join(tmpdir(), 'crm-qr-')), 'qr.png')
       writeFileSync(file, await qr.screenshot())
-      const decoded = execFileSync('zbarimg', ['--quiet', '--raw', file]).toString().trim()
-      t.equal(decoded, `otpauth://totp/CRM:ada%40acme.test?secret=${secret}&period=30&digits=6&algorithm=SHA1&issuer=CRM`, 'zbarimg reads the otpauth URI from the QR code')
+      const decoded = execFileSync('zbarimg', ['--quiet', '--raw', file], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim()
+      t.equal(decoded, otpauthUri('ada@acme.test', secret), 'zbarimg reads the otpauth URI from the QR code')
+      t.match(decoded, /^otpauth:\/\/totp\/CRM:ada%40acme\.test\?secret=[A-Z2-7]+&issuer=CRM$/)
     } else {
       t.comment('zbarimg is not installed: the QR code is not decoded')
     }
@@ -94,8 +97,6 @@ if (browser) {
     t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /Two-factor sign-in is on\. 10 recovery codes left\./)
 
     // A new sign-in now asks for a code; a recovery code from the page works.
-    const fresh = await context.browser()
-    t.equal(fresh, null, 'persistent context')
     const other = await context.newPage()
     await other.context().clearCookies()
     await signIn(other, server.url, 'ada@acme.test', PASSWORD)

@@ -5,7 +5,7 @@ import t from 'tap'
 import { crm } from '../helpers/cli.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
-import { openBrowser, setPassword, signIn } from './browser.ts'
+import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
 const browser = await openBrowser(t)
 if (browser) {
@@ -76,6 +76,27 @@ if (browser) {
     await page.getByRole('button', { name: 'Verify' }).click()
     await page.waitForURL(`${server.url}/security`)
     t.pass('a recovery code signs in')
+  })
+
+  t.test('sign-in works from the keyboard alone, in page order', async (t) => {
+    await context.clearCookies()
+    await page.goto(`${server.url}/sign-in`)
+    const focused = () => page.evaluate(() => document.activeElement?.id || document.activeElement?.textContent)
+    t.equal(await focused(), 'email', 'focus starts in Email')
+    t.same(await unlabelledFields(page), [], 'every field has a label')
+    await page.keyboard.type('ada@acme.test')
+    await page.keyboard.press('Tab')
+    t.equal(await focused(), 'password')
+    await page.keyboard.type(PASSWORD)
+    await page.keyboard.press('Tab')
+    t.equal(await focused(), 'Sign in')
+    await page.keyboard.press('Enter')
+    await page.waitForURL(`${server.url}/webhooks`)
+    await page.keyboard.press('Tab')
+    t.equal(await focused(), 'Skip to content', 'the skip link comes first')
+    await page.keyboard.press('Enter')
+    await page.keyboard.press('Tab')
+    t.ok(await page.evaluate(() => document.activeElement?.closest('main') !== null), 'after the skip link, Tab goes into the main content')
   })
 
   t.test('forms without the CSRF token are refused', async (t) => {

@@ -6,7 +6,7 @@ import { verifySignature } from '../../src/webhooks/signature.ts'
 import { createTenant, withOwner, addMember } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
-import { openBrowser, setPassword, signIn } from './browser.ts'
+import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
 const browser = await openBrowser(t)
 if (browser) {
@@ -52,6 +52,7 @@ if (browser) {
     t.match(secret, /^whsec_[A-Za-z0-9_-]{43}$/)
     t.ok(await page.getByRole('button', { name: 'Copy' }).isVisible(), 'a copy button (shown by the script)')
     await browser.screenshot('webhooks-created')
+    t.same(await unlabelledFields(page), [], 'every field has a label')
     t.equal(await card().locator('.url').textContent(), `${receiver.url}/hooks/crm`)
     t.equal(await stat('Event'), 'contact.*')
     t.equal(await stat('Status'), 'Active')

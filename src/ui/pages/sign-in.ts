@@ -61,7 +61,8 @@ ${errorNotice(values.error)}
     <input type="password" id="password" name="password" autocomplete="current-password" required>
   </div>
   <div class="actions"><button type="submit">Sign in</button></div>
-</form>`))
+</form>
+<p>New here? <a href="/sign-up">Sign up</a> and start a 14-day trial.</p>`))
 }
 
 function codeForm(services: Services, req: IncomingMessage, res: ServerResponse, status: number, recovery: boolean, error?: string): void {
