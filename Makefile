@@ -14,10 +14,10 @@ endif
 NODE := node
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test check bench clean node
+.PHONY: help setup run test test-faults soak check bench clean node
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 node: $(if $(NODE_DIR),$(NODE_DIR)/node)
 $(NODE_DIR)/node:
@@ -38,6 +38,12 @@ run: setup ## start PostgreSQL (embedded unless DATABASE_URL is set), migrate, s
 
 test: setup ## run every test against a real PostgreSQL (embedded unless DATABASE_URL is set)
 	$(NODE) test/run.ts
+
+test-faults: setup ## run the fault tests (kill -9, PostgreSQL restart, slow receivers) and the scale-out test
+	$(NODE) test/run.ts 'test/faults/*.test.ts' 'test/scale/*.test.ts'
+
+soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mixed load, memory, p50/p99
+	SOAK_SECONDS=$${SOAK_SECONDS:-300} $(NODE) test/run.ts --timeout=900 test/soak/soak.test.ts
 
 check: setup ## type-check with tsc --noEmit
 	npx tsc --noEmit -p .

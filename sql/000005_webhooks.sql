@@ -5,7 +5,7 @@
 -- Who writes what: admins change subscriptions through RLS (crm_api); deliveries and attempts are
 -- written only by the worker (the owner role) and by the SECURITY DEFINER functions below, which
 -- check crm.is_admin() themselves. A delivery's state changes in one function call each
--- (crm.webhook_delivery_to_send, crm.record_webhook_attempt, ...), so a retry job is added in the
+-- (crm.webhook_deliveries_to_send, crm.record_webhook_attempts, ...), so a retry job is added in the
 -- same transaction as the state it belongs to.
 --
 -- graphile-worker's own migrations run after ours (src/db/migrate.ts), so every function that
@@ -173,8 +173,10 @@ create index webhook_deliveries_held on crm.webhook_deliveries (workspace_id, su
 comment on index crm.webhook_deliveries_held is 'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by the outbox).';
 create index webhook_deliveries_prune on crm.webhook_deliveries (completed_at) where completed_at is not null;
 comment on index crm.webhook_deliveries_prune is 'Housekeeping removes final deliveries past the log retention.';
+-- The worker's set-wise writes set updated_at themselves; the WHEN clause (evaluated without
+-- calling the function) keeps the trigger for every other update.
 create trigger tg_webhook_deliveries__touch_updated_at before update on crm.webhook_deliveries
-  for each row execute function crm.tg__touch_updated_at();
+  for each row when (new.updated_at is not distinct from old.updated_at) execute function crm.tg__touch_updated_at();
 
 create function crm.tg_webhook_deliveries__keep_identity() returns trigger
 language plpgsql
@@ -190,8 +192,12 @@ begin
   return new;
 end
 $$;
+-- The WHEN clause spares the function call on every update that changes none of these.
 create trigger tg_webhook_deliveries__keep_identity before update on crm.webhook_deliveries
-  for each row execute function crm.tg_webhook_deliveries__keep_identity();
+  for each row when (new.id <> old.id or new.workspace_id <> old.workspace_id or new.subscription_id <> old.subscription_id
+                     or new.event_id <> old.event_id or new.event <> old.event or new.created_at <> old.created_at
+                     or new.attempt_count < old.attempt_count)
+  execute function crm.tg_webhook_deliveries__keep_identity();
 comment on function crm.tg_webhook_deliveries__keep_identity() is 'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
 
 comment on table crm.webhook_deliveries is
@@ -262,9 +268,21 @@ revoke execute on function crm.enqueue_event_fan_out(uuid[]) from public;
 create index webhook_events_id on crm.events (id);
 comment on index crm.webhook_events_id is 'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 
--- Adds deliver_webhook jobs for the given deliveries in the order given, the first due at p_run_at
--- and each next one a microsecond later: graphile-worker picks jobs by run_at, so they start in
--- that order. p_ordered marks resume's jobs (see workers/deliver_webhook.ts).
+-- Deliveries go out in batches: one deliver_webhook job carries up to 100 deliveries of one
+-- subscription (payload {w, s, d: [ids], g: [generations], o}), so graphile-worker's fetch and
+-- completion, the read of what to send and the write of the attempts are paid once per batch.
+-- A job per batch rather than per delivery keeps what jobs gave: a killed worker's job is
+-- unlocked and runs again (src/worker-heartbeat.ts), retries wait for run_at.
+create function crm.webhook_delivery_batch_size() returns integer
+language sql immutable parallel safe
+as $$ select 100 $$;
+comment on function crm.webhook_delivery_batch_size() is 'The most deliveries one deliver_webhook job carries.';
+
+-- Adds deliver_webhook jobs for the given deliveries: consecutive deliveries of one subscription
+-- due at the same time share a job, at most crm.webhook_delivery_batch_size() each. Each job is due
+-- at p_run_at (or, when null, its deliveries' next_attempt_at) plus a microsecond per job already
+-- added: graphile-worker picks jobs by run_at, so batches start in the order given. p_ordered marks
+-- resume's release (one delivery per job, one job at a time; see crm.continue_webhook_release).
 create function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamptz, p_ordered boolean default false) returns void
 language plpgsql volatile
 set search_path = pg_catalog, pg_temp
@@ -275,14 +293,28 @@ begin
   end if;
   perform graphile_worker.add_jobs(array(
     select row('deliver_webhook',
-               json_build_object('w', (p_deliveries[i]).workspace_id, 's', (p_deliveries[i]).subscription_id, 'd', (p_deliveries[i]).id,
-                                 'g', (p_deliveries[i]).generation, 'o', p_ordered),
-               null, p_run_at + (i - 1) * interval '1 microsecond', 25, null, null, null)::graphile_worker.job_spec
-      from generate_subscripts(p_deliveries, 1) i
-     order by i));
+               json_build_object('w', b.workspace_id, 's', b.subscription_id, 'd', b.ids, 'g', b.generations, 'o', p_ordered),
+               null, b.run_at + (row_number() over (order by b.first) - 1) * interval '1 microsecond', 25, null, null, null)::graphile_worker.job_spec
+      from (
+        select g.workspace_id, g.subscription_id, g.run_at, min(g.i) as first,
+               array_agg(g.id order by g.i) as ids, array_agg(g.generation order by g.i) as generations
+          from (
+            select d.workspace_id, d.subscription_id, d.id, d.generation, s.i, d.run_at,
+                   (row_number() over (partition by d.workspace_id, d.subscription_id, d.run_at order by s.i) - 1)
+                     / case when p_ordered then 1 else crm.webhook_delivery_batch_size() end as chunk
+              from generate_subscripts(p_deliveries, 1) s(i)
+             cross join lateral (
+               select (p_deliveries[s.i]).workspace_id, (p_deliveries[s.i]).subscription_id, (p_deliveries[s.i]).id,
+                      (p_deliveries[s.i]).generation, coalesce(p_run_at, (p_deliveries[s.i]).next_attempt_at, now()) as run_at
+             ) d
+          ) g
+         group by g.workspace_id, g.subscription_id, g.run_at, g.chunk
+      ) b
+     order by b.first));
 end
 $$;
-comment on function crm.add_webhook_delivery_jobs(crm.webhook_deliveries[], timestamptz, boolean) is 'One deliver_webhook job per delivery, payload {w, s, d, g, o}: workspace, subscription, delivery id, generation, and whether it must keep its place (resume).';
+comment on function crm.add_webhook_delivery_jobs(crm.webhook_deliveries[], timestamptz, boolean) is
+  'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: [generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their place (resume).';
 
 -- fan_out_event: one delivery per matching subscription (held when paused), none while the plan
 -- has lapsed. Idempotent: the unique (subscription, event) key makes a re-run create nothing.
@@ -307,129 +339,253 @@ begin
     on conflict (workspace_id, subscription_id, event_id) do nothing
     returning *
   )
-  select array_agg(i order by i.id) into v_new from inserted i where i.status = 'pending';
+  select array_agg(i order by i.event_id, i.subscription_id) into v_new from inserted i where i.status = 'pending';
   perform crm.add_webhook_delivery_jobs(v_new, now());
   return coalesce(cardinality(v_new), 0);
 end
 $$;
-comment on function crm.fan_out_events(uuid[]) is 'Creates the deliveries of some events and their first deliver_webhook jobs in one transaction; returns how many will be sent now.';
+comment on function crm.fan_out_events(uuid[]) is 'Creates the deliveries of some events and their first deliver_webhook jobs (batched per subscription) in one transaction; returns how many will be sent now.';
 
--- What deliver_webhook needs for one attempt, or no row when the job is stale or the delivery is
--- final. A paused subscription or a lapsed plan turns the delivery held instead (resume releases it).
-create function crm.webhook_delivery_to_send(p_workspace_id uuid, p_delivery_id uuid, p_generation integer)
+-- fan_out_event's path (workers/fan_out_event.ts): the same deliveries as crm.fan_out_events, but
+-- no job: the rows to attempt now come back, with the event, the endpoint and its secrets, and
+-- the task sends them itself. Run again for the same events (its job was unlocked after a kill),
+-- (p_rerun), it creates nothing twice and also returns the deliveries still unattempted and never
+-- handed to a job (pending, generation 1, no attempt), so nothing is lost.
+create function crm.fan_out_webhook_events(p_event_ids uuid[], p_rerun boolean default false)
 returns table (
-  delivery_id uuid, subscription_id uuid, event_id uuid, event text, occurred_at timestamptz, data jsonb, actor jsonb,
-  workspace_slug text, url text, secret_encrypted bytea, previous_secret_encrypted bytea, attempt integer
+  workspace_id uuid, subscription_id uuid, delivery_id uuid, generation integer, event_id uuid, event text, occurred_at timestamptz,
+  data jsonb, actor jsonb, attempt integer, workspace_slug text, url text, secret_encrypted bytea, previous_secret_encrypted bytea
 )
 language plpgsql volatile
 set search_path = pg_catalog, pg_temp
+-- Index probes only (see crm.webhook_deliveries_to_send).
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_bitmapscan = off
 as $$
-declare
-  v_delivery crm.webhook_deliveries;
-  v_subscription crm.webhook_subscriptions;
+#variable_conflict use_column
 begin
-  select * into v_delivery from crm.webhook_deliveries d
-   where d.workspace_id = p_workspace_id and d.id = p_delivery_id and d.generation = p_generation
-     and d.status in ('pending', 'retrying');
-  if not found then
-    return;
-  end if;
-  select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
-  if v_subscription.status <> 'active' or not crm.webhooks_enabled(p_workspace_id) then
-    update crm.webhook_deliveries d set status = 'held', next_attempt_at = null, in_release = false
-     where d.workspace_id = p_workspace_id and d.id = p_delivery_id and d.generation = p_generation;
-    return;
-  end if;
   return query
-    select v_delivery.id, v_delivery.subscription_id, e.id, e.event, e.occurred_at, e.data, e.actor,
-           w.slug, v_subscription.url, v_subscription.secret_encrypted,
-           case when v_subscription.previous_secret_expires_at > now() then v_subscription.previous_secret_encrypted end,
-           v_delivery.attempt_count + 1
-      from crm.events e, crm.workspaces w
-     where e.workspace_id = p_workspace_id and e.id = v_delivery.event_id and w.id = p_workspace_id;
+    with inserted as (
+      insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, created_at)
+      select e.workspace_id, s.id, e.id, e.event, e.record_type, e.record_id,
+             case s.status when 'active' then 'pending' else 'held' end,
+             case s.status when 'active' then now() end,
+             now()
+        from crm.events e
+        join crm.webhook_subscriptions s on s.workspace_id = e.workspace_id and crm.webhook_event_matches(s.events, e.event)
+       where e.id = any (p_event_ids) and crm.webhooks_enabled(e.workspace_id)
+       order by e.id, s.id
+      on conflict (workspace_id, subscription_id, event_id) do nothing
+      returning *
+    ), unattempted as (
+      select i.workspace_id, i.subscription_id, i.id, i.generation, i.event_id, i.attempt_count from inserted i where i.status = 'pending'
+      union all
+      -- A re-run: deliveries an earlier run created (invisible to "inserted") and never attempted.
+      select d.workspace_id, d.subscription_id, d.id, d.generation, d.event_id, d.attempt_count
+        from crm.events e
+        join crm.webhook_subscriptions s on s.workspace_id = e.workspace_id
+        join crm.webhook_deliveries d on d.workspace_id = e.workspace_id and d.subscription_id = s.id and d.event_id = e.id
+       where p_rerun and e.id = any (p_event_ids) and d.status = 'pending' and d.generation = 1 and d.attempt_count = 0
+    )
+    select u.workspace_id, u.subscription_id, u.id, u.generation, e.id, e.event, e.occurred_at, e.data, e.actor, u.attempt_count + 1,
+           w.slug, s.url, s.secret_encrypted,
+           case when s.previous_secret_expires_at > now() then s.previous_secret_encrypted end
+      from unattempted u
+     cross join lateral (select e.* from crm.events e where e.workspace_id = u.workspace_id and e.id = u.event_id limit 1) e
+     cross join lateral (select s.* from crm.webhook_subscriptions s where s.workspace_id = u.workspace_id and s.id = u.subscription_id limit 1) s
+     cross join lateral (select w.slug from crm.workspaces w where w.id = u.workspace_id limit 1) w
+     order by u.workspace_id, u.subscription_id, u.event_id;
 end
 $$;
-comment on function crm.webhook_delivery_to_send(uuid, uuid, integer) is
-  'deliver_webhook''s read: the event, the endpoint and its secrets for a current job; none when stale or final; holds the delivery when paused or the plan lapsed.';
+comment on function crm.fan_out_webhook_events(uuid[], boolean) is
+  'Creates the deliveries of some events (as crm.fan_out_events) and returns those to attempt now, unattempted and owned by no job, for fan_out_event to send.';
 
--- After one attempt (made outside any transaction): log it and move the delivery on, all in one
--- transaction. p_retry_delays_ms are the six delays of the schedule (WEBHOOK_RETRY_SCHEDULE).
-create function crm.record_webhook_attempt(
-  p_workspace_id uuid, p_delivery_id uuid, p_generation integer, p_started_at timestamptz, p_duration_ms integer,
-  p_response_status integer, p_error text, p_excerpt text, p_retry_delays_ms integer[]
-) returns text
+-- First attempts fan_out_event could not make at once (the subscription at its cap): handed to a
+-- deliver_webhook job, with a new generation so that a re-run fan-out leaves them to it.
+create function crm.defer_webhook_deliveries(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
+returns integer
 language plpgsql volatile
 set search_path = pg_catalog, pg_temp
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_bitmapscan = off
 as $$
 declare
-  v_delivery crm.webhook_deliveries;
+  v_moved crm.webhook_deliveries[];
+begin
+  -- Rows found by primary-key probes, updated by their tuple id (TID scan), whatever the statistics say.
+  with moved as (
+    update crm.webhook_deliveries d set generation = d.generation + 1
+     where d.ctid = any (array(
+             select x.ctid from unnest(p_delivery_ids, p_generations) as j(id, generation)
+              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation from crm.webhook_deliveries d2
+                                   where d2.workspace_id = p_workspace_id and d2.id = j.id limit 1) x
+              where x.subscription_id = p_subscription_id and x.generation = j.generation))
+       and d.status in ('pending', 'retrying')
+    returning d.*
+  )
+  select array_agg(m order by m.event_id) into v_moved from moved m;
+  perform crm.add_webhook_delivery_jobs(v_moved, now());
+  return coalesce(cardinality(v_moved), 0);
+end
+$$;
+comment on function crm.defer_webhook_deliveries(uuid, uuid, uuid[], integer[]) is
+  'Hands deliveries fan_out_event did not attempt to deliver_webhook jobs (new generation, due now).';
+
+-- What deliver_webhook needs for one batch: a row per delivery that is still due under the
+-- generation its job carries (stale and final ones are left out), with the event, the endpoint
+-- and its secrets. A paused subscription or a lapsed plan turns the batch's deliveries held
+-- instead, and no row comes back (resume releases them).
+create function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
+returns table (
+  delivery_id uuid, generation integer, event_id uuid, event text, occurred_at timestamptz, data jsonb, actor jsonb, attempt integer,
+  workspace_slug text, url text, secret_encrypted bytea, previous_secret_encrypted bytea
+)
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+-- A batch is at most 100 primary-key probes: never a hash, merge or bitmap plan over a whole
+-- workspace, which the statistics of a table that grew fast since its last ANALYZE can suggest.
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_bitmapscan = off
+as $$
+declare
   v_subscription crm.webhook_subscriptions;
+  v_slug text;
+begin
+  select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
+  if not found then
+    return; -- deleted, and its deliveries with it
+  end if;
+  if v_subscription.status <> 'active' or not crm.webhooks_enabled(p_workspace_id) then
+    update crm.webhook_deliveries d set status = 'held', next_attempt_at = null, in_release = false
+     where d.ctid = any (array(
+             select x.ctid from unnest(p_delivery_ids, p_generations) as j(id, generation)
+              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation from crm.webhook_deliveries d2
+                                   where d2.workspace_id = p_workspace_id and d2.id = j.id limit 1) x
+              where x.subscription_id = p_subscription_id and x.generation = j.generation))
+       and d.status in ('pending', 'retrying');
+    return;
+  end if;
+  select w.slug into v_slug from crm.workspaces w where w.id = p_workspace_id;
+  return query
+    select d.id, d.generation, e.id, e.event, e.occurred_at, e.data, e.actor, d.attempt_count + 1,
+           v_slug, v_subscription.url, v_subscription.secret_encrypted,
+           case when v_subscription.previous_secret_expires_at > now() then v_subscription.previous_secret_encrypted end
+      from unnest(p_delivery_ids, p_generations) with ordinality as j(id, generation, i)
+     cross join lateral (select d.* from crm.webhook_deliveries d where d.workspace_id = p_workspace_id and d.id = j.id limit 1) d
+     cross join lateral (select e.* from crm.events e where e.workspace_id = p_workspace_id and e.id = d.event_id limit 1) e
+     where d.subscription_id = p_subscription_id and d.generation = j.generation and d.status in ('pending', 'retrying')
+     order by j.i;
+end
+$$;
+comment on function crm.webhook_deliveries_to_send(uuid, uuid, uuid[], integer[]) is
+  'deliver_webhook''s read for a batch: the event, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused or the plan lapsed.';
+
+-- After a batch of attempts (made outside any transaction): log every attempt and move each
+-- delivery on, all in one transaction and in a few set-wise statements. Arrays are parallel, one
+-- entry per attempt; p_retry_delays_ms are the six delays of the schedule (WEBHOOK_RETRY_SCHEDULE).
+-- Per delivery, as one attempt at a time would: stale (a redeliver or resume superseded the job:
+-- the attempt is logged, nothing else), delivered, dead after the 7th failure of a cycle, held
+-- when the subscription is paused, else retrying with a job due after the next delay.
+-- Locks: a batch with a failure locks the subscription row first (the order resume and delete
+-- use), so deaths of one subscription are counted one batch after the other and a resume cannot
+-- miss a delivery being held; an all-success batch locks only its delivery rows (in id order).
+-- The auto-pause rule runs once per batch that killed a delivery, after the whole batch is
+-- written: as if the batch's deaths came after its successes, one valid order of the same attempts.
+-- Returns how many deliveries took each outcome, e.g. {"delivered": 98, "retrying": 2}.
+create function crm.record_webhook_attempts(
+  p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[], p_started_at timestamptz[],
+  p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[]
+) returns jsonb
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+-- Primary-key probes only, as in crm.webhook_deliveries_to_send.
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_bitmapscan = off
+as $$
+declare
+  v_subscription_status text;
+  v_outcomes jsonb;
+  v_retry crm.webhook_deliveries[];
   v_final_total bigint;
   v_final_dead bigint;
 begin
-  select * into v_delivery from crm.webhook_deliveries d
-   where d.workspace_id = p_workspace_id and d.id = p_delivery_id for update;
-  if not found then
-    return 'gone'; -- the subscription was deleted meanwhile
+  if p_delivery_ids is null or cardinality(p_delivery_ids) = 0 then
+    return '{}';
   end if;
-  insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-  values (p_workspace_id, p_delivery_id, v_delivery.attempt_count + 1, p_started_at, p_duration_ms, p_response_status, p_error, p_excerpt);
-  if v_delivery.in_release then
-    update crm.webhook_deliveries d set in_release = false where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
+  if exists (select 1 from unnest(p_error) e where e is not null) then
+    select s.status into v_subscription_status from crm.webhook_subscriptions s
+     where s.workspace_id = p_workspace_id and s.id = p_subscription_id for update;
+    if not found then
+      return '{}'; -- deleted meanwhile, and its deliveries with it
+    end if;
   end if;
-
-  if v_delivery.generation <> p_generation or v_delivery.status not in ('pending', 'retrying') then
-    -- A redeliver or resume superseded this job while it was sending: log the attempt only.
-    update crm.webhook_deliveries d set attempt_count = d.attempt_count + 1 where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
-    return 'stale';
-  end if;
-
-  if p_error is null then
+  -- Delivery rows are locked in id order.
+  with attempts as materialized (
+    select j.*, d.row_ctid, d.attempt_count, d.cycle_attempts,
+           case
+             when d.generation <> j.generation or d.status not in ('pending', 'retrying') then 'stale'
+             when j.error is null then 'delivered'
+             when d.cycle_attempts + 1 >= 7 then 'dead'
+             when v_subscription_status <> 'active' then 'held'
+             else 'retrying'
+           end as outcome
+      from (select u.* from unnest(p_delivery_ids, p_generations, p_started_at, p_duration_ms, p_response_status, p_error, p_excerpt)
+                              as u(id, generation, started_at, duration_ms, response_status, error, excerpt)
+             order by u.id) j
+     cross join lateral (
+       select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts from crm.webhook_deliveries d
+        where d.workspace_id = p_workspace_id and d.id = j.id
+          for update) d
+  ), logged as (
+    insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
+    select p_workspace_id, a.id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.excerpt
+      from attempts a
+  ), moved as (
     update crm.webhook_deliveries d
-       set status = 'delivered', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1,
-           next_attempt_at = null, completed_at = now()
-     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
-    return 'delivered';
-  end if;
+       set attempt_count = d.attempt_count + 1,
+           in_release = false,
+           updated_at = now(),
+           cycle_attempts = case a.outcome when 'stale' then d.cycle_attempts when 'dead' then 7 else d.cycle_attempts + 1 end,
+           status = case a.outcome when 'stale' then d.status else a.outcome end,
+           next_attempt_at = case a.outcome
+                               when 'stale' then d.next_attempt_at
+                               when 'retrying' then now() + make_interval(secs => p_retry_delays_ms[a.cycle_attempts + 1] / 1000.0)
+                             end,
+           completed_at = case when a.outcome in ('delivered', 'dead') then now() else d.completed_at end,
+           generation = case a.outcome when 'retrying' then d.generation + 1 else d.generation end
+      from attempts a
+     where d.ctid = a.row_ctid -- the row locked above, which nobody else can move meanwhile
+    returning d as delivery, a.outcome
+  )
+  select (select jsonb_object_agg(o.outcome, o.n) from (select m.outcome, count(*) as n from moved m group by m.outcome) o),
+         array_agg(m.delivery order by (m.delivery).event_id) filter (where m.outcome = 'retrying')
+    into v_outcomes, v_retry
+    from moved m;
 
-  if v_delivery.cycle_attempts + 1 >= 7 then
-    update crm.webhook_deliveries d
-       set status = 'dead', attempt_count = d.attempt_count + 1, cycle_attempts = 7, next_attempt_at = null, completed_at = now()
-     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
-    -- Auto-pause (API.md section 8). The subscription row lock makes deaths of one subscription
-    -- count one after the other, so two concurrent deaths cannot both miss the threshold.
-    select * into v_subscription from crm.webhook_subscriptions s
-     where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id for update;
+  -- Retries: one job per batch of deliveries due at the same moment.
+  perform crm.add_webhook_delivery_jobs(v_retry, null);
+
+  -- Auto-pause (API.md section 8); the subscription row is locked since the batch had failures.
+  if v_outcomes ? 'dead' then
     select count(*), count(*) filter (where d.status = 'dead') into v_final_total, v_final_dead
       from crm.webhook_deliveries d
-     where d.workspace_id = p_workspace_id and d.subscription_id = v_delivery.subscription_id
+     where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id
        and d.completed_at is not null and d.completed_at > now() - interval '24 hours';
-    if v_subscription.status = 'active' and v_final_total >= 10 and v_final_dead * 2 >= v_final_total then
+    if v_subscription_status = 'active' and v_final_total >= 10 and v_final_dead * 2 >= v_final_total then
       update crm.webhook_subscriptions s set status = 'paused', paused_reason = 'auto', paused_at = now()
-       where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
-      return 'dead_paused';
+       where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
+      v_outcomes := v_outcomes || '{"paused": true}';
     end if;
-    return 'dead';
   end if;
-
-  select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = v_delivery.subscription_id;
-  if v_subscription.status <> 'active' then
-    update crm.webhook_deliveries d
-       set status = 'held', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1, next_attempt_at = null
-     where d.workspace_id = p_workspace_id and d.id = p_delivery_id;
-    return 'held';
-  end if;
-  update crm.webhook_deliveries d
-     set status = 'retrying', attempt_count = d.attempt_count + 1, cycle_attempts = d.cycle_attempts + 1, generation = d.generation + 1,
-         next_attempt_at = now() + make_interval(secs => p_retry_delays_ms[v_delivery.cycle_attempts + 1] / 1000.0)
-   where d.workspace_id = p_workspace_id and d.id = p_delivery_id
-  returning * into v_delivery;
-  perform crm.add_webhook_delivery_jobs(array[v_delivery], v_delivery.next_attempt_at);
-  return 'retrying';
+  return coalesce(v_outcomes, '{}');
 end
 $$;
-comment on function crm.record_webhook_attempt(uuid, uuid, integer, timestamptz, integer, integer, text, text, integer[]) is
-  'Logs one attempt and moves the delivery on: delivered; retrying (next job added with run_at); held (paused); dead after the 7th failure of a cycle, with the auto-pause rule in the same transaction.';
+comment on function crm.record_webhook_attempts(uuid, uuid, uuid[], integer[], timestamptz[], integer[], integer[], text[], text[], integer[]) is
+  'Logs a batch of attempts and moves each delivery on: delivered; retrying (jobs added with run_at); held (paused); dead after the 7th failure of a cycle, with the auto-pause rule in the same transaction.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Admin actions that write deliveries (SECURITY DEFINER: they check the caller themselves)

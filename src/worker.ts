@@ -1,47 +1,107 @@
 // The graphile-worker runner. Tasks live in workers/, one file each, named after the task.
 import { EventEmitter } from 'node:events'
+import pg from 'pg'
 import { run, Logger, type Runner, type WorkerEvents } from 'graphile-worker'
 import type { Config } from './config.ts'
 import type { Logger as AppLogger } from './log.ts'
 import { taskList, crontab } from '../workers/index.ts'
 import { startWorkerHeartbeat } from './worker-heartbeat.ts'
 
-export type WorkerHandle = { runner: Runner; stop: () => Promise<void> }
+export type WorkerHandle = { readonly runner: Runner; stop: () => Promise<void> }
+
+/** After the runner died (its database connection broke), how long to wait before starting it again. */
+const RESTART_DELAYS_MS = [500, 1000, 2000, 5000]
 
 export async function startWorker(options: { databaseUrl: string; config: Config; logger: AppLogger }): Promise<WorkerHandle> {
   const { config, logger } = options
   // Kill safety: see src/worker-heartbeat.ts.
   const events = new EventEmitter() as WorkerEvents
   const heartbeat = startWorkerHeartbeat({ events, databaseUrl: options.databaseUrl, logger })
-  const runner = await run({
-    events,
-    taskList: taskList(config),
-    crontab,
-    noHandleSignals: true,
-    logger: new Logger((scope) => (level, message) => {
-      if (level === 'error') logger.error(message, { worker: scope.label ?? 'worker' })
-      else if (level === 'warning') logger.warn(message, { worker: scope.label ?? 'worker' })
-      else logger.debug(message, { worker: scope.label ?? 'worker' })
-    }),
-    preset: {
-      worker: {
-        connectionString: options.databaseUrl,
-        concurrentJobs: config.workerConcurrency,
-        maxPoolSize: config.workerConcurrency + 2,
-        pollInterval: 1000,
-        // Measured: a local queue and batched completion take the bare job rate from ~1,300/s to
-        // ~11,000/s on two cores (bench/), and LISTEN/NOTIFY still wakes the worker at once.
-        localQueue: { size: 100 },
-        completeJobBatchDelay: 0,
-        failJobBatchDelay: 0,
+  // Pools of the current runner: when it dies, their leftover locks are released at once.
+  let poolIds = new Set<string>()
+  events.on('pool:create', ({ workerPool }) => void poolIds.add(workerPool.id))
+  const launch = () =>
+    run({
+      events,
+      taskList: taskList(config),
+      crontab,
+      noHandleSignals: true,
+      logger: new Logger((scope) => (level, message) => {
+        if (level === 'error') logger.error(message, { worker: scope.label ?? 'worker' })
+        else if (level === 'warning') logger.warn(message, { worker: scope.label ?? 'worker' })
+        else logger.debug(message, { worker: scope.label ?? 'worker' })
+      }),
+      preset: {
+        worker: {
+          connectionString: options.databaseUrl,
+          concurrentJobs: config.workerConcurrency,
+          maxPoolSize: config.workerConcurrency + 2,
+          pollInterval: 1000,
+          // Measured: a local queue and batched completion take the bare job rate from ~1,300/s to
+          // ~11,000/s on two cores (bench/), and LISTEN/NOTIFY still wakes the worker at once.
+          localQueue: { size: 100 },
+          completeJobBatchDelay: 0,
+          failJobBatchDelay: 0,
+        },
       },
-    },
-  })
+    })
+  let runner = await launch()
+  let stopping = false
+
+  // graphile-worker stops its runner for good when a database connection breaks mid-job (a
+  // PostgreSQL restart, a failover): the process would live on without a worker, or `crm worker`
+  // would exit. Supervise it: start a new runner once the database answers again.
+  const supervise = async () => {
+    for (;;) {
+      await runner.promise.catch(() => {})
+      if (stopping) return
+      const deadPools = [...poolIds]
+      poolIds = new Set()
+      logger.error('the worker stopped unexpectedly (database connection lost?); restarting it when the database answers', { pools: deadPools.join(',') })
+      for (let attempt = 0; ; attempt++) {
+        await new Promise((resolve) => setTimeout(resolve, RESTART_DELAYS_MS[Math.min(attempt, RESTART_DELAYS_MS.length - 1)]))
+        if (stopping) return
+        try {
+          runner = await launch()
+        } catch (error) {
+          logger.warn('worker restart failed; retrying', { error: (error as Error).message })
+          continue
+        }
+        if (stopping) {
+          await runner.stop().catch(() => {})
+          return
+        }
+        logger.info('worker restarted')
+        // The dead pools run nothing any more, but jobs they held may still be locked to them.
+        await releaseLocks(options.databaseUrl, deadPools).catch((error) => logger.warn('could not release the locks of the stopped pools', { error: (error as Error).message }))
+        break
+      }
+    }
+  }
+  const supervision = supervise()
+
   return {
-    runner,
+    get runner() {
+      return runner
+    },
     stop: async () => {
-      await runner.stop()
+      stopping = true
+      await runner.stop().catch(() => {})
+      await supervision
       await heartbeat.stop()
     },
+  }
+}
+
+async function releaseLocks(databaseUrl: string, workerIds: string[]): Promise<void> {
+  if (workerIds.length === 0) return
+  const client = new pg.Client({ connectionString: databaseUrl })
+  client.on('error', () => {})
+  await client.connect()
+  try {
+    await client.query('select graphile_worker.force_unlock_workers($1::text[])', [workerIds])
+    for (const id of workerIds) await client.query('select crm.worker_stopped($1)', [id])
+  } finally {
+    await client.end().catch(() => {})
   }
 }

@@ -5,13 +5,15 @@ import { housekeeping } from './housekeeping.ts'
 import { processImportTask } from './process_import.ts'
 import { fanOutEvent } from './fan_out_event.ts'
 import { deliverWebhook } from './deliver_webhook.ts'
+import { WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 export function taskList(config: Config): TaskList {
+  const webhookSender = new WebhookBatchSender(config)
   return {
     housekeeping: housekeeping(config),
     process_import: processImportTask(config),
-    fan_out_event: fanOutEvent(),
-    deliver_webhook: deliverWebhook(config),
+    fan_out_event: fanOutEvent(webhookSender),
+    deliver_webhook: deliverWebhook(config, webhookSender),
   }
 }
 

@@ -82,6 +82,8 @@ export async function startEmbeddedPostgres(options: {
   persistent?: boolean
   /** Throwaway clusters (tests, benchmarks) trade crash safety for speed. */
   durability?: 'full' | 'none'
+  /** Listen on this port instead of a free one (a restarted server comes back where clients expect it). */
+  port?: number
 }): Promise<ProvisionedDatabase> {
   const log = options.log ?? (() => {})
   const clusterDir = join(options.baseDir, 'postgres')
@@ -105,7 +107,7 @@ export async function startEmbeddedPostgres(options: {
   const freshCluster = !existsSync(join(clusterDir, 'PG_VERSION'))
   const user = 'postgres'
   const password = freshCluster ? randomBytes(18).toString('base64url') : (previous?.password ?? readPasswordFile(options.baseDir))
-  const port = await freePort()
+  const port = options.port ?? (await freePort())
   if (!freshCluster) removeStalePidFile(clusterDir)
 
   const server = new EmbeddedPostgres({

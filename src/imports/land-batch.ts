@@ -260,11 +260,15 @@ export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: numbe
   // Existing companies named by company_name (before the savepoint: reading only)
   const ok = sql.fragment`not exists (select from import_problems p where p.row = t.row)`
   if (companyName) {
+    // = any (array(...)): one index probe per distinct name. With "in (select ...)" the planner, still
+    // reading the statistics of an empty companies table, joined every company with every row
+    // (measured: 170 ms a batch of 5,000 rows against 1,000 companies).
     await run(db, sql.unsafe`
       update import_typed t set company_id = c.id
         from (select distinct on (lower(c.name)) c.id, lower(c.name) as name
                 from crm.companies c
-               where c.workspace_id = ${workspace} and lower(c.name) in (select lower(company_name) from import_typed where company_name is not null)
+               where c.workspace_id = ${workspace}
+                 and lower(c.name) = any (array(select distinct lower(company_name) from import_typed where company_name is not null))
                order by lower(c.name), c.created_at, c.id) c
        where lower(t.company_name) = c.name and t.company_id is null`)
     const [{ may_create: mayCreate }] = await run(db, sql.unsafe`select crm.grant_scope('companies', 'import') is not null as may_create`)
@@ -293,8 +297,17 @@ export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: numbe
     companiesCreated = new Set(created.map((row) => row.id)).size
   }
 
+  // A deal without a stage column gets the workspace's first stage here, once per batch: left null,
+  // tg_deals__before_write would look it up row by row (an RLS query, with its context helper, a row).
+  const firstStage = plan.type === 'deals' && !fieldOf('stage')
+  if (firstStage) {
+    await run(db, sql.unsafe`
+      update import_typed t set stage = (select ds.key from crm.deal_stages ds where ds.workspace_id = ${workspace} order by ds.position limit 1)
+       where t.target_id is null`)
+  }
+
   // new rows: one INSERT; a conflict with a record this user cannot see is a duplicate too
-  const insertColumns = ['workspace_id', 'id', 'owner_id', 'custom_fields', 'created_by', 'updated_by', ...[...setColumns].filter((name) => name !== 'owner_id' && name !== 'custom_fields')]
+  const insertColumns = ['workspace_id', 'id', 'owner_id', 'custom_fields', 'created_by', 'updated_by', ...[...setColumns].filter((name) => name !== 'owner_id' && name !== 'custom_fields'), ...(firstStage ? ['stage'] : [])]
   const inserted = await run(db, sql.unsafe`
     with inserted as (
       insert into ${table} (${sql.join(insertColumns.map(ident), sql.fragment`, `)})
