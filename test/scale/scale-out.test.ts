@@ -48,7 +48,7 @@ const workers = [await startCrm(t, 'worker', workerOptions), await startCrm(t, '
 
 t.test('the rate limit holds across two API processes: the 601st request in a minute gets 429', async (t) => {
   // The window is the clock minute: start early in one so that 601 requests fit in it.
-  const [{ left }] = await ownerQuery(databaseUrl, `select 60 - extract(second from now())::int as left`)
+  const [{ left }] = await ownerQuery(databaseUrl, `select 60 - floor(extract(second from now()))::int as left`)
   if (left < 40) await sleep(left * 1000 + 200)
   const [{ minute }] = await ownerQuery(databaseUrl, `select date_trunc('minute', now())::text as minute`)
   const answers = await pooled(600, 8, (i) => call(apis[i % 2].url, busy, 'GET', '/api/me'))
@@ -57,7 +57,9 @@ t.test('the rate limit holds across two API processes: the 601st request in a mi
   const statuses = answers.reduce<Record<number, number>>((counts, answer) => ({ ...counts, [answer.status]: (counts[answer.status] ?? 0) + 1 }), {})
   t.same(statuses, { 200: 600 }, 'the first 600 requests, spread over both API processes, are answered')
   const remaining = answers.map((answer) => Number(answer.headers.get('ratelimit-remaining')))
-  t.equal(Math.min(...remaining), 0, 'the last of them says 0 remaining')
+  // Each request counts itself in its own transaction and sees the others' counts once they
+  // commit, so with 8 in flight the headers may lag by up to 7; the limit itself is checked below.
+  t.ok(Math.min(...remaining) <= 7, `the last of them says at most 7 remaining (${Math.min(...remaining)})`)
   for (const [index, api] of apis.entries()) {
     const refused = await call(api.url, busy, 'GET', '/api/me')
     t.equal(refused.status, 429, `request ${601 + index} on API process ${index + 1} gets 429`)
