@@ -6,32 +6,16 @@
 //   node bench/exports.ts
 //   BENCH_EXPORT_DEALS=200000 node bench/exports.ts
 import { spawn } from 'node:child_process'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import QueryStream from 'pg-query-stream'
+import { provision } from './_database.ts'
 
 const DEALS = Number(process.env.BENCH_EXPORT_DEALS ?? 1_000_000)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
-
-async function provision(): Promise<{ url: string; stop: () => Promise<void>; label: string }> {
-  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
-  const { startEmbeddedPostgres } = await import('../src/db/provision.ts')
-  const baseDir = mkdtempSync(join(tmpdir(), 'crm-bench-'))
-  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none' })
-  return {
-    url: database.url,
-    label: 'embedded PostgreSQL (fsync off)',
-    stop: async () => {
-      await database.stop()
-      rmSync(baseDir, { recursive: true, force: true })
-    },
-  }
-}
 
 async function freePort(): Promise<number> {
   return new Promise((resolve) => {

@@ -10,23 +10,9 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
+import { provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
-
-async function provision(): Promise<{ url: string; stop: () => Promise<void>; label: string }> {
-  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
-  const { startEmbeddedPostgres } = await import('../src/db/provision.ts')
-  const baseDir = mkdtempSync(join(tmpdir(), 'crm-bench-'))
-  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none' })
-  return {
-    url: database.url,
-    label: 'embedded PostgreSQL (fsync off)',
-    stop: async () => {
-      await database.stop()
-      rmSync(baseDir, { recursive: true, force: true })
-    },
-  }
-}
 
 function contactsFile(rows: number): string {
   const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']

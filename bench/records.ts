@@ -8,13 +8,12 @@
 //
 // Each server runs in its own child process so neither shares an event loop with autocannon.
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
 import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
+import { provision } from './_database.ts'
 
 // autocannon ships no types; this is the part of its API used here.
 type AutocannonResult = { requests: { average: number }; latency: { p50: number; p99: number }; errors: number; timeouts: number; non2xx: number }
@@ -126,21 +125,6 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
     requests: [{ method: scenario.method, setupRequest: (request: any) => ({ ...request, path: scenario.path(ids), body: scenario.body }) }],
   })
   return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.timeouts, non2xx: result.non2xx }
-}
-
-async function provision(): Promise<{ url: string; stop: () => Promise<void>; label: string }> {
-  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
-  const { startEmbeddedPostgres } = await import('../src/db/provision.ts')
-  const baseDir = mkdtempSync(join(tmpdir(), 'crm-bench-'))
-  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none' })
-  return {
-    url: database.url,
-    label: 'embedded PostgreSQL (fsync off)',
-    stop: async () => {
-      await database.stop()
-      rmSync(baseDir, { recursive: true, force: true })
-    },
-  }
 }
 
 async function seedDeals(client: pg.Client, workspaceId: string, ownerId: string, count: number, log: (line: string) => void): Promise<void> {
