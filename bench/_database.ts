@@ -18,3 +18,13 @@ export async function provision(): Promise<{ url: string; stop: () => Promise<vo
     },
   }
 }
+
+/** Migrates the database and makes a fresh workspace with one admin (and an API token for it). */
+export async function benchWorkspace(url: string) {
+  const { migrate } = await import('../src/db/migrate.ts')
+  await migrate(url)
+  const { createTenant } = await import('../test/helpers/fixtures.ts')
+  const slug = `bench-${Date.now().toString(36)}`
+  const tenant = await createTenant(url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
+  return { tenant, slug, admin: tenant.members[`admin@${slug}.test`] }
+}

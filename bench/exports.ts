@@ -11,7 +11,7 @@ import { createServer } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import QueryStream from 'pg-query-stream'
-import { provision } from './_database.ts'
+import { benchWorkspace, provision } from './_database.ts'
 
 const DEALS = Number(process.env.BENCH_EXPORT_DEALS ?? 1_000_000)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -40,12 +40,7 @@ async function main(): Promise<void> {
   const database = await provision()
   let child: ReturnType<typeof spawn> | null = null
   try {
-    const { migrate } = await import('../src/db/migrate.ts')
-    await migrate(database.url)
-    const { createTenant } = await import('../test/helpers/fixtures.ts')
-    const slug = `bench-${Date.now().toString(36)}`
-    const tenant = await createTenant(database.url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
-    const admin = tenant.members[`admin@${slug}.test`]
+    const { tenant, admin } = await benchWorkspace(database.url)
 
     const client = new pg.Client({ connectionString: database.url })
     await client.connect()

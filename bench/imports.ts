@@ -10,7 +10,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
-import { provision } from './_database.ts'
+import { benchWorkspace, provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
 
@@ -26,15 +26,10 @@ async function main(): Promise<void> {
   const database = await provision()
   const workDir = mkdtempSync(join(tmpdir(), 'crm-bench-import-'))
   try {
-    const { migrate } = await import('../src/db/migrate.ts')
-    await migrate(database.url)
-    const { createTenant } = await import('../test/helpers/fixtures.ts')
     const { inspectCsv } = await import('../src/imports/csv-file.ts')
     const { suggestMapping } = await import('../src/imports/suggest-mapping.ts')
     const { processImport } = await import('../src/imports/process-import.ts')
-    const slug = `bench-${Date.now().toString(36)}`
-    const tenant = await createTenant(database.url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
-    const admin = tenant.members[`admin@${slug}.test`]
+    const { tenant, admin } = await benchWorkspace(database.url)
 
     const text = contactsFile(ROWS)
     const bytes = Buffer.from(text)

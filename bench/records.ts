@@ -13,7 +13,7 @@ import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { provision } from './_database.ts'
+import { benchWorkspace, provision } from './_database.ts'
 
 // autocannon ships no types; this is the part of its API used here.
 type AutocannonResult = { requests: { average: number }; latency: { p50: number; p99: number }; errors: number; timeouts: number; non2xx: number }
@@ -163,12 +163,7 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
   const database = await provision()
   const children: ChildProcess[] = []
   try {
-    const { migrate } = await import('../src/db/migrate.ts')
-    await migrate(database.url)
-    const { createTenant } = await import('../test/helpers/fixtures.ts')
-    const slug = `bench-${Date.now().toString(36)}`
-    const tenant = await createTenant(database.url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
-    const admin = tenant.members[`admin@${slug}.test`]
+    const { tenant, slug, admin } = await benchWorkspace(database.url)
 
     const client = new pg.Client({ connectionString: database.url })
     await client.connect()
