@@ -9,7 +9,7 @@ import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
-import { createAuthenticator } from './auth/authenticate.ts'
+import { createAuthenticator, createStatementAuthenticator } from './auth/authenticate.ts'
 import { registerPages } from './ui/routes.ts'
 
 export type RunningService = {
@@ -37,6 +37,9 @@ export async function startService(options: {
     logger.info('schema is current', { applied_now: result.applied.length })
   }
   const pool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
+  // Single-statement reads run on connections that are crm_api from the start (see
+  // createStatementAuthenticator); the admission gate keeps the two pools' sum in bounds.
+  const statementPool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery, sessionRole: 'crm_api' })
   const worker = options.worker === false ? null : await startWorker({ databaseUrl: database.url, config, logger })
   if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
     logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {
@@ -50,7 +53,10 @@ export async function startService(options: {
   if (options.api !== false) {
     const services = { config, pool, logger, worker }
     const routes = allRoutes()
-    const app = createApp(services, routes, createAuthenticator(config), { pages: (polkaApp) => registerPages(polkaApp, services, routes) })
+    const app = createApp(services, routes, createAuthenticator(config), {
+      pages: (polkaApp) => registerPages(polkaApp, services, routes),
+      statements: { authenticate: createStatementAuthenticator(config), pool: statementPool },
+    })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)
       app.server.listen(config.port, config.host, () => resolve())
@@ -71,7 +77,7 @@ export async function startService(options: {
     (stopping ??= (async () => {
       await closeServer()
       await worker?.stop()
-      await pool.end()
+      await Promise.all([pool.end(), statementPool.end()])
       await database.stop()
     })())
 

@@ -4,7 +4,7 @@
 import type { IncomingMessage } from 'node:http'
 import type { Config } from '../config.ts'
 import { sql } from '../db/pool.ts'
-import type { Authenticator } from '../http/app.ts'
+import type { Authenticator, StatementAuthenticator } from '../http/app.ts'
 import { ApiError, problems } from '../http/problem.ts'
 import type { Caller } from '../http/route.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
@@ -42,38 +42,94 @@ export function bearerCredential(req: IncomingMessage): Credential | null {
   return { token: match[1], via: 'api' }
 }
 
+type Attempt = { tokenHash: Buffer; slug: string | null; via: Credential['via']; limit: number }
+
+/** Checks what can be checked without the database; the rest is crm.authenticate's job. */
+function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
+  const credential = credentialOf(req)
+  if (!credential) throw problems.unauthenticated('token_missing', 'Send Authorization: Bearer <token>')
+  if (!TOKEN_PATTERN.test(credential.token)) throw problems.unauthenticated('token_invalid', REFUSALS.token_invalid)
+  const slugHeader = req.headers['x-tenant-slug']
+  const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
+  if (slug !== null && !SLUG_PATTERN.test(slug)) throw problems.workspaceNotFound()
+  return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
+}
+
+function authenticateCall(attempt: Attempt) {
+  return sql.fragment`crm.authenticate(${sql.binary(attempt.tokenHash)}, ${attempt.slug}, ${attempt.via}, ${attempt.limit})`
+}
+
+/** Turns crm.authenticate's answer into the caller, or into the refusal the API answers with. */
+function callerOf(row: AuthRow, attempt: Attempt): Caller {
+  const { limit } = attempt
+  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds: row.rate_reset_seconds }
+  if (row.failure === 'rate_limited') {
+    throw new ApiError(429, 'rate_limited', 'Too many requests', `More than ${limit} requests in this minute`, {
+      headers: { 'Retry-After': String(rateLimit.resetSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': '0', 'RateLimit-Reset': String(rateLimit.resetSeconds) },
+    })
+  }
+  if (row.failure === 'workspace_not_found') throw problems.workspaceNotFound()
+  if (row.failure) throw problems.unauthenticated(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
+  return {
+    userId: row.user_id,
+    workspaceId: row.workspace_id,
+    workspaceSlug: row.workspace_slug,
+    tokenId: row.token_id,
+    tokenKind: row.token_kind,
+    isAdmin: row.is_admin,
+    via: attempt.via,
+    rateLimit,
+  }
+}
+
 export function createAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): Authenticator {
   return async (db, req) => {
-    const credential = credentialOf(req)
-    if (!credential) throw problems.unauthenticated('token_missing', 'Send Authorization: Bearer <token>')
-    if (!TOKEN_PATTERN.test(credential.token)) throw problems.unauthenticated('token_invalid', REFUSALS.token_invalid)
-    const slugHeader = req.headers['x-tenant-slug']
-    const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
-    if (slug !== null && !SLUG_PATTERN.test(slug)) throw problems.workspaceNotFound()
-
-    const limit = config.rateLimitPerMinute
+    const attempt = attemptOf(config, credentialOf, req)
     const row = (await db.one(sql.unsafe`
       select a.*, set_config('role', 'crm_api', true) as role
-      from crm.authenticate(${sql.binary(hashToken(credential.token))}, ${slug}, ${credential.via}, ${limit}) a
+      from ${authenticateCall(attempt)} a
     `)) as AuthRow
-    const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds: row.rate_reset_seconds }
-    if (row.failure === 'rate_limited') {
-      throw new ApiError(429, 'rate_limited', 'Too many requests', `More than ${limit} requests in this minute`, {
-        headers: { 'Retry-After': String(rateLimit.resetSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': '0', 'RateLimit-Reset': String(rateLimit.resetSeconds) },
-      })
+    return callerOf(row, attempt)
+  }
+}
+
+const AUTH_COLUMNS = ['failure', 'user_id', 'workspace_id', 'workspace_slug', 'token_id', 'token_kind', 'is_admin', 'rate_count', 'rate_reset_seconds'] as const
+/** crm.authenticate's columns, renamed so they cannot collide with the route's (built once). */
+const AUTH_SELECT_LIST = sql.join(AUTH_COLUMNS.map((name) => sql.fragment`a.${sql.identifier([name])} as ${sql.identifier([`auth_${name}`])}`), sql.fragment`, `)
+
+/**
+ * A read that is one statement: crm.authenticate and the route's query travel together, with no
+ * BEGIN or COMMIT, so a read costs one round trip like a bare query does. It runs on a connection
+ * whose session role is already crm_api (row-level security is decided when a statement is
+ * planned, so the role cannot be switched inside the statement that reads). The route's query is
+ * a LATERAL subquery that references crm.authenticate's row, so PostgreSQL must run
+ * crm.authenticate first (it sets the proven context) and the query after it; when
+ * authentication fails the query does not run at all. Were the order ever different, the policy
+ * helpers would find no context and the query would see nothing: it fails closed.
+ */
+export function createStatementAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): StatementAuthenticator {
+  return (req) => {
+    const attempt = attemptOf(config, credentialOf, req)
+    return {
+      wrap: (query) => sql.unsafe`
+        select ${AUTH_SELECT_LIST}, r.*
+        from ${authenticateCall(attempt)} a
+        left join lateral (
+          select true as auth_row_found, row_number() over () as auth_row_number, q.*
+          from (${query}) q
+          where a.failure is null
+          offset 0
+        ) r on true
+        order by r.auth_row_number`,
+      unwrap: (rows) => {
+        const first = rows[0] as Record<string, unknown>
+        const auth = Object.fromEntries(AUTH_COLUMNS.map((name) => [name, first[`auth_${name}`]])) as AuthRow
+        const caller = callerOf(auth, attempt)
+        const found = rows
+          .filter((row) => (row as Record<string, unknown>).auth_row_found === true)
+          .map((row) => Object.fromEntries(Object.entries(row as Record<string, unknown>).filter(([name]) => !name.startsWith('auth_'))))
+        return { caller, rows: found }
+      },
     }
-    if (row.failure === 'workspace_not_found') throw problems.workspaceNotFound()
-    if (row.failure) throw problems.unauthenticated(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
-    const caller: Caller = {
-      userId: row.user_id,
-      workspaceId: row.workspace_id,
-      workspaceSlug: row.workspace_slug,
-      tokenId: row.token_id,
-      tokenKind: row.token_kind,
-      isAdmin: row.is_admin,
-      via: credential.via,
-      rateLimit,
-    }
-    return caller
   }
 }

@@ -11,8 +11,19 @@ export function toApiTime(text: string): string {
   return new Date(text.replace(' ', 'T').replace(/([+-]\d\d)$/, '$1:00')).toISOString()
 }
 
-export async function createDatabasePool(url: string, options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void } = {}): Promise<DatabasePool> {
-  return createPool(url, {
+/** The connection string with a session role set at connection start (`-c role=...`). */
+function withSessionRole(url: string, role: string): string {
+  const parsed = new URL(url)
+  const given = parsed.searchParams.get('options')
+  parsed.searchParams.set('options', `${given ? `${given} ` : ''}-c role=${role}`)
+  return parsed.toString()
+}
+
+export async function createDatabasePool(
+  url: string,
+  options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void; sessionRole?: string } = {},
+): Promise<DatabasePool> {
+  return createPool(options.sessionRole ? withSessionRole(url, options.sessionRole) : url, {
     driverFactory: createPgDriverFactory(),
     maxPoolSize: options.maxPoolSize ?? 20,
     // A request waits this long for a free connection, then gets 503 (never an unbounded queue).

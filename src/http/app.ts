@@ -8,9 +8,16 @@ import { createAdmissionGate } from './admission.ts'
 import { toApiError } from './database-errors.ts'
 import { ApiError, problemBody, problems } from './problem.ts'
 import { validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { singleStatementConnection } from './single-statement.ts'
 
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
+
+/** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
+export type StatementAuthenticator = (req: IncomingMessage) => {
+  wrap: (query: ReturnType<typeof sql.unsafe>) => ReturnType<typeof sql.unsafe>
+  unwrap: (rows: readonly unknown[]) => { caller: Caller; rows: Record<string, unknown>[] }
+}
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/
 
@@ -42,7 +49,12 @@ export function sendProblem(res: ServerResponse, error: ApiError, requestId: str
 
 export type App = { server: Server; handler: (req: IncomingMessage, res: ServerResponse) => void }
 
-export function createApp(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, extra: { pages?: (app: ReturnType<typeof polka>) => void } = {}): App {
+export function createApp(
+  services: Services,
+  definitions: RouteDefinition[],
+  authenticate: Authenticator,
+  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: DatabasePool } } = {},
+): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
 
@@ -98,23 +110,33 @@ export function createApp(services: Services, definitions: RouteDefinition[], au
     if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }
 
+    const authenticated = (caller: Caller) => {
+      req.callerId = caller.userId
+      res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
+      res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
+      res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
+    }
+    const statements = extra.statements
     const result =
       definition.auth === 'none'
         ? await definition.handler(base as unknown as RouteContext)
-        : await admission.run(() => pool.transaction(async (db) => {
-            const caller = await authenticate(db, req, req.requestId)
-            req.callerId = caller.userId
-            res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
-            res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
-            res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
-            return definition.handler({ ...base, db, caller } as RouteContext)
+        : await admission.run(() => {
+            if (definition.singleStatement && statements) {
+              const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
+              return definition.handler({ ...base, db: db.connection, get caller() { return db.caller() } } as RouteContext)
+            }
+            return pool.transaction(async (db) => {
+              const caller = await authenticate(db, req, req.requestId)
+              authenticated(caller)
+              return definition.handler({ ...base, db, caller } as RouteContext)
+            })
           }).catch(async (error: unknown) => {
             // The rollback took the rate-limit count with it: count the request again, outside.
             if (req.callerId && !(error instanceof ApiError && error.status === 429)) {
               await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
             }
             throw error
-          }))
+          })
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200
     sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)

@@ -69,6 +69,12 @@ export type RouteDefinition = {
   /** Statuses this route may answer besides success, for the OpenAPI document. */
   errors?: number[]
   example?: { request?: unknown; response?: unknown }
+  /**
+   * The handler is a read that sends exactly one query: authentication travels inside that
+   * statement, on a connection already running as crm_api, with no BEGIN/COMMIT (one round trip).
+   * Such a handler must not read `caller` before its query.
+   */
+  singleStatement?: boolean
   /** The handler writes the response itself (streams); the framework must not. */
   streams?: boolean
   handler: (context: RouteContext) => Promise<RouteResult>

@@ -25,7 +25,6 @@ export type RecordType = {
   table: ReturnType<typeof sql.identifier>
   jsonFunction: ReturnType<typeof sql.identifier>
   /** crm.read_<type>(id): one record by id through a PL/pgSQL function whose plan is cached per session. */
-  readFunction: ReturnType<typeof sql.identifier>
   fields: FieldSpec[]
   byName: Map<string, FieldSpec>
 }
@@ -50,7 +49,6 @@ function recordType(name: RecordTypeName, path: RecordPath, label: string, field
     label,
     table: sql.identifier(['crm', path]),
     jsonFunction: sql.identifier(['crm', `${name}_json`]),
-    readFunction: sql.identifier(['crm', `read_${name}`]),
     fields,
     byName: new Map(fields.map((field) => [field.name, field])),
   }

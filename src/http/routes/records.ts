@@ -58,6 +58,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       queryParameters: { q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } }, ...LIST_PARAMETERS },
       errors: [400, 401],
       example: { response: { data: [schemas.exampleRecord], next_cursor: null } },
+      singleStatement: true,
       handler: async ({ req, db }) => {
         const parameters = parseQueryString(req.url)
         const request = parseListRequest(type, parameters, { search: true })
@@ -74,6 +75,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       queryParameters: LIST_PARAMETERS,
       errors: [400, 401],
       example: { response: { data: [schemas.exampleRecord], next_cursor: 'eyJzIjoiY3JlYXRlZF9hdCxpZCIsImsiOlsiMTc5NTI3ODQyMTEyMzQ1NiIsIjAxOTM1ZjNjLTlkMDAtN2IyMi04ZTNmLTRkNWM2YjdhOGY5ZSJdfQ' } },
+      singleStatement: true,
       handler: async ({ req, db }) => {
         const parameters = parseQueryString(req.url)
         return pageAnswer(base, parameters, await runList(db, type, parseListRequest(type, parameters)))
@@ -107,6 +109,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       response: one(record),
       errors: [401, 404],
       example: { response: { data: schemas.exampleRecord } },
+      singleStatement: true,
       handler: async ({ req, db, params }) => {
         const found = await readRecord(db, type, checkId(params.id))
         if (!found) throw problems.notFound(`No such ${type.label}`)
