@@ -5,7 +5,7 @@ import { sql, type CommonQueryMethods } from '../db/pool.ts'
 import { ApiError, problems } from '../http/problem.ts'
 import { verifyPassword } from './passwords.ts'
 import { hashToken, newToken } from './tokens.ts'
-import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, checkTotp, hashRecoveryCode, readChallenge, signChallenge } from './two-factor.ts'
+import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChallenge, signChallenge, totpStep } from './two-factor.ts'
 
 export type TokenBody = { token: string; token_type: 'Bearer'; token_id: string; expires_at: string }
 export type ChallengeBody = { two_factor: true; challenge_token: string; expires_at: string }
@@ -83,7 +83,14 @@ export async function completeTwoFactor(
   let accepted = false
   if (input.code !== undefined) {
     const sealed = (await db.maybeOneFirst(sql.unsafe`select secret_encrypted from crm.user_totp where user_id = ${challenge.user_id} and confirmed_at is not null`)) as Buffer | null
-    accepted = sealed !== null && checkTotp(config.appSecret, sealed, input.code.trim())
+    const step = sealed === null ? null : totpStep(config.appSecret, sealed, input.code.trim())
+    // A code signs in once: its step must come after the last accepted one (the database refuses
+    // anything else; see crm.tg_user_totp__steps_only_forward).
+    accepted = step !== null && null !== await db.maybeOne(sql.unsafe`
+      update crm.user_totp set last_used_step = ${step}
+      where user_id = ${challenge.user_id} and confirmed_at is not null and (last_used_step is null or last_used_step < ${step})
+      returning 1
+    `)
   } else if (input.recovery_code !== undefined) {
     accepted = null !== await db.maybeOne(sql.unsafe`
       update crm.recovery_codes set used_at = now()

@@ -26,8 +26,14 @@ export function sealTotpSecret(appSecret: string, secret: string): Buffer {
 }
 
 export function checkTotp(appSecret: string, sealed: Buffer, code: string): boolean {
-  if (!/^\d{6}$/.test(code)) return false
-  return verifySync({ secret: open(totpKey(appSecret), sealed), token: code, epochTolerance: 30 }).valid
+  return totpStep(appSecret, sealed, code) !== null
+}
+
+/** The RFC 6238 time step the code belongs to (±1 step of drift), or null when it is wrong. */
+export function totpStep(appSecret: string, sealed: Buffer, code: string): number | null {
+  if (!/^\d{6}$/.test(code)) return null
+  const result = verifySync({ secret: open(totpKey(appSecret), sealed), token: code, epochTolerance: 30 })
+  return result.valid && 'timeStep' in result ? result.timeStep : null
 }
 
 /** Ten codes like `k3m9-x2qp-7rtd`: 60 bits each, so a plain SHA-256 is a safe way to store them. */

@@ -86,11 +86,28 @@ t.test('two-factor sign-in with codes from an independent generator (oathtool)',
   const wrong = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: challenge, code: code('now - 5 minutes') } })
   t.equal(wrong.status, 401)
   t.equal(wrong.body.code, 'invalid_2fa_code')
-  const right = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: challenge, code: code('now - 30 seconds') } })
+  // One code, taken at a fixed instant, so the replay below is the very same code.
+  const usedCode = code(`@${Math.floor(Date.now() / 1000) - 30}`)
+  const right = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: challenge, code: usedCode } })
   t.equal(right.status, 200, 'one step back is accepted')
   t.match(right.body, { token: /^crm_/, token_type: 'Bearer' })
   const reused = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: challenge, code: code() } })
   t.equal(reused.body.code, 'challenge_expired', 'a challenge completes once')
+
+  // The same code (or an older step's) does not sign in twice, even in a new challenge.
+  const replayChallenge = (await signIn('grace@example.com', PASSWORD)).body.challenge_token
+  const replayed = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: replayChallenge, code: usedCode } })
+  t.equal(replayed.status, 401, 'a code already used is refused')
+  t.equal(replayed.body.code, 'invalid_2fa_code')
+  const older = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: replayChallenge, code: code('now - 60 seconds') } })
+  t.equal(older.status, 401, 'an older step is refused too')
+  const newer = await server.request('POST', '/api/token/2fa-challenge', { body: { challenge_token: replayChallenge, code: code() } })
+  t.equal(newer.status, 200, 'a later step signs in')
+  await withOwner(url, async (client) => {
+    const { rows: [grace] } = await client.query("select id from crm.users where email = 'grace@example.com'")
+    const backwards = await client.query('update crm.user_totp set last_used_step = last_used_step - 1 where user_id = $1', [grace.id]).catch((error: { message: string }) => error)
+    t.match(backwards, { message: /a TOTP step is used once/ }, 'the database refuses moving the step back, even for the owner')
+  })
 
   const second = (await signIn('grace@example.com', PASSWORD)).body.challenge_token
   const recovery = enabled.json.recovery_codes[0]
