@@ -94,8 +94,14 @@ export function createAuthenticator(config: Config, credentialOf: (req: Incoming
 }
 
 const AUTH_COLUMNS = ['failure', 'user_id', 'workspace_id', 'workspace_slug', 'token_id', 'token_kind', 'is_admin', 'rate_count', 'rate_reset_seconds'] as const
-/** crm.authenticate's columns, renamed so they cannot collide with the route's (built once). */
-const AUTH_SELECT_LIST = sql.join(AUTH_COLUMNS.map((name) => sql.fragment`a.${sql.identifier([name])} as ${sql.identifier([`auth_${name}`])}`), sql.fragment`, `)
+/**
+ * crm.authenticate's columns, renamed so they cannot collide with the route's, and sent on the first
+ * row only (a page of 200 rows would otherwise carry them 200 times). Built once.
+ */
+const AUTH_SELECT_LIST = sql.join(
+  AUTH_COLUMNS.map((name) => sql.fragment`case when r.auth_row_number is null or r.auth_row_number = 1 then a.${sql.identifier([name])} end as ${sql.identifier([`auth_${name}`])}`),
+  sql.fragment`, `,
+)
 
 /**
  * A read that is one statement: crm.authenticate and the route's query travel together, with no
