@@ -118,6 +118,26 @@ t.test('authentication is one statement per request', async (t) => {
   t.ok(before >= 1)
 })
 
+t.test('reads that are one query send one statement: authentication and the query together', async (t) => {
+  const counted = await startTestServer(t, { databaseUrl: url, countQueries: true })
+  const acmeHeader = { 'x-tenant-slug': 'acme' }
+  const created = await counted.request('POST', '/api/contacts', { token: ada.token, headers: acmeHeader, body: { first_name: 'Single', email: 'single@statement.test' } })
+  t.equal(created.status, 201)
+  for (const path of [`/api/contacts/${created.body.data.id}`, '/api/contacts?limit=5', '/api/contacts/search?q=single']) {
+    counted.queries.length = 0
+    const response = await counted.request('GET', path, { token: ada.token, headers: acmeHeader })
+    t.equal(response.status, 200, path)
+    t.equal(counted.queries.length, 1, `${path}: one statement, no BEGIN or COMMIT`)
+    t.match(counted.queries[0], /crm\.authenticate/)
+    t.ok(Number(response.headers.get('ratelimit-remaining')) > 0, `${path}: rate-limit headers come from the same statement`)
+  }
+  const one = await counted.request('GET', `/api/contacts/${created.body.data.id}`, { token: ada.token, headers: acmeHeader })
+  t.equal(one.body.data.email, 'single@statement.test')
+  const refused = await counted.request('GET', `/api/contacts/${created.body.data.id}`, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })
+  t.equal(refused.status, 401, 'a wrong token is refused, and the record is not sent')
+  t.notOk(refused.body.data)
+})
+
 t.test('a request that fails after authentication still counts against the limit', async (t) => {
   const { members } = await createTenant(url, { members: { 'dan@y.test': 'admin' } })
   const token = members['dan@y.test'].token
