@@ -1,15 +1,15 @@
 // Import throughput: a BENCH_IMPORT_ROWS-row contacts file (default 100,000, with a company_name
 // column linking 1,000 companies) landed by the process_import job — staging, set-wise checks,
 // RLS as crm_api, the outbox events — against the fastest bare load of the same file in the same
-// run: a server-side COPY into an unconstrained table (or, when the database user may not read
-// server files, one INSERT ... SELECT FROM json_to_recordset per 5,000 rows).
+// run: a raw COPY ... FROM STDIN of the file's bytes into an unconstrained table (no index, no
+// constraint, no trigger). It works against any PostgreSQL, since the client sends the file.
 //
 //   node bench/imports.ts                       prints a markdown report
 //   BENCH_IMPORT_ROWS=20000 node bench/imports.ts
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
 import pg from 'pg'
+import { from as copyFrom } from 'pg-copy-streams'
 import { benchWorkspace, provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
@@ -24,7 +24,6 @@ function contactsFile(rows: number): string {
 
 async function main(): Promise<void> {
   const database = await provision()
-  const workDir = mkdtempSync(join(tmpdir(), 'crm-bench-import-'))
   try {
     const { inspectCsv } = await import('../src/imports/csv-file.ts')
     const { suggestMapping } = await import('../src/imports/suggest-mapping.ts')
@@ -33,36 +32,14 @@ async function main(): Promise<void> {
 
     const text = contactsFile(ROWS)
     const bytes = Buffer.from(text)
-    const file = join(workDir, 'contacts.csv')
-    writeFileSync(file, bytes)
     const client = new pg.Client({ connectionString: database.url })
     await client.connect()
 
-    // Baseline: the same rows into an unconstrained table, as fast as this database takes them.
-    await client.query('create unlogged table if not exists public.bench_raw (first_name text, last_name text, email text, phone text, job_title text, city text, country text, company text)')
-    await client.query('alter table public.bench_raw set logged')
-    let baselineLabel = 'server-side COPY into an unconstrained table'
+    // Baseline: the same file into an unconstrained table, as fast as this database takes it.
+    await client.query('create table if not exists public.bench_raw (first_name text, last_name text, email text, phone text, job_title text, city text, country text, company text)')
+    const baselineLabel = 'raw COPY ... FROM STDIN of the same file into an unconstrained table'
     let started = performance.now()
-    try {
-      await client.query(`copy public.bench_raw from '${file.replace(/'/g, "''")}' with (format csv, header true)`)
-    } catch {
-      baselineLabel = 'INSERT ... SELECT FROM json_to_recordset, 5,000 rows a statement, into an unconstrained table'
-      started = performance.now()
-      const { readCsvRecords } = await import('../src/imports/csv-file.ts')
-      let chunk: string[][] = []
-      const flush = async () => {
-        await client.query(
-          `insert into public.bench_raw select r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8] from (select array(select json_array_elements_text(e)) as r from json_array_elements($1::json) e) x`,
-          [JSON.stringify(chunk)],
-        )
-        chunk = []
-      }
-      for await (const record of readCsvRecords(bytes, ',')) {
-        chunk.push(record.values)
-        if (chunk.length === 5000) await flush()
-      }
-      if (chunk.length) await flush()
-    }
+    await pipeline(Readable.from([bytes]), client.query(copyFrom('copy public.bench_raw from stdin with (format csv, header true)')))
     const baselineSeconds = (performance.now() - started) / 1000
     const { rows: [{ n: baselineRows }] } = await client.query('select count(*)::int as n from public.bench_raw')
 
@@ -101,10 +78,9 @@ ${ROWS.toLocaleString('en-US')} contacts rows (8 columns, a quoted comma and non
 | baseline: ${baselineLabel} | ${baselineSeconds.toFixed(2)} | ${rate(baselineSeconds)} |
 | upload inspection (parse, count, sample, suggest mapping) | ${inspectSeconds.toFixed(2)} | ${rate(inspectSeconds)} |
 | process_import job: stage, check, land as crm_api with RLS, ${result.events.toLocaleString('en-US')} events | ${importSeconds.toFixed(2)} | ${rate(importSeconds)} |
-| **job rows/s vs baseline** | | **${((ROWS / importSeconds) / (ROWS / baselineSeconds) * 100).toFixed(1)} %** (target: ≥ 20,000 rows/s) |
+| **job rows/s vs the raw COPY** | | **${((ROWS / importSeconds) / (ROWS / baselineSeconds) * 100).toFixed(1)} %** (target: ≥ 20,000 rows/s) |
 `)
   } finally {
-    rmSync(workDir, { recursive: true, force: true })
     await database.stop()
   }
 }

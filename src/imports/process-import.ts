@@ -7,11 +7,18 @@
 // its events, its errors, its counts and the new last_row_done together. A worker killed at any
 // point leaves whole batches; the retried job (graphile-worker hands it to the next worker) skips
 // the staging when done and resumes after last_row_done.
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import type { Submittable } from 'pg'
+import { from as copyFrom } from 'pg-copy-streams'
 import { readCsvRecords, CsvFileError, type Delimiter } from './csv-file.ts'
-import { landBatch, type ImportPlan, type Queryable } from './land-batch.ts'
+import { landBatch, repeatKeyOf, type ImportPlan, type Queryable } from './land-batch.ts'
 import type { ImportType } from './suggest-mapping.ts'
 
 export type ImportJob = { workspace_id: string; import_id: string }
+
+/** A pg client (the worker's or a test's): statements, plus COPY streams for staging. */
+export type ImportClient = Queryable & { query<T extends Submittable>(submittable: T): T }
 
 export type ProcessOptions = {
   batchSize?: number
@@ -30,6 +37,7 @@ const FILE_SLICE_BYTES = 1024 * 1024
 export class ImportRefused extends Error {}
 
 type ImportRow = {
+  user_id: string
   status: string
   staged: boolean
   delimiter: Delimiter
@@ -46,42 +54,64 @@ type ImportRow = {
 
 async function readImport(client: Queryable, job: ImportJob): Promise<ImportRow | null> {
   const { rows } = await client.query(
-    `select status, staged, delimiter, record_type, columns, mapping, mode, match_on, dry_run, last_row_done, file_size, file_bytes is not null as has_file
+    `select user_id, status, staged, delimiter, record_type, columns, mapping, mode, match_on, dry_run, last_row_done, file_size, file_bytes is not null as has_file
        from crm.imports where workspace_id = $1 and id = $2`,
     [job.workspace_id, job.import_id],
   )
   return rows[0] ?? null
 }
 
-/** The stored file, read in slices so that neither the database nor the worker holds it whole. */
+/**
+ * The stored file, read in slices so that neither the database nor the worker holds it whole.
+ * Sent as base64: pg decodes a bytea's hex text in JavaScript, which took longer than the read.
+ */
 async function* fileSlices(client: Queryable, job: ImportJob, size: number): AsyncGenerator<Buffer> {
   for (let offset = 0; offset < size; offset += FILE_SLICE_BYTES) {
-    const { rows } = await client.query('select substring(file_bytes from $3::int for $4::int) as slice from crm.imports where workspace_id = $1 and id = $2', [
+    const { rows } = await client.query(`select encode(substring(file_bytes from $3::int for $4::int), 'base64') as slice from crm.imports where workspace_id = $1 and id = $2`, [
       job.workspace_id,
       job.import_id,
       offset + 1,
       FILE_SLICE_BYTES,
     ])
-    yield rows[0].slice as Buffer
+    yield Buffer.from(rows[0].slice as string, 'base64')
   }
 }
 
-async function stage(client: Queryable, job: ImportJob, row: ImportRow): Promise<void> {
+/** A PostgreSQL array literal of text values, every element quoted. */
+function textArrayLiteral(values: string[]): string {
+  return `{${values.map((value) => `"${value.replaceAll('\\', '\\\\').replaceAll('"', '\\"')}"`).join(',')}}`
+}
+
+/** One CSV field for COPY ... (format csv): always quoted, quotes doubled. */
+const csvField = (value: string) => `"${value.replaceAll('"', '""')}"`
+
+/** The file's records as COPY lines of crm.import_rows, in chunks of STAGE_CHUNK_RECORDS lines. */
+async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
+  const prefix = `${job.workspace_id},${job.import_id},`
+  let chunk = ''
+  let lines = 0
+  for await (const record of readCsvRecords(fileSlices(client, job, row.file_size), row.delimiter)) {
+    chunk += `${prefix}${record.row},${row.user_id},${csvField(textArrayLiteral(record.values))}\n`
+    if (++lines >= STAGE_CHUNK_RECORDS) {
+      yield chunk
+      chunk = ''
+      lines = 0
+    }
+  }
+  if (chunk) yield chunk
+}
+
+// The records go in with COPY (measured: about a third of the database time of the
+// json_to_recordset INSERT it replaces).
+async function stage(client: ImportClient, job: ImportJob, row: ImportRow): Promise<void> {
   if (!row.has_file) throw new ImportRefused('the file of this import has been removed; upload it again')
   await client.query('begin')
   try {
     await client.query('delete from crm.import_rows where workspace_id = $1 and import_id = $2', [job.workspace_id, job.import_id])
-    let chunk: { row: number; cells: string[] }[] = []
-    const flush = async () => {
-      if (chunk.length === 0) return
-      await client.query('select crm.stage_import_rows($1, $2, $3::json)', [job.workspace_id, job.import_id, JSON.stringify(chunk)])
-      chunk = []
+    // One COPY per chunk: the file's slices are read on this same connection, between COPYs.
+    for await (const chunk of stagedLines(client, job, row)) {
+      await pipeline(Readable.from([chunk]), client.query(copyFrom('copy crm.import_rows (workspace_id, import_id, row, user_id, cells) from stdin with (format csv)')))
     }
-    for await (const record of readCsvRecords(fileSlices(client, job, row.file_size), row.delimiter)) {
-      chunk.push({ row: record.row, cells: record.values })
-      if (chunk.length >= STAGE_CHUNK_RECORDS) await flush()
-    }
-    await flush()
     await client.query('update crm.imports set staged = true where workspace_id = $1 and id = $2', [job.workspace_id, job.import_id])
     await client.query('commit')
   } catch (error) {
@@ -101,7 +131,7 @@ export async function markFailed(client: Queryable, job: ImportJob, message: str
 }
 
 /** Runs (or resumes) one import to its end. Returns false when there was nothing to do. */
-export async function processImport(client: Queryable, job: ImportJob, options: ProcessOptions = {}): Promise<boolean> {
+export async function processImport(client: ImportClient, job: ImportJob, options: ProcessOptions = {}): Promise<boolean> {
   const batchSize = options.batchSize ?? DEFAULT_BATCH_SIZE
   const row = await readImport(client, job)
   if (!row || !['queued', 'processing'].includes(row.status)) return false
@@ -115,7 +145,6 @@ export async function processImport(client: Queryable, job: ImportJob, options: 
           await client.query('rollback')
           return false
         }
-        await client.query(`select set_config('role', 'crm_api', true)`)
         const plan: ImportPlan = {
           importId: job.import_id,
           type: current.record_type,
@@ -125,6 +154,13 @@ export async function processImport(client: Queryable, job: ImportJob, options: 
           matchOn: current.match_on,
           dryRun: current.dry_run,
         }
+        // A run's first batch marks the file's repeated keys once (still as the owner), committed
+        // with that batch; every batch of the run then reads its rows' marks.
+        if (current.last_row_done === 0) {
+          const key = repeatKeyOf(plan)
+          await client.query('select crm.mark_import_repeats($1, $2, $3, $4)', [job.workspace_id, job.import_id, key?.kind ?? null, key?.column ?? null])
+        }
+        await client.query(`select set_config('role', 'crm_api', true)`)
         const outcome = await landBatch(client, plan, current.last_row_done, batchSize)
         if (outcome.rows === 0) {
           await client.query('rollback')
