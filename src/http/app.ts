@@ -123,7 +123,10 @@ export function createApp(
         : await admission.run(() => {
             if (definition.singleStatement && statements) {
               const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
-              return definition.handler({ ...base, db: db.connection, get caller() { return db.caller() } } as RouteContext)
+              return definition.handler({ ...base, db: db.connection, get caller() { return db.caller() } } as RouteContext).catch(async (error: unknown) => {
+                await db.authenticateIfNotSent()
+                throw error
+              })
             }
             return pool.transaction(async (db) => {
               const caller = await authenticate(db, req, req.requestId)

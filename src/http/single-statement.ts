@@ -3,7 +3,7 @@
 // route's rows as slonik would. A second query is a programming error: it would run outside the
 // statement's implicit transaction and without the caller's context.
 import { createHash } from 'node:crypto'
-import { DataIntegrityError, NotFoundError } from 'slonik'
+import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { StatementAuthenticator } from './app.ts'
 import type { Caller } from './route.ts'
@@ -67,6 +67,13 @@ export function singleStatementConnection(pool: DatabasePool, authentication: Re
   }
   return {
     connection: connection as unknown as DatabaseTransactionConnection,
+    /**
+     * For a handler that failed before sending its query (a malformed id, a bad filter):
+     * authenticate on its own, so a bad token still answers 401 first and the request is counted.
+     */
+    authenticateIfNotSent: async (): Promise<void> => {
+      if (!sent) await rowsOf(sql.unsafe`select null where false`)
+    },
     caller: (): Caller => {
       if (!caller) throw new Error('a single-statement route read the caller before its query')
       return caller

@@ -136,6 +136,13 @@ t.test('reads that are one query send one statement: authentication and the quer
   const refused = await counted.request('GET', `/api/contacts/${created.body.data.id}`, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })
   t.equal(refused.status, 401, 'a wrong token is refused, and the record is not sent')
   t.notOk(refused.body.data)
+  // A request the route refuses before its query (malformed id, bad filter) is still authenticated first.
+  for (const path of ['/api/contacts/not-a-uuid', '/api/contacts?filter[nope]=1']) {
+    t.equal((await counted.request('GET', path, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })).status, 401, `${path} with a wrong token: 401`)
+    const valid = await counted.request('GET', path, { token: ada.token, headers: acmeHeader })
+    t.ok(valid.status === 404 || valid.status === 400, `${path} with a good token: the route's own answer (${valid.status})`)
+    t.ok(Number(valid.headers.get('ratelimit-remaining')) > 0, `${path}: counted, with rate-limit headers`)
+  }
 })
 
 t.test('a request that fails after authentication still counts against the limit', async (t) => {
