@@ -47,16 +47,16 @@ export function deliverWebhook(config: Config, sender: WebhookBatchSender): Task
 
     let rows: DeliveryToSend[]
     try {
-      rows = (await helpers.query<DeliveryToSend>('select * from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [payload.w, subscriptionId, ids, generations])).rows
+      rows = (await sender.query<DeliveryToSend>(helpers, 'select * from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [payload.w, subscriptionId, ids, generations])).rows
     } catch (error) {
       if (holdsSlot) limiter.release(subscriptionId)
       throw error
     }
     const rest = await sender.sendAndRecord(helpers, payload.w, subscriptionId, rows, { holdsSlot, ordered: payload.o })
     // Not attempted (a slow endpoint, or the batch's time budget): a job of its own.
-    if (rest.length > 0) await later(rest.map((row) => row.delivery_id), rest.map((row) => row.generation), DEFER_MS)
+    if (rest.length > 0) await later(rest.map((row) => row.delivery_id), rest.map((row) => row.generation!), DEFER_MS)
     // Stale job, final delivery, or now held: a release goes on with its next delivery either way.
-    if (payload.o) await helpers.query('select crm.continue_webhook_release($1, $2)', [payload.w, subscriptionId])
+    if (payload.o) await sender.query(helpers, 'select crm.continue_webhook_release($1, $2)', [payload.w, subscriptionId])
   }
 }
 

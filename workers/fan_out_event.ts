@@ -1,41 +1,36 @@
 // fan_out_event: the outbox hand-off. One job per statement that wrote events: one delivery per
-// matching subscription (held when paused, none while the plan has lapsed), created in one
-// transaction, then the first attempts of the new pending deliveries made right here, per
-// subscription, through the batch sender deliver_webhook uses (same per-subscription cap), and
-// recorded in one call per subscription. No deliver_webhook job per first attempt: a batch the cap
-// does not let through within a few milliseconds (a slow endpoint) is handed to a deliver_webhook
-// job instead, so one slow endpoint never holds this job.
+// matching subscription, its first attempt made right here, per subscription, through the batch
+// sender deliver_webhook uses (same per-subscription cap), and the deliveries created as their
+// attempts are recorded (crm.record_first_webhook_attempts), in one call per subscription. No
+// pending row is written first and no deliver_webhook job added per first attempt. A paused
+// subscription's deliveries are created held by the read (crm.webhook_first_attempts_to_send); none
+// is created while the plan has lapsed. A batch the cap does not let through within a few
+// milliseconds (a slow endpoint) is recorded pending and handed to a deliver_webhook job instead,
+// so one slow endpoint never holds this job.
 //
-// Kill safety: until this job completes it is the only owner of its deliveries' first attempts. Run
-// again (a killed worker's job is unlocked by the heartbeat), it creates nothing twice and sends
-// again the deliveries that are still unattempted (crm.fan_out_webhook_events); one handed to a job
-// has a new generation and is left to that job.
+// Kill safety: until this job completes it owns the first attempts of its events. Run again (a
+// killed worker's job is unlocked by the heartbeat), it sends again the ones not yet recorded,
+// with the same delivery ids (derived from event and subscription), and creates nothing twice.
 import type { JobHelpers, Task } from 'graphile-worker'
 import { WAIT_FOR_SLOT_MS, type DeliveryToSend, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 type Row = DeliveryToSend & { workspace_id: string; subscription_id: string }
 
-/** Without a sender (tests of the SQL alone), every first attempt goes through a deliver_webhook job. */
-export function fanOutEvent(sender: WebhookBatchSender | null): Task {
+export function fanOutEvent(sender: WebhookBatchSender): Task {
   return async (payload, helpers) => {
     const eventIds = (payload as { event_ids?: unknown }).event_ids
     if (!Array.isArray(eventIds) || eventIds.length === 0) return
-    if (sender === null) {
-      // No sender in this task list: every first attempt goes through its own deliver_webhook job.
-      await helpers.query('select crm.fan_out_events($1::uuid[])', [eventIds])
-      return
-    }
-    // A second run of this job (after a kill or a failure) also picks up what the first left unattempted.
+    // A second run of this job (after a kill or a failure) leaves out what the first recorded.
     const rerun = helpers.job.attempts > 1
-    const { rows } = await helpers.query<Row>('select * from crm.fan_out_webhook_events($1::uuid[], $2)', [eventIds, rerun])
-    const batches = new Map<string, Row[]>()
+    const { rows } = await sender.query<Row>(helpers, 'select * from crm.webhook_first_attempts_to_send($1::uuid[], $2)', [eventIds, rerun])
+    // Rows come ordered by subscription.
+    const batches: Row[][] = []
     for (const row of rows) {
-      const key = `${row.workspace_id} ${row.subscription_id}`
-      const batch = batches.get(key)
-      if (batch === undefined) batches.set(key, [row])
-      else batch.push(row)
+      const batch = batches.at(-1)
+      if (batch !== undefined && batch[0].subscription_id === row.subscription_id && batch[0].workspace_id === row.workspace_id) batch.push(row)
+      else batches.push([row])
     }
-    const outcomes = await Promise.allSettled([...batches.values()].map((batch) => firstAttempts(sender, helpers, batch)))
+    const outcomes = await Promise.allSettled(batches.map((batch) => firstAttempts(sender, helpers, batch)))
     const failed = outcomes.find((outcome) => outcome.status === 'rejected')
     if (failed) throw failed.reason
   }
@@ -44,13 +39,5 @@ export function fanOutEvent(sender: WebhookBatchSender | null): Task {
 async function firstAttempts(sender: WebhookBatchSender, helpers: JobHelpers, batch: Row[]): Promise<void> {
   const { workspace_id: workspaceId, subscription_id: subscriptionId } = batch[0]
   const holdsSlot = await sender.limiter.acquire(subscriptionId, WAIT_FOR_SLOT_MS)
-  const rest = holdsSlot ? await sender.sendAndRecord(helpers, workspaceId, subscriptionId, batch, { holdsSlot }) : batch
-  if (rest.length > 0) {
-    await helpers.query('select crm.defer_webhook_deliveries($1, $2, $3::uuid[], $4::int[])', [
-      workspaceId,
-      subscriptionId,
-      rest.map((row) => row.delivery_id),
-      rest.map((row) => row.generation),
-    ])
-  }
+  await sender.sendAndRecord(helpers, workspaceId, subscriptionId, batch, { holdsSlot, firstAttempts: true })
 }

@@ -1,15 +1,17 @@
 // Sends a batch of deliveries of one subscription and records every attempt in one call. Shared by
-// the two tasks that make attempts: fan_out_event (first attempts, right after it created the
-// deliveries) and deliver_webhook (retries, releases, redeliveries, deferred batches).
+// the two tasks that make attempts: fan_out_event (first attempts, before their delivery rows
+// exist) and deliver_webhook (retries, releases, redeliveries, deferred first attempts).
 //
 // All HTTP happens outside any transaction: the caller's read committed first, and the attempts
-// are recorded afterwards by crm.record_webhook_attempts, which also adds the retry jobs (run_at per
-// WEBHOOK_RETRY_SCHEDULE) and applies the dead/auto-pause rule. A worker killed mid-batch leaves
-// its job locked; the heartbeat unlocks it and the job runs again, sending what was not recorded
-// (at least once; receivers deduplicate on X-Service-Delivery-Id).
+// are recorded afterwards by crm.record_first_webhook_attempts (which creates the deliveries) or
+// crm.record_webhook_attempts; both add the retry jobs (run_at per WEBHOOK_RETRY_SCHEDULE), the
+// latter also applies the dead/auto-pause rule. A worker killed mid-batch leaves its job locked;
+// the heartbeat unlocks it and the job runs again, sending what was not recorded (at least once;
+// receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
 import { readFileSync } from 'node:fs'
 import type { KeyObject } from 'node:crypto'
 import type { JobHelpers } from 'graphile-worker'
+import type { QueryResult, QueryResultRow } from 'pg'
 import type { Config } from '../config.ts'
 import { parseCidrList, type AddressPolicy } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
@@ -25,30 +27,53 @@ export const USER_AGENT = `crm-webhooks/${VERSION}`
 export const WAIT_FOR_SLOT_MS = 50
 /** No attempt of a batch starts later than this after its first. */
 const BATCH_BUDGET_MS = 2_000
+/**
+ * Webhook statements (reads and records) running at once in this process. Every job slot may hold
+ * a batch, but the database does the batches' work no faster with 20 of them at once than with a
+ * few: more only contend for the same index pages and the same subscription row. In the benchmark
+ * (bench/webhooks.ts, two cores) PostgreSQL spent about a tenth less CPU per delivery with 4 than
+ * with 20, at the same throughput. The others wait their turn while their HTTP goes on.
+ */
+export const DATABASE_CONCURRENCY = 4
 
-/** One delivery to attempt, as crm.webhook_deliveries_to_send and crm.fan_out_webhook_events return it. */
+/**
+ * One delivery to attempt, as crm.webhook_first_attempts_to_send and crm.webhook_deliveries_to_send
+ * return it: the body around its delivered_at, the endpoint and its secrets (the same on every row
+ * of a subscription).
+ */
 export type DeliveryToSend = {
   delivery_id: string
-  generation: number
   event_id: string
   event: string
-  occurred_at: Date
-  data: Record<string, unknown>
-  actor: Record<string, unknown>
-  attempt: number
-  workspace_slug: string
+  body_head: string
+  body_tail: string
   url: string
   secret_encrypted: Buffer
   previous_secret_encrypted: Buffer | null
+  /** The generation its deliver_webhook job carries; absent for a first attempt (no row yet). */
+  generation?: number
 }
 
 type Sent = { row: DeliveryToSend; startedAt: Date; result: WebhookAttempt }
+
+export type SendOptions = {
+  /** The caller already took one slot of the subscription, which this gives back. */
+  holdsSlot: boolean
+  /** A resume's release: one delivery, sent even at the cap. */
+  ordered?: boolean
+  /**
+   * fan_out_event's first attempts: the deliveries are created as they are recorded, those not
+   * attempted included (pending, handed to a deliver_webhook job), so nothing comes back.
+   */
+  firstAttempts?: boolean
+}
 
 export class WebhookBatchSender {
   readonly limiter: SubscriptionLimiter
   readonly #config: Config
   readonly #policy: AddressPolicy
   readonly #secretKey: Buffer
+  readonly #database = new Slots(DATABASE_CONCURRENCY)
   // Opening a secret and building its HMAC key costs more than the HMAC itself; sealed bytes are
   // immutable (rotation writes new ones), so they are a safe cache key.
   readonly #signingKeys = new Map<string, KeyObject>()
@@ -60,24 +85,30 @@ export class WebhookBatchSender {
     this.limiter = new SubscriptionLimiter(config.webhook.concurrencyPerSubscription)
   }
 
+  /** A webhook statement, run when one of the process's DATABASE_CONCURRENCY slots is free. */
+  query<R extends QueryResultRow>(helpers: JobHelpers, text: string, values: unknown[]): Promise<QueryResult<R>> {
+    return this.#database.run(() => helpers.query<R>(text, values))
+  }
+
   /**
-   * Sends the rows (all of one subscription) and records the attempts made. `holdsSlot`: the caller
-   * already took one slot of the subscription, which this gives back. `ordered`: a resume's release,
-   * one delivery sent even at the cap. Returns the rows not attempted (a slow endpoint or the batch
-   * budget), which the caller hands to a later job.
+   * Sends the rows (all of one subscription) and records the attempts made. Returns the rows not
+   * attempted (a slow endpoint or the batch budget), which the caller hands to a later job; with
+   * `firstAttempts` those are recorded too, and nothing comes back.
    */
   async sendAndRecord(
     helpers: JobHelpers,
     workspaceId: string,
     subscriptionId: string,
     rows: DeliveryToSend[],
-    options: { holdsSlot: boolean; ordered?: boolean },
+    options: SendOptions,
   ): Promise<DeliveryToSend[]> {
     const { limiter } = this
     const ordered = options.ordered ?? false
-    if (rows.length === 0) {
+    const firstAttempts = options.firstAttempts ?? false
+    if (rows.length === 0 || (!options.holdsSlot && !ordered)) {
       if (options.holdsSlot) limiter.release(subscriptionId)
-      return []
+      if (firstAttempts) await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, [], rows)
+      return firstAttempts ? [] : rows
     }
     const secrets = [this.#signingKey(rows[0].secret_encrypted, workspaceId)]
     if (rows[0].previous_secret_encrypted !== null) secrets.push(this.#signingKey(rows[0].previous_secret_encrypted, workspaceId))
@@ -116,16 +147,22 @@ export class WebhookBatchSender {
     const wanted = ordered ? 1 : Math.min(limiter.limit, rows.length)
     while (senders.length < wanted && next < rows.length && limiter.tryAcquire(subscriptionId)) senders.push(sender(true))
     const outcomes = await Promise.allSettled(senders)
+    const failed = outcomes.find((outcome) => outcome.status === 'rejected')
+    const rest = rows.slice(next)
 
-    if (sent.length > 0) {
-      await helpers.query(
+    if (firstAttempts) {
+      // After a failure only what was sent is recorded: the job runs again and sends the rest.
+      await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, sent, failed ? [] : rest)
+    } else if (sent.length > 0) {
+      await this.query(
+        helpers,
         'select crm.record_webhook_attempts($1, $2, $3::uuid[], $4::int[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
         [
           workspaceId,
           subscriptionId,
           sent.map((s) => s.row.delivery_id),
           sent.map((s) => s.row.generation),
-          sent.map((s) => s.startedAt),
+          sent.map((s) => s.startedAt.toISOString()),
           sent.map((s) => s.result.durationMs),
           sent.map((s) => s.result.status),
           sent.map((s) => s.result.error),
@@ -134,11 +171,32 @@ export class WebhookBatchSender {
         ],
       )
     }
-    const failed = outcomes.find((outcome) => outcome.status === 'rejected')
     // What a sender took and then threw on was neither sent nor recorded: the job fails and runs
     // again, sending whatever is still due.
     if (failed) throw failed.reason
-    return rows.slice(next)
+    return firstAttempts ? [] : rest
+  }
+
+  /** Creates the deliveries of first attempts: those sent with their attempt, the rest pending (a job each batch). */
+  async #recordFirstAttempts(helpers: JobHelpers, workspaceId: string, subscriptionId: string, sent: Sent[], notAttempted: DeliveryToSend[]): Promise<void> {
+    if (sent.length === 0 && notAttempted.length === 0) return
+    const none = notAttempted.map(() => null)
+    await this.query(
+      helpers,
+      'select crm.record_first_webhook_attempts($1, $2, $3::uuid[], $4::uuid[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
+      [
+        workspaceId,
+        subscriptionId,
+        [...sent.map((s) => s.row.delivery_id), ...notAttempted.map((row) => row.delivery_id)],
+        [...sent.map((s) => s.row.event_id), ...notAttempted.map((row) => row.event_id)],
+        [...sent.map((s) => s.startedAt.toISOString()), ...none],
+        [...sent.map((s) => s.result.durationMs), ...none],
+        [...sent.map((s) => s.result.status), ...none],
+        [...sent.map((s) => s.result.error), ...none],
+        [...sent.map((s) => s.result.bodyExcerpt), ...none],
+        this.#config.webhook.retryScheduleMs,
+      ],
+    )
   }
 
   #signingKey(sealed: Buffer, workspaceId: string): KeyObject {
@@ -154,23 +212,11 @@ export class WebhookBatchSender {
 
   async #send(workspaceId: string, subscriptionId: string, row: DeliveryToSend, secrets: KeyObject[]): Promise<Sent> {
     const startedAt = new Date()
-    const body = deliveryBody(
-      {
-        deliveryId: row.delivery_id,
-        eventId: row.event_id,
-        event: row.event,
-        occurredAt: row.occurred_at,
-        workspace: { id: workspaceId, slug: row.workspace_slug },
-        data: row.data,
-        actor: row.actor,
-      },
-      startedAt,
-    )
     const result = await sendSignedWebhook({
       url: row.url,
       policy: this.#policy,
       secrets,
-      body,
+      body: deliveryBody(row, startedAt),
       timeoutMs: this.#config.webhook.timeoutMs,
       headers: {
         'user-agent': USER_AGENT,
@@ -183,3 +229,25 @@ export class WebhookBatchSender {
   }
 }
 
+/** At most `size` holders at once; the others wait their turn, first come first served. */
+class Slots {
+  #free: number
+  readonly #waiting: (() => void)[] = []
+
+  constructor(size: number) {
+    this.#free = size
+  }
+
+  async run<T>(work: () => Promise<T>): Promise<T> {
+    if (this.#free > 0) this.#free--
+    else await new Promise<void>((resolve) => this.#waiting.push(resolve))
+    try {
+      return await work()
+    } finally {
+      // The slot passes straight to the next in line, or becomes free.
+      const next = this.#waiting.shift()
+      if (next === undefined) this.#free++
+      else next()
+    }
+  }
+}

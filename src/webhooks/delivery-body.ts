@@ -1,27 +1,20 @@
-// The JSON body of one attempt (API.md section 8): the event as the outbox recorded it, plus
-// delivery_id and delivered_at, written as pure ASCII (see ascii-json.ts).
-import { asciiJson } from './ascii-json.ts'
+// The JSON body of one attempt (API.md section 8). PostgreSQL writes it around its delivered_at
+// (crm.webhook_body_head and crm.webhook_body_tail: the event as the outbox recorded it, the
+// delivery id and the workspace), so the worker neither parses nor re-serialises the event; it
+// adds the moment of the attempt and makes the whole body pure ASCII (see ascii-json.ts).
+import { escapeNonAscii } from './ascii-json.ts'
 
-export type EventToDeliver = {
-  deliveryId: string
-  eventId: string
-  event: string
-  occurredAt: Date
-  workspace: { id: string; slug: string }
-  /** {object, previous_attributes?, associations_changed?} as crm.events.data holds it */
-  data: Record<string, unknown>
-  actor: Record<string, unknown>
+export type DeliveryBodyParts = {
+  /** Up to and including the opening quote of delivered_at's value. */
+  body_head: string
+  /** From the closing quote of delivered_at's value to the end. */
+  body_tail: string
 }
 
-export function deliveryBody(event: EventToDeliver, deliveredAt: Date): string {
-  return asciiJson({
-    id: event.eventId,
-    event: event.event,
-    occurred_at: event.occurredAt.toISOString(),
-    delivered_at: deliveredAt.toISOString(),
-    delivery_id: event.deliveryId,
-    workspace: event.workspace,
-    data: event.data,
-    actor: event.actor,
-  })
+/** The bytes to sign and send. */
+export function deliveryBody(parts: DeliveryBodyParts, deliveredAt: Date): Buffer {
+  const text = parts.body_head + deliveredAt.toISOString() + parts.body_tail
+  const bytes = Buffer.from(text, 'utf8')
+  // One UTF-8 byte per character: the text is ASCII already (the usual case), and these are the bytes.
+  return bytes.length === text.length ? bytes : Buffer.from(escapeNonAscii(text), 'latin1')
 }

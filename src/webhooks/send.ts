@@ -1,10 +1,13 @@
-// One delivery attempt. The address guard runs again here, and the connection goes to exactly the
-// address it approved: re-resolving at connect time would let a DNS answer that changed between
-// check and connect (DNS rebinding) reach a private address.
-import type { LookupFunction } from 'node:net'
+// One delivery attempt. The address guard runs again here (a host name is resolved and checked at
+// every attempt), and the connection goes to exactly the address it approved: re-resolving at
+// connect time would let a DNS answer that changed between check and connect (DNS rebinding) reach
+// a private address.
+import { isAscii } from 'node:buffer'
 import type { KeyObject } from 'node:crypto'
+import { isIP, type LookupFunction } from 'node:net'
+import type { Readable } from 'node:stream'
 import { Pool } from 'undici'
-import { checkWebhookUrl, type AddressPolicy, type ResolvedAddress } from './address-guard.ts'
+import { checkWebhookUrl, type AddressPolicy, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
 import { signatureHeader } from './signature.ts'
 
 export type WebhookAttemptError =
@@ -42,6 +45,7 @@ export const EXCERPT_BYTES = 2048
 // closing the socket, so a receiver cannot make us read an unbounded body.
 const DRAIN_LIMIT_BYTES = 64 * 1024
 const MAX_CACHED_POOLS = 256
+const MAX_CACHED_CHECKS = 1024
 
 export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<WebhookAttempt> {
   const timeoutMs = request.timeoutMs ?? DEFAULT_TIMEOUT_MS
@@ -53,7 +57,8 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
   let status: number | null = null
   let excerpt: ExcerptReader | null = null
   try {
-    const check = await beforeDeadline(checkWebhookUrl(request.url, request.policy), deadline.signal)
+    const pending = checkTarget(request.url, request.policy)
+    const check = pending instanceof Promise ? await beforeDeadline(pending, deadline.signal) : pending
     if (!check.ok) {
       const error = check.code === 'dns_failed' ? 'dns_failed' : 'address_refused'
       return { status: null, error, durationMs: elapsed(), bodyExcerpt: null, detail: check.reason }
@@ -95,25 +100,49 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
 export async function closeWebhookConnections(): Promise<void> {
   const closing = [...pools.values()].map((pool) => pool.close())
   pools.clear()
+  newestPoolKey = ''
   await Promise.allSettled(closing)
+}
+
+// An IP-literal URL passes or fails the guard the same way every time under one policy (no name
+// to resolve), so its verdict is kept; a host name is resolved and checked again at every attempt.
+const checksByPolicy = new WeakMap<AddressPolicy, Map<string, WebhookUrlCheck>>()
+
+function checkTarget(url: string, policy: AddressPolicy): WebhookUrlCheck | Promise<WebhookUrlCheck> {
+  const known = checksByPolicy.get(policy)?.get(url)
+  if (known !== undefined) return known
+  return checkWebhookUrl(url, policy).then((check) => {
+    if (check.ok && isIP(check.host) !== 0) {
+      let checks = checksByPolicy.get(policy)
+      if (checks === undefined) checksByPolicy.set(policy, (checks = new Map()))
+      if (checks.size >= MAX_CACHED_CHECKS) checks.clear()
+      checks.set(url, check)
+    }
+    return check
+  })
 }
 
 // Keyed by origin and dialled address, so keep-alive connections are reused across deliveries but
 // never shared between two addresses the same name resolved to. Map order doubles as LRU order.
 const pools = new Map<string, Pool>()
+let newestPoolKey = ''
 
 function pinnedPool(origin: string, target: ResolvedAddress): Pool {
   const key = `${origin} ${target.address}`
   const cached = pools.get(key)
   if (cached !== undefined) {
-    pools.delete(key)
-    pools.set(key, cached)
+    if (key !== newestPoolKey) {
+      pools.delete(key)
+      pools.set(key, cached)
+      newestPoolKey = key
+    }
     return cached
   }
   // The origin keeps the real host name, so undici sends it in Host and as TLS SNI and verifies the
   // certificate against it; only the lookup is replaced. An IP-literal origin skips lookup anyway.
   const pool = new Pool(origin, { connect: { lookup: pinnedLookup(target) }, keepAliveTimeout: 30_000 })
   pools.set(key, pool)
+  newestPoolKey = key
   if (pools.size > MAX_CACHED_POOLS) {
     const [oldestKey, oldest] = pools.entries().next().value as [string, Pool]
     pools.delete(oldestKey)
@@ -142,25 +171,46 @@ class ExcerptReader {
   #kept: Buffer[] = []
   #keptBytes = 0
 
-  async consume(body: AsyncIterable<Buffer>): Promise<void> {
-    let seenBytes = 0
-    for await (const chunk of body) {
-      if (this.#keptBytes < EXCERPT_BYTES) {
-        const piece = Buffer.from(chunk.subarray(0, EXCERPT_BYTES - this.#keptBytes))
-        this.#kept.push(piece)
-        this.#keptBytes += piece.length
+  /** Reads the answer to its end, keeping the first EXCERPT_BYTES; gives up on it past DRAIN_LIMIT_BYTES. */
+  consume(body: Readable): Promise<void> {
+    // Stream events rather than an async iterator: the same outcome for less work per answer,
+    // and most answers are one small chunk.
+    return new Promise((resolve, reject) => {
+      let seenBytes = 0
+      let ended = false
+      const onData = (chunk: Buffer) => {
+        if (this.#keptBytes < EXCERPT_BYTES) {
+          const piece = Buffer.from(chunk.subarray(0, EXCERPT_BYTES - this.#keptBytes))
+          this.#kept.push(piece)
+          this.#keptBytes += piece.length
+        }
+        seenBytes += chunk.length
+        if (seenBytes > DRAIN_LIMIT_BYTES) {
+          // Destroying the body makes undici close the connection.
+          ended = true
+          body.off('data', onData)
+          body.destroy()
+          resolve()
+        }
       }
-      seenBytes += chunk.length
-      // Leaving the loop destroys the body, and undici closes the connection.
-      if (seenBytes > DRAIN_LIMIT_BYTES) break
-    }
+      body.on('data', onData)
+      body.once('end', () => {
+        ended = true
+        resolve()
+      })
+      body.once('error', reject)
+      body.once('close', () => {
+        if (!ended) reject(new Error('the answer ended before its body was complete'))
+      })
+    })
   }
 
   text(): string {
+    const kept = this.#kept.length === 1 ? this.#kept[0] : Buffer.concat(this.#kept)
     // Stream mode drops a character cut in half at the 2 KiB boundary instead of showing U+FFFD.
-    const decoded = new TextDecoder('utf-8').decode(Buffer.concat(this.#kept), { stream: true })
+    const decoded = isAscii(kept) ? kept.toString('latin1') : new TextDecoder('utf-8').decode(kept, { stream: true })
     // PostgreSQL text cannot hold NUL.
-    return decoded.replaceAll('\u0000', '\ufffd')
+    return decoded.includes('\u0000') ? decoded.replaceAll('\u0000', '\ufffd') : decoded
   }
 }
 

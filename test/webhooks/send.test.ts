@@ -54,6 +54,11 @@ const receiver = createServer(async (req: IncomingMessage, res: ServerResponse) 
       return
     case '/hang':
       return
+    case '/cut-off':
+      // Headers and part of the body, then the connection is gone.
+      res.writeHead(200, { 'content-length': '100' })
+      res.write('partial', () => res.destroy())
+      return
     case '/slow-body':
       res.writeHead(200, { 'content-length': '100' })
       res.write('partial')
@@ -125,6 +130,13 @@ t.test('the connection goes to the checked address, with the original name in Ho
   t.same(resolverCalls, ['receiver.test'], 'resolved once, by the guard: receiver.test exists in no real DNS, so the connect used the pinned address')
 })
 
+t.test('a host name is resolved and checked again at every attempt', async (t) => {
+  resolverCalls.length = 0
+  t.match(await send('/ok', { host: 'receiver.test' }), { status: 200 })
+  t.match(await send('/ok', { host: 'receiver.test' }), { status: 200 })
+  t.same(resolverCalls, ['receiver.test', 'receiver.test'])
+})
+
 t.test('keep-alive connections are reused across deliveries', async (t) => {
   received.length = 0
   for (let i = 0; i < 10; i++) await send('/ok')
@@ -170,6 +182,12 @@ t.test('timeouts', async (t) => {
 
   const slowDns = await send('/ok', { host: 'slow-dns.test', timeoutMs: 100 })
   t.match(slowDns, { status: null, error: 'timeout' }, 'a resolver that never answers counts against the deadline')
+})
+
+t.test('an answer cut off before its body is complete is not a success', async (t) => {
+  const attempt = await send('/cut-off')
+  t.match(attempt, { status: 200, error: 'connection_refused', bodyExcerpt: 'partial' })
+  t.match(await send('/ok'), { status: 200, error: null }, 'the next delivery still works')
 })
 
 t.test('a closed port is connection_refused', async (t) => {
