@@ -1,6 +1,6 @@
 // The database a benchmark runs against: DATABASE_URL when set, otherwise a throwaway embedded
 // PostgreSQL with fsync off (the baseline in the same run uses the same server, so ratios are fair).
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
@@ -27,4 +27,46 @@ export async function benchWorkspace(url: string) {
   const slug = `bench-${Date.now().toString(36)}`
   const tenant = await createTenant(url, { slug, members: { [`admin@${slug}.test`]: 'admin' } })
   return { tenant, slug, admin: tenant.members[`admin@${slug}.test`] }
+}
+
+/**
+ * CPU time (user + system, ms) used so far by the PostgreSQL server behind `url`: the postmaster
+ * and every process it started. Backends that have exited are not counted, so measure over phases
+ * in which the connections stay open (pools). Linux only; null elsewhere or without the rights to
+ * read data_directory.
+ */
+export async function postgresCpuMeter(query: (text: string) => Promise<{ rows: { [key: string]: unknown }[] }>): Promise<(() => number) | null> {
+  try {
+    const { rows: [row] } = await query('show data_directory')
+    const postmaster = Number(readFileSync(join(String(row.data_directory), 'postmaster.pid'), 'utf8').split('\n')[0])
+    return () => {
+      let ms = processCpuMs(postmaster)
+      for (const entry of readdirSync('/proc')) {
+        if (!/^\d+$/.test(entry)) continue
+        const stat = procStat(Number(entry))
+        if (stat !== null && stat.ppid === postmaster) ms += stat.cpuMs
+      }
+      return ms
+    }
+  } catch {
+    return null
+  }
+}
+
+/** CPU time (user + system, ms) a process has used, from /proc; 0 when it is gone. */
+export function processCpuMs(pid: number): number {
+  return procStat(pid)?.cpuMs ?? 0
+}
+
+const CLOCK_TICKS_PER_SECOND = 100
+
+function procStat(pid: number): { ppid: number; cpuMs: number } | null {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // The command name is in parentheses and may hold spaces: count fields after the last ')'.
+    const fields = text.slice(text.lastIndexOf(')') + 2).split(' ')
+    return { ppid: Number(fields[1]), cpuMs: ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS_PER_SECOND }
+  } catch {
+    return null
+  }
 }

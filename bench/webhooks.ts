@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { run, Logger } from 'graphile-worker'
 import { Pool } from 'undici'
-import { provision } from './_database.ts'
+import { postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
@@ -193,17 +193,29 @@ async function main(): Promise<void> {
       `select body_head, body_tail from crm.webhook_first_attempts_to_send(array(select id from crm.events order by id limit 1))`,
     )
     const loopBody = deliveryBody(sample, new Date())
+    // CPU per request of each process, so the ratio can be explained and not only stated.
+    const postgresCpu = await postgresCpuMeter((text) => owner.query(text))
+    const cpuNow = () => ({ self: process.cpuUsage(), receiver: processCpuMs(child.pid!), postgres: postgresCpu?.() ?? Number.NaN })
+    const cpuPer = (from: ReturnType<typeof cpuNow>, count: number) => {
+      const to = cpuNow()
+      const self = (to.self.user + to.self.system - from.self.user - from.self.system) / 1000
+      return { self: (self * 1000) / count, receiver: ((to.receiver - from.receiver) * 1000) / count, postgres: ((to.postgres - from.postgres) * 1000) / count }
+    }
+    const loopCpuFrom = cpuNow()
     const loopBefore = await signedPostLoop(port, loopBody, EVENTS)
+    const loopCpu = cpuPer(loopCpuFrom, EVENTS + LOOP_WARM_UP)
 
     // Throughput: the worker starts and drains the EVENTS events: fan-out, then every delivery
     // with its attempt. Done when every delivery is recorded delivered (the receiver's count, asked
     // first, spares the database most of the polling).
     const before = await ask<ReceiverStats>(child, 'stats')
     const started = performance.now()
+    const deliveryCpuFrom = cpuNow()
     const worker = await startWorker({ databaseUrl: db.url, config, logger: createLogger('warn') })
     await until(async () => (await ask<ReceiverStats>(child, 'stats')).count - before.count >= EVENTS, 600_000, 'deliveries received')
     await until(async () => (await deliveredCount()) >= EVENTS, 600_000, 'deliveries recorded')
     const deliveredMs = performance.now() - started
+    const deliveryCpu = cpuPer(deliveryCpuFrom, EVENTS)
     const after = await ask<ReceiverStats>(child, 'stats')
     const { rows: [attempts] } = await owner.query(`select count(*)::int as n from crm.webhook_attempts`)
     const deliveryRate = rate(EVENTS, deliveredMs)
@@ -241,9 +253,17 @@ async function main(): Promise<void> {
     rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p50`, `${percentile(latencies, 50)} ms`, `${formatted(latencies.length)} events over ${LATENCY_SECONDS} s`])
     rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p99`, `${percentile(latencies, 99)} ms`, ''])
 
+    const micros = (n: number) => (Number.isNaN(n) ? 'n/a' : `${formatted(Math.round(n))} µs`)
+    const cpuRows = [
+      ['bare loop, per request', micros(loopCpu.self), micros(loopCpu.receiver), micros(loopCpu.postgres), micros(loopCpu.self + loopCpu.receiver)],
+      ['service, per delivery', micros(deliveryCpu.self), micros(deliveryCpu.receiver), micros(deliveryCpu.postgres), micros(deliveryCpu.self + deliveryCpu.receiver + (Number.isNaN(deliveryCpu.postgres) ? 0 : deliveryCpu.postgres))],
+    ]
     console.log(`## Webhooks\n\nOne worker process (concurrency ${config.workerConcurrency}, ${config.webhook.concurrencyPerSubscription} in flight per subscription), one subscription, a local receiver answering 200 at once; ${db.label}.\n`)
     console.log('| measure | result | notes |\n|---|---|---|')
     for (const row of rows) console.log(`| ${row.join(' | ')} |`)
+    console.log(`\nCPU time per request (user + system, from /proc; the loop's figures include its warm-up requests; the worker's include fan-out and the job queue):\n`)
+    console.log('| | sender: loop or worker | receiver | PostgreSQL | total |\n|---|---:|---:|---:|---:|')
+    for (const row of cpuRows) console.log(`| ${row.join(' | ')} |`)
   } finally {
     await owner.end()
     child.kill()
