@@ -111,6 +111,11 @@ export function validateBody<T>(schema: TSchema, value: unknown): T {
   throw problems.validation(first ? `${first.pointer.slice(1) || 'body'} ${first.message}` : 'The body is invalid', errors.slice(0, 50))
 }
 
-export function defineRoutes(...definitions: RouteDefinition[]): RouteDefinition[] {
-  return definitions
+export function defineRoutes(...definitions: (RouteDefinition | RouteDefinition[])[]): RouteDefinition[] {
+  return definitions.flat()
+}
+
+/** One partial update served under both PATCH and PUT (API.md: PUT is a partial update too). */
+export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteDefinition[] {
+  return [{ ...definition, method: 'PATCH' }, { ...definition, method: 'PUT' }]
 }

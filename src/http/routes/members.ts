@@ -4,7 +4,7 @@ import Type from 'typebox'
 import '../../members/constraints.ts'
 import { getMember, listMembers, removeMember, setSuspended, updateMember } from '../../members/members.ts'
 import { problems } from '../problem.ts'
-import { defineRoutes } from '../route.ts'
+import { defineRoutes, patchAndPut } from '../route.ts'
 import invitations from './invitations.ts'
 import roles from './roles.ts'
 import signup from './signup.ts'
@@ -54,18 +54,17 @@ const members = defineRoutes(
     errors: [401, 404],
     handler: async ({ db, caller, params }) => ({ body: { data: await getMember(db, caller, params.user_id) } }),
   },
-  ...(['PATCH', 'PUT'] as const).map((method) => ({
-    method,
+  patchAndPut({
     path: '/api/members/:user_id',
     summary: "Change a member's role and teams (admins; takes effect on the member's next request)",
     tag: 'workspace administration',
-    auth: 'required' as const,
+    auth: 'required',
     body: MemberChangeBody,
     response: one,
     errors: [401, 403, 404, 422],
     example: { request: { role: 'read_only', teams: ['east'] } },
-    handler: async ({ db, caller, params, body }: any) => ({ body: { data: await updateMember(db, caller, params.user_id, body) } }),
-  })),
+    handler: async ({ db, caller, params, body }) => ({ body: { data: await updateMember(db, caller, params.user_id, body) } }),
+  }),
   {
     method: 'POST',
     path: '/api/members/:user_id/suspend',

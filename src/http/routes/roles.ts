@@ -3,7 +3,7 @@
 import Type from 'typebox'
 import '../../members/constraints.ts'
 import { createRole, deleteRole, getRole, GRANT_PATTERN, listRoles, updateRole } from '../../members/roles.ts'
-import { defineRoutes } from '../route.ts'
+import { defineRoutes, patchAndPut } from '../route.ts'
 
 const RoleSchema = Type.Object({
   id: Type.String({ format: 'uuid' }),
@@ -63,17 +63,16 @@ export default defineRoutes(
     errors: [401, 404],
     handler: async ({ db, caller, params }) => ({ body: { data: await getRole(db, caller, params.id) } }),
   },
-  ...(['PATCH', 'PUT'] as const).map((method) => ({
-    method,
+  patchAndPut({
     path: '/api/roles/:id',
     summary: 'Change a custom role: name, is_admin, grants (replaced as a whole); applies on every holder’s next request',
     tag,
-    auth: 'required' as const,
+    auth: 'required',
     body: UpdateBody,
     response: one,
     errors: [401, 403, 404, 409, 422],
-    handler: async ({ db, caller, params, body }: any) => ({ body: { data: await updateRole(db, caller, params.id, body) } }),
-  })),
+    handler: async ({ db, caller, params, body }) => ({ body: { data: await updateRole(db, caller, params.id, body) } }),
+  }),
   {
     method: 'DELETE',
     path: '/api/roles/:id',

@@ -3,7 +3,7 @@
 import Type from 'typebox'
 import '../../members/constraints.ts'
 import { createTeam, deleteTeam, getTeam, listTeams, updateTeam } from '../../members/teams.ts'
-import { defineRoutes } from '../route.ts'
+import { defineRoutes, patchAndPut } from '../route.ts'
 
 const TeamSchema = Type.Object({
   id: Type.String({ format: 'uuid' }),
@@ -54,17 +54,16 @@ export default defineRoutes(
     errors: [401, 404],
     handler: async ({ db, caller, params }) => ({ body: { data: await getTeam(db, caller, params.id) } }),
   },
-  ...(['PATCH', 'PUT'] as const).map((method) => ({
-    method,
+  patchAndPut({
     path: '/api/teams/:id',
     summary: 'Rename a team (admins)',
     tag,
-    auth: 'required' as const,
+    auth: 'required',
     body: UpdateBody,
     response: one,
     errors: [401, 403, 404, 409, 422],
-    handler: async ({ db, caller, params, body }: any) => ({ body: { data: await updateTeam(db, caller, params.id, body) } }),
-  })),
+    handler: async ({ db, caller, params, body }) => ({ body: { data: await updateTeam(db, caller, params.id, body) } }),
+  }),
   {
     method: 'DELETE',
     path: '/api/teams/:id',

@@ -11,7 +11,7 @@ import { sealWebhookSecret, webhookSecretKey } from '../../webhooks/secret-store
 import { newWebhookSecret } from '../../webhooks/signature.ts'
 import type { Config } from '../../config.ts'
 import { problems } from '../problem.ts'
-import { defineRoutes, type RouteContext } from '../route.ts'
+import { defineRoutes, patchAndPut, type RouteContext } from '../route.ts'
 
 const BASE = '/api/webhook-subscriptions'
 const TAG = 'webhooks'
@@ -189,6 +189,15 @@ function pageOf<T extends Record<string, unknown>>(rows: readonly T[], limit: nu
   return { body: { data, next_cursor: nextCursor }, headers: nextCursor ? { Link: nextLink(path, parameters, nextCursor) } : {} }
 }
 
+/** Pause or resume (a SECURITY DEFINER function that checks access itself), then the subscription as it is now. */
+function changeStatus(statement: (id: string) => ReturnType<typeof sql.unsafe>) {
+  return async ({ db, params }: RouteContext) => {
+    const id = uuidParam(params.id, 'webhook subscription')
+    await db.query(statement(id))
+    return { body: { data: await readSubscription(db, id) } }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 async function update({ db, params, body, services }: RouteContext<{ name?: string; url?: string; events?: string[] }>) {
@@ -274,18 +283,17 @@ export default defineRoutes(
       return { body: { data: await readSubscription(db, uuidParam(params.id, 'webhook subscription')) } }
     },
   },
-  ...(['PUT', 'PATCH'] as const).map((method) => ({
-    method,
+  patchAndPut({
     path: `${BASE}/:id`,
-    summary: `Change name, url or events of a webhook subscription (only the fields sent change)${method === 'PATCH' ? '; alias of PUT' : ''}`,
+    summary: 'Change name, url or events of a webhook subscription (only the fields sent change)',
     tag: TAG,
-    auth: 'required' as const,
+    auth: 'required',
     body: UpdateBody,
     response: one(Subscription),
     errors: [401, 402, 403, 404, 413, 415, 422],
     example: { request: { events: ['*'] }, response: { data: { ...EXAMPLE, events: ['*'] } } },
     handler: update as (context: RouteContext) => ReturnType<typeof update>,
-  })),
+  }),
   {
     method: 'DELETE',
     path: `${BASE}/:id`,
@@ -312,11 +320,7 @@ export default defineRoutes(
     response: one(Subscription),
     errors: [401, 402, 403, 404],
     example: { response: { data: { ...EXAMPLE, status: 'paused', paused_reason: 'manual', paused_at: '2026-11-22T03:11:00.000Z' } } },
-    handler: async ({ db, params }) => {
-      const id = uuidParam(params.id, 'webhook subscription')
-      await db.query(sql.unsafe`select crm.pause_webhook_subscription(${id})`)
-      return { body: { data: await readSubscription(db, id) } }
-    },
+    handler: changeStatus((id) => sql.unsafe`select crm.pause_webhook_subscription(${id})`),
   },
   {
     method: 'POST',
@@ -327,11 +331,7 @@ export default defineRoutes(
     response: one(Subscription),
     errors: [401, 402, 403, 404],
     example: { response: { data: EXAMPLE } },
-    handler: async ({ db, params }) => {
-      const id = uuidParam(params.id, 'webhook subscription')
-      await db.query(sql.unsafe`select crm.resume_webhook_subscription(${id})`)
-      return { body: { data: await readSubscription(db, id) } }
-    },
+    handler: changeStatus((id) => sql.unsafe`select crm.resume_webhook_subscription(${id})`),
   },
   {
     method: 'POST',
