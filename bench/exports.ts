@@ -89,11 +89,14 @@ async function main(): Promise<void> {
       const firstByte = performance.now() - started
       let bytes = 0
       let lines = 0
+      // The API's RSS as each further tenth of the rows arrives: flat, whatever the row count.
+      const rssByTenth: number[] = []
       for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) {
         bytes += chunk.length
         for (let i = 0; i < chunk.length; i++) if (chunk[i] === 0x0a) lines++
+        if (lines >= ((rssByTenth.length + 1) * DEALS) / 10) rssByTenth.push(currentRssMiB(child!.pid!))
       }
-      return { seconds: (performance.now() - started) / 1000, firstByteMs: firstByte, bytes, lines }
+      return { seconds: (performance.now() - started) / 1000, firstByteMs: firstByte, bytes, lines, rssByTenth }
     }
     const csv = await exportOnce({ format: 'csv' })
     const csvPeak = peakRssMiB(child.pid!)
@@ -120,6 +123,8 @@ ${DEALS.toLocaleString('en-US')} deals (loaded in ${loadSeconds.toFixed(0)} s), 
 | baseline: bare pg-query-stream of crm.deal_json, owner, no HTTP (${baselineRows.toLocaleString('en-US')} rows) | ${baselineSeconds.toFixed(2)} | ${rate(baselineSeconds)} | | | |
 | CSV, every field | ${csv.seconds.toFixed(2)} | ${rate(csv.seconds)} | ${csv.firstByteMs.toFixed(0)} ms | ${mib(csv.bytes / 2 ** 20)} MiB | ${mib(csvPeak)} MiB |
 | NDJSON, every field | ${ndjson.seconds.toFixed(2)} | ${rate(ndjson.seconds)} | ${ndjson.firstByteMs.toFixed(0)} ms | ${mib(ndjson.bytes / 2 ** 20)} MiB | ${mib(peak)} MiB |
+
+API RSS as each tenth of the rows arrived (MiB), CSV: ${csv.rssByTenth.map(mib).join(', ')}; NDJSON: ${ndjson.rssByTenth.map(mib).join(', ')}.
 
 Targets: ≥ 100,000 rows/s and peak RSS < 200 MiB.
 `)
