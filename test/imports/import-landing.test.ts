@@ -1,6 +1,11 @@
 // What sql/000014_import_landing.sql changed: repeats are marked in linear time whatever the
-// statistics of crm.import_rows say, and ids are still version 7 UUIDs in time order.
+// statistics of crm.import_rows say, and ids are still version 7 UUIDs in time order. And the
+// worker's COPY lines of staged cells (built in one pass now) still carry every value exactly.
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import { from as copyFrom } from 'pg-copy-streams'
 import t from 'tap'
+import { cellsField } from '../../src/imports/process-import.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 
@@ -43,4 +48,20 @@ t.test('ids are version 7 UUIDs in time order', async (t) => {
   t.ok(Math.abs(Number(nowMs) - millis) < 60_000, 'the first 48 bits are the time in milliseconds')
   const prefixes = ids.map((id) => id.slice(0, 13))
   t.same(prefixes, [...prefixes].sort(), 'in time order')
+})
+
+t.test('staged cells survive COPY exactly, whatever they hold', async (t) => {
+  const url = await createTestDatabase(t)
+  const db = await ownerClient(t, url)
+  const records = [
+    ['plain', '', ' spaced ', 'a,b', 'say "hi"', 'back\\slash', '\\"', '""', 'NULL', '{}', '{"a","b"}', 'multi\nline\r\nend', 'Zürich ✓', "O'Neil, Jr."],
+    [],
+    [''],
+    ['"'],
+  ]
+  await db.query('create temp table cells (row integer, cells text[])')
+  const lines = records.map((values, index) => `${index},${cellsField(values)}\n`).join('')
+  await pipeline(Readable.from([lines]), db.query(copyFrom('copy cells (row, cells) from stdin with (format csv)')))
+  const { rows } = await db.query('select cells from cells order by row')
+  t.same(rows.map((row) => row.cells), records)
 })
