@@ -6,6 +6,7 @@
 //
 //   node bench/imports.ts                       prints a markdown report
 //   BENCH_IMPORT_ROWS=20000 node bench/imports.ts
+import { readFileSync } from 'node:fs'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import pg from 'pg'
@@ -13,6 +14,16 @@ import { from as copyFrom } from 'pg-copy-streams'
 import { benchWorkspace, provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
+
+/** CPU time (user + system, ms) of a local process, or null when /proc does not have it (a remote DATABASE_URL). */
+function cpuMs(pid: number): number | null {
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
+    return (Number(fields[11]) + Number(fields[12])) * 10 // clock ticks of 10 ms
+  } catch {
+    return null
+  }
+}
 
 function contactsFile(rows: number): string {
   const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']
@@ -55,9 +66,15 @@ async function main(): Promise<void> {
       [tenant.id, admin.id, bytes, bytes.length, inspection.columns, inspection.rowCount, JSON.stringify(inspection.sampleRows), JSON.stringify(mapping)],
     )
     const job = { workspace_id: tenant.id, import_id: created.id }
+    // The job's database work all happens on this connection's backend: its CPU time per row is
+    // steadier than wall time on a shared machine (compare old and new code with it).
+    const { rows: [{ pid: backendPid }] } = await client.query('select pg_backend_pid() as pid')
+    const backendBefore = cpuMs(backendPid)
     started = performance.now()
     await processImport(client, job)
     const importSeconds = (performance.now() - started) / 1000
+    const backendAfter = cpuMs(backendPid)
+    const backendPerRow = backendBefore === null || backendAfter === null ? null : ((backendAfter - backendBefore) * 1000) / ROWS
     const { rows: [result] } = await client.query(
       `select i.created, i.failed, i.companies_created,
               (select count(*)::int from crm.contacts c where c.workspace_id = i.workspace_id) as contacts,
@@ -79,7 +96,7 @@ ${ROWS.toLocaleString('en-US')} contacts rows (8 columns, a quoted comma and non
 | upload inspection (parse, count, sample, suggest mapping) | ${inspectSeconds.toFixed(2)} | ${rate(inspectSeconds)} |
 | process_import job: stage, check, land as crm_api with RLS, ${result.events.toLocaleString('en-US')} events | ${importSeconds.toFixed(2)} | ${rate(importSeconds)} |
 | **job rows/s vs the raw COPY** | | **${((ROWS / importSeconds) / (ROWS / baselineSeconds) * 100).toFixed(1)} %** (target: ≥ 20,000 rows/s) |
-`)
+${backendPerRow === null ? '' : `\nThe job's PostgreSQL backend used ${backendPerRow.toFixed(0)} µs of CPU per row (user + system, from /proc).\n`}`)
   } finally {
     await database.stop()
   }

@@ -77,13 +77,21 @@ async function* fileSlices(client: Queryable, job: ImportJob, size: number): Asy
   }
 }
 
-/** A PostgreSQL array literal of text values, every element quoted. */
-function textArrayLiteral(values: string[]): string {
-  return `{${values.map((value) => `"${value.replaceAll('\\', '\\\\').replaceAll('"', '\\"')}"`).join(',')}}`
-}
+const ARRAY_SPECIAL = /["\\]/
 
-/** One CSV field for COPY ... (format csv): always quoted, quotes doubled. */
-const csvField = (value: string) => `"${value.replaceAll('"', '""')}"`
+/**
+ * The cells of a record as one COPY ... (format csv) field holding a PostgreSQL text[] literal:
+ * {"a","b"} with every element quoted, \ and " escaped for the array, then every quote doubled for
+ * CSV. Built in one pass (the map, join and replaces it replaced cost about 2 µs a record).
+ */
+export function cellsField(values: string[]): string {
+  let field = '"{'
+  for (let index = 0; index < values.length; index++) {
+    const value = values[index]
+    field += (index === 0 ? '""' : ',""') + (ARRAY_SPECIAL.test(value) ? value.replaceAll('\\', '\\\\').replaceAll('"', '\\""') : value) + '""'
+  }
+  return field + '}"'
+}
 
 /** The file's records as COPY lines of crm.import_rows, in chunks of STAGE_CHUNK_RECORDS lines. */
 async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
@@ -91,7 +99,7 @@ async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): 
   let chunk = ''
   let lines = 0
   for await (const record of readCsvRecords(fileSlices(client, job, row.file_size), row.delimiter)) {
-    chunk += `${prefix}${record.row},${row.user_id},${csvField(textArrayLiteral(record.values))}\n`
+    chunk += `${prefix}${record.row},${row.user_id},${cellsField(record.values)}\n`
     if (++lines >= STAGE_CHUNK_RECORDS) {
       yield chunk
       chunk = ''
@@ -108,10 +116,17 @@ async function stage(client: ImportClient, job: ImportJob, row: ImportRow): Prom
   await client.query('begin')
   try {
     await client.query('delete from crm.import_rows where workspace_id = $1 and import_id = $2', [job.workspace_id, job.import_id])
-    // One COPY per chunk: the file's slices are read on this same connection, between COPYs.
+    // One COPY per chunk: the file's slices are read on this same connection, between COPYs (pg
+    // sends a query only once the COPY before it has completed). The worker parses the next chunk
+    // while PostgreSQL takes in the previous one, so the two processes work at the same time.
+    let copying: Promise<void> | null = null
     for await (const chunk of stagedLines(client, job, row)) {
-      await pipeline(Readable.from([chunk]), client.query(copyFrom('copy crm.import_rows (workspace_id, import_id, row, user_id, cells) from stdin with (format csv)')))
+      await copying
+      copying = pipeline(Readable.from([chunk]), client.query(copyFrom('copy crm.import_rows (workspace_id, import_id, row, user_id, cells) from stdin with (format csv)')))
+      // Handled when awaited (next chunk, end of file); until then a failure must not count as unhandled.
+      copying.catch(() => {})
     }
+    await copying
     await client.query('update crm.imports set staged = true where workspace_id = $1 and id = $2', [job.workspace_id, job.import_id])
     await client.query('commit')
   } catch (error) {

@@ -117,6 +117,17 @@ t.test('the import grant is enforced by the database', async (t) => {
   const other = await importCsv(server, bob.token, 'contacts', `Email,owner_id\nforeign@example.com,${admin.id}\n`, { mapping: { Email: 'email', owner_id: 'owner_id' } })
   t.same(other.job.errors.map((error: any) => error.message), ['your role may not import records for this owner'])
 
+  // An email taken by a contact bob cannot see (RLS hides it from the match): that row is a
+  // duplicate, the batch's other rows still land (the plain INSERT is retried with ON CONFLICT).
+  await db.query(`insert into crm.contacts (workspace_id, owner_id, email) values ($1, $2, 'hidden@example.com')`, [tenant.id, admin.id])
+  const hidden = await importCsv(server, bob.token, 'contacts', 'Email\nfirst@example.com\nhidden@example.com\nlast@example.com\n')
+  t.same(hidden.job.counts, { total: 3, created: 2, updated: 0, skipped: 0, failed: 1, companies_created: 0 })
+  t.same(hidden.job.errors, [{ row: 2, column: 'Email', field: 'email', message: 'duplicate: this email is already taken by a contact you cannot see' }])
+  const { rows: landed } = await db.query(
+    `select c.email, (select count(*)::int from crm.events e where e.workspace_id = c.workspace_id and e.record_id = c.id and e.actor ->> 'via' = 'import') as events
+       from crm.contacts c where c.workspace_id = $1 and c.email in ('first@example.com', 'last@example.com') order by c.email`, [tenant.id])
+  t.same(landed, [{ email: 'first@example.com', events: 1 }, { email: 'last@example.com', events: 1 }], 'the others land once, each with one event')
+
   // In SQL: outside an import, crm_api cannot use the import policies, whatever crm.via says.
   await db.query('begin')
   await db.query(`select crm.act_as('bob@a.test', $1)`, [tenant.slug])
