@@ -10,6 +10,7 @@ import { ApiError, problemBody, problems } from './problem.ts'
 import { validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
 import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { singleStatementConnection } from './single-statement.ts'
+import type { StatementPool } from '../db/statement-pool.ts'
 
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
 
@@ -53,7 +54,7 @@ export function createApp(
   services: Services,
   definitions: RouteDefinition[],
   authenticate: Authenticator,
-  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: DatabasePool } } = {},
+  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: StatementPool } } = {},
 ): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)

@@ -5,6 +5,7 @@
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
+import type { StatementPool } from '../db/statement-pool.ts'
 import type { StatementAuthenticator } from './app.ts'
 import type { Caller } from './route.ts'
 
@@ -31,14 +32,14 @@ function named<T extends { sql: string }>(query: T): T {
   return Object.freeze({ ...query, name })
 }
 
-export function singleStatementConnection(pool: DatabasePool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
+export function singleStatementConnection(pool: StatementPool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
   let caller: Caller | null = null
   let sent = false
 
   const rowsOf = async (query: Query): Promise<Row[]> => {
     if (sent) throw new Error('a single-statement route sent a second query')
     sent = true
-    const answer = authentication.unwrap(await pool.any(named(authentication.wrap(query as never))))
+    const answer = authentication.unwrap(await pool.rows(named(authentication.wrap(query as never))))
     caller = answer.caller
     onCaller(caller)
     return answer.rows
