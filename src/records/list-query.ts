@@ -168,7 +168,19 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
       from ${type.table} as t
      where ${where}
      order by ${orderByClause(keys)}
-     limit ${request.limit + 1}`
+     limit ${pageLimit(request.limit + 1)}`
+}
+
+/**
+ * The LIMIT is written into the text, not sent as a parameter: with a parameter PostgreSQL's
+ * generic plan assumes a tenth of the rows, so a prepared list statement kept being planned again
+ * on every request (profiled: about a fifth of the database's time for a list). With the number in
+ * the text, the named statement settles on its generic plan after five runs like GET one does. The
+ * page size is an integer from 1 to 200 (parseListRequest), so at most 200 texts per filter shape.
+ */
+function pageLimit(rows: number): Fragment {
+  if (!Number.isInteger(rows) || rows < 1 || rows > 1000) throw new Error(`page limit out of range: ${rows}`)
+  return sql.literalValue(String(rows))
 }
 
 export type Page = { data: unknown[]; next_cursor: string | null }
