@@ -131,9 +131,16 @@ export function createStatementAuthenticator(config: Config, credentialOf: (req:
         const first = rows[0] as Record<string, unknown>
         const auth = Object.fromEntries(AUTH_COLUMNS.map((name) => [name, first[`auth_${name}`]])) as AuthRow
         const caller = callerOf(auth, attempt)
-        const found = rows
-          .filter((row) => (row as Record<string, unknown>).auth_row_found === true)
-          .map((row) => Object.fromEntries(Object.entries(row as Record<string, unknown>).filter(([name]) => !name.startsWith('auth_'))))
+        // The route's columns, in order, named once from the first row (profiled: filtering every
+        // row's entries cost more than the rest of the unwrapping for a page of 50).
+        const names = Object.keys(first).filter((name) => !name.startsWith('auth_'))
+        const found: Record<string, unknown>[] = []
+        for (const row of rows as Record<string, unknown>[]) {
+          if (row.auth_row_found !== true) continue
+          const own: Record<string, unknown> = {}
+          for (const name of names) own[name] = row[name]
+          found.push(own)
+        }
         return { caller, rows: found }
       },
     }
