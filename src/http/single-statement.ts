@@ -16,7 +16,8 @@ type Row = Record<string, unknown>
  * Statement names for single-statement reads, by SQL text. A named statement is parsed and planned
  * once per connection and then reused, where an unnamed one is planned on every request (profiled:
  * about a fifth of the database's time for GET one). The texts come from a whitelist of fields and
- * operators, so they are finitely many; still, past MAX_NAMED texts the rest go unnamed, which bounds
+ * operators and a page size of 1 to 200 (written into the text, see list-query.ts), so they are
+ * finitely many; still, past MAX_NAMED texts the rest go unnamed, which bounds
  * the memory each connection spends on kept plans.
  */
 const MAX_NAMED = 256
