@@ -243,7 +243,7 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       `## Records API (${new Date().toISOString().slice(0, 10)})`,
       '',
       `PostgreSQL ${version[0].server_version} (${database.label}), Node ${process.version}, ${dealCount.toLocaleString('en')} deals in one workspace (loaded in ${loadSeconds} s), autocannon ${CONNECTIONS} connections, ${seconds} s per side per row in ${ROUNDS} alternating slices (p50: median of the slices; p99: the worst slice), pool of 20 connections on both sides.`,
-      'API = the real service (bearer token, crm.authenticate, rate-limit counter, RLS as crm_api, slonik); baseline = bare node:http + pg running the same SQL as the table owner (no auth, no RLS).',
+      'API = the real service (bearer token, crm.authenticate, rate-limit counter, RLS as crm_api; slonik, single-statement reads on plain pg); baseline = bare node:http + pg running the same SQL as the table owner (no auth, no RLS).',
       '',
       '| scenario | API req/s | API p50 ms | API p99 ms | baseline req/s | baseline p50 ms | baseline p99 ms | API / baseline | errors (API / baseline) |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|',

@@ -3,6 +3,7 @@
 import type { AddressInfo } from 'node:net'
 import type { Config } from './config.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
+import { createStatementPool } from './db/statement-pool.ts'
 import { migrate } from './db/migrate.ts'
 import { provisionDatabase, type ProvisionedDatabase } from './db/provision.ts'
 import { createApp } from './http/app.ts'
@@ -39,7 +40,12 @@ export async function startService(options: {
   const pool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
   // Single-statement reads run on connections that are crm_api from the start (see
   // createStatementAuthenticator); the admission gate keeps the two pools' sum in bounds.
-  const statementPool = await createDatabasePool(database.url, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery, sessionRole: 'crm_api' })
+  const statementPool = createStatementPool(database.url, {
+    maxPoolSize: config.dbPoolSize,
+    onQuery: options.onQuery,
+    sessionRole: 'crm_api',
+    onError: (error) => logger.warn('idle statement connection failed', { error: error.message }),
+  })
   const worker = options.worker === false ? null : await startWorker({ databaseUrl: database.url, config, logger })
   if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
     logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {

@@ -93,15 +93,13 @@ export function createAuthenticator(config: Config, credentialOf: (req: Incoming
   }
 }
 
-const AUTH_COLUMNS = ['failure', 'user_id', 'workspace_id', 'workspace_slug', 'token_id', 'token_kind', 'is_admin', 'rate_count', 'rate_reset_seconds'] as const
 /**
- * crm.authenticate's columns, renamed so they cannot collide with the route's, and sent on the first
- * row only (a page of 200 rows would otherwise carry them 200 times). Built once.
+ * crm.authenticate's row as one JSON column, sent on the first row only (a page of 200 rows would
+ * otherwise carry it 200 times): one CASE per row instead of one per authentication column, and one
+ * column less for every row to decode (measured on the list: PostgreSQL and Node both spent time on
+ * the nine null columns of every row).
  */
-const AUTH_SELECT_LIST = sql.join(
-  AUTH_COLUMNS.map((name) => sql.fragment`case when r.auth_row_number is null or r.auth_row_number = 1 then a.${sql.identifier([name])} end as ${sql.identifier([`auth_${name}`])}`),
-  sql.fragment`, `,
-)
+const AUTH_SELECT = sql.fragment`case when r.auth_row_number is null or r.auth_row_number = 1 then row_to_json(a) end as auth_row`
 
 /**
  * A read that is one statement: crm.authenticate and the route's query travel together, with no
@@ -118,7 +116,7 @@ export function createStatementAuthenticator(config: Config, credentialOf: (req:
     const attempt = attemptOf(config, credentialOf, req)
     return {
       wrap: (query) => sql.unsafe`
-        select ${AUTH_SELECT_LIST}, r.*
+        select ${AUTH_SELECT}, r.*
         from ${authenticateCall(attempt)} a
         left join lateral (
           select true as auth_row_found, row_number() over () as auth_row_number, q.*
@@ -129,11 +127,17 @@ export function createStatementAuthenticator(config: Config, credentialOf: (req:
         order by r.auth_row_number`,
       unwrap: (rows) => {
         const first = rows[0] as Record<string, unknown>
-        const auth = Object.fromEntries(AUTH_COLUMNS.map((name) => [name, first[`auth_${name}`]])) as AuthRow
-        const caller = callerOf(auth, attempt)
-        const found = rows
-          .filter((row) => (row as Record<string, unknown>).auth_row_found === true)
-          .map((row) => Object.fromEntries(Object.entries(row as Record<string, unknown>).filter(([name]) => !name.startsWith('auth_'))))
+        const caller = callerOf(first.auth_row as AuthRow, attempt)
+        // The route's columns, in order, named once from the first row (profiled: filtering every
+        // row's entries cost more than the rest of the unwrapping for a page of 50).
+        const names = Object.keys(first).filter((name) => !name.startsWith('auth_'))
+        const found: Record<string, unknown>[] = []
+        for (const row of rows as Record<string, unknown>[]) {
+          if (row.auth_row_found !== true) continue
+          const own: Record<string, unknown> = {}
+          for (const name of names) own[name] = row[name]
+          found.push(own)
+        }
         return { caller, rows: found }
       },
     }

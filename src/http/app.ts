@@ -7,9 +7,10 @@ import { readJsonObject } from './body.ts'
 import { createAdmissionGate } from './admission.ts'
 import { toApiError } from './database-errors.ts'
 import { ApiError, problemBody, problems } from './problem.ts'
-import { validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
+import { JsonText, validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
 import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { singleStatementConnection } from './single-statement.ts'
+import type { StatementPool } from '../db/statement-pool.ts'
 
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
 
@@ -25,7 +26,7 @@ type Request = IncomingMessage & { params: Record<string, string>; query: Record
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string | undefined> = {}, contentType = 'application/json; charset=utf-8'): void {
   if (res.headersSent) return
-  const text = body === undefined ? '' : JSON.stringify(body)
+  const text = body === undefined ? '' : body instanceof JsonText ? body.text : JSON.stringify(body)
   res.statusCode = status
   for (const [name, value] of Object.entries(headers)) if (value !== undefined) res.setHeader(name, value)
   if (status !== 204 && status !== 304) {
@@ -53,7 +54,7 @@ export function createApp(
   services: Services,
   definitions: RouteDefinition[],
   authenticate: Authenticator,
-  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: DatabasePool } } = {},
+  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: StatementPool } } = {},
 ): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)

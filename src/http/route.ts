@@ -43,6 +43,17 @@ export type RouteContext<Body = any> = {
   caller: Caller
 }
 
+/**
+ * A response body that is already JSON text (rendered by PostgreSQL): sent as it is, not parsed
+ * and stringified again.
+ */
+export class JsonText {
+  readonly text: string
+  constructor(text: string) {
+    this.text = text
+  }
+}
+
 export type RouteResult = { status?: number; body?: unknown; headers?: Record<string, string | undefined> } | void
 
 export type AuthMode =

@@ -5,6 +5,7 @@
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
+import type { StatementPool } from '../db/statement-pool.ts'
 import type { StatementAuthenticator } from './app.ts'
 import type { Caller } from './route.ts'
 
@@ -15,7 +16,8 @@ type Row = Record<string, unknown>
  * Statement names for single-statement reads, by SQL text. A named statement is parsed and planned
  * once per connection and then reused, where an unnamed one is planned on every request (profiled:
  * about a fifth of the database's time for GET one). The texts come from a whitelist of fields and
- * operators, so they are finitely many; still, past MAX_NAMED texts the rest go unnamed, which bounds
+ * operators and a page size of 1 to 200 (written into the text, see list-query.ts), so they are
+ * finitely many; still, past MAX_NAMED texts the rest go unnamed, which bounds
  * the memory each connection spends on kept plans.
  */
 const MAX_NAMED = 256
@@ -31,14 +33,14 @@ function named<T extends { sql: string }>(query: T): T {
   return Object.freeze({ ...query, name })
 }
 
-export function singleStatementConnection(pool: DatabasePool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
+export function singleStatementConnection(pool: StatementPool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
   let caller: Caller | null = null
   let sent = false
 
   const rowsOf = async (query: Query): Promise<Row[]> => {
     if (sent) throw new Error('a single-statement route sent a second query')
     sent = true
-    const answer = authentication.unwrap(await pool.any(named(authentication.wrap(query as never))))
+    const answer = authentication.unwrap(await pool.rows(named(authentication.wrap(query as never))))
     caller = answer.caller
     onCaller(caller)
     return answer.rows

@@ -163,22 +163,40 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
   if (request.cursor) conditions.push(keysetCondition(keys, request.cursor))
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
   return sql.fragment`
-    select ${type.jsonFunction}(t) as record,
+    select ${type.jsonFunction}(t)::text as record,
            json_build_array(${sql.join(keys.map((key) => key.asText), sql.fragment`, `)}) as cursor
       from ${type.table} as t
      where ${where}
      order by ${orderByClause(keys)}
-     limit ${request.limit + 1}`
+     limit ${pageLimit(request.limit + 1)}`
 }
 
-export type Page = { data: unknown[]; next_cursor: string | null }
+/**
+ * The LIMIT is written into the text, not sent as a parameter: with a parameter PostgreSQL's
+ * generic plan assumes a tenth of the rows, so a prepared list statement kept being planned again
+ * on every request (profiled: about a fifth of the database's time for a list). With the number in
+ * the text, the named statement settles on its generic plan after five runs like GET one does. The
+ * page size is an integer from 1 to 200 (parseListRequest), so at most 200 texts per filter shape.
+ */
+function pageLimit(rows: number): Fragment {
+  if (!Number.isInteger(rows) || rows < 1 || rows > 1000) throw new Error(`page limit out of range: ${rows}`)
+  return sql.literalValue(String(rows))
+}
+
+/** A page: its records as JSON text (PostgreSQL renders them; Node only joins them). */
+export type Page = { records: string[]; next_cursor: string | null }
 
 export async function runList(db: DatabaseTransactionConnection, type: RecordType, request: ListRequest, search: SearchPart | null = null): Promise<Page> {
-  const rows = (await db.any(sql.unsafe`${listQuery(type, request, search)}`)) as readonly { record: unknown; cursor: (string | null)[] }[]
+  const rows = (await db.any(sql.unsafe`${listQuery(type, request, search)}`)) as readonly { record: string; cursor: (string | null)[] }[]
   const more = rows.length > request.limit
   const page = more ? rows.slice(0, request.limit) : rows
   return {
-    data: page.map((row) => row.record),
+    records: page.map((row) => row.record),
     next_cursor: more ? encodeCursor(request.sortText, page[page.length - 1].cursor) : null,
   }
+}
+
+/** The page's body, `{"data":[...],"next_cursor":...}`, as JSON text. */
+export function pageJson(page: Page): string {
+  return `{"data":[${page.records.join(',')}],"next_cursor":${JSON.stringify(page.next_cursor)}}`
 }

@@ -2,7 +2,7 @@
 // share validation, the address guard, plan gates and SQL: the screen cannot drift from the API.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
-import { validateBody, type Caller, type HttpMethod, type RouteDefinition, type Services } from '../http/route.ts'
+import { JsonText, validateBody, type Caller, type HttpMethod, type RouteDefinition, type Services } from '../http/route.ts'
 
 export type ApiCall = <T = any>(method: HttpMethod, path: string, options?: { params?: Record<string, string>; body?: unknown; query?: string }) => Promise<T>
 
@@ -14,6 +14,8 @@ export function apiCaller(definitions: RouteDefinition[], services: Services, db
     // Handlers that read the query string parse req.url: give them one of their own.
     const request = Object.create(req, { url: { value: `${path}${options.query ? `?${options.query}` : ''}` } }) as IncomingMessage
     const result = await definition.handler({ req: request, res, requestId, params: options.params ?? {}, query: {}, body, services, db, caller })
-    return (result?.body ?? undefined) as never
+    // A body already rendered as JSON text (record lists) is read back for the page's templates.
+    const answer = result?.body
+    return (answer instanceof JsonText ? JSON.parse(answer.text) : answer ?? undefined) as never
   }
 }

@@ -41,6 +41,10 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   for (const statement of [
     `select crm.set_context('${ada.id}', '${tenant.id}', 'api')`,
     `select crm.context_proof('${ada.id}', '${tenant.id}')`,
+    // 000013's internal pieces: no EXECUTE for crm_api
+    `select crm.context_message('${ada.id}', '${tenant.id}')`,
+    `select crm.member_scope('${ada.id}', '${tenant.id}', 'deals', 'view')`,
+    `select crm.touch_caller('${ada.id}', '${tenant.id}', true, '${ada.id}', true)`,
     'select * from crm.internal_secrets',
     `select crm.act_as('ada@acme.test', 'acme')`,
     `insert into crm.teams (workspace_id, name) values ('${tenant.id}', 'intruders')`,
@@ -65,4 +69,23 @@ t.test('crm.act_as shows a DBA exactly what the member sees', async (t) => {
   await client.query('rollback')
   const error = await client.query("select crm.act_as('nobody@acme.test', 'acme')").then(() => null, (caught) => caught)
   t.match(error?.message, /is not a member of workspace acme/)
+})
+
+t.test('crm.authenticate records the last use of a token at most once a minute, and the last workspace', async (t) => {
+  const client = await ownerClient(t, url)
+  await client.query("update crm.tokens set last_used_at = null where user_id = $1", [ada.id])
+  await client.query('update crm.users set last_workspace_id = null where id = $1', [ada.id])
+  const call = () => client.query("select a.failure from crm.authenticate($1, 'acme', 'api', 600) a", [hashToken(ada.token)])
+  t.equal((await call()).rows[0].failure, null)
+  const first = (await client.query('select t.last_used_at, u.last_workspace_id from crm.tokens t join crm.users u on u.id = t.user_id where t.token_hash = $1', [hashToken(ada.token)])).rows[0]
+  t.ok(first.last_used_at, 'last use recorded')
+  t.equal(first.last_workspace_id, tenant.id, 'last workspace recorded')
+  await client.query("update crm.tokens set last_used_at = now() - interval '30 seconds' where token_hash = $1", [hashToken(ada.token)])
+  const before = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at
+  await call()
+  t.same((await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at, before, 'not rewritten within the minute')
+  await client.query("update crm.tokens set last_used_at = now() - interval '2 minutes' where token_hash = $1", [hashToken(ada.token)])
+  await call()
+  const after = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at
+  t.ok(after > before, 'rewritten after a minute')
 })

@@ -5,13 +5,13 @@ import '../../records/constraints.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
-import { runList, type Page } from '../../records/list-query.ts'
+import { pageJson, runList, type Page } from '../../records/list-query.ts'
 import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
 import { problems } from '../problem.ts'
-import type { RouteDefinition } from '../route.ts'
+import { JsonText, type RouteDefinition } from '../route.ts'
 
 const LIST_PARAMETERS = {
   limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
@@ -34,7 +34,7 @@ function nextLink(path: string, parameters: Map<string, string>, cursor: string)
 }
 
 function pageAnswer(path: string, parameters: Map<string, string>, result: Page) {
-  return { body: result, headers: result.next_cursor ? { Link: nextLink(path, parameters, result.next_cursor) } : {} }
+  return { body: new JsonText(pageJson(result)), headers: result.next_cursor ? { Link: nextLink(path, parameters, result.next_cursor) } : {} }
 }
 
 function header(req: IncomingMessage, name: string): string | undefined {
