@@ -12,18 +12,36 @@ export function toApiTime(text: string): string {
 }
 
 /** The connection string with a session role set at connection start (`-c role=...`). */
-function withSessionRole(url: string, role: string): string {
+export function withSessionRole(url: string, role: string): string {
   const parsed = new URL(url)
   const given = parsed.searchParams.get('options')
   parsed.searchParams.set('options', `${given ? `${given} ` : ''}-c role=${role}`)
   return parsed.toString()
 }
 
+/**
+ * How the API reads values, by PostgreSQL type name: numeric as exact decimal strings, bigint as
+ * numbers, timestamps in API form, dates as text. Shared by this pool and the plain pg pool of
+ * single-statement reads (statement-pool.ts), so both answer alike.
+ */
+export const API_TYPE_PARSERS = {
+  int8: (value: string) => Number(value),
+  numeric: (value: string) => value,
+  timestamptz: toApiTime,
+  timestamp: (value: string) => toApiTime(value + '+00'),
+  date: (value: string) => value,
+} satisfies Record<string, (value: string) => unknown>
+
+/** A slonik query's text as plain pg takes it (slonik numbers its placeholders $slonik_1, ...). */
+export function pgQueryText(slonikSql: string): string {
+  return slonikSql.replaceAll('$slonik_', '$')
+}
+
 export async function createDatabasePool(
   url: string,
-  options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void; sessionRole?: string } = {},
+  options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void } = {},
 ): Promise<DatabasePool> {
-  return createPool(options.sessionRole ? withSessionRole(url, options.sessionRole) : url, {
+  return createPool(url, {
     driverFactory: createPgDriverFactory(),
     maxPoolSize: options.maxPoolSize ?? 20,
     // A request waits this long for a free connection, then gets 503 (never an unbounded queue).
@@ -42,12 +60,6 @@ export async function createDatabasePool(
     interceptors: options.onQuery
       ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) }]
       : [],
-    typeParsers: [
-      { name: 'int8', parse: (value: string) => Number(value) },
-      { name: 'numeric', parse: (value: string) => value },
-      { name: 'timestamptz', parse: toApiTime },
-      { name: 'timestamp', parse: (value: string) => toApiTime(value + '+00') },
-      { name: 'date', parse: (value: string) => value },
-    ],
+    typeParsers: Object.entries(API_TYPE_PARSERS).map(([name, parse]) => ({ name, parse })),
   })
 }

@@ -5,7 +5,7 @@
 // Everything else keeps using slonik (src/db/pool.ts). Values come back as slonik's pool returns
 // them: numeric as exact strings, bigint as numbers, timestamps as RFC 3339 UTC, dates as text.
 import pg from 'pg'
-import { toApiTime } from './pool.ts'
+import { API_TYPE_PARSERS, pgQueryText, withSessionRole } from './pool.ts'
 
 export type StatementQuery = { sql: string; values: readonly unknown[]; name?: string }
 export type StatementPool = {
@@ -13,14 +13,10 @@ export type StatementPool = {
   end: () => Promise<void>
 }
 
-const OIDS = { int8: 20, numeric: 1700, timestamptz: 1184, timestamp: 1114, date: 1082 } as const
-const PARSERS = new Map<number, (value: string) => unknown>([
-  [OIDS.int8, (value) => Number(value)],
-  [OIDS.numeric, (value) => value],
-  [OIDS.timestamptz, toApiTime],
-  [OIDS.timestamp, (value) => toApiTime(value + '+00')],
-  [OIDS.date, (value) => value],
-])
+const OIDS: Record<keyof typeof API_TYPE_PARSERS, number> = { int8: 20, numeric: 1700, timestamptz: 1184, timestamp: 1114, date: 1082 }
+const PARSERS = new Map<number, (value: string) => unknown>(
+  Object.entries(API_TYPE_PARSERS).map(([name, parse]) => [OIDS[name as keyof typeof OIDS], parse]),
+)
 const types = {
   getTypeParser: (oid: number, format?: 'text' | 'binary') => (format !== 'binary' && PARSERS.get(oid)) || pg.types.getTypeParser(oid, format as 'text'),
 }
@@ -34,11 +30,8 @@ export function createStatementPool(
   url: string,
   options: { maxPoolSize: number; connectionTimeoutMs?: number; sessionRole: string; onQuery?: (text: string) => void; onError?: (error: Error) => void },
 ): StatementPool {
-  const parsed = new URL(url)
-  const given = parsed.searchParams.get('options')
-  parsed.searchParams.set('options', `${given ? `${given} ` : ''}-c role=${options.sessionRole}`)
   const pool = new pg.Pool({
-    connectionString: parsed.toString(),
+    connectionString: withSessionRole(url, options.sessionRole),
     max: options.maxPoolSize,
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 5000,
     statement_timeout: 30_000,
@@ -49,7 +42,7 @@ export function createStatementPool(
   pool.on('error', (error) => options.onError?.(error))
   return {
     rows: async (query) => {
-      const text = query.sql.replaceAll('$slonik_', '$')
+      const text = pgQueryText(query.sql)
       options.onQuery?.(text)
       let result: pg.QueryResult
       try {

@@ -12,7 +12,7 @@
 // 4. land:    missing company_name companies created, then one INSERT and one UPDATE
 //             statement: the outbox triggers write the events of the whole batch at once
 // A dry run does 4 inside a savepoint that it rolls back, so its counts are exactly a real run's.
-import { sql } from '../db/pool.ts'
+import { pgQueryText, sql } from '../db/pool.ts'
 import { COMPANY, CONTACT, DEAL, type FieldSpec, type RecordType } from '../records/fields.ts'
 import { CUSTOM_FIELD_PREFIX, type ImportType } from './suggest-mapping.ts'
 
@@ -43,16 +43,18 @@ const UUID_TEXT = '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-
 const INTEGER_TEXT = '^[+-]?[0-9]{1,10}$'
 const MONEY_TEXT = '^[+-]?[0-9]{1,16}([.][0-9]{1,2})?$'
 
+/** Runs a slonik-built statement on the worker's plain pg client. */
+function execute(db: Queryable, token: Token) {
+  return db.query(pgQueryText(token.sql), token.values as unknown[])
+}
+
 async function run(db: Queryable, token: Token): Promise<any[]> {
-  // slonik writes bound values as $slonik_N; pg wants $N (slonik's own executor does the same).
-  const result = await db.query(token.sql.replaceAll('$slonik_', '$'), token.values as unknown[])
-  return result.rows
+  return (await execute(db, token)).rows
 }
 
 /** The number of rows a statement wrote. */
 async function count(db: Queryable, token: Token): Promise<number> {
-  const result = await db.query(token.sql.replaceAll('$slonik_', '$'), token.values as unknown[])
-  return result.rowCount ?? 0
+  return (await execute(db, token)).rowCount ?? 0
 }
 
 /** The natural key a row is matched (upsert) or checked for repeats (create) on. */

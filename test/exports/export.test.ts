@@ -1,6 +1,7 @@
 // Export: streamed CSV/NDJSON, only rows the caller may view and export, and a round trip through
 // import that changes nothing.
 import t from 'tap'
+import { pgQueryText } from '../../src/db/pool.ts'
 import { exportQuery } from '../../src/exports/export-query.ts'
 import { CONTACT } from '../../src/records/fields.ts'
 import { createTenant } from '../helpers/fixtures.ts'
@@ -69,7 +70,7 @@ t.test('export streams what the caller may export, and re-importing it changes n
   await db.query('begin')
   await db.query(`select crm.act_as('bob@a.test', $1)`, [tenant.slug])
   const { rows: [visible] } = await db.query('select count(*)::int as n from crm.contacts')
-  const { rows: exported } = await db.query(query.sql.replaceAll('$slonik_', '$'), query.values as unknown[])
+  const { rows: exported } = await db.query(pgQueryText(query.sql), query.values as unknown[])
   await db.query('rollback')
   t.equal(visible.n, 3, 'bob can view the contacts')
   t.equal(exported.length, 0, 'but the export query gives him none')
