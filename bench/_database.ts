@@ -1,5 +1,6 @@
-// The database a benchmark runs against: DATABASE_URL when set, otherwise a throwaway embedded
-// PostgreSQL with fsync off (the baseline in the same run uses the same server, so ratios are fair).
+// Shared by the benchmarks: the database one runs against (DATABASE_URL when set, otherwise a
+// throwaway embedded PostgreSQL with fsync off; the baseline in the same run uses the same server,
+// so ratios are fair), CPU time read from /proc, and the contacts file the import benchmarks land.
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -40,7 +41,7 @@ export async function postgresCpuMeter(query: (text: string) => Promise<{ rows: 
     const { rows: [row] } = await query('show data_directory')
     const postmaster = Number(readFileSync(join(String(row.data_directory), 'postmaster.pid'), 'utf8').split('\n')[0])
     return () => {
-      let ms = processCpuMs(postmaster)
+      let ms = processCpuMs(postmaster) ?? 0
       for (const entry of readdirSync('/proc')) {
         if (!/^\d+$/.test(entry)) continue
         const stat = procStat(Number(entry))
@@ -53,9 +54,12 @@ export async function postgresCpuMeter(query: (text: string) => Promise<{ rows: 
   }
 }
 
-/** CPU time (user + system, ms) a process has used, from /proc; 0 when it is gone. */
-export function processCpuMs(pid: number): number {
-  return procStat(pid)?.cpuMs ?? 0
+/**
+ * CPU time (user + system, ms) a process has used, from /proc; null when there is no such local
+ * process (it is gone, or the pid is a remote database's backend).
+ */
+export function processCpuMs(pid: number): number | null {
+  return procStat(pid)?.cpuMs ?? null
 }
 
 const CLOCK_TICKS_PER_SECOND = 100
@@ -69,4 +73,16 @@ function procStat(pid: number): { ppid: number; cpuMs: number } | null {
   } catch {
     return null
   }
+}
+
+/**
+ * A contacts CSV file as other tools export them: a quoted comma and non-ASCII text in every row,
+ * 1,000 companies named in the Company column.
+ */
+export function contactsFile(rows: number): string {
+  const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']
+  for (let i = 1; i <= rows; i++) {
+    lines.push(`Ann${i},"O'Neil, Jr.",ann${i}@example.com,+1 555 010 ${String(i % 10000).padStart(4, '0')},Engineer,Zürich,Switzerland,"Company ${i % 1000}, Inc."`)
+  }
+  return lines.join('\n') + '\n'
 }

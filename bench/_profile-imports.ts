@@ -6,25 +6,14 @@
 //   EXPLAIN=20 ...                               auto_explain (analyze, verbose) of statements over 20 ms
 // A COPY's time shows up in the statement queued after it (pg sends it once the COPY completes).
 import { spawn } from 'node:child_process'
-import { readFileSync } from 'node:fs'
 import pg from 'pg'
-import { benchWorkspace, provision } from './_database.ts'
+import { benchWorkspace, contactsFile, processCpuMs, provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
 const BATCH = process.env.BATCH ? Number(process.env.BATCH) : undefined
 
-function contactsFile(rows: number): string {
-  const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']
-  for (let i = 1; i <= rows; i++) {
-    lines.push(`Ann${i},"O'Neil, Jr.",ann${i}@example.com,+1 555 010 ${String(i % 10000).padStart(4, '0')},Engineer,Zürich,Switzerland,"Company ${i % 1000}, Inc."`)
-  }
-  return lines.join('\n') + '\n'
-}
-
-const cpu = (pid: number) => {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
-  return (Number(fields[11]) + Number(fields[12])) * 10 // ms (100 Hz ticks)
-}
+// The job's backend is local (an embedded PostgreSQL, or DATABASE_URL on this machine).
+const cpu = (pid: number) => processCpuMs(pid) ?? 0
 
 const database = await provision()
 try {

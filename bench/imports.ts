@@ -6,32 +6,13 @@
 //
 //   node bench/imports.ts                       prints a markdown report
 //   BENCH_IMPORT_ROWS=20000 node bench/imports.ts
-import { readFileSync } from 'node:fs'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import pg from 'pg'
 import { from as copyFrom } from 'pg-copy-streams'
-import { benchWorkspace, provision } from './_database.ts'
+import { benchWorkspace, contactsFile, processCpuMs, provision } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
-
-/** CPU time (user + system, ms) of a local process, or null when /proc does not have it (a remote DATABASE_URL). */
-function cpuMs(pid: number): number | null {
-  try {
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
-    return (Number(fields[11]) + Number(fields[12])) * 10 // clock ticks of 10 ms
-  } catch {
-    return null
-  }
-}
-
-function contactsFile(rows: number): string {
-  const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']
-  for (let i = 1; i <= rows; i++) {
-    lines.push(`Ann${i},"O'Neil, Jr.",ann${i}@example.com,+1 555 010 ${String(i % 10000).padStart(4, '0')},Engineer,Zürich,Switzerland,"Company ${i % 1000}, Inc."`)
-  }
-  return lines.join('\n') + '\n'
-}
 
 async function main(): Promise<void> {
   const database = await provision()
@@ -69,11 +50,11 @@ async function main(): Promise<void> {
     // The job's database work all happens on this connection's backend: its CPU time per row is
     // steadier than wall time on a shared machine (compare old and new code with it).
     const { rows: [{ pid: backendPid }] } = await client.query('select pg_backend_pid() as pid')
-    const backendBefore = cpuMs(backendPid)
+    const backendBefore = processCpuMs(backendPid)
     started = performance.now()
     await processImport(client, job)
     const importSeconds = (performance.now() - started) / 1000
-    const backendAfter = cpuMs(backendPid)
+    const backendAfter = processCpuMs(backendPid)
     const backendPerRow = backendBefore === null || backendAfter === null ? null : ((backendAfter - backendBefore) * 1000) / ROWS
     const { rows: [result] } = await client.query(
       `select i.created, i.failed, i.companies_created,

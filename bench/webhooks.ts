@@ -195,7 +195,7 @@ async function main(): Promise<void> {
     const loopBody = deliveryBody(sample, new Date())
     // CPU per request of each process, so the ratio can be explained and not only stated.
     const postgresCpu = await postgresCpuMeter((text) => owner.query(text))
-    const cpuNow = () => ({ self: process.cpuUsage(), receiver: processCpuMs(child.pid!), postgres: postgresCpu?.() ?? Number.NaN })
+    const cpuNow = () => ({ self: process.cpuUsage(), receiver: processCpuMs(child.pid!) ?? Number.NaN, postgres: postgresCpu?.() ?? Number.NaN })
     const cpuPer = (from: ReturnType<typeof cpuNow>, count: number) => {
       const to = cpuNow()
       const self = (to.self.user + to.self.system - from.self.user - from.self.system) / 1000
