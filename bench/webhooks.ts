@@ -12,9 +12,15 @@
 // once before and once after the service; the ratio is taken against the faster of the two, so
 // neither JIT warm-up nor a burst of other work on the machine flatters the service. The receiver
 // runs in a child process, so it never shares an event loop with the worker.
+//
+// The CPU time per request of each process (worker or loop, receiver, PostgreSQL) is reported too,
+// and from it a ceiling: the rate the service would reach if its worker and receiver cost no more
+// per delivery than the faster loop's do per request, with PostgreSQL's share as measured and every
+// core busy. It shows how much of the gap to the loop is the database's work that logs each attempt.
 import { fork, type ChildProcess } from 'node:child_process'
 import { createHmac, createSecretKey } from 'node:crypto'
 import { createServer } from 'node:http'
+import { availableParallelism } from 'node:os'
 import type { AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
@@ -80,8 +86,15 @@ const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.lengt
 const rate = (n: number, ms: number) => Math.round((n / ms) * 1000)
 const formatted = (n: number) => n.toLocaleString('en-US')
 
-/** The bare loop: `requests` signed POSTs of `body`, LOOP_CONCURRENCY at a time; requests per second. */
-async function signedPostLoop(port: number, body: Buffer, requests: number): Promise<number> {
+type CpuPerRequest = { self: number; receiver: number; postgres: number }
+/** Starts measuring CPU time; the function it returns gives the CPU per request of `count` requests since. */
+type CpuMeter = () => (count: number) => CpuPerRequest
+
+/**
+ * The bare loop: `requests` signed POSTs of `body`, LOOP_CONCURRENCY at a time, after LOOP_WARM_UP
+ * to warm up; requests per second and the CPU per request of the timed part alone.
+ */
+async function signedPostLoop(port: number, body: Buffer, requests: number, startCpu: CpuMeter): Promise<{ rate: number; cpu: CpuPerRequest }> {
   const key = createSecretKey(Buffer.from(WEBHOOK_SECRET, 'utf8'))
   const pool = new Pool(`http://127.0.0.1:${port}`, { connections: LOOP_CONCURRENCY })
   const loop = async (count: number) => {
@@ -100,9 +113,11 @@ async function signedPostLoop(port: number, body: Buffer, requests: number): Pro
   }
   try {
     await loop(LOOP_WARM_UP)
+    const cpuSince = startCpu()
     const started = performance.now()
     await loop(requests)
-    return rate(requests, performance.now() - started)
+    const elapsed = performance.now() - started
+    return { rate: rate(requests, elapsed), cpu: cpuSince(requests) }
   } finally {
     await pool.close()
   }
@@ -196,21 +211,22 @@ async function main(): Promise<void> {
     // CPU per request of each process, so the ratio can be explained and not only stated.
     const postgresCpu = await postgresCpuMeter((text) => owner.query(text))
     const cpuNow = () => ({ self: process.cpuUsage(), receiver: processCpuMs(child.pid!) ?? Number.NaN, postgres: postgresCpu?.() ?? Number.NaN })
-    const cpuPer = (from: ReturnType<typeof cpuNow>, count: number) => {
-      const to = cpuNow()
-      const self = (to.self.user + to.self.system - from.self.user - from.self.system) / 1000
-      return { self: (self * 1000) / count, receiver: ((to.receiver - from.receiver) * 1000) / count, postgres: ((to.postgres - from.postgres) * 1000) / count }
+    const startCpu: CpuMeter = () => {
+      const from = cpuNow()
+      return (count) => {
+        const to = cpuNow()
+        const self = (to.self.user + to.self.system - from.self.user - from.self.system) / 1000
+        return { self: (self * 1000) / count, receiver: ((to.receiver - from.receiver) * 1000) / count, postgres: ((to.postgres - from.postgres) * 1000) / count }
+      }
     }
-    const loopCpuFrom = cpuNow()
-    const loopBefore = await signedPostLoop(port, loopBody, EVENTS)
-    const loopCpu = cpuPer(loopCpuFrom, EVENTS + LOOP_WARM_UP)
+    const loopBefore = await signedPostLoop(port, loopBody, EVENTS, startCpu)
 
     // Throughput: the worker starts and drains the EVENTS events: fan-out, then every delivery
     // with its attempt. Done when every delivery is recorded delivered (the receiver's count, asked
     // first, spares the database most of the polling).
     const before = await ask<ReceiverStats>(child, 'stats')
     const started = performance.now()
-    const deliveryCpuFrom = cpuNow()
+    const deliveryCpuSince = startCpu()
     const worker = await startWorker({ databaseUrl: db.url, config, logger: createLogger('warn') })
     // The receiver's count over time, for the steady rate: from the 10th to the 90th percentile of
     // arrivals, leaving out the worker's start (connections, first plans) and the tail.
@@ -225,7 +241,7 @@ async function main(): Promise<void> {
     const steadyRate = rate(steadyTo.count - steadyFrom.count, steadyTo.at - steadyFrom.at)
     await until(async () => (await deliveredCount()) >= EVENTS, 600_000, 'deliveries recorded')
     const deliveredMs = performance.now() - started
-    const deliveryCpu = cpuPer(deliveryCpuFrom, EVENTS)
+    const deliveryCpu = deliveryCpuSince(EVENTS)
     const after = await ask<ReceiverStats>(child, 'stats')
     const { rows: [attempts] } = await owner.query(`select count(*)::int as n from crm.webhook_attempts`)
     const deliveryRate = rate(EVENTS, deliveredMs)
@@ -248,12 +264,13 @@ async function main(): Promise<void> {
     await worker.stop()
 
     // Baseline 2 again, after the service.
-    const loopAfter = await signedPostLoop(port, loopBody, EVENTS)
-    const loopBest = Math.max(loopBefore, loopAfter)
+    const loopAfter = await signedPostLoop(port, loopBody, EVENTS, startCpu)
+    const fasterLoop = loopAfter.rate >= loopBefore.rate ? loopAfter : loopBefore
+    const loopBest = fasterLoop.rate
 
     const loopNotes = `${formatted(EVENTS)} requests of ${formatted(loopBody.length)} bytes after ${formatted(LOOP_WARM_UP)} to warm up`
-    rows.push([`bare signed POST loop, undici, concurrency ${LOOP_CONCURRENCY}, KeyObject HMAC (baseline), before the service`, `${formatted(loopBefore)} req/s`, loopNotes])
-    rows.push([`the same loop after the service`, `${formatted(loopAfter)} req/s`, loopNotes])
+    rows.push([`bare signed POST loop, undici, concurrency ${LOOP_CONCURRENCY}, KeyObject HMAC (baseline), before the service`, `${formatted(loopBefore.rate)} req/s`, loopNotes])
+    rows.push([`the same loop after the service`, `${formatted(loopAfter.rate)} req/s`, loopNotes])
     rows.push(['events committed through the outbox (100 rows a statement)', `${formatted(rate(EVENTS, insertedMs))} events/s`, `${formatted(EVENTS)} contacts, worker stopped`])
     rows.push([
       'deliveries delivered, every attempt logged',
@@ -269,16 +286,29 @@ async function main(): Promise<void> {
     rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p99`, `${percentile(latencies, 99)} ms`, ''])
 
     const micros = (n: number) => (Number.isNaN(n) ? 'n/a' : `${formatted(Math.round(n))} µs`)
+    const loopCpuRow = (label: string, cpu: CpuPerRequest) => [label, micros(cpu.self), micros(cpu.receiver), '—', micros(cpu.self + cpu.receiver)]
+    const postgresPerDelivery = Number.isNaN(deliveryCpu.postgres) ? 0 : deliveryCpu.postgres
     const cpuRows = [
-      ['bare loop, per request', micros(loopCpu.self), micros(loopCpu.receiver), micros(loopCpu.postgres), micros(loopCpu.self + loopCpu.receiver)],
-      ['service, per delivery', micros(deliveryCpu.self), micros(deliveryCpu.receiver), micros(deliveryCpu.postgres), micros(deliveryCpu.self + deliveryCpu.receiver + (Number.isNaN(deliveryCpu.postgres) ? 0 : deliveryCpu.postgres))],
+      loopCpuRow('bare loop before the service, per request', loopBefore.cpu),
+      loopCpuRow('bare loop after the service, per request', loopAfter.cpu),
+      ['service, per delivery', micros(deliveryCpu.self), micros(deliveryCpu.receiver), micros(deliveryCpu.postgres), micros(deliveryCpu.self + deliveryCpu.receiver + postgresPerDelivery)],
     ]
+    // What the ratio could be at best with PostgreSQL's share as measured: a worker and a receiver
+    // costing no more per delivery than per request of the faster loop, and every core busy.
+    const cores = availableParallelism()
+    const ceiling = (cores * 1_000_000) / (fasterLoop.cpu.self + fasterLoop.cpu.receiver + postgresPerDelivery)
     console.log(`## Webhooks\n\nOne worker process (concurrency ${config.workerConcurrency}, ${config.webhook.concurrencyPerSubscription} in flight per subscription), one subscription, a local receiver answering 200 at once; ${db.label}.\n`)
     console.log('| measure | result | notes |\n|---|---|---|')
     for (const row of rows) console.log(`| ${row.join(' | ')} |`)
-    console.log(`\nCPU time per request (user + system, from /proc; the loop's figures include its warm-up requests; the worker's include fan-out and the job queue):\n`)
+    console.log(`\nCPU time per request (user + system, from /proc; a loop's figures are for its timed requests; the worker's include fan-out and the job queue):\n`)
     console.log('| | sender: loop or worker | receiver | PostgreSQL | total |\n|---|---:|---:|---:|---:|')
     for (const row of cpuRows) console.log(`| ${row.join(' | ')} |`)
+    if (postgresPerDelivery > 0) {
+      console.log(
+        `\nCeiling: with a worker and a receiver as cheap per delivery as the faster loop is per request, PostgreSQL's ${micros(postgresPerDelivery)} per delivery as measured here, and all ${cores} cores busy, ` +
+          `the service would deliver at most ${formatted(Math.round(ceiling))}/s, **${Math.round((ceiling / loopBest) * 100)}% of the faster loop**.`,
+      )
+    }
   } finally {
     await owner.end()
     child.kill()
