@@ -247,9 +247,9 @@ t.test('webhook statements run at most DATABASE_CONCURRENCY at once, in turn', a
 t.test('statistics taken while the delivery tables were empty do not turn the worker statements into scans', async (t) => {
   // After ANALYZE of an empty table (a fresh install, vacuumdb after a restore or an upgrade) the
   // planner trusts "no rows", and a plan made then, such as the foreign-key check of every attempt
-  // against its delivery, is kept by the connection until the next ANALYZE: a scan of every
-  // delivery for every attempt recorded: 5 times the cost per delivery at 5,000 deliveries, 15 times
-  // at 20,000 (sql/000015).
+  // against its delivery, is kept by the connection until the next ANALYZE. Each attempt recorded
+  // then scans every delivery: 5 times the cost per delivery at 5,000 deliveries, 15 times at
+  // 20,000 (sql/000015).
   const { tenant, owner, subscriptionId, createContacts } = await setUp(t)
   const emails = Array.from({ length: 60 }, (_, i) => `scan-${i}@example.com`)
   const events = await createContacts(emails)
