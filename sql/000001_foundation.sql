@@ -1,6 +1,11 @@
 -- Foundation: the crm schema, the role the API switches to on every request, the extensions
 -- the later files rely on, time-ordered ids, and the frame of housekeeping.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create schema if not exists crm;
 comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
 

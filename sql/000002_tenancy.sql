@@ -9,6 +9,11 @@
 -- by a secret in crm.internal_secrets that crm_api cannot read. The policy helpers return null
 -- unless the proof matches, so hand-set settings see zero rows.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- Internal secret (never readable by crm_api)
 create table crm.internal_secrets (

@@ -14,6 +14,11 @@
 -- row (measured: a second one cost about 5 % of an import's insert). The cascade when a workspace
 -- is deleted is crm.tg_workspaces__delete_records.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- Shared helpers
 -- ---------------------------------------------------------------------------------------------

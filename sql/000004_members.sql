@@ -2,6 +2,11 @@
 -- need (the seat limit, a workspace always keeps an active admin, a role in use is kept), with the
 -- pre-authentication helpers of sign-up and invitation acceptance.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- Invitations
 create table crm.invitations (

@@ -22,6 +22,11 @@
 -- PostgreSQL writes for the event anyway. The plan gate is evaluated once per workspace of a batch.
 -- The worker's reads find events by primary-key probes whatever the statistics say.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- Event names and patterns
 -- ---------------------------------------------------------------------------------------------

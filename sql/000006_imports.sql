@@ -17,6 +17,11 @@
 -- the retried job resumes after last_row_done. The record policies an import meets are in
 -- 000003_records.sql.
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- Imports
 -- ---------------------------------------------------------------------------------------------
