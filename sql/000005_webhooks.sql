@@ -298,7 +298,8 @@ comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admi
 grant select on crm.webhook_deliveries, crm.webhook_attempts to crm_api;
 
 -- ---------------------------------------------------------------------------------------------
--- Jobs: the outbox hand-off and the delivery state machine
+-- Jobs: the delivery state machine (the outbox's hand-off, crm.enqueue_event_fan_out, is in
+-- 000003_records.sql)
 -- ---------------------------------------------------------------------------------------------
 
 -- Deliveries go out in batches: one deliver_webhook job carries up to 100 deliveries of one
@@ -366,9 +367,8 @@ comment on function crm.add_webhook_delivery_jobs(crm.webhook_deliveries[], time
 -- are recorded. A paused subscription's deliveries are created held here (nothing to send); none
 -- is created while the plan has lapsed.
 -- p_rerun (the job runs again after a kill or a failure): deliveries already recorded are left
--- out, and deliveries an earlier version of this job created and never attempted (pending,
--- generation 1, no attempt) are handed to deliver_webhook jobs, as that version did with the
--- attempts it could not make at once.
+-- out, and pending deliveries that no job owns and nothing attempted (generation 1, no attempt:
+-- rows created ahead of their first attempt) are handed to deliver_webhook jobs.
 create function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean default false)
 returns table (
   workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text,
