@@ -14,7 +14,7 @@ endif
 NODE := node
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-faults soak check audit bench clean node
+.PHONY: help setup run test test-faults soak check schema audit bench clean node
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -48,8 +48,12 @@ test-faults: setup ## run the fault tests (kill -9, PostgreSQL restart, slow rec
 soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mixed load, memory, p50/p99
 	SOAK_SECONDS=$${SOAK_SECONDS:-300} $(NODE) test/run.ts --timeout=900 test/soak/soak.test.ts
 
-check: setup ## type-check with tsc --noEmit
+check: setup ## type-check with tsc --noEmit, lint the migrations with squawk (.squawk.toml)
 	npx tsc --noEmit -p .
+	npx --no-install squawk sql/0*.sql
+
+schema: setup ## write sql/schema.sql: migrate a throwaway embedded PostgreSQL and dump the schema crm
+	$(NODE) src/db/schema-dump.ts
 
 audit: setup ## npm audit of every dependency: fails on a high or critical finding
 	@# A registry that does not serve the audit endpoint (some mirrors answer 405) is reported as

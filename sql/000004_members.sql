@@ -1,6 +1,11 @@
--- Workspace administration: invitations, and the rules sign-up, invitations, members and roles need
--- beyond 000002 (a role in use is kept, a custom admin role keeps the workspace's last admin,
--- admins may rename and re-flag custom roles, a bearer token proves who accepts an invitation).
+-- Workspace administration: invitations, and the rules that sign-up, invitations, members and roles
+-- need (the seat limit, a workspace always keeps an active admin, a role in use is kept), with the
+-- pre-authentication helpers of sign-up and invitation acceptance.
+
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
 
 -- ---------------------------------------------------------------------------------------------
 -- Invitations
@@ -68,19 +73,60 @@ $$;
 comment on function crm.prune_invitations(integer) is 'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
 
 -- ---------------------------------------------------------------------------------------------
--- The seat and last-admin triggers of 000002 ran with the caller's rights, which is right for the
--- owner (CLI) but not for crm_api: the seat check's SELECT ... FOR UPDATE on crm.workspaces needs
--- an UPDATE grant crm_api does not have (an admin's unsuspend failed with 42501), and the
--- last-admin check reads crm.workspaces through RLS, which hides the workspace from an admin the
--- moment their own membership is deleted (so the last admin could remove themself). Both must see
--- the workspace as it is, whoever fires them.
-alter function crm.tg_memberships__check_seats() security definer;
-alter function crm.tg_memberships__keep_an_admin() security definer;
+-- Seats and the last admin
+--
+-- These triggers run with the owner's rights (SECURITY DEFINER), whoever fires them: as crm_api,
+-- the seat check's SELECT ... FOR UPDATE on crm.workspaces would need an UPDATE grant crm_api does
+-- not have, and the last-admin check would read crm.workspaces through RLS, which hides the
+-- workspace from an admin the moment their own membership is deleted (so the last admin could
+-- remove themself). Both must see the workspace as it is.
+create function crm.tg_memberships__check_seats() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, public
+as $$
+declare
+  v_limit integer;
+  v_used integer;
+begin
+  if new.suspended_at is not null or (tg_op = 'UPDATE' and old.suspended_at is null) then
+    return new;
+  end if;
+  -- Lock the workspace row so two concurrent joins cannot both take the last seat.
+  select seat_limit into v_limit from crm.workspaces where id = new.workspace_id for update;
+  if v_limit is null then return new; end if;
+  select count(*) into v_used from crm.memberships
+  where workspace_id = new.workspace_id and suspended_at is null and user_id <> new.user_id;
+  if v_used >= v_limit then
+    raise exception 'no seat left: % of % seats are in use', v_used, v_limit using errcode = 'CR422', hint = 'seat_limit_reached';
+  end if;
+  return new;
+end
+$$;
+create trigger tg_memberships__check_seats before insert or update of suspended_at on crm.memberships
+  for each row execute function crm.tg_memberships__check_seats();
+comment on function crm.tg_memberships__check_seats() is 'Active members may not exceed the workspace seat limit (on join and on unsuspend).';
+
+create function crm.tg_memberships__keep_an_admin() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, public
+as $$
+begin
+  if exists (select 1 from crm.workspaces where id = old.workspace_id)
+     and exists (select 1 from crm.roles r where r.workspace_id = old.workspace_id and r.id = old.role_id and r.is_admin)
+     and not exists (
+       select 1 from crm.memberships m join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+       where m.workspace_id = old.workspace_id and r.is_admin and m.suspended_at is null) then
+    raise exception 'the last admin of a workspace cannot be removed, demoted or suspended' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  return null;
+end
+$$;
+create trigger tg_memberships__keep_an_admin after update of role_id, suspended_at or delete on crm.memberships
+  for each row execute function crm.tg_memberships__keep_an_admin();
+comment on function crm.tg_memberships__keep_an_admin() is 'A workspace always keeps at least one active admin.';
 
 -- ---------------------------------------------------------------------------------------------
--- Roles: admins may rename a custom role and turn its admin flag on or off (000002 granted name only).
-grant update (name, is_admin) on crm.roles to crm_api;
-
+-- Roles: one in use is kept; a custom admin role keeps the workspace's last admin.
 create function crm.tg_roles__refuse_delete_in_use() returns trigger
 language plpgsql security definer
 set search_path = pg_catalog, public

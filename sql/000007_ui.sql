@@ -2,6 +2,11 @@
 -- two-factor enrollment by the signed-in user (crm.user_totp and crm.recovery_codes stay out of
 -- crm_api's reach; the functions below touch only the current user's rows).
 
+-- Transaction-local limits, as in every migration: waiting long for a lock would hold up every
+-- query queued behind the migration, and no statement here should run for long.
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 -- ---------------------------------------------------------------------------------------------
 -- OAuth apps
 -- Redirect URIs: absolute https URLs without a fragment; plain http only for loopback (native and

@@ -43,6 +43,29 @@ const LEDGER_DDL = `
   comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
 `
 
+/**
+ * Files of the pre-release migrations (0.1.0 and earlier) that the baseline 000001..000007 replaced.
+ * A database they migrated cannot be migrated further: its objects were made by other files.
+ */
+const FOLDED_PRE_RELEASE_FILES = new Set([
+  '000008_import_speed.sql',
+  '000010_single_statement_reads.sql',
+  '000011_totp_replay.sql',
+  '000012_webhook_speed.sql',
+  '000013_read_path.sql',
+  '000014_import_landing.sql',
+  '000015_webhook_plans_without_statistics.sql',
+])
+
+function unknownLedgerEntry(name: string): MigrationError {
+  if (FOLDED_PRE_RELEASE_FILES.has(name)) {
+    return new MigrationError(
+      `this database was migrated by the pre-release migration files (it records ${name}), which were folded into a new baseline; recreate it (\`make clean\` removes the embedded one under .data/)`,
+    )
+  }
+  return new MigrationError(`this database records migration ${name}, which is not in sql/: it was migrated by other migration files than these (a newer version?)`)
+}
+
 export type MigrateResult = { applied: string[]; alreadyApplied: number }
 
 export async function migrate(databaseUrl: string, options: { dir?: string; log?: (line: string) => void } = {}): Promise<MigrateResult> {
@@ -56,6 +79,9 @@ export async function migrate(databaseUrl: string, options: { dir?: string; log?
     const { rows } = await client.query<{ number: number; name: string; checksum: string }>(
       'select number, name, checksum from crm.schema_migrations order by number',
     )
+    const onDisk = new Set(files.map((file) => file.name))
+    const vanished = rows.find((row) => !onDisk.has(row.name))
+    if (vanished) throw unknownLedgerEntry(vanished.name)
     const done = new Map(rows.map((row) => [row.number, row]))
     for (const file of files) {
       const previous = done.get(file.number)

@@ -41,7 +41,7 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   for (const statement of [
     `select crm.set_context('${ada.id}', '${tenant.id}', 'api')`,
     `select crm.context_proof('${ada.id}', '${tenant.id}')`,
-    // 000013's internal pieces: no EXECUTE for crm_api
+    // the read path's internal pieces (sql/000002_tenancy.sql): no EXECUTE for crm_api
     `select crm.context_message('${ada.id}', '${tenant.id}')`,
     `select crm.member_scope('${ada.id}', '${tenant.id}', 'deals', 'view')`,
     `select crm.touch_caller('${ada.id}', '${tenant.id}', true, '${ada.id}', true)`,

@@ -60,6 +60,31 @@ t.test('a failing migration leaves nothing half-applied', async (t) => {
   t.equal(recorded[0].n, 0)
 })
 
+t.test('a database migrated by the pre-release files is told to be recreated, not that 000001 changed', async (t) => {
+  const url = await emptyDatabase(t)
+  const client = await ownerClient(t, url)
+  await client.query(`create schema crm;
+    create table crm.schema_migrations (number integer primary key, name text not null, checksum text not null, applied_at timestamptz not null default now());
+    insert into crm.schema_migrations (number, name, checksum) values
+      (1, '000001_foundation.sql', 'a pre-release checksum'), (15, '000015_webhook_plans_without_statistics.sql', 'another')`)
+  const error = await migrate(url).catch((caught) => caught)
+  t.type(error, MigrationError)
+  t.match(error.message, /migrated by the pre-release migration files \(it records 000015_webhook_plans_without_statistics\.sql\), which were folded into a new baseline; recreate it \(`make clean` removes/)
+  t.notMatch(error.message, /changed after it was applied/)
+  const { rows } = await client.query('select count(*)::int as n from crm.schema_migrations')
+  t.equal(rows[0].n, 2, 'nothing was applied')
+})
+
+t.test('a database that records a migration file this checkout does not have is refused', async (t) => {
+  const url = await emptyDatabase(t)
+  const dir = copyOfSqlDir()
+  writeFileSync(join(dir, '999999_from_elsewhere.sql'), 'select 1;')
+  await migrate(url, { dir })
+  const error = await migrate(url).catch((caught) => caught)
+  t.type(error, MigrationError)
+  t.match(error.message, /records migration 999999_from_elsewhere\.sql, which is not in sql\//)
+})
+
 t.test('the API role is created by a migration and cannot log in', async (t) => {
   const { rows } = await adminQuery("select rolcanlogin, rolsuper, rolbypassrls from pg_roles where rolname = 'crm_api'")
   t.same(rows, [{ rolcanlogin: false, rolsuper: false, rolbypassrls: false }])

@@ -1,6 +1,7 @@
-// What sql/000014_import_landing.sql changed: repeats are marked in linear time whatever the
-// statistics of crm.import_rows say, and ids are still version 7 UUIDs in time order. And the
-// worker's COPY lines of staged cells (built in one pass now) still carry every value exactly.
+// Import landing: repeats are marked in linear time whatever the statistics of crm.import_rows say
+// (crm.mark_import_repeats, sql/000006_imports.sql), and ids are version 7 UUIDs in time order
+// (crm.uuid_v7, sql/000001_foundation.sql). And the worker's COPY lines of staged cells (built in
+// one pass) carry every value exactly.
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { from as copyFrom } from 'pg-copy-streams'

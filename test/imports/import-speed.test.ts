@@ -1,6 +1,6 @@
-// What sql/000008_import_speed.sql changed must not change any rule: the outbox's jsonb rendering
-// equals the API's json rendering, the custom_fields CHECK still refuses what it refused, the
-// insert triggers still normalise, and repeated keys are found across batches and re-marked when
+// The import fast paths (sql/000003_records.sql, sql/000006_imports.sql) keep every rule: the outbox's
+// jsonb rendering equals the API's json rendering, the custom_fields CHECK refuses what the full
+// check refuses, the insert triggers normalise, and repeated keys are found across batches and re-marked when
 // a file runs again with another key.
 import t from 'tap'
 import { processImport } from '../../src/imports/process-import.ts'
