@@ -14,7 +14,7 @@ endif
 NODE := node
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-faults soak check audit bench clean node
+.PHONY: help setup run test test-faults soak format check audit bench clean node
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -48,7 +48,11 @@ test-faults: setup ## run the fault tests (kill -9, PostgreSQL restart, slow rec
 soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mixed load, memory, p50/p99
 	SOAK_SECONDS=$${SOAK_SECONDS:-300} $(NODE) test/run.ts --timeout=900 test/soak/soak.test.ts
 
-check: setup ## type-check with tsc --noEmit
+format: setup ## format the code and apply Biome's safe lint fixes (biome.jsonc)
+	npx biome check --write
+
+check: setup ## verify format and lint (biome ci: no writes) and type-check (tsc --noEmit)
+	npx biome ci
 	npx tsc --noEmit -p .
 
 audit: setup ## npm audit of every dependency: fails on a high or critical finding
