@@ -7,7 +7,7 @@
 //   quotes in it may arrive backslash-escaped (curl) or as %22 (browsers, per the HTML spec);
 // - the whole body counts against the limit, whatever part the bytes belong to.
 import { once } from 'node:events'
-import { Busboy } from '@fastify/busboy'
+import { Busboy, type BusboyInstance } from '@fastify/busboy'
 
 export type UploadedFile = { fileName: string | null; bytes: Buffer }
 
@@ -93,11 +93,17 @@ async function readWholeBody(body: AsyncIterable<Uint8Array>, limit: number): Pr
 
 /** Feeds the body to the parser as it arrives; only the file part's bytes are kept. */
 async function readFilePart(contentType: string, body: AsyncIterable<Uint8Array>, limit: number): Promise<BodyOutcome> {
-  // Every part is a file stream to the parser, so no other part is buffered as a form field.
-  const parser = Busboy({ headers: { 'content-type': contentType }, isPartAFile: () => true })
-  let parseError: Error | undefined
+  let parser: BusboyInstance
+  try {
+    // Every part is a file stream to the parser, so no other part is buffered as a form field.
+    parser = Busboy({ headers: { 'content-type': contentType }, isPartAFile: () => true })
+  } catch (error) {
+    // The parser reads the Content-Type on its own terms (a boundary inside a quoted parameter is not one).
+    return { kind: 'malformed', reason: reasonOf(error) }
+  }
+  let parseFailure: string | undefined
   parser.on('error', (error) => {
-    parseError ??= error instanceof Error ? error : new Error(String(error))
+    parseFailure ??= reasonOf(error)
   })
   let filePart: { name: string | undefined; chunks: Buffer[] } | undefined
   parser.on('file', (partName, stream, fileName) => {
@@ -120,16 +126,20 @@ async function readFilePart(contentType: string, body: AsyncIterable<Uint8Array>
   for await (const chunk of body) {
     size += chunk.length
     if (size > limit) return { kind: 'too_large' }
-    if (!parser.write(chunk) && !parseError) await Promise.race([once(parser, 'drain').catch(() => {}), finished])
-    if (parseError) break
+    if (!parser.write(chunk) && !parseFailure) await Promise.race([once(parser, 'drain').catch(() => {}), finished])
+    if (parseFailure) break
   }
-  if (!parseError) {
+  if (!parseFailure) {
     parser.end()
     await finished
   }
-  if (parseError) return { kind: 'malformed', reason: parseError.message.toLowerCase() }
+  if (parseFailure) return { kind: 'malformed', reason: parseFailure }
   if (!filePart) return { kind: 'no_file_part' }
   return { kind: 'file', file: { fileName: fileNameOf(filePart.name), bytes: Buffer.concat(filePart.chunks) } }
+}
+
+function reasonOf(error: unknown): string {
+  return (error instanceof Error ? error.message : String(error)).toLowerCase()
 }
 
 // The parser has unquoted the name and cut it to its last path segment; browsers percent-encode

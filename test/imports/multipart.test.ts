@@ -1,3 +1,4 @@
+import fc from 'fast-check'
 import t from 'tap'
 import { uploadFromRequest, UploadError } from '../../src/imports/multipart.ts'
 
@@ -112,6 +113,37 @@ t.test('a missing or unusable boundary', async (t) => {
   t.equal((await uploadError(() => upload('multipart/form-data; boundary=', ''))).code, 'missing_boundary')
   t.equal((await uploadError(() => upload('multipart/form-data; charset; boundary', ''))).code, 'missing_boundary', 'parameters without values')
   t.equal((await uploadError(() => upload(`multipart/form-data; boundary=${'x'.repeat(71)}`, ''))).code, 'missing_boundary')
+})
+
+t.test('a boundary the parser does not see in the Content-Type', async (t) => {
+  const error = await uploadError(() => upload('multipart/form-data; note="x; boundary=y"', '--y\r\n\r\n--y--'))
+  t.match(error, { code: 'malformed_multipart', message: /boundary not found/ })
+})
+
+t.test('any damage to a body ends in a file or an UploadError, never another error or a hang', async () => {
+  const valid = multipartBody([
+    { disposition: 'form-data; name="type"', content: 'contacts' },
+    { disposition: 'form-data; name="file"; filename="x.csv"', contentType: 'text/csv', content: CSV_WITH_CRLF },
+  ])
+  const damage = fc.oneof(
+    fc.record({ at: fc.nat(valid.length - 1), byte: fc.integer({ min: 0, max: 255 }) }).map(({ at, byte }) => {
+      const copy = Buffer.from(valid)
+      copy[at] = byte
+      return copy
+    }),
+    fc.nat(valid.length).map((end) => valid.subarray(0, end)),
+    fc.uint8Array({ maxLength: 200 }).map((bytes) => Buffer.concat([valid.subarray(0, 60), Buffer.from(bytes)])),
+  )
+  await fc.assert(
+    fc.asyncProperty(damage, fc.integer({ min: 1, max: 64 }), async (body, chunkSize) => {
+      try {
+        await extract(body, { chunkSize })
+      } catch (error) {
+        if (!(error instanceof UploadError)) throw error
+      }
+    }),
+    { numRuns: 500 },
+  )
 })
 
 t.test('malformed bodies', async (t) => {
