@@ -57,6 +57,14 @@ t.test('the part named file is extracted byte for byte, CRLFs included', async (
   }
 })
 
+t.test('a file larger than the parser buffers arrives whole (backpressure)', async (t) => {
+  const content = Buffer.alloc(1024 * 1024)
+  for (let i = 0; i < content.length; i++) content[i] = (i * 7919) % 251
+  const body = multipartBody([{ disposition: 'form-data; name="file"; filename="big.csv"', content }])
+  const upload = await extract(body, { chunkSize: 64 * 1024, limit: 2 * 1024 * 1024 })
+  t.ok(upload.bytes.equals(content))
+})
+
 t.test('binary content and a content ending in CRLF survive', async (t) => {
   const content = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('a,b\r\n1,2\r\n\r\n'), Buffer.from([0x00, 0xff, 0x2d, 0x2d])])
   const upload = await extract(multipartBody([{ disposition: 'form-data; name="file"; filename="x.csv"', content }]))
