@@ -1,16 +1,17 @@
 // The CSV upload accepts the file either as the raw body or as the part named `file` of a
 // multipart/form-data body (RFC 7578), which is what an HTML form or `curl -F file=@x.csv` sends.
-// Only that one part is wanted, so this is a small extractor rather than a general parser:
-// - the first part named `file` wins; other parts are skipped;
+// @fastify/busboy parses the multipart body while it arrives; only the file part is kept:
+// - the first part named `file` wins; other parts are read past and dropped;
 // - the part's own Content-Type is ignored (browsers send application/vnd.ms-excel for .csv);
 // - the file name is reduced to its last path segment (old browsers send a full Windows path);
 //   quotes in it may arrive backslash-escaped (curl) or as %22 (browsers, per the HTML spec);
-//   `filename*=UTF-8''...` (RFC 5987) is preferred when present;
-// - delimiters must use CRLF as the RFC requires; anything else is `malformed_multipart`.
+// - the whole body counts against the limit, whatever part the bytes belong to.
+import { once } from 'node:events'
+import { Busboy, type BusboyInstance } from '@fastify/busboy'
 
 export type UploadedFile = { fileName: string | null; bytes: Buffer }
 
-export type UploadErrorCode = 'unsupported_media_type' | 'missing_boundary' | 'malformed_multipart' | 'missing_file_part'
+export type UploadErrorCode = 'unsupported_media_type' | 'payload_too_large' | 'missing_boundary' | 'malformed_multipart' | 'missing_file_part'
 
 export class UploadError extends Error {
   readonly code: UploadErrorCode
@@ -21,145 +22,129 @@ export class UploadError extends Error {
   }
 }
 
+/** The request as far as an upload needs it: two headers and the body's chunks. */
+export type UploadRequest = {
+  headers: { 'content-type'?: string; 'content-length'?: string }
+  body: AsyncIterable<Uint8Array>
+}
+
 export const FILE_PART_NAME = 'file'
 const RAW_CSV_MEDIA_TYPES = new Set(['text/csv', 'application/csv', 'text/plain'])
 const UTF8_CHARSETS = new Set(['utf-8', 'utf8', 'us-ascii'])
-const CRLF = Buffer.from('\r\n')
-const HEADER_END = Buffer.from('\r\n\r\n')
+// RFC 2046 section 5.1.1.
+const MAX_BOUNDARY_LENGTH = 70
 
-export function uploadFromRequest(contentType: string | undefined, body: Buffer): UploadedFile {
-  const { mediaType, parameters } = parseHeaderValue(contentType ?? '')
-  if (mediaType === 'multipart/form-data') return extractUploadedFile(contentType!, body)
-  if (RAW_CSV_MEDIA_TYPES.has(mediaType)) {
-    const charset = parameters.get('charset')?.toLowerCase()
+type BodyOutcome = { kind: 'file'; file: UploadedFile } | { kind: 'too_large' } | { kind: 'no_file_part' } | { kind: 'malformed'; reason: string }
+
+/** Reads the uploaded file from the request body, up to `limit` bytes of body. Throws UploadError. */
+export async function uploadFromRequest({ headers, body }: UploadRequest, limit: number): Promise<UploadedFile> {
+  const contentType = headers['content-type'] ?? ''
+  const mediaType = contentType.split(';')[0].trim().toLowerCase()
+  const declaredLength = Number(headers['content-length'])
+  let outcome: BodyOutcome
+  // A body declared larger than the limit is refused before a byte of it is read.
+  if (Number.isFinite(declaredLength) && declaredLength > limit) outcome = { kind: 'too_large' }
+  else if (mediaType === 'multipart/form-data') {
+    const boundary = headerParameter(contentType, 'boundary')
+    if (!boundary || boundary.length > MAX_BOUNDARY_LENGTH) throw new UploadError('missing_boundary', 'The multipart/form-data Content-Type has no valid boundary parameter')
+    outcome = await readFilePart(contentType, body, limit)
+  } else if (RAW_CSV_MEDIA_TYPES.has(mediaType)) {
+    const charset = headerParameter(contentType, 'charset')?.toLowerCase()
     // A declared non-UTF-8 charset is refused up front: the bytes might still decode as UTF-8
     // and be imported garbled.
     if (charset !== undefined && !UTF8_CHARSETS.has(charset)) {
       throw new UploadError('unsupported_media_type', `Only UTF-8 CSV files are accepted (got charset=${charset})`)
     }
-    return { fileName: null, bytes: body }
+    outcome = await readWholeBody(body, limit)
+  } else {
+    throw new UploadError(
+      'unsupported_media_type',
+      `Send the CSV file as multipart/form-data (a part named "${FILE_PART_NAME}") or as a text/csv body (got ${mediaType || 'no Content-Type'})`,
+    )
   }
-  throw new UploadError(
-    'unsupported_media_type',
-    `Send the CSV file as multipart/form-data (a part named "${FILE_PART_NAME}") or as a text/csv body (got ${mediaType || 'no Content-Type'})`,
-  )
-}
-
-export function extractUploadedFile(contentType: string, body: Buffer): UploadedFile {
-  const boundary = parseHeaderValue(contentType).parameters.get('boundary')
-  if (!boundary || boundary.length > 70) throw new UploadError('missing_boundary', 'The multipart/form-data Content-Type has no valid boundary parameter')
-  const delimiter = Buffer.from(`--${boundary}`)
-  const partSeparator = Buffer.concat([CRLF, delimiter])
-
-  let position = firstDelimiter(body, delimiter)
-  if (position === -1) throw malformed(`the body does not contain the boundary "${boundary}"`)
-  position += delimiter.length
-  for (;;) {
-    if (body.subarray(position, position + 2).toString('latin1') === '--') break
-    position = skipTransportPadding(body, position)
-    if (!body.subarray(position, position + 2).equals(CRLF)) throw malformed('a boundary line does not end with CRLF')
-    const headersStart = position + 2
-    let headers = ''
-    let contentStart = headersStart + 2
-    // A part with no headers at all has its blank line right after the boundary line.
-    if (!body.subarray(headersStart, headersStart + 2).equals(CRLF)) {
-      const headersEnd = body.indexOf(HEADER_END, headersStart)
-      if (headersEnd === -1) throw malformed('a part has no blank line after its headers')
-      headers = body.subarray(headersStart, headersEnd).toString('utf8')
-      contentStart = headersEnd + HEADER_END.length
-    }
-    const contentEnd = body.indexOf(partSeparator, contentStart)
-    if (contentEnd === -1) throw malformed('the body ends before the closing boundary')
-    const disposition = partDisposition(headers)
-    if (disposition?.name === FILE_PART_NAME) return { fileName: disposition.fileName, bytes: body.subarray(contentStart, contentEnd) }
-    position = contentEnd + partSeparator.length
+  switch (outcome.kind) {
+    case 'file':
+      return outcome.file
+    case 'too_large':
+      throw new UploadError('payload_too_large', `The body is larger than ${limit} bytes`)
+    case 'no_file_part':
+      throw new UploadError('missing_file_part', `The multipart/form-data body has no part named "${FILE_PART_NAME}"`)
+    case 'malformed':
+      throw new UploadError('malformed_multipart', `The multipart/form-data body is malformed: ${outcome.reason}`)
   }
-  throw new UploadError('missing_file_part', `The multipart/form-data body has no part named "${FILE_PART_NAME}"`)
 }
 
-function malformed(reason: string): UploadError {
-  return new UploadError('malformed_multipart', `The multipart/form-data body is malformed: ${reason}`)
+/** A parameter of a Content-Type header (`; name=value` or `; name="value"`), by its name in any case. */
+function headerParameter(header: string, name: string): string | undefined {
+  const match = new RegExp(`;\\s*${name}\\s*=\\s*(?:"([^"]*)"|([^;\\s]*))`, 'i').exec(header)
+  return match ? (match[1] ?? match[2]) : undefined
 }
 
-// The first delimiter may open the body or follow a preamble, where it must start a line.
-function firstDelimiter(body: Buffer, delimiter: Buffer): number {
-  if (body.subarray(0, delimiter.length).equals(delimiter)) return 0
-  const afterCrlf = body.indexOf(Buffer.concat([CRLF, delimiter]))
-  return afterCrlf === -1 ? -1 : afterCrlf + 2
-}
-
-function skipTransportPadding(body: Buffer, position: number): number {
-  while (body[position] === 0x20 || body[position] === 0x09) position++
-  return position
-}
-
-function partDisposition(headers: string): { name: string | undefined; fileName: string | null } | null {
-  for (const line of headers.split('\r\n')) {
-    const colon = line.indexOf(':')
-    if (colon === -1 || line.slice(0, colon).trim().toLowerCase() !== 'content-disposition') continue
-    const { mediaType, parameters } = parseHeaderValue(line.slice(colon + 1))
-    if (mediaType !== 'form-data') return null
-    return { name: parameters.get('name'), fileName: fileNameFrom(parameters) }
+async function readWholeBody(body: AsyncIterable<Uint8Array>, limit: number): Promise<BodyOutcome> {
+  const chunks: Uint8Array[] = []
+  let size = 0
+  for await (const chunk of body) {
+    size += chunk.length
+    if (size > limit) return { kind: 'too_large' }
+    chunks.push(chunk)
   }
-  return null
+  return { kind: 'file', file: { fileName: null, bytes: Buffer.concat(chunks, size) } }
 }
 
-function fileNameFrom(parameters: Map<string, string>): string | null {
-  const extended = parameters.get('filename*')
-  let name = extended === undefined ? undefined : decodeExtendedValue(extended)
-  name ??= parameters.get('filename')?.replace(/%22/g, '"').replace(/%0D/gi, '\r').replace(/%0A/gi, '\n')
-  if (name === undefined) return null
-  const baseName = name.slice(Math.max(name.lastIndexOf('/'), name.lastIndexOf('\\')) + 1)
-  return baseName === '' ? null : baseName
-}
-
-// RFC 5987 ext-value: charset'language'percent-encoded; only UTF-8 is worth supporting.
-function decodeExtendedValue(value: string): string | undefined {
-  const match = /^utf-8'[^']*'(.*)$/i.exec(value)
-  if (!match) return undefined
+/** Feeds the body to the parser as it arrives; only the file part's bytes are kept. */
+async function readFilePart(contentType: string, body: AsyncIterable<Uint8Array>, limit: number): Promise<BodyOutcome> {
+  let parser: BusboyInstance
   try {
-    return decodeURIComponent(match[1])
-  } catch {
-    return undefined
+    // Every part is a file stream to the parser, so no other part is buffered as a form field.
+    parser = Busboy({ headers: { 'content-type': contentType }, isPartAFile: () => true })
+  } catch (error) {
+    // The parser reads the Content-Type on its own terms (a boundary inside a quoted parameter is not one).
+    return { kind: 'malformed', reason: reasonOf(error) }
   }
+  let parseFailure: string | undefined
+  parser.on('error', (error) => {
+    parseFailure ??= reasonOf(error)
+  })
+  let filePart: { name: string | undefined; chunks: Buffer[] } | undefined
+  parser.on('file', (partName, stream, fileName) => {
+    // A part cut short errors here and on the parser; the parser's error is the one reported.
+    stream.on('error', () => {})
+    if (partName !== FILE_PART_NAME || filePart) {
+      stream.resume()
+      return
+    }
+    const part = { name: fileName, chunks: [] as Buffer[] }
+    filePart = part
+    stream.on('data', (chunk: Buffer) => part.chunks.push(chunk))
+  })
+  const finished = new Promise<void>((resolve) => {
+    parser.once('finish', resolve)
+    parser.once('error', () => resolve())
+  })
+
+  let size = 0
+  for await (const chunk of body) {
+    size += chunk.length
+    if (size > limit) return { kind: 'too_large' }
+    if (!parser.write(chunk) && !parseFailure) await Promise.race([once(parser, 'drain').catch(() => {}), finished])
+    if (parseFailure) break
+  }
+  if (!parseFailure) {
+    parser.end()
+    await finished
+  }
+  if (parseFailure) return { kind: 'malformed', reason: parseFailure }
+  if (!filePart) return { kind: 'no_file_part' }
+  return { kind: 'file', file: { fileName: fileNameOf(filePart.name), bytes: Buffer.concat(filePart.chunks) } }
 }
 
-/**
- * Splits `type/subtype; key=value; key="quoted \"value\""` into a lower-cased media type and its
- * parameters (names lower-cased, values unquoted). Used for Content-Type and Content-Disposition.
- */
-export function parseHeaderValue(header: string): { mediaType: string; parameters: Map<string, string> } {
-  const parameters = new Map<string, string>()
-  const semicolon = header.indexOf(';')
-  const mediaType = (semicolon === -1 ? header : header.slice(0, semicolon)).trim().toLowerCase()
-  let index = semicolon === -1 ? header.length : semicolon + 1
-  while (index < header.length) {
-    const equals = header.indexOf('=', index)
-    const nextSemicolon = header.indexOf(';', index)
-    if (equals === -1 || (nextSemicolon !== -1 && nextSemicolon < equals)) {
-      index = nextSemicolon === -1 ? header.length : nextSemicolon + 1
-      continue
-    }
-    const key = header.slice(index, equals).trim().toLowerCase()
-    index = equals + 1
-    while (header[index] === ' ' || header[index] === '\t') index++
-    let value = ''
-    if (header[index] === '"') {
-      index++
-      while (index < header.length && header[index] !== '"') {
-        // Only \" and \\ are escapes: a Windows path from an old browser keeps its backslashes.
-        if (header[index] === '\\' && (header[index + 1] === '"' || header[index + 1] === '\\')) index++
-        value += header[index]
-        index++
-      }
-      const end = header.indexOf(';', index)
-      index = end === -1 ? header.length : end + 1
-    } else {
-      const end = header.indexOf(';', index)
-      value = header.slice(index, end === -1 ? header.length : end).trim()
-      index = end === -1 ? header.length : end + 1
-    }
-    if (key !== '' && !parameters.has(key)) parameters.set(key, value)
-  }
-  return { mediaType, parameters }
+function reasonOf(error: unknown): string {
+  return (error instanceof Error ? error.message : String(error)).toLowerCase()
+}
+
+// The parser has unquoted the name and cut it to its last path segment; browsers percent-encode
+// quotes and line breaks in it (the HTML spec's multipart/form-data encoding).
+function fileNameOf(name: string | undefined): string | null {
+  const decoded = name?.replace(/%22/g, '"').replace(/%0D/gi, '\r').replace(/%0A/gi, '\n')
+  return decoded ? decoded : null
 }

@@ -9,7 +9,7 @@ import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
 import { streamLines } from '../../exports/stream-lines.ts'
 import { UUID_PATTERN } from '../../records/fields.ts'
-import { CSV_BODY_LIMIT, readBody } from '../body.ts'
+import { CSV_BODY_LIMIT } from '../body.ts'
 import { problems } from '../problem.ts'
 import type { RouteDefinition } from '../route.ts'
 
@@ -67,12 +67,12 @@ function routesFor(type: ImportType): RouteDefinition[] {
       errors: [401, 403, 413, 415, 422],
       handler: async ({ req, db }) => {
         await assertImportGrant(db, type)
-        const body = await readBody(req, CSV_BODY_LIMIT)
         let upload
         try {
-          upload = uploadFromRequest(req.headers['content-type'], body)
+          upload = await uploadFromRequest({ headers: req.headers, body: req }, CSV_BODY_LIMIT)
         } catch (error) {
           if (!(error instanceof UploadError)) throw error
+          if (error.code === 'payload_too_large') throw problems.payloadTooLarge(CSV_BODY_LIMIT)
           if (error.code === 'unsupported_media_type') throw problems.unsupportedMediaType(error.message)
           throw problems.validation(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
         }
