@@ -115,7 +115,7 @@ function parseFilter(type: RecordType, fieldName: string, op: string, value: str
     return { kind: 'custom', key, value }
   }
   const field = type.byName.get(fieldName)
-  if (!field || field.kind === 'json') throw problems.invalidParameter(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
+  if (!field || !field.filterable) throw problems.invalidParameter(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
   if (!(OPERATORS as string[]).includes(op)) {
     throw problems.invalidParameter(`${safeName(parameter)}: unknown operator ${safeName(op)} (use one of ${OPERATORS.join(', ')})`)
   }
@@ -203,7 +203,7 @@ function parseSort(type: RecordType, text: string | null, search: boolean): Sort
     const descending = part.startsWith('-')
     const name = descending ? part.slice(1) : part
     const field = type.byName.get(name)
-    if (!field || field.kind === 'json') throw problems.invalidParameter(`sort: ${type.path} cannot be sorted by ${safeName(name)}`)
+    if (!field || !field.sortable) throw problems.invalidParameter(`sort: ${type.path} cannot be sorted by ${safeName(name)}`)
     if (keys.some((key) => key.field.name === name)) throw problems.invalidParameter(`sort: ${name} is given twice`)
     if (keys.some((key) => key.field.name === 'id')) throw problems.invalidParameter('sort: id is the last tie-breaker; nothing can follow it')
     keys.push({ field, descending })

@@ -3,7 +3,7 @@
 // its field's type. Row-level security adds the workspace and the caller's scope by itself.
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { encodeCursor, type Cursor } from './cursor.ts'
-import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
+import { ID_FIELD, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
 import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -115,7 +115,7 @@ export function orderKeys(request: ListRequest, score: Fragment | null): OrderKe
   const scoreExpression = score ?? sql.fragment`0::float8`
   return [
     { expression: scoreExpression, descending: true, nullable: false, asText: sql.fragment`(${scoreExpression})::text`, fromText: (value) => sql.fragment`${value}::float8` },
-    orderKey({ field: { name: 'id', kind: 'uuid', writable: false, nullable: false }, descending: false }),
+    orderKey({ field: ID_FIELD, descending: false }),
   ]
 }
 

@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { problems } from '../http/problem.ts'
-import { READ_ONLY_FIELDS, UUID_PATTERN, type RecordType } from './fields.ts'
+import { UUID_PATTERN, type RecordType } from './fields.ts'
 import { isValidDate } from './list-parameters.ts'
 import { MONEY_PATTERN } from './schemas.ts'
 
@@ -54,9 +54,9 @@ export async function refuseWrite(db: DatabaseTransactionConnection, type: Recor
 export function assignments(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
   const pairs: { column: Fragment; value: Fragment }[] = []
   for (const [name, raw] of Object.entries(body)) {
-    if (READ_ONLY_FIELDS.includes(name)) continue
     const field = type.byName.get(name)
-    if (!field || !field.writable) continue // the schema already refused unknown fields
+    // Read-only fields are ignored when sent; the schema already refused unknown fields.
+    if (!field || !field.writable) continue
     let value: unknown = raw
     if (field.kind === 'numeric' && typeof raw === 'number') {
       value = String(raw)
