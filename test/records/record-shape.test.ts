@@ -5,6 +5,7 @@
 // migrated database and fails, naming the place to fix, when any of them disagrees with the others.
 import type pg from 'pg'
 import t from 'tap'
+import { Compile } from 'typebox/compile'
 import { RECORD_CONSTRAINT_FIELDS } from '../../src/records/constraints.ts'
 import { RECORD_TYPES, type RecordType } from '../../src/records/fields.ts'
 import { SCHEMAS } from '../../src/records/schemas.ts'
@@ -38,13 +39,28 @@ function mismatch(left: string, leftNames: Iterable<string>, right: string, righ
 }
 
 /** One row of the type, made as the owner with every nullable field left empty. */
-async function insertRow(db: pg.Client, type: RecordType, workspaceId: string, ownerId: string): Promise<string> {
+async function insertEmptyRow(db: pg.Client, type: RecordType, workspaceId: string, ownerId: string): Promise<string> {
   const { rows } = await db.query(
     type.name === 'contact'
       ? `insert into crm.contacts (workspace_id, owner_id, first_name) values ($1, $2, 'Ann') returning id`
       : `insert into crm.${type.path} (workspace_id, owner_id, name) values ($1, $2, 'Globex') returning id`,
     [workspaceId, ownerId],
   )
+  return rows[0].id
+}
+
+/** One row of the type with every field set. */
+async function insertFullRow(db: pg.Client, type: RecordType, workspaceId: string, ownerId: string, companyId: string): Promise<string> {
+  const insert: Record<RecordType['name'], string> = {
+    company: `insert into crm.companies (workspace_id, owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields)
+              values ($1, $2, 'Initech', 'initech.example', 'https://initech.example', 'Software', '+1 555 010 0199', 'Austin', 'US', 120, 2500000, 'TPS reports', '{"tier": "gold"}')`,
+    contact: `insert into crm.contacts (workspace_id, owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields)
+              values ($1, $2, 'Ann', 'Lee', 'ann@initech.example', '+1 555 010 0100', 'CTO', 'Austin', 'US', $3, '{"vip": true}')`,
+    deal: `insert into crm.deals (workspace_id, owner_id, name, amount, currency, stage, close_date, company_id, custom_fields)
+           values ($1, $2, 'Initech renewal', 12500, 'EUR', 'proposal', '2026-12-31', $3, '{"source": null}')`,
+  }
+  const values = type.name === 'company' ? [workspaceId, ownerId] : [workspaceId, ownerId, companyId]
+  const { rows } = await db.query(`${insert[type.name]} returning id`, values)
   return rows[0].id
 }
 
@@ -74,6 +90,7 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
   const db = await ownerClient(t, url)
   const tenant = await createTenant(url, { members: { 'admin@shape.test': 'admin' } })
   const admin = tenant.members['admin@shape.test']
+  const company = await insertEmptyRow(db, RECORD_TYPES.find((type) => type.name === 'company')!, tenant.id, admin.id)
 
   for (const type of RECORD_TYPES) {
     const table = `crm.${type.path}`
@@ -81,7 +98,7 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
     const writable = type.fields.filter((field) => field.writable).map((field) => field.name)
 
     t.test(`${type.path}: the JSON renderers show exactly the fields`, async (t) => {
-      const id = await insertRow(db, type, tenant.id, admin.id)
+      const id = await insertEmptyRow(db, type, tenant.id, admin.id)
       const { rows: [rendered] } = await db.query(
         `select array(select json_object_keys(crm.${type.name}_json(t))) as json,
                 array(select jsonb_object_keys(crm.${type.name}_jsonb(t))) as jsonb
@@ -93,6 +110,15 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
       // jsonb keeps its keys sorted, so only the set can be compared.
       const jsonb = `crm.${type.name}_jsonb (sql/, the outbox's renderer)`
       t.same(sorted(rendered.jsonb), sorted(fieldNames), `${jsonb} and the ${type.path} fields of ${FIELDS_FILE} agree${mismatch(jsonb, rendered.jsonb, FIELDS_FILE, fieldNames)}`)
+    })
+
+    t.test(`${type.path}: the response schema accepts what crm.${type.name}_json renders, empty and full`, async (t) => {
+      const validator = Compile(SCHEMAS[type.name].record)
+      for (const id of [await insertEmptyRow(db, type, tenant.id, admin.id), await insertFullRow(db, type, tenant.id, admin.id, company)]) {
+        const { rows: [{ record }] } = await db.query(`select crm.${type.name}_json(t) as record from ${table} t where t.id = $1`, [id])
+        const problems = validator.Errors(record).map((error) => `${error.instancePath} ${error.message}`)
+        t.same(problems, [], `the response schema of ${type.path} (built in src/records/schemas.ts from ${FIELDS_FILE}) accepts ${JSON.stringify(record)}`)
+      }
     })
 
     t.test(`${type.path}: the columns are the fields and crm_api may write exactly the writable ones`, async (t) => {
