@@ -127,6 +127,11 @@ export const DEAL = recordType('deal', 'deals', 'deal', common([
 
 export const RECORD_TYPES: RecordType[] = [CONTACT, COMPANY, DEAL]
 
+/** A create (through the API or an import) must give it: writable, not null, and not filled by the database. */
+export function requiredOnCreate(field: FieldSpec): boolean {
+  return field.writable && !field.nullable && !field.filledByDatabase
+}
+
 export function recordTypeByPath(path: string): RecordType | undefined {
   return RECORD_TYPES.find((type) => type.path === path)
 }

@@ -3,7 +3,7 @@
 // /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
-import { COMPANY, CONTACT, DEAL, UUID_SCHEMA_PATTERN, type FieldSpec, type RecordType } from './fields.ts'
+import { COMPANY, CONTACT, DEAL, requiredOnCreate, UUID_SCHEMA_PATTERN, type FieldSpec, type RecordType } from './fields.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
 const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
@@ -83,7 +83,7 @@ const readOnlyInput = () => Type.Optional(Type.Unknown({ readOnly: true, descrip
 /** The body of a create (required: the non-null writable fields the database does not fill) or of an update (all optional). */
 function bodySchema(type: RecordType, mode: 'create' | 'update', description: string): TSchema {
   const writable = type.fields.filter((field) => field.writable)
-  const required = (field: FieldSpec) => mode === 'create' && !field.nullable && !field.filledByDatabase
+  const required = (field: FieldSpec) => mode === 'create' && requiredOnCreate(field)
   return Type.Object(
     {
       ...Object.fromEntries(writable.map((field) => [field.name, required(field) ? inputSchema(field) : Type.Optional(inputSchema(field))])),
