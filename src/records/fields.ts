@@ -28,6 +28,7 @@ export type FieldSpec = {
   format?: string
   minimum?: number
   maximum?: number
+  /** For the OpenAPI document; for money, what the amount is ("Annual revenue"), the format is added. */
   description?: string
 }
 
@@ -46,9 +47,9 @@ export type RecordType = {
   byName: Map<string, FieldSpec>
 }
 
-export const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
-export const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
-export const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
+const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
+const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
+const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
 const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+[^\\s]*$'
 const KEY_PATTERN = '^[a-z][a-z0-9_]{0,62}$'
 
@@ -60,7 +61,7 @@ function field(name: string, kind: FieldKind, options: FieldOptions = {}): Field
 }
 
 /** Kept by the database alone: ids, times and authors. */
-const readOnly = (name: string, kind: FieldKind, nullable = false) => field(name, kind, { writable: false, nullable })
+const readOnly = (name: string, kind: FieldKind, nullable = false) => field(name, kind, { writable: false, nullable, filledByDatabase: true })
 
 /** A text of 1 to maxLength characters. */
 const text = (name: string, maxLength: number, options: FieldOptions = {}) => field(name, 'text', { minLength: 1, maxLength, ...options })

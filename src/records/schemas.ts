@@ -29,53 +29,50 @@ function rulesOf(field: FieldSpec, keywords: readonly (keyof FieldSpec)[]): Reco
   return Object.fromEntries(keywords.flatMap((keyword) => (field[keyword] === undefined ? [] : [[keyword, field[keyword]]])))
 }
 
-/** What a request body may hold for a writable field. */
-function inputSchema(field: FieldSpec): TSchema {
-  const schema = (() => {
-    switch (field.kind) {
-      case 'text':
-      case 'lowercase':
-        return Type.String(rulesOf(field, ['minLength', 'maxLength', 'pattern', 'format', 'description']))
-      case 'uuid':
-        return Uuid
-      case 'integer':
-        return Type.Integer(rulesOf(field, ['minimum', 'maximum']))
-      case 'numeric':
-        return Money(field.description ?? field.name)
-      case 'date':
-        return DateOnly
-      case 'json':
-        return CustomFields
-      case 'timestamp':
-        throw new Error(`${field.name}: a timestamp field is kept by the database and cannot be writable`)
-    }
-  })()
-  return field.nullable ? nullable(schema) : schema
+/** What a request body may hold for a writable field, null aside. */
+function inputValue(field: FieldSpec): TSchema {
+  switch (field.kind) {
+    case 'text':
+    case 'lowercase':
+      return Type.String(rulesOf(field, ['minLength', 'maxLength', 'pattern', 'format', 'description']))
+    case 'uuid':
+      return Uuid
+    case 'integer':
+      return Type.Integer(rulesOf(field, ['minimum', 'maximum']))
+    case 'numeric':
+      return Money(field.description ?? field.name)
+    case 'date':
+      return DateOnly
+    case 'json':
+      return CustomFields
+    case 'timestamp':
+      throw new Error(`${field.name}: a timestamp field is kept by the database and cannot be writable`)
+  }
 }
 
-/** What a response holds for a field (crm.<type>_json renders it). */
-function outputSchema(field: FieldSpec): TSchema {
-  const schema = (() => {
-    switch (field.kind) {
-      case 'text':
-      case 'lowercase':
-        return Type.String()
-      case 'uuid':
-        return Uuid
-      case 'integer':
-        return Type.Integer()
-      case 'numeric':
-        return Type.String({ description: 'Decimal string with two places' })
-      case 'date':
-        return DateOnly
-      case 'timestamp':
-        return Time
-      case 'json':
-        return CustomFields
-    }
-  })()
-  return field.nullable ? nullable(schema) : schema
+/** What a response holds for a field (crm.<type>_json renders it), null aside. */
+function outputValue(field: FieldSpec): TSchema {
+  switch (field.kind) {
+    case 'text':
+    case 'lowercase':
+      return Type.String()
+    case 'uuid':
+      return Uuid
+    case 'integer':
+      return Type.Integer()
+    case 'numeric':
+      return Type.String({ description: 'Decimal string with two places' })
+    case 'date':
+      return DateOnly
+    case 'timestamp':
+      return Time
+    case 'json':
+      return CustomFields
+  }
 }
+
+const inputSchema = (field: FieldSpec) => (field.nullable ? nullable(inputValue(field)) : inputValue(field))
+const outputSchema = (field: FieldSpec) => (field.nullable ? nullable(outputValue(field)) : outputValue(field))
 
 /** Accepted and ignored in bodies (API.md section 1: read-only fields are ignored). */
 const readOnlyInput = () => Type.Optional(Type.Unknown({ readOnly: true, description: 'Read-only: ignored when sent' }))
