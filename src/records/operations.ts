@@ -62,7 +62,7 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
   for (const [name, raw] of Object.entries(body)) {
     const field = type.byName.get(name)
     // Read-only fields are ignored when sent; the schema already refused unknown fields.
-    if (!field || !field.writable) continue
+    if (!field?.writable) continue
     let value: unknown = raw
     if (field.kind === 'numeric' && typeof raw === 'number') {
       value = String(raw)

@@ -7,7 +7,7 @@ import type pg from 'pg'
 import t from 'tap'
 import { Compile } from 'typebox/compile'
 import { RECORD_CONSTRAINT_FIELDS } from '../../src/records/constraints.ts'
-import { RECORD_TYPES, type RecordType } from '../../src/records/fields.ts'
+import { COMPANY, RECORD_TYPES, type RecordType } from '../../src/records/fields.ts'
 import { SCHEMAS } from '../../src/records/schemas.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
@@ -90,7 +90,7 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
   const db = await ownerClient(t, url)
   const tenant = await createTenant(url, { members: { 'admin@shape.test': 'admin' } })
   const admin = tenant.members['admin@shape.test']
-  const company = await insertEmptyRow(db, RECORD_TYPES.find((type) => type.name === 'company')!, tenant.id, admin.id)
+  const company = await insertEmptyRow(db, COMPANY, tenant.id, admin.id)
 
   for (const type of RECORD_TYPES) {
     const table = `crm.${type.path}`
