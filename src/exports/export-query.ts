@@ -11,6 +11,7 @@ import { ApiError, problems, type FieldProblem } from '../http/problem.ts'
 import type { FieldSpec, RecordType } from '../records/fields.ts'
 import { parseListRequest } from '../records/list-parameters.ts'
 import { filterCondition, orderByClause, orderKeys } from '../records/list-query.ts'
+import { LineRow, type LinesQuery } from './stream-lines.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
@@ -68,7 +69,7 @@ function textValue(field: FieldSpec): Fragment {
   return sql.fragment`${column}::text`
 }
 
-export function exportQuery(type: RecordType, request: ExportRequest): { query: ReturnType<typeof sql.unsafe>; header: string | null } {
+export function exportQuery(type: RecordType, request: ExportRequest): { query: LinesQuery; header: string | null } {
   const fields = exportFields(type, request.fields)
   const parameters = filterParameters(request.filter ?? {})
   if (request.sort !== undefined) parameters.set('sort', request.sort)
@@ -103,5 +104,5 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
     line = sql.fragment`concat_ws(',', ${sql.join(fields.map(cell), sql.fragment`, `)})`
     header = fields.map((field) => field.name).join(',')
   }
-  return { query: sql.unsafe`select ${line} as line from ${type.table} as t where ${where} order by ${order}`, header }
+  return { query: sql.type(LineRow)`select ${line} as line from ${type.table} as t where ${where} order by ${order}`, header }
 }

@@ -4,18 +4,26 @@
 import type { ServerResponse } from 'node:http'
 import { Transform } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
-import type { sql, DatabaseTransactionConnection } from '../db/pool.ts'
+import type { QuerySqlToken } from 'slonik'
+import Type, { type Static } from 'typebox'
+import type { DatabaseTransactionConnection } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
 
 const CHUNK_CHARACTERS = 64 * 1024
 
-export async function streamLines(db: DatabaseTransactionConnection, query: ReturnType<typeof sql.unsafe>, res: ServerResponse, newline: string): Promise<number> {
+const LineSchema = Type.Object({ line: Type.String() })
+/** A row of a streamed query: one finished line of text, without its line break. */
+export const LineRow = rowType(LineSchema)
+export type LinesQuery = QuerySqlToken<typeof LineRow>
+
+export async function streamLines(db: DatabaseTransactionConnection, query: LinesQuery, res: ServerResponse, newline: string): Promise<number> {
   let rows = 0
   let piping: Promise<void> | null = null
   await db.stream(query, (stream) => {
     let buffer = ''
     const lines = new Transform({
       writableObjectMode: true,
-      transform(row: { data: { line: string } }, _encoding, callback) {
+      transform(row: { data: Static<typeof LineSchema> }, _encoding, callback) {
         buffer += row.data.line + newline
         rows++
         if (buffer.length < CHUNK_CHARACTERS) return callback()

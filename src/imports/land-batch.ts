@@ -13,7 +13,7 @@
 //             statement: the outbox triggers write the events of the whole batch at once
 // A dry run does 4 inside a savepoint that it rolls back, so its counts are exactly a real run's.
 import { pgQueryText, sql } from '../db/pool.ts'
-import { COMPANY, CONTACT, DEAL, type FieldSpec, type RecordType } from '../records/fields.ts'
+import { COMPANY, CONTACT, DEAL, requiredOnCreate, type FieldSpec, type RecordType } from '../records/fields.ts'
 import { CUSTOM_FIELD_PREFIX, type ImportType } from './suggest-mapping.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -292,7 +292,7 @@ export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: numbe
     await problem('company_id', sql.fragment`'company_id must be a company you can see'`,
       sql.fragment`t.company_id is not null and not exists (select from crm.companies c where c.workspace_id = ${workspace} and c.id = t.company_id)`)
   }
-  for (const required of type.fields.filter((field) => field.writable && !field.nullable && field.kind === 'text' && field.name !== 'currency' && field.name !== 'stage')) {
+  for (const required of type.fields.filter(requiredOnCreate)) {
     await problem(required.name, sql.fragment`${`${required.name} is required`}::text`, sql.fragment`t.${ident(required.name)} is null`)
   }
   await run(db, sql.unsafe`select crm.import_check_constraints(${plan.type})`)

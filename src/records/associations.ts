@@ -3,6 +3,7 @@
 // records: links to records the caller cannot see are neither shown nor removed.
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { ExistsRow, IdRow } from '../db/typed-rows.ts'
 import { problems, type FieldProblem } from '../http/problem.ts'
 import { RECORD_TYPES, UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
 import { refuseWrite } from './operations.ts'
@@ -33,17 +34,17 @@ const bareIdColumn = (type: RecordType) => sql.identifier([`${type.name}_id`])
 
 /** The ids of visible `other` records linked to the subject: oldest link first, then by id. */
 async function linkedIds(db: DatabaseTransactionConnection, subject: RecordType, id: string, other: RecordType): Promise<string[]> {
-  const ids = await db.anyFirst(sql.unsafe`
-    select ${idColumn(other)}
+  const ids = await db.anyFirst(sql.type(IdRow)`
+    select ${idColumn(other)} as id
       from crm.associations as a
       join ${other.table} as t on t.workspace_id = a.workspace_id and t.id = ${idColumn(other)}
      where a.workspace_id = (select crm.current_workspace_id()) and ${idColumn(subject)} = ${id}
      order by a.created_at, t.id`)
-  return ids as string[]
+  return [...ids]
 }
 
 export async function readAssociations(db: DatabaseTransactionConnection, subject: RecordType, id: string): Promise<Associations> {
-  const exists = await db.oneFirst(sql.unsafe`
+  const exists = await db.oneFirst(sql.type(ExistsRow)`
     select exists (select from ${subject.table} as t where t.workspace_id = (select crm.current_workspace_id()) and t.id = ${id})`)
   if (!exists) throw problems.notFound(`No such ${subject.label}`)
   const result: Associations = {}
@@ -54,7 +55,7 @@ export async function readAssociations(db: DatabaseTransactionConnection, subjec
 export async function replaceAssociations(db: DatabaseTransactionConnection, subject: RecordType, id: string, body: Associations): Promise<Associations> {
   // Needs update on the addressed record: the no-op UPDATE checks it through RLS and locks the
   // record, so concurrent PUTs on one record apply one after the other.
-  const locked = await db.maybeOneFirst(sql.unsafe`
+  const locked = await db.maybeOneFirst(sql.type(IdRow)`
     update ${subject.table} as t set owner_id = t.owner_id
      where t.workspace_id = (select crm.current_workspace_id()) and t.id = ${id}
     returning t.id`)
@@ -66,9 +67,9 @@ export async function replaceAssociations(db: DatabaseTransactionConnection, sub
   for (const other of wanted) {
     const ids = [...new Set(body[other.path]!.map((value) => value.toLowerCase()))]
     const visible = new Set(
-      (await db.anyFirst(sql.unsafe`
+      await db.anyFirst(sql.type(IdRow)`
         select t.id from ${other.table} as t
-         where t.workspace_id = (select crm.current_workspace_id()) and t.id = any(${sql.array(ids, 'uuid')})`)) as string[],
+         where t.workspace_id = (select crm.current_workspace_id()) and t.id = any(${sql.array(ids, 'uuid')})`),
     )
     body[other.path]!.forEach((value, index) => {
       if (!visible.has(value.toLowerCase())) problemsFound.push({ pointer: `/${other.path}/${index}`, code: 'not_found', message: `is not a ${other.label} you can see` })

@@ -1,7 +1,10 @@
-// The whitelist: every field of every record type, with its kind (how a query value is checked and
-// cast), whether it may be written, filtered and sorted. Everything dynamic in a records query
-// (filters, sorts, cursors, the columns of an insert or update) is looked up here and becomes an
-// sql.identifier; nothing a client sends is ever spliced into SQL text.
+// The whitelist and the one description of every record type's fields: the name, its kind (how a
+// query value is checked and cast), whether it may be written, filtered and sorted, and the rules a
+// request body must meet. Everything dynamic in a records query (filters, sorts, cursors, the
+// columns of an insert or update) is looked up here and becomes an sql.identifier; nothing a client
+// sends is ever spliced into SQL text. The request and response schemas (schemas.ts) are built from
+// these lists; test/records/record-shape.test.ts checks them against the database's JSON renderers,
+// column grants and constraints.
 import { sql } from '../db/pool.ts'
 
 export type FieldKind = 'text' | 'lowercase' | 'uuid' | 'numeric' | 'integer' | 'date' | 'timestamp' | 'json'
@@ -9,9 +12,24 @@ export type FieldKind = 'text' | 'lowercase' | 'uuid' | 'numeric' | 'integer' | 
 export type FieldSpec = {
   name: string
   kind: FieldKind
-  /** The client may set it on create and update. */
+  /** The client may set it on create and update; otherwise it is read-only and ignored when sent. */
   writable: boolean
   nullable: boolean
+  /** Left out of a create, the database fills it (a column default or a trigger); otherwise a non-null writable field is required. */
+  filledByDatabase: boolean
+  /** filter[field] accepts it. */
+  filterable: boolean
+  /** sort= accepts it. */
+  sortable: boolean
+  /** Rules of a writable field in request bodies (JSON Schema keywords); the database repeats each as a constraint. */
+  minLength?: number
+  maxLength?: number
+  pattern?: string
+  format?: string
+  minimum?: number
+  maximum?: number
+  /** For the OpenAPI document; for money, what the amount is ("Annual revenue"), the format is added. */
+  description?: string
 }
 
 export type RecordTypeName = 'contact' | 'company' | 'deal'
@@ -24,23 +42,43 @@ export type RecordType = {
   label: string
   table: ReturnType<typeof sql.identifier>
   jsonFunction: ReturnType<typeof sql.identifier>
-  /** crm.read_<type>(id): one record by id through a PL/pgSQL function whose plan is cached per session. */
+  /** In the order the JSON shows them (crm.<type>_json). */
   fields: FieldSpec[]
   byName: Map<string, FieldSpec>
 }
 
-const common = (before: FieldSpec[]): FieldSpec[] => [
-  { name: 'id', kind: 'uuid', writable: false, nullable: false },
-  ...before,
-  { name: 'owner_id', kind: 'uuid', writable: true, nullable: false },
-  { name: 'custom_fields', kind: 'json', writable: true, nullable: false },
-  { name: 'created_at', kind: 'timestamp', writable: false, nullable: false },
-  { name: 'updated_at', kind: 'timestamp', writable: false, nullable: false },
-  { name: 'created_by', kind: 'uuid', writable: false, nullable: true },
-  { name: 'updated_by', kind: 'uuid', writable: false, nullable: true },
-]
+const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
+const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
+const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
+const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+[^\\s]*$'
+const KEY_PATTERN = '^[a-z][a-z0-9_]{0,62}$'
 
-const text = (name: string, nullable = true): FieldSpec => ({ name, kind: 'text', writable: true, nullable })
+type FieldOptions = Partial<Omit<FieldSpec, 'name' | 'kind'>>
+
+/** A writable, nullable field, filterable and sortable unless it is JSON; options override. */
+function field(name: string, kind: FieldKind, options: FieldOptions = {}): FieldSpec {
+  return { name, kind, writable: true, nullable: true, filledByDatabase: false, filterable: kind !== 'json', sortable: kind !== 'json', ...options }
+}
+
+/** Kept by the database alone: ids, times and authors. */
+const readOnly = (name: string, kind: FieldKind, nullable = false) => field(name, kind, { writable: false, nullable, filledByDatabase: true })
+
+/** A text of 1 to maxLength characters. */
+const text = (name: string, maxLength: number, options: FieldOptions = {}) => field(name, 'text', { minLength: 1, maxLength, ...options })
+
+/** Every type's primary key and the last tie-breaker of every sort. */
+export const ID_FIELD = readOnly('id', 'uuid')
+
+const common = (own: FieldSpec[]): FieldSpec[] => [
+  ID_FIELD,
+  ...own,
+  field('owner_id', 'uuid', { nullable: false, filledByDatabase: true }),
+  field('custom_fields', 'json', { nullable: false, filledByDatabase: true }),
+  readOnly('created_at', 'timestamp'),
+  readOnly('updated_at', 'timestamp'),
+  readOnly('created_by', 'uuid', true),
+  readOnly('updated_by', 'uuid', true),
+]
 
 function recordType(name: RecordTypeName, path: RecordPath, label: string, fields: FieldSpec[]): RecordType {
   return {
@@ -55,47 +93,49 @@ function recordType(name: RecordTypeName, path: RecordPath, label: string, field
 }
 
 export const COMPANY = recordType('company', 'companies', 'company', common([
-  text('name', false),
-  { name: 'domain', kind: 'lowercase', writable: true, nullable: true },
-  text('website'),
-  text('industry'),
-  text('phone'),
-  text('city'),
-  text('country'),
-  { name: 'employee_count', kind: 'integer', writable: true, nullable: true },
-  { name: 'annual_revenue', kind: 'numeric', writable: true, nullable: true },
-  text('description'),
+  text('name', 255, { nullable: false }),
+  field('domain', 'lowercase', { maxLength: 254, pattern: DOMAIN_PATTERN, description: 'Host name, stored lower-case; unique in the workspace' }),
+  field('website', 'text', { maxLength: 2048, pattern: WEBSITE_PATTERN, format: 'uri' }),
+  text('industry', 100),
+  field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
+  text('city', 100),
+  text('country', 100),
+  field('employee_count', 'integer', { minimum: 0, maximum: 2_147_483_647 }),
+  field('annual_revenue', 'numeric', { description: 'Annual revenue' }),
+  field('description', 'text', { maxLength: 10_000 }),
 ]))
 
 export const CONTACT = recordType('contact', 'contacts', 'contact', common([
-  text('first_name'),
-  text('last_name'),
-  { name: 'email', kind: 'lowercase', writable: true, nullable: true },
-  text('phone'),
-  text('job_title'),
-  text('city'),
-  text('country'),
-  { name: 'company_id', kind: 'uuid', writable: true, nullable: true },
+  text('first_name', 100),
+  text('last_name', 100),
+  field('email', 'lowercase', { maxLength: 254, pattern: EMAIL_PATTERN, description: 'Stored lower-case; unique in the workspace' }),
+  field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
+  text('job_title', 200),
+  text('city', 100),
+  text('country', 100),
+  field('company_id', 'uuid'),
 ]))
 
 export const DEAL = recordType('deal', 'deals', 'deal', common([
-  text('name', false),
-  { name: 'amount', kind: 'numeric', writable: true, nullable: true },
-  text('currency', false),
-  text('stage', false),
-  { name: 'stage_changed_at', kind: 'timestamp', writable: false, nullable: false },
-  { name: 'close_date', kind: 'date', writable: true, nullable: true },
-  { name: 'company_id', kind: 'uuid', writable: true, nullable: true },
+  text('name', 255, { nullable: false }),
+  field('amount', 'numeric', { description: 'Amount' }),
+  field('currency', 'text', { nullable: false, filledByDatabase: true, pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
+  field('stage', 'text', { nullable: false, filledByDatabase: true, pattern: KEY_PATTERN, description: 'A key of GET /api/deal-stages; default the first stage' }),
+  readOnly('stage_changed_at', 'timestamp'),
+  field('close_date', 'date'),
+  field('company_id', 'uuid'),
 ]))
 
 export const RECORD_TYPES: RecordType[] = [CONTACT, COMPANY, DEAL]
 
+/** A create (through the API or an import) must give it: writable, not null, and not filled by the database. */
+export function requiredOnCreate(field: FieldSpec): boolean {
+  return field.writable && !field.nullable && !field.filledByDatabase
+}
+
 export function recordTypeByPath(path: string): RecordType | undefined {
   return RECORD_TYPES.find((type) => type.path === path)
 }
-
-/** Fields that are part of the JSON but never written by the client (ignored when sent). */
-export const READ_ONLY_FIELDS = ['id', 'created_at', 'updated_at', 'created_by', 'updated_by', 'stage_changed_at']
 
 export const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 /** The same, for JSON Schema (no flags there). */

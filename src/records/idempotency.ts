@@ -3,12 +3,24 @@
 // commits, then replays its answer. A request that fails rolls back its claim with everything
 // else, so only successful answers are remembered (a retry after a 422 runs again).
 import { createHash } from 'node:crypto'
+import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
 import { problems } from '../http/problem.ts'
 
 export type StoredResponse = { status: number; body: unknown; headers: Record<string, string> }
 
 const KEY = /^[\x21-\x7e][\x20-\x7e]{0,254}$/
+
+/** A claimed key: the request it was first used for and, once that committed, its answer. */
+const StoredRow = rowType(
+  Type.Object({
+    request_hash: Type.String(),
+    response_status: Type.Union([Type.Integer(), Type.Null()]),
+    response_body: Type.Union([Type.String(), Type.Null()]),
+    response_headers: Type.Record(Type.String(), Type.String()),
+  }),
+)
 
 /** JSON with sorted keys, so {"a":1,"b":2} and {"b":2,"a":1} are the same request. */
 export function canonicalJson(value: unknown): string {
@@ -47,15 +59,10 @@ export async function withIdempotency(
      where k.expires_at <= now()
     returning true`)
   if (claimed === null) {
-    const previous = (await db.one(sql.unsafe`
+    const previous = await db.one(sql.type(StoredRow)`
       select request_hash, response_status, response_body, response_headers
         from crm.idempotency_keys
-       where workspace_id = (select crm.current_workspace_id()) and user_id = (select crm.current_user_id()) and key = ${key}`)) as {
-      request_hash: string
-      response_status: number | null
-      response_body: string | null
-      response_headers: Record<string, string>
-    }
+       where workspace_id = (select crm.current_workspace_id()) and user_id = (select crm.current_user_id()) and key = ${key}`)
     if (previous.request_hash !== hash || previous.response_status === null) {
       throw problems.conflict('idempotency_conflict', 'This Idempotency-Key was already used with a different request')
     }

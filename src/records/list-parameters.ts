@@ -4,7 +4,7 @@
 // Every value is checked for its field's kind here, so the SQL built from it cannot fail on a cast.
 import { problems } from '../http/problem.ts'
 import { decodeCursor, type Cursor } from './cursor.ts'
-import { UUID_PATTERN, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
+import { ID_FIELD, UUID_PATTERN, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
 import { safeName } from './query-string.ts'
 
 export type FilterOperator = 'eq' | 'ne' | 'lt' | 'lte' | 'gt' | 'gte' | 'in' | 'contains' | 'starts_with' | 'is_null'
@@ -115,7 +115,7 @@ function parseFilter(type: RecordType, fieldName: string, op: string, value: str
     return { kind: 'custom', key, value }
   }
   const field = type.byName.get(fieldName)
-  if (!field || field.kind === 'json') throw problems.invalidParameter(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
+  if (!field?.filterable) throw problems.invalidParameter(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
   if (!(OPERATORS as string[]).includes(op)) {
     throw problems.invalidParameter(`${safeName(parameter)}: unknown operator ${safeName(op)} (use one of ${OPERATORS.join(', ')})`)
   }
@@ -192,7 +192,7 @@ function parseSort(type: RecordType, text: string | null, search: boolean): Sort
     if (search) return []
     return [
       { field: type.byName.get('created_at')!, descending: false },
-      { field: type.byName.get('id')!, descending: false },
+      { field: ID_FIELD, descending: false },
     ]
   }
   if (text.length > 200 || !/^-?[a-z_]{1,40}(,-?[a-z_]{1,40})*$/.test(text)) {
@@ -203,13 +203,13 @@ function parseSort(type: RecordType, text: string | null, search: boolean): Sort
     const descending = part.startsWith('-')
     const name = descending ? part.slice(1) : part
     const field = type.byName.get(name)
-    if (!field || field.kind === 'json') throw problems.invalidParameter(`sort: ${type.path} cannot be sorted by ${safeName(name)}`)
+    if (!field?.sortable) throw problems.invalidParameter(`sort: ${type.path} cannot be sorted by ${safeName(name)}`)
     if (keys.some((key) => key.field.name === name)) throw problems.invalidParameter(`sort: ${name} is given twice`)
     if (keys.some((key) => key.field.name === 'id')) throw problems.invalidParameter('sort: id is the last tie-breaker; nothing can follow it')
     keys.push({ field, descending })
   }
   if (keys.length > MAX_SORT_KEYS) throw problems.invalidParameter(`sort: at most ${MAX_SORT_KEYS} fields`)
   // id breaks ties in the direction of the last key, so "-created_at" walks its index backwards.
-  if (keys[keys.length - 1].field.name !== 'id') keys.push({ field: type.byName.get('id')!, descending: keys[keys.length - 1].descending })
+  if (keys[keys.length - 1].field.name !== 'id') keys.push({ field: ID_FIELD, descending: keys[keys.length - 1].descending })
   return keys
 }

@@ -1,9 +1,11 @@
 // Turns a checked ListRequest into one SQL statement: filters, keyset condition, order and limit.
 // Identifiers come only from the whitelist in fields.ts; values are bound parameters, each cast to
 // its field's type. Row-level security adds the workspace and the caller's scope by itself.
+import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
 import { encodeCursor, type Cursor } from './cursor.ts'
-import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
+import { ID_FIELD, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
 import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -115,7 +117,7 @@ export function orderKeys(request: ListRequest, score: Fragment | null): OrderKe
   const scoreExpression = score ?? sql.fragment`0::float8`
   return [
     { expression: scoreExpression, descending: true, nullable: false, asText: sql.fragment`(${scoreExpression})::text`, fromText: (value) => sql.fragment`${value}::float8` },
-    orderKey({ field: { name: 'id', kind: 'uuid', writable: false, nullable: false }, descending: false }),
+    orderKey({ field: ID_FIELD, descending: false }),
   ]
 }
 
@@ -186,8 +188,11 @@ function pageLimit(rows: number): Fragment {
 /** A page: its records as JSON text (PostgreSQL renders them; Node only joins them). */
 export type Page = { records: string[]; next_cursor: string | null }
 
+/** A list row: the record's JSON text and its sort keys' values as text (for the next cursor). */
+const ListRow = rowType(Type.Object({ record: Type.String(), cursor: Type.Array(Type.Union([Type.String(), Type.Null()])) }))
+
 export async function runList(db: DatabaseTransactionConnection, type: RecordType, request: ListRequest, search: SearchPart | null = null): Promise<Page> {
-  const rows = (await db.any(sql.unsafe`${listQuery(type, request, search)}`)) as readonly { record: string; cursor: (string | null)[] }[]
+  const rows = await db.any(sql.type(ListRow)`${listQuery(type, request, search)}`)
   const more = rows.length > request.limit
   const page = more ? rows.slice(0, request.limit) : rows
   return {

@@ -4,14 +4,20 @@
 // which with the id makes the primary-key lookup. Repeating it here would evaluate the request
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
 import { createHash } from 'node:crypto'
+import Type, { type Static } from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
 import { problems } from '../http/problem.ts'
-import { READ_ONLY_FIELDS, UUID_PATTERN, type RecordType } from './fields.ts'
+import { UUID_PATTERN, type RecordType } from './fields.ts'
 import { isValidDate } from './list-parameters.ts'
 import { MONEY_PATTERN } from './schemas.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
-export type RecordJson = Record<string, unknown> & { id: string }
+
+/** A record as crm.<type>_json renders it: every field of the type (schemas.ts has them all); the code here reads its id. */
+const RecordJsonSchema = Type.Object({ id: Type.String() })
+export type RecordJson = Record<string, unknown> & Static<typeof RecordJsonSchema>
+const RecordRow = rowType(Type.Object({ record: RecordJsonSchema }))
 
 /** A strong ETag over the record's JSON: it changes exactly when the representation does. */
 export function etagOf(record: unknown): string {
@@ -36,12 +42,12 @@ export function checkId(id: string | undefined): string {
  * this SELECT travels as a named statement and is planned once per connection.
  */
 export async function readRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<RecordJson | null> {
-  return ((await db.maybeOneFirst(sql.unsafe`select ${type.jsonFunction}(t) as record from ${type.table} t where t.id = ${id}::uuid`)) ?? null) as RecordJson | null
+  return db.maybeOneFirst(sql.type(RecordRow)`select ${type.jsonFunction}(t) as record from ${type.table} t where t.id = ${id}::uuid`)
 }
 
 async function isVisible(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<boolean> {
-  return (await db.oneFirst(sql.unsafe`
-    select exists (select from ${type.table} as t where t.id = ${id})`)) as boolean
+  return db.oneFirst(sql.type(ExistsRow)`
+    select exists (select from ${type.table} as t where t.id = ${id})`)
 }
 
 /** After a write matched nothing: 403 when the caller can see the record, 404 when not. */
@@ -54,9 +60,9 @@ export async function refuseWrite(db: DatabaseTransactionConnection, type: Recor
 export function assignments(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
   const pairs: { column: Fragment; value: Fragment }[] = []
   for (const [name, raw] of Object.entries(body)) {
-    if (READ_ONLY_FIELDS.includes(name)) continue
     const field = type.byName.get(name)
-    if (!field || !field.writable) continue // the schema already refused unknown fields
+    // Read-only fields are ignored when sent; the schema already refused unknown fields.
+    if (!field?.writable) continue
     let value: unknown = raw
     if (field.kind === 'numeric' && typeof raw === 'number') {
       value = String(raw)
@@ -78,11 +84,11 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
   const pairs = assignments(type, body)
   const query =
     pairs.length === 0
-      ? sql.unsafe`insert into ${type.table} as t default values returning ${type.jsonFunction}(t)`
-      : sql.unsafe`insert into ${type.table} as t (${sql.join(pairs.map((pair) => pair.column), sql.fragment`, `)})
+      ? sql.type(RecordRow)`insert into ${type.table} as t default values returning ${type.jsonFunction}(t) as record`
+      : sql.type(RecordRow)`insert into ${type.table} as t (${sql.join(pairs.map((pair) => pair.column), sql.fragment`, `)})
                    values (${sql.join(pairs.map((pair) => pair.value), sql.fragment`, `)})
-                   returning ${type.jsonFunction}(t)`
-  return (await db.oneFirst(query)) as RecordJson
+                   returning ${type.jsonFunction}(t) as record`
+  return db.oneFirst(query)
 }
 
 /**
@@ -91,32 +97,32 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
  */
 export async function updateRecord(db: DatabaseTransactionConnection, type: RecordType, id: string, body: Record<string, unknown>, ifMatch: string | undefined): Promise<RecordJson> {
   if (ifMatch !== undefined) {
-    const current = (await db.maybeOneFirst(sql.unsafe`
-      select ${type.jsonFunction}(t) from ${type.table} as t
+    const current = await db.maybeOneFirst(sql.type(RecordRow)`
+      select ${type.jsonFunction}(t) as record from ${type.table} as t
        where t.id = ${id}
-         for no key update`)) as RecordJson | null
+         for no key update`)
     if (!current) return refuseWrite(db, type, id, 'update')
     if (!ifMatchAccepts(ifMatch, etagOf(current))) throw problems.preconditionFailed()
   }
   const pairs = assignments(type, body)
   if (pairs.length === 0) {
     // Nothing to change: answer with the record as it is, if the caller may update it at all.
-    const unchanged = (await db.maybeOneFirst(sql.unsafe`
+    const unchanged = await db.maybeOneFirst(sql.type(RecordRow)`
       update ${type.table} as t set owner_id = t.owner_id
        where t.id = ${id}
-      returning ${type.jsonFunction}(t)`)) as RecordJson | null
+      returning ${type.jsonFunction}(t) as record`)
     return unchanged ?? refuseWrite(db, type, id, 'update')
   }
-  const updated = (await db.maybeOneFirst(sql.unsafe`
+  const updated = await db.maybeOneFirst(sql.type(RecordRow)`
     update ${type.table} as t
        set ${sql.join(pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`), sql.fragment`, `)}
      where t.id = ${id}
-    returning ${type.jsonFunction}(t)`)) as RecordJson | null
+    returning ${type.jsonFunction}(t) as record`)
   return updated ?? refuseWrite(db, type, id, 'update')
 }
 
 export async function deleteRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<void> {
-  const deleted = await db.maybeOneFirst(sql.unsafe`
+  const deleted = await db.maybeOneFirst(sql.type(IdRow)`
     delete from ${type.table} as t
      where t.id = ${id}
     returning t.id`)

@@ -1,18 +1,16 @@
-// Request and response schemas of the three record types (typebox). The same objects validate
-// bodies (src/http/route.ts) and describe the API in /api/openapi.json. The database repeats every
-// rule as a constraint (sql/000003_records.sql), so imports and psql obey them too.
+// Request and response schemas of the three record types (typebox), built from the field lists of
+// fields.ts. The same objects validate bodies (src/http/route.ts) and describe the API in
+// /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
+// imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
-import { UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
+import { COMPANY, CONTACT, DEAL, requiredOnCreate, UUID_SCHEMA_PATTERN, type FieldSpec, type RecordType } from './fields.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
 const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
-const text = (maxLength: number, description?: string) => Type.String({ minLength: 1, maxLength, ...(description ? { description } : {}) })
 
-export const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
-export const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
-export const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
 export const MONEY_PATTERN = '^\\d{1,16}(\\.\\d{1,2})?$'
 
+/** Money in requests: numeric(18, 2), so at most 16 digits before the point and 2 after. */
 const Money = (description: string) =>
   Type.Union([Type.String({ pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
     description: `${description}: a decimal string with at most two places ("12500.00"); a JSON number is accepted too`,
@@ -26,121 +24,91 @@ export const CustomFields = Type.Record(
   { maxProperties: 50, additionalProperties: false, description: 'At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null' },
 )
 
+/** The field's own rules as JSON Schema keywords, in a fixed order and without the ones it does not set. */
+function rulesOf(field: FieldSpec, keywords: readonly (keyof FieldSpec)[]): Record<string, unknown> {
+  return Object.fromEntries(keywords.flatMap((keyword) => (field[keyword] === undefined ? [] : [[keyword, field[keyword]]])))
+}
+
+/** What a request body may hold for a writable field, null aside. */
+function inputValue(field: FieldSpec): TSchema {
+  switch (field.kind) {
+    case 'text':
+    case 'lowercase':
+      return Type.String(rulesOf(field, ['minLength', 'maxLength', 'pattern', 'format', 'description']))
+    case 'uuid':
+      return Uuid
+    case 'integer':
+      return Type.Integer(rulesOf(field, ['minimum', 'maximum']))
+    case 'numeric':
+      return Money(field.description ?? field.name)
+    case 'date':
+      return DateOnly
+    case 'json':
+      return CustomFields
+    case 'timestamp':
+      throw new Error(`${field.name}: a timestamp field is kept by the database and cannot be writable`)
+  }
+}
+
+/** What a response holds for a field (crm.<type>_json renders it), null aside. */
+function outputValue(field: FieldSpec): TSchema {
+  switch (field.kind) {
+    case 'text':
+    case 'lowercase':
+      return Type.String()
+    case 'uuid':
+      return Uuid
+    case 'integer':
+      return Type.Integer()
+    case 'numeric':
+      return Type.String({ description: 'Decimal string with two places' })
+    case 'date':
+      return DateOnly
+    case 'timestamp':
+      return Time
+    case 'json':
+      return CustomFields
+  }
+}
+
+const inputSchema = (field: FieldSpec) => (field.nullable ? nullable(inputValue(field)) : inputValue(field))
+const outputSchema = (field: FieldSpec) => (field.nullable ? nullable(outputValue(field)) : outputValue(field))
+
 /** Accepted and ignored in bodies (API.md section 1: read-only fields are ignored). */
-const readOnly = () => Type.Optional(Type.Unknown({ readOnly: true, description: 'Read-only: ignored when sent' }))
-const READ_ONLY = { id: readOnly(), created_at: readOnly(), updated_at: readOnly(), created_by: readOnly(), updated_by: readOnly() }
+const readOnlyInput = () => Type.Optional(Type.Unknown({ readOnly: true, description: 'Read-only: ignored when sent' }))
 
-const companyWritable = {
-  name: text(255),
-  domain: nullable(Type.String({ maxLength: 254, pattern: DOMAIN_PATTERN, description: 'Host name, stored lower-case; unique in the workspace' })),
-  website: nullable(Type.String({ maxLength: 2048, pattern: '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+[^\\s]*$', format: 'uri' })),
-  industry: nullable(text(100)),
-  phone: nullable(Type.String({ maxLength: 50, pattern: PHONE_PATTERN })),
-  city: nullable(text(100)),
-  country: nullable(text(100)),
-  employee_count: nullable(Type.Integer({ minimum: 0, maximum: 2_147_483_647 })),
-  annual_revenue: nullable(Money('Annual revenue')),
-  description: nullable(Type.String({ maxLength: 10_000 })),
-  owner_id: Uuid,
-  custom_fields: CustomFields,
+/** The body of a create (required: the non-null writable fields the database does not fill) or of an update (all optional). */
+function bodySchema(type: RecordType, mode: 'create' | 'update', description: string): TSchema {
+  const writable = type.fields.filter((field) => field.writable)
+  const required = (field: FieldSpec) => mode === 'create' && requiredOnCreate(field)
+  return Type.Object(
+    {
+      ...Object.fromEntries(writable.map((field) => [field.name, required(field) ? inputSchema(field) : Type.Optional(inputSchema(field))])),
+      ...Object.fromEntries(type.fields.filter((field) => !field.writable).map((field) => [field.name, readOnlyInput()])),
+    },
+    { additionalProperties: false, description },
+  )
 }
 
-const contactWritable = {
-  first_name: nullable(text(100)),
-  last_name: nullable(text(100)),
-  email: nullable(Type.String({ maxLength: 254, pattern: EMAIL_PATTERN, description: 'Stored lower-case; unique in the workspace' })),
-  phone: nullable(Type.String({ maxLength: 50, pattern: PHONE_PATTERN })),
-  job_title: nullable(text(200)),
-  city: nullable(text(100)),
-  country: nullable(text(100)),
-  company_id: nullable(Uuid),
-  owner_id: Uuid,
-  custom_fields: CustomFields,
+function recordSchema(type: RecordType): TSchema {
+  return Type.Object(Object.fromEntries(type.fields.map((field) => [field.name, outputSchema(field)])))
 }
 
-const dealWritable = {
-  name: text(255),
-  amount: nullable(Money('Amount')),
-  currency: Type.String({ pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
-  stage: Type.String({ pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'A key of GET /api/deal-stages; default the first stage' }),
-  close_date: nullable(DateOnly),
-  company_id: nullable(Uuid),
-  owner_id: Uuid,
-  custom_fields: CustomFields,
-}
-
-function optionalAll(properties: Record<string, TSchema>): Record<string, TSchema> {
-  return Object.fromEntries(Object.entries(properties).map(([name, schema]) => [name, Type.Optional(schema)]))
-}
-
-function createSchema(properties: Record<string, TSchema>, required: string[], description: string) {
-  const entries = Object.entries(properties).map(([name, schema]) => [name, required.includes(name) ? schema : Type.Optional(schema)])
-  return Type.Object({ ...Object.fromEntries(entries), ...READ_ONLY, ...(properties.stage ? { stage_changed_at: readOnly() } : {}) }, { additionalProperties: false, description })
-}
-
-function updateSchema(properties: Record<string, TSchema>, description: string) {
-  return Type.Object({ ...optionalAll(properties), ...READ_ONLY, ...(properties.stage ? { stage_changed_at: readOnly() } : {}) }, { additionalProperties: false, description })
-}
-
-const audit = {
-  owner_id: Uuid,
-  custom_fields: CustomFields,
-  created_at: Time,
-  updated_at: Time,
-  created_by: nullable(Uuid),
-  updated_by: nullable(Uuid),
-}
-
-export const CompanySchema = Type.Object({
-  id: Uuid,
-  name: Type.String(),
-  domain: nullable(Type.String()),
-  website: nullable(Type.String()),
-  industry: nullable(Type.String()),
-  phone: nullable(Type.String()),
-  city: nullable(Type.String()),
-  country: nullable(Type.String()),
-  employee_count: nullable(Type.Integer()),
-  annual_revenue: nullable(Type.String({ description: 'Decimal string' })),
-  description: nullable(Type.String()),
-  ...audit,
-})
-
-export const ContactSchema = Type.Object({
-  id: Uuid,
-  first_name: nullable(Type.String()),
-  last_name: nullable(Type.String()),
-  email: nullable(Type.String()),
-  phone: nullable(Type.String()),
-  job_title: nullable(Type.String()),
-  city: nullable(Type.String()),
-  country: nullable(Type.String()),
-  company_id: nullable(Uuid),
-  ...audit,
-})
-
-export const DealSchema = Type.Object({
-  id: Uuid,
-  name: Type.String(),
-  amount: nullable(Type.String({ description: 'Decimal string with two places' })),
-  currency: Type.String(),
-  stage: Type.String(),
-  stage_changed_at: Time,
-  close_date: nullable(DateOnly),
-  company_id: nullable(Uuid),
-  ...audit,
-})
+export const CompanySchema = recordSchema(COMPANY)
+export const ContactSchema = recordSchema(CONTACT)
+export const DealSchema = recordSchema(DEAL)
 
 export type RecordSchemas = { create: TSchema; update: TSchema; record: TSchema; example: Record<string, unknown>; exampleRecord: Record<string, unknown> }
 
+const UPDATE_DESCRIPTION = 'The fields to change; the others stay as they are'
 const EXAMPLE_TIMES = { created_at: '2026-11-22T03:00:21.123Z', updated_at: '2026-11-22T03:00:21.123Z' }
 const EXAMPLE_USER = '01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11'
 const EXAMPLE_AUDIT = { owner_id: EXAMPLE_USER, custom_fields: { tier: 'gold' }, ...EXAMPLE_TIMES, created_by: EXAMPLE_USER, updated_by: EXAMPLE_USER }
 
 export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
   company: {
-    create: createSchema(companyWritable, ['name'], 'A new company: name is required'),
-    update: updateSchema(companyWritable, 'The fields to change; the others stay as they are'),
+    create: bodySchema(COMPANY, 'create', 'A new company: name is required'),
+    update: bodySchema(COMPANY, 'update', UPDATE_DESCRIPTION),
     record: CompanySchema,
     example: { name: 'Globex', domain: 'globex.com', employee_count: 120, annual_revenue: '2500000.00', custom_fields: { tier: 'gold' } },
     exampleRecord: {
@@ -149,8 +117,8 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     },
   },
   contact: {
-    create: createSchema(contactWritable, [], 'A new contact: at least one of first_name, last_name or email'),
-    update: updateSchema(contactWritable, 'The fields to change; the others stay as they are'),
+    create: bodySchema(CONTACT, 'create', 'A new contact: at least one of first_name, last_name or email'),
+    update: bodySchema(CONTACT, 'update', UPDATE_DESCRIPTION),
     record: ContactSchema,
     example: { first_name: 'Ann', last_name: 'Lee', email: 'ann@globex.com', job_title: 'CTO' },
     exampleRecord: {
@@ -159,8 +127,8 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     },
   },
   deal: {
-    create: createSchema(dealWritable, ['name'], 'A new deal: name is required'),
-    update: updateSchema(dealWritable, 'The fields to change; the others stay as they are'),
+    create: bodySchema(DEAL, 'create', 'A new deal: name is required'),
+    update: bodySchema(DEAL, 'update', UPDATE_DESCRIPTION),
     record: DealSchema,
     example: { name: 'Globex renewal', amount: '12500.00', currency: 'USD', stage: 'proposal', close_date: '2026-12-31' },
     exampleRecord: {

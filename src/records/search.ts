@@ -2,7 +2,9 @@
 // crm.<type>_search_text(...) (substring, fuzzy word similarity, word prefixes, phone digits); the
 // score ranks exact matches (3 + similarity) above word-prefix matches (2 + ...) above the rest
 // (1 + ...), so "ann" finds Ann before Joanna, and a typo still finds something.
+import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
 import type { RecordType } from './fields.ts'
 import { escapeLike, type SearchPart } from './list-query.ts'
 
@@ -67,16 +69,19 @@ export function searchPart(type: RecordType, q: string): SearchPart {
 
 export type SearchHit = { type: RecordType; record: Record<string, unknown>; score: number }
 
+/** A record as crm.<type>_json renders it, and its score (float8, which pg reads as a number). */
+const SearchRow = rowType(Type.Object({ record: Type.Record(Type.String(), Type.Unknown()), score: Type.Number() }))
+
 /** The best `limit` matches of one type, best first (global search merges several of these). */
 export async function searchType(db: DatabaseTransactionConnection, type: RecordType, q: string, limit: number): Promise<SearchHit[]> {
   const part = searchPart(type, q)
-  const rows = (await db.any(sql.unsafe`
+  const rows = await db.any(sql.type(SearchRow)`
     select ${type.jsonFunction}(t) as record, ${part.score} as score
       from ${type.table} as t
      where ${part.where}
      order by 2 desc, t.id
-     limit ${limit}`)) as readonly { record: Record<string, unknown>; score: number }[]
-  return rows.map((row) => ({ type, record: row.record, score: Number(row.score) }))
+     limit ${limit}`)
+  return rows.map((row) => ({ type, record: row.record, score: row.score }))
 }
 
 /** The one-line title and subtitle a search result shows. */

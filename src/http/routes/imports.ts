@@ -7,7 +7,7 @@ import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/land-batch.ts'
 import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
-import { streamLines } from '../../exports/stream-lines.ts'
+import { LineRow, streamLines } from '../../exports/stream-lines.ts'
 import { UUID_PATTERN } from '../../records/fields.ts'
 import { CSV_BODY_LIMIT } from '../body.ts'
 import { problems } from '../problem.ts'
@@ -169,7 +169,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
         res.writeHead(200, { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` })
         res.write(header + '\r\n')
         // Each row's own cells (padded or cut to the header), then its number and its errors.
-        await streamLines(db, sql.unsafe`
+        await streamLines(db, sql.type(LineRow)`
           select concat_ws(',',
                    (select string_agg(crm.csv_cell(r.cells[n]), ',' order by n) from generate_series(1, ${columns.length}::int) n),
                    e.row::text,

@@ -1,7 +1,9 @@
 // OAuth apps (admins): register an app with its redirect URIs and get a client id and a client
 // secret (shown once; only its SHA-256 is stored), list and delete the workspace's apps.
 import { createHash, randomBytes } from 'node:crypto'
+import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { IdRow, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -10,7 +12,16 @@ import { setFlash, takeFlash } from '../session.ts'
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
-type OAuthApp = { id: string; name: string; client_id: string; client_secret_last4: string; redirect_uris: string[]; created_at: string }
+const OAuthAppSchema = Type.Object({
+  id: Type.String(),
+  name: Type.String(),
+  client_id: Type.String(),
+  client_secret_last4: Type.String(),
+  redirect_uris: Type.Array(Type.String()),
+  created_at: Type.String(),
+})
+type OAuthApp = Static<typeof OAuthAppSchema>
+const OAuthAppRow = rowType(OAuthAppSchema)
 type State = { values?: { name: string; redirect_uris: string }; error?: string; created?: { name: string; client_id: string; client_secret: string } }
 
 /** Same rule as the CHECK in sql/000007_ui.sql, checked first for a message in plain words. */
@@ -51,9 +62,9 @@ async function render(context: PageContext, state: State = {}, status = 200): Pr
   if (!caller.isAdmin) {
     return { status: 403, title: 'OAuth apps', content: html`<h1>OAuth apps</h1><div class="notice info" role="status">Only workspace admins register OAuth apps.</div>` }
   }
-  const apps = (await db.any(sql.unsafe`
+  const apps = await db.any(sql.type(OAuthAppRow)`
     select id, name, client_id, client_secret_last4, redirect_uris, created_at
-      from crm.oauth_apps where workspace_id = (select crm.current_workspace_id()) order by id`)) as OAuthApp[]
+      from crm.oauth_apps where workspace_id = (select crm.current_workspace_id()) order by id`)
   const values = state.values ?? { name: '', redirect_uris: '' }
   return {
     status,
@@ -124,7 +135,7 @@ export const registerOAuthApp: PageHandler = async (context) => {
 
 export const deleteOAuthApp: PageHandler = async ({ db, params }) => {
   if (!UUID.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such app.')
-  const deleted = await db.maybeOne(sql.unsafe`
+  const deleted = await db.maybeOne(sql.type(IdRow)`
     delete from crm.oauth_apps where workspace_id = (select crm.current_workspace_id()) and id = ${params.id.toLowerCase()} returning id`)
   if (deleted === null) throw new ApiError(404, 'not_found', 'Not found', 'No such app.')
   return { redirect: '/oauth-apps' }

@@ -3,7 +3,9 @@
 import { hashToken, newToken } from '../../auth/tokens.ts'
 import { open } from '../../auth/secret-box.ts'
 import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
+import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { Bytes, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
 import { html, trusted, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -20,7 +22,10 @@ const EXPIRY_CHOICES = [
 ]
 
 type TokenRow = { id: string; kind: 'token' | 'session'; name: string; created_at: string; last_used_at: string | null; expires_at: string; current: boolean }
-type Totp = { secret_encrypted: Buffer; confirmed: boolean; recovery_codes_left: number }
+const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolean(), recovery_codes_left: Type.Integer() })
+type Totp = Static<typeof TotpSchema>
+const TotpRow = rowType(TotpSchema)
+const ExpiresRow = rowType(Type.Object({ expires_at: Type.String() }))
 
 const DONE: Record<string, string> = {
   revoked: 'Revoked. It stops working at once.',
@@ -28,7 +33,7 @@ const DONE: Record<string, string> = {
 }
 
 async function myTotp(context: PageContext): Promise<Totp | null> {
-  return (await context.db.maybeOne(sql.unsafe`select secret_encrypted, confirmed, recovery_codes_left from crm.my_totp()`)) as Totp | null
+  return context.db.maybeOne(sql.type(TotpRow)`select secret_encrypted, confirmed, recovery_codes_left from crm.my_totp()`)
 }
 
 function tokenTable(tokens: TokenRow[], csrf: string): SafeHtml {
@@ -140,10 +145,10 @@ export const createToken: PageHandler = async (context) => {
   const value = newToken()
   const created = await attempt(
     async (scope) =>
-      (await scope.db.one(sql.unsafe`
+      scope.db.one(sql.type(ExpiresRow)`
         insert into crm.tokens (user_id, kind, name, token_hash, expires_at)
         values ((select crm.current_user_id()), 'token', ${name}, ${sql.binary(hashToken(value))}, now() + make_interval(days => ${days}))
-        returning expires_at`)) as { expires_at: string },
+        returning expires_at`),
   )
   if (!created.ok) return render(context, { tokenError: created.error.message, tokenName: name }, created.error.status)
   setFlash(context.services.config.appSecret, context.req, context.res, 'token', { name, value, expires_at: created.value.expires_at })

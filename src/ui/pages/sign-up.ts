@@ -6,7 +6,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { createAuthenticator } from '../../auth/authenticate.ts'
 import { signInWithPassword, type TokenBody } from '../../auth/sign-in.ts'
 import { hashToken } from '../../auth/tokens.ts'
+import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { rowType } from '../../db/typed-rows.ts'
 import { toApiError } from '../../http/database-errors.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { validateBody, type RouteDefinition, type Services } from '../../http/route.ts'
@@ -43,7 +45,17 @@ const PASSWORD_HINT = 'At least 10 characters, and not your email.'
 
 type SignUpValues = { email: string; name: string; workspace_name: string }
 
-type Invitation = { email: string; workspace_name: string; slug: string; role: string; accepted: boolean; expired: boolean; has_account: boolean }
+const InvitationSchema = Type.Object({
+  email: Type.String(),
+  workspace_name: Type.String(),
+  slug: Type.String(),
+  role: Type.String(),
+  accepted: Type.Boolean(),
+  expired: Type.Boolean(),
+  has_account: Type.Boolean(),
+})
+type Invitation = Static<typeof InvitationSchema>
+const InvitationRow = rowType(InvitationSchema)
 
 export function signUpPages(services: Services, definitions: RouteDefinition[]) {
   const { config, pool } = services
@@ -83,14 +95,14 @@ ${errorNotice(error)}
   async function findInvitation(token: string): Promise<Invitation | null> {
     if (token === '' || token.length > 200) return null
     // Read-only preview for the page (who is invited where); acceptInvitation re-checks everything.
-    return (await pool.maybeOne(sql.unsafe`
+    return pool.maybeOne(sql.type(InvitationRow)`
       select i.email, w.name as workspace_name, w.slug, r.name as role, i.accepted_at is not null as accepted, i.expires_at <= now() as expired,
              exists (select 1 from crm.users u where u.email = i.email) as has_account
       from crm.invitations i
       join crm.workspaces w on w.id = i.workspace_id
       join crm.roles r on r.workspace_id = i.workspace_id and r.id = i.role_id
       where i.token_hash = ${sql.binary(hashToken(token))}
-    `)) as Invitation | null
+    `)
   }
 
   function acceptPage(req: IncomingMessage, res: ServerResponse, status: number, token: string, invitation: Invitation | null, values: { name?: string; error?: string } = {}): void {

@@ -1,7 +1,9 @@
 // Webhooks (admins): one card per subscription with its 24-hour stats, pause and resume, and a
 // form that creates one and shows its signing secret once. Everything goes through the handlers
 // of /api/webhook-subscriptions, so the plan gate, the address guard and the limits are theirs.
+import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -60,7 +62,10 @@ function card(subscription: Subscription, csrf: string): SafeHtml {
 </article>`
 }
 
-function planNotice(workspace: { plan: string; trial_ends_at: string | null }): SafeHtml {
+const PlanSchema = Type.Object({ plan: Type.String(), trial_ends_at: Type.Union([Type.String(), Type.Null()]) })
+const PlanRow = rowType(PlanSchema)
+
+function planNotice(workspace: Static<typeof PlanSchema>): SafeHtml {
   const ended = workspace.trial_ends_at ? html` The free trial ended on ${when(workspace.trial_ends_at)}.` : html``
   return html`<section class="notice plan" role="status" aria-labelledby="plan-heading">
   <h2 id="plan-heading">Webhooks need the Pro plan</h2>
@@ -102,8 +107,8 @@ async function render(context: PageContext, state: FormState, status = 200): Pro
   }
   const listed = await attempt((scope) => scope.api('GET', BASE, { query: 'limit=200' }))
   if (!listed.ok && listed.error.code === 'plan_required') {
-    const workspace = (await db.one(sql.unsafe`
-      select plan, trial_ends_at from crm.workspaces where id = (select crm.current_workspace_id())`)) as { plan: string; trial_ends_at: string | null }
+    const workspace = await db.one(sql.type(PlanRow)`
+      select plan, trial_ends_at from crm.workspaces where id = (select crm.current_workspace_id())`)
     return { status: 402, title: 'Webhooks', content: html`<h1>Webhooks</h1>${planNotice(workspace)}` }
   }
   if (!listed.ok) throw listed.error
