@@ -3,11 +3,30 @@
 // statement switches the transaction to crm_api, so everything after it obeys row-level security.
 import type { IncomingMessage } from 'node:http'
 import type { Config } from '../config.ts'
-import { sql } from '../db/pool.ts'
-import type { Authenticator, StatementAuthenticator } from '../http/app.ts'
-import { ApiError, problems } from '../http/problem.ts'
-import type { Caller } from '../http/route.ts'
+import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
+import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
+
+/** Who is calling, as decided by crm.authenticate in the request transaction. */
+export type Caller = {
+  userId: string
+  workspaceId: string
+  workspaceSlug: string
+  tokenId: string
+  tokenKind: 'token' | 'session'
+  isAdmin: boolean
+  via: 'api' | 'ui'
+  rateLimit: { limit: number; remaining: number; resetSeconds: number }
+}
+
+/** Authenticates a request inside its transaction (which it switches to crm_api). */
+export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
+
+/** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
+export type StatementAuthenticator = (req: IncomingMessage) => {
+  wrap: (query: ReturnType<typeof sql.unsafe>) => ReturnType<typeof sql.unsafe>
+  unwrap: (rows: readonly unknown[]) => { caller: Caller; rows: Record<string, unknown>[] }
+}
 
 const SLUG_PATTERN = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/
 
@@ -38,7 +57,7 @@ export function bearerCredential(req: IncomingMessage): Credential | null {
   const header = req.headers.authorization
   if (!header) return null
   const match = /^Bearer\s+(\S+)\s*$/i.exec(header)
-  if (!match) throw problems.unauthenticated('token_invalid', 'Send Authorization: Bearer <token>')
+  if (!match) throw new AuthenticationError('token_invalid', 'Send Authorization: Bearer <token>')
   return { token: match[1], via: 'api' }
 }
 
@@ -47,11 +66,11 @@ type Attempt = { tokenHash: Buffer; slug: string | null; via: Credential['via'];
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
 function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
   const credential = credentialOf(req)
-  if (!credential) throw problems.unauthenticated('token_missing', 'Send Authorization: Bearer <token>')
-  if (!TOKEN_PATTERN.test(credential.token)) throw problems.unauthenticated('token_invalid', REFUSALS.token_invalid)
+  if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
+  if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
   const slugHeader = req.headers['x-tenant-slug']
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
-  if (slug !== null && !SLUG_PATTERN.test(slug)) throw problems.workspaceNotFound()
+  if (slug !== null && !SLUG_PATTERN.test(slug)) throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
 }
 
@@ -64,12 +83,10 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
   const { limit } = attempt
   const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds: row.rate_reset_seconds }
   if (row.failure === 'rate_limited') {
-    throw new ApiError(429, 'rate_limited', 'Too many requests', `More than ${limit} requests in this minute`, {
-      headers: { 'Retry-After': String(rateLimit.resetSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': '0', 'RateLimit-Reset': String(rateLimit.resetSeconds) },
-    })
+    throw new RateLimitedError(rateLimit.resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, { limit, remaining: 0, resetSeconds: rateLimit.resetSeconds })
   }
-  if (row.failure === 'workspace_not_found') throw problems.workspaceNotFound()
-  if (row.failure) throw problems.unauthenticated(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
+  if (row.failure === 'workspace_not_found') throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
+  if (row.failure) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
   return {
     userId: row.user_id,
     workspaceId: row.workspace_id,

@@ -2,10 +2,10 @@
 // they use the owner connection, and only through the pre-authentication SQL functions.
 import type { Config } from '../config.ts'
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { ApiError, problems } from '../http/problem.ts'
 import { verifyPassword } from './passwords.ts'
 import { hashToken, newToken } from './tokens.ts'
 import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChallenge, signChallenge, totpStep } from './two-factor.ts'
+import { AuthenticationError, RateLimitedError } from '../errors.ts'
 
 export type TokenBody = { token: string; token_type: 'Bearer'; token_id: string; expires_at: string }
 export type ChallengeBody = { two_factor: true; challenge_token: string; expires_at: string }
@@ -20,11 +20,11 @@ export async function issueToken(db: CommonQueryMethods, config: Config, userId:
   return { token, token_type: 'Bearer', token_id: row.id, expires_at: row.expires_at }
 }
 
-function tooManyAttempts(retryAfterSeconds: number): ApiError {
-  return problems.rateLimited(Math.max(1, retryAfterSeconds), 'too_many_attempts', 'Too many failed sign-ins for this email; try again later')
+function tooManyAttempts(retryAfterSeconds: number): RateLimitedError {
+  return new RateLimitedError(Math.max(1, retryAfterSeconds), 'too_many_attempts', 'Too many failed sign-ins for this email; try again later')
 }
 
-const invalidCredentials = () => new ApiError(401, 'invalid_credentials', 'Authentication failed', 'The email or password is wrong')
+const invalidCredentials = () => new AuthenticationError('invalid_credentials', 'The email or password is wrong')
 
 /** Password step. Unknown email and wrong password take the same path and the same time. */
 export async function signInWithPassword(
@@ -47,8 +47,8 @@ export async function signInWithPassword(
     await db.query(sql.unsafe`insert into crm.sign_in_failures (email) values (${email})`)
     throw invalidCredentials()
   }
-  if (user.suspended_at) throw problems.unauthenticated('user_suspended', 'The user is suspended')
-  if (kind === 'token' && !user.api_access) throw problems.unauthenticated('api_access_disabled', 'API access is turned off for this user')
+  if (user.suspended_at) throw new AuthenticationError('user_suspended', 'The user is suspended')
+  if (kind === 'token' && !user.api_access) throw new AuthenticationError('api_access_disabled', 'API access is turned off for this user')
 
   if (user.two_factor) {
     const challenge = (await db.one(sql.unsafe`
@@ -68,7 +68,7 @@ export async function completeTwoFactor(
   input: { challenge_token: string; code?: string; recovery_code?: string },
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody> {
-  const expired = () => new ApiError(401, 'challenge_expired', 'Authentication failed', 'The sign-in challenge has expired or was already used; sign in again')
+  const expired = () => new AuthenticationError('challenge_expired', 'The sign-in challenge has expired or was already used; sign in again')
   const challengeId = await readChallenge(config.appSecret, input.challenge_token)
   if (!challengeId) throw expired()
   // The try is counted in its own statement (autocommit), so failures stick.
@@ -98,7 +98,7 @@ export async function completeTwoFactor(
       returning 1
     `)
   }
-  if (!accepted) throw new ApiError(401, 'invalid_2fa_code', 'Authentication failed', 'The code is wrong or was already used')
+  if (!accepted) throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
   const completed = null !== await db.maybeOne(sql.unsafe`
     update crm.two_factor_challenges set completed_at = now() where id = ${challengeId} and completed_at is null returning 1
   `)

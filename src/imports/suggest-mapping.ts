@@ -1,3 +1,4 @@
+import { type FieldProblem } from '../errors.ts'
 // Which CSV column goes into which field. The upload answers a suggestion; the import job is
 // given the user's mapping and checks it with validateMapping before reading a single row.
 //
@@ -12,7 +13,6 @@
 //   fail every row. So they are suggested only when the header says exactly that field ("ID",
 //   "Company ID", "owner_id", also HubSpot's "Record ID" for id) and every sampled value is a UUID.
 // - In a mapping, a column left out is the same as null (not imported).
-import type { FieldProblem } from '../http/problem.ts'
 
 export const IMPORT_TYPES = ['contacts', 'companies', 'deals'] as const
 export type ImportType = (typeof IMPORT_TYPES)[number]

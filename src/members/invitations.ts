@@ -7,9 +7,9 @@ import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { issueToken, type TokenBody } from '../auth/sign-in.ts'
 import { hashToken, TOKEN_PATTERN } from '../auth/tokens.ts'
 import { sql, type CommonQueryMethods, type DatabasePool } from '../db/pool.ts'
-import { problems, type FieldProblem } from '../http/problem.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
 import { resolveRole, resolveTeams } from './references.ts'
+import { AuthenticationError, DuplicateError, ForbiddenError, NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
 export const INVITATION_TTL_DAYS = 7
 
@@ -51,7 +51,7 @@ export async function getInvitation(db: CommonQueryMethods, actor: Actor, id: st
   const invitation = isUuid(id)
     ? ((await db.maybeOne(sql.unsafe`select ${invitationColumns} from ${invitationSource} where i.workspace_id = ${actor.workspaceId} and i.accepted_at is null and i.id = ${id}`)) as Invitation | null)
     : null
-  if (!invitation) throw problems.notFound('No such invitation')
+  if (!invitation) throw new NotFoundError('No such invitation')
   return invitation
 }
 
@@ -68,7 +68,7 @@ export async function createInvitation(db: CommonQueryMethods, actor: Actor, inp
   const member = await db.maybeOneFirst(sql.unsafe`
     select 1 from crm.memberships m join crm.users u on u.id = m.user_id where m.workspace_id = ${actor.workspaceId} and u.email = ${email}
   `)
-  if (member !== null) throw problems.duplicate(`${email} is already a member of this workspace`, [{ pointer: '/email', code: 'duplicate', message: 'is already a member of this workspace' }])
+  if (member !== null) throw new DuplicateError(`${email} is already a member of this workspace`, [{ pointer: '/email', code: 'duplicate', message: 'is already a member of this workspace' }])
   const role = await resolveRole(db, actor.workspaceId, input.role)
   const teamIds = await resolveTeams(db, actor.workspaceId, input.teams ?? [])
   await db.query(sql.unsafe`delete from crm.invitations where workspace_id = ${actor.workspaceId} and email = ${email} and accepted_at is null`)
@@ -96,7 +96,7 @@ export async function deleteInvitation(db: CommonQueryMethods, actor: Actor, id:
 
 export type AcceptInput = { token: string; password?: string; name?: string }
 
-const invalidInvitation = (message: string) => problems.validation(`token ${message}`, [{ pointer: '/token', code: 'invalid', message }])
+const invalidInvitation = (message: string) => new ValidationError(`token ${message}`, [{ pointer: '/token', code: 'invalid', message }])
 
 /**
  * Accepts an invitation. With `bearerToken` the holder of that token (whose email must be the
@@ -110,11 +110,11 @@ export async function acceptInvitation(pool: DatabasePool, config: Config, input
     const missing: FieldProblem[] = (['password', 'name'] as const)
       .filter((name) => input[name] === undefined)
       .map((name) => ({ pointer: `/${name}`, code: 'required', message: 'is required (or accept as a signed-in user with Authorization: Bearer)' }))
-    if (missing.length) throw problems.validation(`${missing[0].pointer.slice(1)} is required`, missing)
+    if (missing.length) throw new ValidationError(`${missing[0].pointer.slice(1)} is required`, missing)
     // Hashing is slow on purpose: done before the transaction so no connection waits on it.
     passwordHash = await hashPassword(input.password as string)
   } else if (!TOKEN_PATTERN.test(bearerToken)) {
-    throw problems.unauthenticated('token_invalid', 'The token is not valid')
+    throw new AuthenticationError('token_invalid', 'The token is not valid')
   }
 
   return pool.transaction(async (db) => {
@@ -131,16 +131,16 @@ export async function acceptInvitation(pool: DatabasePool, config: Config, input
     let userId: string
     if (bearerToken !== null) {
       const proof = (await db.one(sql.unsafe`select failure, user_id from crm.token_user(${sql.binary(hashToken(bearerToken))})`)) as { failure: string | null; user_id: string }
-      if (proof.failure) throw problems.unauthenticated(proof.failure, 'The bearer token cannot be used')
+      if (proof.failure) throw new AuthenticationError(proof.failure, 'The bearer token cannot be used')
       const email = await db.oneFirst(sql.unsafe`select email from crm.users where id = ${proof.user_id}`)
-      if (email !== invitation.email) throw problems.forbidden('This invitation was sent to another email address')
+      if (email !== invitation.email) throw new ForbiddenError('This invitation was sent to another email address')
       userId = proof.user_id
     } else {
       const problem = passwordProblem(input.password as string, invitation.email)
-      if (problem) throw problems.validation(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
+      if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
       const existing = await db.maybeOneFirst(sql.unsafe`select id from crm.users where email = ${invitation.email}`)
       if (existing !== null) {
-        throw problems.duplicate(`${invitation.email} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`)
+        throw new DuplicateError(`${invitation.email} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`)
       }
       userId = (await db.oneFirst(sql.unsafe`
         insert into crm.users (email, name, password_hash) values (${invitation.email}, ${(input.name as string).trim()}, ${passwordHash}) returning id
@@ -148,7 +148,7 @@ export async function acceptInvitation(pool: DatabasePool, config: Config, input
     }
 
     const already = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${invitation.workspace_id} and user_id = ${userId}`)
-    if (already !== null) throw problems.duplicate('You are already a member of this workspace')
+    if (already !== null) throw new DuplicateError('You are already a member of this workspace')
     await db.query(sql.unsafe`insert into crm.memberships (workspace_id, user_id, role_id) values (${invitation.workspace_id}, ${userId}, ${invitation.role_id})`)
     await db.query(sql.unsafe`
       insert into crm.team_members (workspace_id, team_id, user_id)

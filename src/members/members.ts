@@ -2,10 +2,10 @@
 // unsuspend, remove. The rules live in SQL: admin-only write policies, the seat trigger (unsuspend
 // needs a free seat) and the last-admin trigger (422) of 000002. Non-admins read only themselves.
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { databaseErrorOf } from '../http/database-errors.ts'
-import { problems } from '../http/problem.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
 import { resolveRole, resolveTeams } from './references.ts'
+import { ConflictError, InvalidParameterError, NotFoundError } from '../errors.ts'
 
 export type Member = { user_id: string; email: string; name: string; role: string; teams: string[]; suspended_at: string | null; joined_at: string }
 export type Seats = { used: number; limit: number | null }
@@ -42,7 +42,7 @@ export async function getMember(db: CommonQueryMethods, actor: Actor, userId: st
   const member = isUuid(userId)
     ? ((await db.maybeOne(sql.unsafe`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`)) as Member | null)
     : null
-  if (!member) throw problems.notFound('No such member')
+  if (!member) throw new NotFoundError('No such member')
   return member
 }
 
@@ -92,9 +92,9 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   requireAdmin(actor)
   await getMember(db, actor, userId)
   if (reassignTo !== undefined) {
-    if (reassignTo === userId || !isUuid(reassignTo)) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    if (reassignTo === userId || !isUuid(reassignTo)) throw new InvalidParameterError('reassign_to must name another member of this workspace')
     const heir = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${reassignTo}`)
-    if (heir === null) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    if (heir === null) throw new InvalidParameterError('reassign_to must name another member of this workspace')
     for (const table of [sql.identifier(['crm', 'contacts']), sql.identifier(['crm', 'companies']), sql.identifier(['crm', 'deals'])]) {
       await db.query(sql.unsafe`update ${table} set owner_id = ${reassignTo} where workspace_id = ${actor.workspaceId} and owner_id = ${userId}`)
     }
@@ -104,7 +104,7 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   } catch (error) {
     const fields = databaseErrorOf(error)
     if (fields?.code === '23503' && /_owner_fkey$/.test(fields.constraint ?? '')) {
-      throw problems.conflict('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
+      throw new ConflictError('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
     }
     throw error
   }

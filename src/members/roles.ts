@@ -2,8 +2,8 @@
 // in 000002 refuses changes); a role held by a member or a pending invitation is not deleted (409,
 // trigger in 000004). Non-admins read only their own role; other roles read as absent.
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { problems } from '../http/problem.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { NotFoundError, ValidationError } from '../errors.ts'
 
 export const GRANT_PATTERN = '^(contacts|companies|deals):(view|create|update|delete|import|export):(own|team|all)$'
 
@@ -28,7 +28,7 @@ export async function listRoles(db: CommonQueryMethods, actor: Actor): Promise<R
 
 export async function getRole(db: CommonQueryMethods, actor: Actor, id: string): Promise<Role> {
   const role = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`)) as Role | null) : null
-  if (!role) throw problems.notFound('No such role')
+  if (!role) throw new NotFoundError('No such role')
   return role
 }
 
@@ -39,7 +39,7 @@ function parseGrants(grants: string[]): { resource: string; action: string; scop
     const [resource, action, scope] = grant.split(':')
     const key = `${resource}:${action}`
     if (seen.has(key)) {
-      throw problems.validation(`grants/${index} repeats ${key} (a role holds one scope per resource and action)`, [
+      throw new ValidationError(`grants/${index} repeats ${key} (a role holds one scope per resource and action)`, [
         { pointer: `/grants/${index}`, code: 'duplicate', message: `repeats ${key}; a role holds one scope per resource and action` },
       ])
     }
@@ -75,7 +75,7 @@ export async function createRole(db: CommonQueryMethods, actor: Actor, input: Ro
 export async function updateRole(db: CommonQueryMethods, actor: Actor, id: string, input: Partial<RoleInput>): Promise<Role> {
   requireAdmin(actor)
   const role = await getRole(db, actor, id)
-  if (role.is_builtin) throw problems.validation(`built-in role ${role.name} cannot be changed; create a custom role instead`)
+  if (role.is_builtin) throw new ValidationError(`built-in role ${role.name} cannot be changed; create a custom role instead`)
   if (input.grants) parseGrants(input.grants)
   if (input.name !== undefined || input.is_admin !== undefined) {
     await db.query(sql.unsafe`

@@ -4,8 +4,8 @@ import type { Config } from '../config.ts'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { issueToken, type TokenBody } from '../auth/sign-in.ts'
 import { sql, type DatabasePool } from '../db/pool.ts'
-import { databaseErrorOf } from '../http/database-errors.ts'
-import { problems } from '../http/problem.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
+import { ValidationError } from '../errors.ts'
 
 export const TRIAL_DAYS = 14
 
@@ -27,7 +27,7 @@ export type SignUpInput = { email: string; password: string; name: string; works
 export async function signUp(pool: DatabasePool, config: Config, input: SignUpInput): Promise<TokenBody & { workspace_slug: string }> {
   const email = input.email.trim().toLowerCase()
   const problem = passwordProblem(input.password, email)
-  if (problem) throw problems.validation(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
+  if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
   const passwordHash = await hashPassword(input.password)
 
   return pool.transaction(async (db) => {

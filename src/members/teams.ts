@@ -1,8 +1,8 @@
 // Teams (API.md section 3): admins create, rename and delete them; members join them through
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { problems } from '../http/problem.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { NotFoundError } from '../errors.ts'
 
 export type Team = { id: string; name: string; members: string[]; created_at: string }
 
@@ -24,7 +24,7 @@ export async function listTeams(db: CommonQueryMethods, actor: Actor): Promise<T
 
 export async function getTeam(db: CommonQueryMethods, actor: Actor, id: string): Promise<Team> {
   const team = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`)) as Team | null) : null
-  if (!team) throw problems.notFound('No such team')
+  if (!team) throw new NotFoundError('No such team')
   return team
 }
 

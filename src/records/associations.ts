@@ -3,9 +3,9 @@
 // records: links to records the caller cannot see are neither shown nor removed.
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { problems, type FieldProblem } from '../http/problem.ts'
 import { RECORD_TYPES, UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
 import { refuseWrite } from './operations.ts'
+import { NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
 export const MAX_ASSOCIATION_IDS = 1000
 
@@ -45,7 +45,7 @@ async function linkedIds(db: DatabaseTransactionConnection, subject: RecordType,
 export async function readAssociations(db: DatabaseTransactionConnection, subject: RecordType, id: string): Promise<Associations> {
   const exists = await db.oneFirst(sql.unsafe`
     select exists (select from ${subject.table} as t where t.workspace_id = (select crm.current_workspace_id()) and t.id = ${id})`)
-  if (!exists) throw problems.notFound(`No such ${subject.label}`)
+  if (!exists) throw new NotFoundError(`No such ${subject.label}`)
   const result: Associations = {}
   for (const other of otherTypes(subject)) result[other.path] = await linkedIds(db, subject, id, other)
   return result
@@ -76,7 +76,7 @@ export async function replaceAssociations(db: DatabaseTransactionConnection, sub
     desired.set(other, ids)
   }
   if (problemsFound.length > 0) {
-    throw problems.validation(`${problemsFound[0].pointer.slice(1)} ${problemsFound[0].message}`, problemsFound.slice(0, 50))
+    throw new ValidationError(`${problemsFound[0].pointer.slice(1)} ${problemsFound[0].message}`, problemsFound.slice(0, 50))
   }
 
   const changes: Record<string, { added: string[]; removed: string[] }> = {}

@@ -2,9 +2,9 @@
 // after it whatever was inserted or deleted meanwhile (an offset would skip or repeat rows).
 // Opaque to clients (base64url JSON), but checked like any other input when it comes back:
 // a cursor for another sort, or one edited by hand, is a 400.
-import { problems } from '../http/problem.ts'
 import { UUID_PATTERN } from './fields.ts'
 import type { SortKey } from './list-parameters.ts'
+import { InvalidParameterError } from '../errors.ts'
 
 /** Each sort key's value as PostgreSQL text (timestamps as microseconds since the epoch), or null. */
 export type Cursor = { values: (string | null)[] }
@@ -20,7 +20,7 @@ export function encodeCursor(sortText: string, values: (string | null)[]): strin
 }
 
 function invalid(): never {
-  throw problems.invalidParameter('cursor is not valid: pass the next_cursor of the previous page unchanged, with the same sort')
+  throw new InvalidParameterError('cursor is not valid: pass the next_cursor of the previous page unchanged, with the same sort')
 }
 
 /** Decodes a cursor for this sort; `keys` is empty for score-ordered search (score, then id). */
@@ -35,7 +35,7 @@ export function decodeCursor(text: string, sortText: string, keys: SortKey[]): C
   if (!payload || typeof payload !== 'object' || Array.isArray(payload)) invalid()
   const { s, k } = payload as { s?: unknown; k?: unknown }
   if (s !== sortText) {
-    throw problems.invalidParameter('cursor belongs to another sort: keep the sort of the request that returned it')
+    throw new InvalidParameterError('cursor belongs to another sort: keep the sort of the request that returned it')
   }
   const kinds = keys.length === 0 ? ['score', 'uuid'] : keys.map((key) => key.field.kind)
   const nullable = keys.length === 0 ? [false, false] : keys.map((key) => key.field.nullable)

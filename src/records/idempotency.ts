@@ -4,7 +4,7 @@
 // else, so only successful answers are remembered (a retry after a 422 runs again).
 import { createHash } from 'node:crypto'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { problems } from '../http/problem.ts'
+import { ConflictError, InvalidParameterError } from '../errors.ts'
 
 export type StoredResponse = { status: number; body: unknown; headers: Record<string, string> }
 
@@ -23,7 +23,7 @@ export function canonicalJson(value: unknown): string {
 export function idempotencyKeyOf(header: string | string[] | undefined): string | null {
   if (header === undefined) return null
   const key = Array.isArray(header) ? header[0] : header
-  if (!KEY.test(key)) throw problems.invalidParameter('Idempotency-Key must be 1 to 255 printable ASCII characters')
+  if (!KEY.test(key)) throw new InvalidParameterError('Idempotency-Key must be 1 to 255 printable ASCII characters')
   return key
 }
 
@@ -57,7 +57,7 @@ export async function withIdempotency(
       response_headers: Record<string, string>
     }
     if (previous.request_hash !== hash || previous.response_status === null) {
-      throw problems.conflict('idempotency_conflict', 'This Idempotency-Key was already used with a different request')
+      throw new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request')
     }
     return {
       status: previous.response_status,

@@ -1,5 +1,5 @@
 // Request and response schemas of the three record types (typebox). The same objects validate
-// bodies (src/http/route.ts) and describe the API in /api/openapi.json. The database repeats every
+// bodies (the route definitions) and describe the API in /api/openapi.json. The database repeats every
 // rule as a constraint (sql/000003_records.sql), so imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
 import { UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'

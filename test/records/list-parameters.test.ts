@@ -1,6 +1,7 @@
 // The list grammar without a database: parsing, checking, and the SQL it turns into.
 import t, { type Test } from 'tap'
-import { ApiError } from '../../src/http/problem.ts'
+import { InvalidParameterError } from '../../src/errors.ts'
+import { toApiError } from '../../src/http/problem.ts'
 import { decodeCursor, encodeCursor } from '../../src/records/cursor.ts'
 import { CONTACT, DEAL } from '../../src/records/fields.ts'
 import { checkValue, parseListRequest } from '../../src/records/list-parameters.ts'
@@ -13,7 +14,7 @@ function refuses400(t: Test, fn: () => unknown, message?: string) {
     fn()
     t.fail(`${message ?? 'call'} should throw`)
   } catch (error) {
-    t.equal((error as ApiError).status, 400, message ?? "400")
+    t.equal(toApiError(error).status, 400, message ?? "400")
   }
 }
 
@@ -26,10 +27,11 @@ function invalid(t: Test, query: string, pattern?: RegExp, search = false) {
     parse(query, search)
     t.fail(`${query} should be refused`)
   } catch (error) {
-    t.ok(error instanceof ApiError, `${query}: an ApiError`)
-    t.equal((error as ApiError).status, 400, `${query}: 400`)
-    t.equal((error as ApiError).code, 'invalid_parameter', `${query}: invalid_parameter`)
-    if (pattern) t.match((error as ApiError).message, pattern, `${query}: ${(error as ApiError).message}`)
+    t.ok(error instanceof InvalidParameterError, `${query}: an InvalidParameterError`)
+    const answer = toApiError(error)
+    t.equal(answer.status, 400, `${query}: 400`)
+    t.equal(answer.code, 'invalid_parameter', `${query}: invalid_parameter`)
+    if (pattern) t.match(answer.message, pattern, `${query}: ${answer.message}`)
   }
 }
 

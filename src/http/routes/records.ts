@@ -1,7 +1,6 @@
 // /api/contacts, /api/companies, /api/deals: list, search, read, create, update, delete. The
 // three types share one set of handlers driven by the whitelist in src/records/fields.ts.
 import type { IncomingMessage } from 'node:http'
-import '../../records/constraints.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
@@ -10,8 +9,8 @@ import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord }
 import { parseQueryString } from '../../records/query-string.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
-import { problems } from '../problem.ts'
 import { JsonText, type RouteDefinition } from '../route.ts'
+import { NotFoundError } from '../../errors.ts'
 
 const LIST_PARAMETERS = {
   limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
@@ -112,7 +111,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       singleStatement: true,
       handler: async ({ req, db, params }) => {
         const found = await readRecord(db, type, checkId(params.id))
-        if (!found) throw problems.notFound(`No such ${type.label}`)
+        if (!found) throw new NotFoundError(`No such ${type.label}`)
         const etag = etagOf(found)
         const ifNoneMatch = header(req, 'if-none-match')
         if (ifNoneMatch && ifNoneMatch.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {

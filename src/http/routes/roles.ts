@@ -1,7 +1,6 @@
 // Roles and their grants (API.md sections 3 and 4). Admins manage custom roles; built-in roles are
 // read-only (422); a role in use is kept (409 role_in_use). Non-admins read only their own role.
 import Type from 'typebox'
-import '../../members/constraints.ts'
 import { createRole, deleteRole, getRole, GRANT_PATTERN, listRoles, updateRole } from '../../members/roles.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
 

@@ -4,8 +4,8 @@ import { recordTypeByPath, RECORD_TYPES, type RecordType } from '../../records/f
 import { parseLimit, parseSearchText } from '../../records/list-parameters.ts'
 import { parseQueryString, safeName } from '../../records/query-string.ts'
 import { describe, searchType } from '../../records/search.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes } from '../route.ts'
+import { InvalidParameterError } from '../../errors.ts'
 
 const SearchResult = Type.Object({
   type: Type.Union([Type.Literal('contact'), Type.Literal('company'), Type.Literal('deal')]),
@@ -46,14 +46,14 @@ export default defineRoutes({
         const names = value.split(',').map((part) => part.trim()).filter(Boolean)
         const chosen = names.map((part) => {
           const type = recordTypeByPath(part)
-          if (!type) throw problems.invalidParameter(`types: unknown type ${safeName(part)} (use contacts, companies, deals)`)
+          if (!type) throw new InvalidParameterError(`types: unknown type ${safeName(part)} (use contacts, companies, deals)`)
           return type
         })
-        if (chosen.length === 0) throw problems.invalidParameter('types must name at least one of contacts, companies, deals')
+        if (chosen.length === 0) throw new InvalidParameterError('types must name at least one of contacts, companies, deals')
         types = RECORD_TYPES.filter((type) => chosen.includes(type))
-      } else throw problems.invalidParameter(`Unknown query parameter ${safeName(name)}`)
+      } else throw new InvalidParameterError(`Unknown query parameter ${safeName(name)}`)
     }
-    if (q === null) throw problems.invalidParameter('q is required: the text to search for')
+    if (q === null) throw new InvalidParameterError('q is required: the text to search for')
     const hits = []
     for (const type of types) hits.push(...(await searchType(db, type, q, limit)))
     hits.sort((a, b) => b.score - a.score || types.indexOf(a.type) - types.indexOf(b.type))

@@ -10,8 +10,8 @@ import { checkWebhookUrl, parseCidrList, type AddressPolicy } from '../../webhoo
 import { sealWebhookSecret, webhookSecretKey } from '../../webhooks/secret-store.ts'
 import { newWebhookSecret } from '../../webhooks/signature.ts'
 import type { Config } from '../../config.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes, patchAndPut, type RouteContext } from '../route.ts'
+import { InvalidParameterError, NotFoundError, ValidationError } from '../../errors.ts'
 
 const BASE = '/api/webhook-subscriptions'
 const TAG = 'webhooks'
@@ -125,7 +125,7 @@ async function access(db: DatabaseTransactionConnection): Promise<void> {
 }
 
 function uuidParam(value: string | undefined, what: string): string {
-  if (value === undefined || !UUID_PATTERN.test(value)) throw problems.notFound(`No such ${what}`)
+  if (value === undefined || !UUID_PATTERN.test(value)) throw new NotFoundError(`No such ${what}`)
   return value.toLowerCase()
 }
 
@@ -133,7 +133,7 @@ async function readSubscription(db: DatabaseTransactionConnection, id: string): 
   const row = await db.maybeOne(sql.unsafe`
     select ${SUBSCRIPTION_COLUMNS} from crm.webhook_subscriptions s
      where s.workspace_id = (select crm.current_workspace_id()) and s.id = ${id}`)
-  if (row === null) throw problems.notFound('No such webhook subscription')
+  if (row === null) throw new NotFoundError('No such webhook subscription')
   return row as Record<string, unknown>
 }
 
@@ -150,7 +150,7 @@ function policyOf(config: Config): AddressPolicy {
 async function checkUrl(config: Config, url: string): Promise<void> {
   const check = await checkWebhookUrl(url, policyOf(config))
   if (!check.ok) {
-    throw problems.validation(`url is not allowed: ${check.reason}`, [{ pointer: '/url', code: 'url_not_allowed', message: check.reason }], 'url_not_allowed')
+    throw new ValidationError(`url is not allowed: ${check.reason}`, [{ pointer: '/url', code: 'url_not_allowed', message: check.reason }], 'url_not_allowed')
   }
 }
 
@@ -164,7 +164,7 @@ function cursorOf(id: string): string {
 
 function decodeCursor(text: string): string {
   const id = /^[A-Za-z0-9_-]{1,100}$/.test(text) ? Buffer.from(text, 'base64url').toString('utf8') : ''
-  if (!UUID_PATTERN.test(id)) throw problems.invalidParameter('cursor is not valid: pass the next_cursor of the previous page unchanged')
+  if (!UUID_PATTERN.test(id)) throw new InvalidParameterError('cursor is not valid: pass the next_cursor of the previous page unchanged')
   return id
 }
 
@@ -172,7 +172,7 @@ function limitOf(parameters: Map<string, string>): number {
   const text = parameters.get('limit')
   if (text === undefined) return 50
   if (!/^\d{1,3}$/.test(text) || Number(text) < 1 || Number(text) > 200) {
-    throw problems.invalidParameter('limit must be a whole number from 1 to 200', [{ pointer: 'limit', code: 'range', message: 'must be 1 to 200' }])
+    throw new InvalidParameterError('limit must be a whole number from 1 to 200', [{ pointer: 'limit', code: 'range', message: 'must be 1 to 200' }])
   }
   return Number(text)
 }
@@ -213,7 +213,7 @@ async function update({ db, params, body, services }: RouteContext<{ name?: stri
     const changed = await db.maybeOne(sql.unsafe`
       update crm.webhook_subscriptions set ${sql.join(sets, sql.fragment`, `)}
        where workspace_id = (select crm.current_workspace_id()) and id = ${id} returning id`)
-    if (changed === null) throw problems.notFound('No such webhook subscription')
+    if (changed === null) throw new NotFoundError('No such webhook subscription')
   }
   return { body: { data: await readSubscription(db, id) } }
 }
@@ -307,7 +307,7 @@ export default defineRoutes(
       const deleted = await db.maybeOne(sql.unsafe`
         delete from crm.webhook_subscriptions
          where workspace_id = (select crm.current_workspace_id()) and id = ${uuidParam(params.id, 'webhook subscription')} returning id`)
-      if (deleted === null) throw problems.notFound('No such webhook subscription')
+      if (deleted === null) throw new NotFoundError('No such webhook subscription')
       return { status: 204 }
     },
   },
@@ -372,13 +372,13 @@ export default defineRoutes(
       const id = uuidParam(params.id, 'webhook subscription')
       const parameters = parseQueryString(req.url)
       for (const name of parameters.keys()) {
-        if (!['status', 'event', 'limit', 'cursor'].includes(name)) throw problems.invalidParameter(`Unknown query parameter ${name}`)
+        if (!['status', 'event', 'limit', 'cursor'].includes(name)) throw new InvalidParameterError(`Unknown query parameter ${name}`)
       }
       const limit = limitOf(parameters)
       const status = parameters.get('status')
-      if (status !== undefined && !DELIVERY_STATUSES.includes(status)) throw problems.invalidParameter(`status must be one of ${DELIVERY_STATUSES.join(', ')}`)
+      if (status !== undefined && !DELIVERY_STATUSES.includes(status)) throw new InvalidParameterError(`status must be one of ${DELIVERY_STATUSES.join(', ')}`)
       const event = parameters.get('event')
-      if (event !== undefined && !EVENT_NAME.test(event)) throw problems.invalidParameter('event must be an event name such as deal.updated')
+      if (event !== undefined && !EVENT_NAME.test(event)) throw new InvalidParameterError('event must be an event name such as deal.updated')
       const before = parameters.has('cursor') ? decodeCursor(parameters.get('cursor')!) : null
       await readSubscription(db, id)
       const rows = (await db.any(sql.unsafe`
@@ -412,7 +412,7 @@ export default defineRoutes(
                           from crm.webhook_attempts a where a.workspace_id = d.workspace_id and a.delivery_id = d.id), '[]') as attempts
           from crm.webhook_deliveries d
          where d.workspace_id = (select crm.current_workspace_id()) and d.subscription_id = ${id} and d.id = ${deliveryId}`)
-      if (delivery === null) throw problems.notFound('No such delivery')
+      if (delivery === null) throw new NotFoundError('No such delivery')
       return { body: { data: delivery } }
     },
   },
