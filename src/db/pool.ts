@@ -1,7 +1,10 @@
 // The slonik pool the API uses. Values come back as the API shows them: numeric as exact decimal
 // strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
-import { createPool, type DatabasePool } from 'slonik'
+import type { StandardSchemaV1 } from '@standard-schema/spec'
+import { createPool, SchemaValidationError, type DatabasePool, type Interceptor, type QueryResultRow } from 'slonik'
 import { createPgDriverFactory } from '@slonik/pg-driver'
+import type { Static, TSchema } from 'typebox'
+import { Compile } from 'typebox/compile'
 
 export { sql } from 'slonik'
 export type { DatabasePool, DatabaseTransactionConnection, CommonQueryMethods } from 'slonik'
@@ -32,6 +35,38 @@ export const API_TYPE_PARSERS = {
   date: (value: string) => value,
 } satisfies Record<string, (value: string) => unknown>
 
+/**
+ * A typebox schema as the Standard Schema that slonik's `sql.type(...)` takes, so a row read with
+ * `sql.type(rowSchema(Row))` is typed `Static<typeof Row>` and checked against it (by
+ * ROW_SCHEMA_CHECK): typebox has no Standard Schema of its own, and the project has no other
+ * validation library.
+ */
+export function rowSchema<T extends TSchema>(schema: T): StandardSchemaV1<unknown, Static<T>> {
+  const validator = Compile(schema)
+  return {
+    '~standard': {
+      version: 1,
+      vendor: 'typebox',
+      validate: (value) =>
+        validator.Check(value)
+          ? { value: value as Static<T> }
+          : { issues: validator.Errors(value).map((error) => ({ message: `${error.instancePath || '/'} ${error.message}` })) },
+    },
+  }
+}
+
+/** Checks each row of a query typed with `sql.type(rowSchema(...))`; a row of another shape is a bug (500). */
+const ROW_SCHEMA_CHECK: Interceptor = {
+  name: 'row-schema-check',
+  transformRow: (context, query, row) => {
+    if (!context.resultParser) return row
+    const result = context.resultParser['~standard'].validate(row)
+    if (result instanceof Promise) throw new TypeError('row schemas must validate synchronously')
+    if (result.issues) throw new SchemaValidationError(query, row, result.issues)
+    return result.value as QueryResultRow
+  },
+}
+
 /** A slonik query's text as plain pg takes it (slonik numbers its placeholders $slonik_1, ...). */
 export function pgQueryText(slonikSql: string): string {
   return slonikSql.replaceAll('$slonik_', '$')
@@ -57,9 +92,10 @@ export async function createDatabasePool(
     queryRetryLimit: 0,
     statementTimeout: 30_000,
     idleInTransactionSessionTimeout: 60_000,
-    interceptors: options.onQuery
-      ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) }]
-      : [],
+    interceptors: [
+      ROW_SCHEMA_CHECK,
+      ...(options.onQuery ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) } satisfies Interceptor] : []),
+    ],
     typeParsers: Object.entries(API_TYPE_PARSERS).map(([name, parse]) => ({ name, parse })),
   })
 }

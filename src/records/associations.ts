@@ -3,7 +3,8 @@
 // records: links to records the caller cannot see are neither shown nor removed.
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { RECORD_TYPES, UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
+import { RECORD_TYPES, type RecordType } from './fields.ts'
+import { Uuid } from '../uuid.ts'
 import { refuseWrite } from './operations.ts'
 import { NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
@@ -15,7 +16,7 @@ export function otherTypes(type: RecordType): RecordType[] {
   return RECORD_TYPES.filter((other) => other !== type)
 }
 
-const IdList = Type.Array(Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN }), { maxItems: MAX_ASSOCIATION_IDS })
+const IdList = Type.Array(Uuid, { maxItems: MAX_ASSOCIATION_IDS })
 
 export function associationsBodySchema(type: RecordType) {
   return Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Optional(IdList)])), {

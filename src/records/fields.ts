@@ -96,7 +96,3 @@ export function recordTypeByPath(path: string): RecordType | undefined {
 
 /** Fields that are part of the JSON but never written by the client (ignored when sent). */
 export const READ_ONLY_FIELDS = ['id', 'created_at', 'updated_at', 'created_by', 'updated_by', 'stage_changed_at']
-
-export const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
-/** The same, for JSON Schema (no flags there). */
-export const UUID_SCHEMA_PATTERN = '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'

@@ -2,8 +2,9 @@
 //   filter[field]=v, filter[field][op]=v, filter[custom_fields.key]=v, updated_since=<time>,
 //   sort=-amount,name (id always the last tie-breaker), limit=1..200, cursor=<opaque>, q=<search>.
 // Every value is checked for its field's kind here, so the SQL built from it cannot fail on a cast.
-import { decodeCursor, type Cursor } from './cursor.ts'
-import { UUID_PATTERN, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
+import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
+import { decodeCursor, DEFAULT_LIMIT, limitOf, MAX_LIMIT, type Cursor, type CursorColumn } from '../paging.ts'
+import { UUID_PATTERN } from '../uuid.ts'
 import { safeName } from './query-string.ts'
 import { InvalidParameterError } from '../errors.ts'
 
@@ -40,8 +41,6 @@ export type ListRequest = {
   q: string | null
 }
 
-export const DEFAULT_LIMIT = 50
-export const MAX_LIMIT = 200
 export const MAX_IN_VALUES = 100
 export const MAX_SORT_KEYS = 4
 export const MAX_FILTERS = 20
@@ -61,7 +60,7 @@ export function parseListRequest(type: RecordType, parameters: Map<string, strin
   let q: string | null = null
 
   for (const [name, value] of parameters) {
-    if (name === 'limit') limit = parseLimit(value, DEFAULT_LIMIT, MAX_LIMIT)
+    if (name === 'limit') limit = limitOf(value)
     else if (name === 'sort') sortParameter = value
     else if (name === 'cursor') cursorText = value
     else if (name === 'updated_since') {
@@ -80,7 +79,7 @@ export function parseListRequest(type: RecordType, parameters: Map<string, strin
 
   const sort = parseSort(type, sortParameter, options.search === true)
   const sortText = sort.length === 0 ? 'score' : sort.map((key) => (key.descending ? '-' : '') + key.field.name).join(',')
-  const cursor = cursorText === null ? null : decodeCursor(cursorText, sortText, sort)
+  const cursor = cursorText === null ? null : decodeCursor(cursorText, sortText, cursorColumns(sort))
   return { filters, sort, sortText, limit, cursor, q }
 }
 
@@ -91,12 +90,10 @@ function addFilter(filters: Filter[], seen: Set<string>, filter: Filter): void {
   filters.push(filter)
 }
 
-export function parseLimit(value: string, fallback: number, max: number): number {
-  if (value === '') return fallback
-  if (!/^\d{1,4}$/.test(value) || Number(value) < 1 || Number(value) > max) {
-    throw new InvalidParameterError(`limit must be a whole number from 1 to ${max}`)
-  }
-  return Number(value)
+/** What each value of a cursor for this sort holds; score-ordered search (no keys) is score, then id. */
+export function cursorColumns(sort: SortKey[]): CursorColumn[] {
+  if (sort.length === 0) return [{ kind: 'score', nullable: false }, { kind: 'uuid', nullable: false }]
+  return sort.map((key) => ({ kind: key.field.kind, nullable: key.field.nullable }))
 }
 
 export function parseSearchText(value: string): string {

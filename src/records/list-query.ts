@@ -2,7 +2,7 @@
 // Identifiers come only from the whitelist in fields.ts; values are bound parameters, each cast to
 // its field's type. Row-level security adds the workspace and the caller's scope by itself.
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { encodeCursor, type Cursor } from './cursor.ts'
+import { encodeCursor, type Cursor } from '../paging.ts'
 import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
 import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
 

@@ -5,7 +5,8 @@
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
 import { createHash } from 'node:crypto'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { READ_ONLY_FIELDS, UUID_PATTERN, type RecordType } from './fields.ts'
+import { READ_ONLY_FIELDS, type RecordType } from './fields.ts'
+import { UUID_PATTERN } from '../uuid.ts'
 import { isValidDate } from './list-parameters.ts'
 import { MONEY_PATTERN } from './schemas.ts'
 import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'

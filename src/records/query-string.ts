@@ -1,8 +1,8 @@
-import { InvalidParameterError } from '../errors.ts'
 // Query strings are parsed here, strictly, from the raw bytes of the URL: bad percent-encoding,
 // bytes that are not UTF-8, control characters, repeated or oversized parameters are a
 // 400 invalid_parameter, never a lenient guess (node's querystring keeps malformed escapes as
 // they are) and never a 500.
+import { InvalidParameterError } from '../errors.ts'
 
 export const MAX_PARAMETERS = 60
 export const MAX_NAME_LENGTH = 200

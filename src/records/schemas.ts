@@ -2,10 +2,10 @@
 // bodies (the route definitions) and describe the API in /api/openapi.json. The database repeats every
 // rule as a constraint (sql/000003_records.sql), so imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
-import { UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
+import type { RecordType } from './fields.ts'
+import { Uuid } from '../uuid.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
-const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
 const text = (maxLength: number, description?: string) => Type.String({ minLength: 1, maxLength, ...(description ? { description } : {}) })
 
 export const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'

@@ -7,6 +7,7 @@ import { parseListRequest } from '../../records/list-parameters.ts'
 import { pageJson, runList, type Page } from '../../records/list-query.ts'
 import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
+import { pageHeaders } from '../../paging.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
 import { JsonText, type RouteDefinition } from '../route.ts'
@@ -24,16 +25,8 @@ const LIST_PARAMETERS = {
   },
 }
 
-/** The URL of the next page: this request's parameters with the new cursor. */
-function nextLink(path: string, parameters: Map<string, string>, cursor: string): string {
-  const next = new Map(parameters)
-  next.set('cursor', cursor)
-  const query = [...next].map(([name, value]) => `${encodeURIComponent(name).replace(/%5B/g, '[').replace(/%5D/g, ']')}=${encodeURIComponent(value)}`).join('&')
-  return `<${path}?${query}>; rel="next"`
-}
-
 function pageAnswer(path: string, parameters: Map<string, string>, result: Page) {
-  return { body: new JsonText(pageJson(result)), headers: result.next_cursor ? { Link: nextLink(path, parameters, result.next_cursor) } : {} }
+  return { body: new JsonText(pageJson(result)), headers: pageHeaders(path, parameters, result.next_cursor) }
 }
 
 function header(req: IncomingMessage, name: string): string | undefined {

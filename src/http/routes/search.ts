@@ -1,7 +1,8 @@
 // GET /api/search: one query across contacts, companies and deals, best matches first.
 import Type from 'typebox'
 import { recordTypeByPath, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
-import { parseLimit, parseSearchText } from '../../records/list-parameters.ts'
+import { parseSearchText } from '../../records/list-parameters.ts'
+import { limitOf } from '../../paging.ts'
 import { parseQueryString, safeName } from '../../records/query-string.ts'
 import { describe, searchType } from '../../records/search.ts'
 import { defineRoutes } from '../route.ts'
@@ -41,7 +42,7 @@ export default defineRoutes({
     let types: RecordType[] = RECORD_TYPES
     for (const [name, value] of parameters) {
       if (name === 'q') q = parseSearchText(value)
-      else if (name === 'limit') limit = parseLimit(value, 20, 100)
+      else if (name === 'limit') limit = limitOf(value, 20, 100)
       else if (name === 'types') {
         const names = value.split(',').map((part) => part.trim()).filter(Boolean)
         const chosen = names.map((part) => {
