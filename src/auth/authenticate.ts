@@ -3,7 +3,8 @@
 // statement switches the transaction to crm_api, so everything after it obeys row-level security.
 import type { IncomingMessage } from 'node:http'
 import type { Config } from '../config.ts'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import Type, { type Static, type TSchema } from 'typebox'
+import { rowSchema, sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
 import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
 
@@ -38,17 +39,25 @@ const REFUSALS: Record<string, string> = {
   api_access_disabled: 'API access is turned off for this user',
 }
 
-type AuthRow = {
-  failure: string | null
-  user_id: string
-  workspace_id: string
-  workspace_slug: string
-  token_id: string
-  token_kind: 'token' | 'session'
-  is_admin: boolean
-  rate_count: number
-  rate_reset_seconds: number
-}
+const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
+const RateCount = { rate_count: nullable(Type.Integer()), rate_reset_seconds: nullable(Type.Integer()) }
+
+/** crm.authenticate's answer: the caller, or a failure (the API code) with what is known. */
+const AuthRowSchema = Type.Union([
+  Type.Object({
+    failure: Type.Null(),
+    user_id: Type.String(),
+    workspace_id: Type.String(),
+    workspace_slug: Type.String(),
+    token_id: Type.String(),
+    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+    is_admin: Type.Boolean(),
+    ...RateCount,
+  }),
+  Type.Object({ failure: Type.String(), ...RateCount }),
+])
+type AuthRow = Static<typeof AuthRowSchema>
+const AUTH_ROW = rowSchema(AuthRowSchema)
 
 export type Credential = { token: string; via: 'api' | 'ui' }
 
@@ -81,12 +90,13 @@ function authenticateCall(attempt: Attempt) {
 /** Turns crm.authenticate's answer into the caller, or into the refusal the API answers with. */
 function callerOf(row: AuthRow, attempt: Attempt): Caller {
   const { limit } = attempt
-  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds: row.rate_reset_seconds }
+  const resetSeconds = row.rate_reset_seconds ?? 60
+  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
   if (row.failure === 'rate_limited') {
-    throw new RateLimitedError(rateLimit.resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, { limit, remaining: 0, resetSeconds: rateLimit.resetSeconds })
+    throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, { limit, remaining: 0, resetSeconds })
   }
   if (row.failure === 'workspace_not_found') throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
-  if (row.failure) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
+  if (row.failure !== null) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
   return {
     userId: row.user_id,
     workspaceId: row.workspace_id,
@@ -102,10 +112,10 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
 export function createAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): Authenticator {
   return async (db, req) => {
     const attempt = attemptOf(config, credentialOf, req)
-    const row = (await db.one(sql.unsafe`
+    const row = await db.one(sql.type(AUTH_ROW)`
       select a.*, set_config('role', 'crm_api', true) as role
       from ${authenticateCall(attempt)} a
-    `)) as AuthRow
+    `)
     return callerOf(row, attempt)
   }
 }
