@@ -26,7 +26,7 @@ export function associationsBodySchema(type: RecordType) {
 }
 
 export function associationsResponseSchema(type: RecordType) {
-  return Type.Object({ data: Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Array(Type.String({ format: 'uuid' }))]))) })
+  return Type.Object({ data: Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Array(Uuid)]))) })
 }
 
 const idColumn = (type: RecordType) => sql.identifier(['a', `${type.name}_id`])

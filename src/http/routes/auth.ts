@@ -4,8 +4,8 @@ import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { sql } from '../../db/pool.ts'
 import { defineRoutes } from '../route.ts'
 import { NotFoundError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 export const TokenBodySchema = Type.Object({

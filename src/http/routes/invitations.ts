@@ -9,8 +9,8 @@ import { acceptInvitation, createInvitation, deleteInvitation, listInvitations }
 import { defineRoutes } from '../route.ts'
 import { TokenBodySchema } from './auth.ts'
 import { EmailSchema, PersonNameSchema } from './signup.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 const InvitationSchema = Type.Object({

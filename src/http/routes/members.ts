@@ -8,8 +8,8 @@ import roles from './roles.ts'
 import signup from './signup.ts'
 import teams from './teams.ts'
 import { InvalidParameterError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 const MemberSchema = Type.Object({

@@ -3,9 +3,10 @@
 import Type from 'typebox'
 import { createRole, deleteRole, getRole, GRANT_PATTERN, listRoles, updateRole } from '../../members/roles.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
+import { Uuid } from '../../uuid.ts'
 
 const RoleSchema = Type.Object({
-  id: Type.String({ format: 'uuid' }),
+  id: Uuid,
   name: Type.String(),
   is_admin: Type.Boolean(),
   is_builtin: Type.Boolean(),

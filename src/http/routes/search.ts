@@ -7,10 +7,11 @@ import { parseQueryString, safeName } from '../../records/query-string.ts'
 import { describe, searchType } from '../../records/search.ts'
 import { defineRoutes } from '../route.ts'
 import { InvalidParameterError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
 const SearchResult = Type.Object({
   type: Type.Union([Type.Literal('contact'), Type.Literal('company'), Type.Literal('deal')]),
-  id: Type.String({ format: 'uuid' }),
+  id: Uuid,
   title: Type.String(),
   subtitle: Type.Union([Type.String(), Type.Null()]),
   score: Type.Number({ description: 'Higher is better: 3+ exact, 2+ prefix, 1+ fuzzy match' }),
