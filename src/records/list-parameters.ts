@@ -3,7 +3,7 @@
 //   sort=-amount,name (id always the last tie-breaker), limit=1..200, cursor=<opaque>, q=<search>.
 // Every value is checked for its field's kind here, so the SQL built from it cannot fail on a cast.
 import type { FieldKind, FieldSpec, RecordType } from './fields.ts'
-import { decodeCursor, DEFAULT_LIMIT, limitOf, MAX_LIMIT, type Cursor, type CursorColumn } from '../paging.ts'
+import { decodeCursor, DEFAULT_LIMIT, limitOf, type Cursor, type CursorColumn } from '../paging.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 import { safeName } from './query-string.ts'
 import { InvalidParameterError } from '../errors.ts'
