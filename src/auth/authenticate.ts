@@ -3,11 +3,32 @@
 // statement switches the transaction to crm_api, so everything after it obeys row-level security.
 import type { IncomingMessage } from 'node:http'
 import type { Config } from '../config.ts'
-import { sql } from '../db/pool.ts'
-import type { Authenticator, StatementAuthenticator } from '../http/app.ts'
-import { ApiError, problems } from '../http/problem.ts'
-import type { Caller } from '../http/route.ts'
+import Type, { type Static, type TSchema } from 'typebox'
+import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
+import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
+
+/** Who is calling, as decided by crm.authenticate in the request transaction. */
+export type Caller = {
+  userId: string
+  workspaceId: string
+  workspaceSlug: string
+  tokenId: string
+  tokenKind: 'token' | 'session'
+  isAdmin: boolean
+  via: 'api' | 'ui'
+  rateLimit: { limit: number; remaining: number; resetSeconds: number }
+}
+
+/** Authenticates a request inside its transaction (which it switches to crm_api). */
+export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
+
+/** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
+export type StatementAuthenticator = (req: IncomingMessage) => {
+  wrap: (query: ReturnType<typeof sql.unsafe>) => ReturnType<typeof sql.unsafe>
+  unwrap: (rows: readonly unknown[]) => { caller: Caller; rows: Record<string, unknown>[] }
+}
 
 const SLUG_PATTERN = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/
 
@@ -19,17 +40,25 @@ const REFUSALS: Record<string, string> = {
   api_access_disabled: 'API access is turned off for this user',
 }
 
-type AuthRow = {
-  failure: string | null
-  user_id: string
-  workspace_id: string
-  workspace_slug: string
-  token_id: string
-  token_kind: 'token' | 'session'
-  is_admin: boolean
-  rate_count: number
-  rate_reset_seconds: number
-}
+const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
+const RateCount = { rate_count: nullable(Type.Integer()), rate_reset_seconds: nullable(Type.Integer()) }
+
+/** crm.authenticate's answer: the caller, or a failure (the API code) with what is known. */
+const AuthRowSchema = Type.Union([
+  Type.Object({
+    failure: Type.Null(),
+    user_id: Type.String(),
+    workspace_id: Type.String(),
+    workspace_slug: Type.String(),
+    token_id: Type.String(),
+    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+    is_admin: Type.Boolean(),
+    ...RateCount,
+  }),
+  Type.Object({ failure: Type.String(), ...RateCount }),
+])
+type AuthRow = Static<typeof AuthRowSchema>
+const AUTH_ROW = rowType(AuthRowSchema)
 
 export type Credential = { token: string; via: 'api' | 'ui' }
 
@@ -38,7 +67,7 @@ export function bearerCredential(req: IncomingMessage): Credential | null {
   const header = req.headers.authorization
   if (!header) return null
   const match = /^Bearer\s+(\S+)\s*$/i.exec(header)
-  if (!match) throw problems.unauthenticated('token_invalid', 'Send Authorization: Bearer <token>')
+  if (!match) throw new AuthenticationError('token_invalid', 'Send Authorization: Bearer <token>')
   return { token: match[1], via: 'api' }
 }
 
@@ -47,11 +76,11 @@ type Attempt = { tokenHash: Buffer; slug: string | null; via: Credential['via'];
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
 function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
   const credential = credentialOf(req)
-  if (!credential) throw problems.unauthenticated('token_missing', 'Send Authorization: Bearer <token>')
-  if (!TOKEN_PATTERN.test(credential.token)) throw problems.unauthenticated('token_invalid', REFUSALS.token_invalid)
+  if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
+  if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
   const slugHeader = req.headers['x-tenant-slug']
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
-  if (slug !== null && !SLUG_PATTERN.test(slug)) throw problems.workspaceNotFound()
+  if (slug !== null && !SLUG_PATTERN.test(slug)) throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
 }
 
@@ -62,14 +91,13 @@ function authenticateCall(attempt: Attempt) {
 /** Turns crm.authenticate's answer into the caller, or into the refusal the API answers with. */
 function callerOf(row: AuthRow, attempt: Attempt): Caller {
   const { limit } = attempt
-  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds: row.rate_reset_seconds }
+  const resetSeconds = row.rate_reset_seconds ?? 60
+  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
   if (row.failure === 'rate_limited') {
-    throw new ApiError(429, 'rate_limited', 'Too many requests', `More than ${limit} requests in this minute`, {
-      headers: { 'Retry-After': String(rateLimit.resetSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': '0', 'RateLimit-Reset': String(rateLimit.resetSeconds) },
-    })
+    throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, { limit, remaining: 0, resetSeconds })
   }
-  if (row.failure === 'workspace_not_found') throw problems.workspaceNotFound()
-  if (row.failure) throw problems.unauthenticated(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
+  if (row.failure === 'workspace_not_found') throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
+  if (row.failure !== null) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
   return {
     userId: row.user_id,
     workspaceId: row.workspace_id,
@@ -85,10 +113,10 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
 export function createAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): Authenticator {
   return async (db, req) => {
     const attempt = attemptOf(config, credentialOf, req)
-    const row = (await db.one(sql.unsafe`
+    const row = await db.one(sql.type(AUTH_ROW)`
       select a.*, set_config('role', 'crm_api', true) as role
       from ${authenticateCall(attempt)} a
-    `)) as AuthRow
+    `)
     return callerOf(row, attempt)
   }
 }

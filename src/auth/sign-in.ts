@@ -1,30 +1,40 @@
 // The password and two-factor steps of sign-in. These run before there is a user to act as, so
 // they use the owner connection, and only through the pre-authentication SQL functions.
 import type { Config } from '../config.ts'
+import Type from 'typebox'
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { ApiError, problems } from '../http/problem.ts'
+import { Bytes, NullableString, rowType } from '../db/typed-rows.ts'
 import { verifyPassword } from './passwords.ts'
 import { hashToken, newToken } from './tokens.ts'
 import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChallenge, signChallenge, totpStep } from './two-factor.ts'
+import { AuthenticationError, RateLimitedError } from '../errors.ts'
 
 export type TokenBody = { token: string; token_type: 'Bearer'; token_id: string; expires_at: string }
 export type ChallengeBody = { two_factor: true; challenge_token: string; expires_at: string }
 
 const MAX_FAILURES = 5
 
+const IssuedRow = rowType(Type.Object({ id: Type.String(), expires_at: Type.String() }))
+const ThrottleRow = rowType(Type.Object({ failures: Type.Integer(), retry_after_seconds: Type.Integer() }))
+const UserRow = rowType(
+  Type.Object({ id: Type.String(), password_hash: NullableString, suspended_at: NullableString, api_access: Type.Boolean(), two_factor: Type.Boolean() }),
+)
+const ChallengeRow = rowType(Type.Object({ user_id: Type.String(), device_name: Type.String(), attempts: Type.Integer() }))
+const SealedSecretRow = rowType(Type.Object({ secret_encrypted: Bytes }))
+
 export async function issueToken(db: CommonQueryMethods, config: Config, userId: string, kind: 'token' | 'session', name: string, ttlDays = config.tokenTtlDays): Promise<TokenBody> {
   const token = newToken()
-  const row = (await db.one(sql.unsafe`
+  const row = await db.one(sql.type(IssuedRow)`
     select id, expires_at from crm.issue_token(${userId}, ${kind}, ${name}, ${sql.binary(hashToken(token))}, make_interval(days => ${ttlDays}))
-  `)) as { id: string; expires_at: string }
+  `)
   return { token, token_type: 'Bearer', token_id: row.id, expires_at: row.expires_at }
 }
 
-function tooManyAttempts(retryAfterSeconds: number): ApiError {
-  return problems.rateLimited(Math.max(1, retryAfterSeconds), 'too_many_attempts', 'Too many failed sign-ins for this email; try again later')
+function tooManyAttempts(retryAfterSeconds: number): RateLimitedError {
+  return new RateLimitedError(Math.max(1, retryAfterSeconds), 'too_many_attempts', 'Too many failed sign-ins for this email; try again later')
 }
 
-const invalidCredentials = () => new ApiError(401, 'invalid_credentials', 'Authentication failed', 'The email or password is wrong')
+const invalidCredentials = () => new AuthenticationError('invalid_credentials', 'The email or password is wrong')
 
 /** Password step. Unknown email and wrong password take the same path and the same time. */
 export async function signInWithPassword(
@@ -34,28 +44,28 @@ export async function signInWithPassword(
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody | ChallengeBody> {
   const email = input.email.trim().toLowerCase()
-  const throttle = (await db.one(sql.unsafe`select failures, retry_after_seconds from crm.sign_in_failures_recent(${email})`)) as { failures: number; retry_after_seconds: number }
+  const throttle = await db.one(sql.type(ThrottleRow)`select failures, retry_after_seconds from crm.sign_in_failures_recent(${email})`)
   if (throttle.failures >= MAX_FAILURES) throw tooManyAttempts(throttle.retry_after_seconds)
 
-  const user = (await db.maybeOne(sql.unsafe`
+  const user = await db.maybeOne(sql.type(UserRow)`
     select u.id, u.password_hash, u.suspended_at, u.api_access, t.confirmed_at is not null as two_factor
     from crm.users u left join crm.user_totp t on t.user_id = u.id
     where u.email = ${email}
-  `)) as { id: string; password_hash: string | null; suspended_at: string | null; api_access: boolean; two_factor: boolean } | null
+  `)
   const passwordMatches = await verifyPassword(input.password, user?.password_hash ?? null)
   if (!user || !passwordMatches) {
     await db.query(sql.unsafe`insert into crm.sign_in_failures (email) values (${email})`)
     throw invalidCredentials()
   }
-  if (user.suspended_at) throw problems.unauthenticated('user_suspended', 'The user is suspended')
-  if (kind === 'token' && !user.api_access) throw problems.unauthenticated('api_access_disabled', 'API access is turned off for this user')
+  if (user.suspended_at) throw new AuthenticationError('user_suspended', 'The user is suspended')
+  if (kind === 'token' && !user.api_access) throw new AuthenticationError('api_access_disabled', 'API access is turned off for this user')
 
   if (user.two_factor) {
-    const challenge = (await db.one(sql.unsafe`
+    const challenge = await db.one(sql.type(IssuedRow)`
       insert into crm.two_factor_challenges (user_id, device_name, expires_at)
       values (${user.id}, ${input.device_name}, now() + make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
       returning id, expires_at
-    `)) as { id: string; expires_at: string }
+    `)
     return { two_factor: true, challenge_token: await signChallenge(config.appSecret, challenge.id, new Date(challenge.expires_at)), expires_at: challenge.expires_at }
   }
   return issueToken(db, config, user.id, kind, input.device_name)
@@ -68,21 +78,21 @@ export async function completeTwoFactor(
   input: { challenge_token: string; code?: string; recovery_code?: string },
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody> {
-  const expired = () => new ApiError(401, 'challenge_expired', 'Authentication failed', 'The sign-in challenge has expired or was already used; sign in again')
+  const expired = () => new AuthenticationError('challenge_expired', 'The sign-in challenge has expired or was already used; sign in again')
   const challengeId = await readChallenge(config.appSecret, input.challenge_token)
   if (!challengeId) throw expired()
   // The try is counted in its own statement (autocommit), so failures stick.
-  const challenge = (await db.maybeOne(sql.unsafe`
+  const challenge = await db.maybeOne(sql.type(ChallengeRow)`
     update crm.two_factor_challenges set attempts = attempts + 1
     where id = ${challengeId} and completed_at is null and expires_at > now()
     returning user_id, device_name, attempts
-  `)) as { user_id: string; device_name: string; attempts: number } | null
+  `)
   if (!challenge) throw expired()
   if (challenge.attempts > CHALLENGE_MAX_TRIES) throw tooManyAttempts(CHALLENGE_TTL_SECONDS)
 
   let accepted = false
   if (input.code !== undefined) {
-    const sealed = (await db.maybeOneFirst(sql.unsafe`select secret_encrypted from crm.user_totp where user_id = ${challenge.user_id} and confirmed_at is not null`)) as Buffer | null
+    const sealed = await db.maybeOneFirst(sql.type(SealedSecretRow)`select secret_encrypted from crm.user_totp where user_id = ${challenge.user_id} and confirmed_at is not null`)
     const step = sealed === null ? null : totpStep(config.appSecret, sealed, input.code.trim())
     // A code signs in once: its step must come after the last accepted one (the database refuses
     // anything else; see crm.tg_user_totp__steps_only_forward).
@@ -98,7 +108,7 @@ export async function completeTwoFactor(
       returning 1
     `)
   }
-  if (!accepted) throw new ApiError(401, 'invalid_2fa_code', 'Authentication failed', 'The code is wrong or was already used')
+  if (!accepted) throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
   const completed = null !== await db.maybeOne(sql.unsafe`
     update crm.two_factor_challenges set completed_at = now() where id = ${challengeId} and completed_at is null returning 1
   `)

@@ -4,7 +4,7 @@ import pg from 'pg'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
 import { provisionDatabase } from '../db/provision.ts'
-import { databaseErrorOf } from '../http/database-errors.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
 import type { CliContext, Command } from './main.ts'
 
 async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => Promise<T>): Promise<T> {

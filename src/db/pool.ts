@@ -1,6 +1,6 @@
 // The slonik pool the API uses. Values come back as the API shows them: numeric as exact decimal
 // strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
-import { createPool, type DatabasePool } from 'slonik'
+import { createPool, SchemaValidationError, type DatabasePool, type Interceptor, type QueryResultRow } from 'slonik'
 import { createPgDriverFactory } from '@slonik/pg-driver'
 
 export { sql } from 'slonik'
@@ -32,6 +32,18 @@ export const API_TYPE_PARSERS = {
   date: (value: string) => value,
 } satisfies Record<string, (value: string) => unknown>
 
+/** Checks each row of a query typed with `sql.type(rowType(...))` (src/db/typed-rows.ts); a row of another shape is a bug (500). */
+const ROW_SCHEMA_CHECK: Interceptor = {
+  name: 'row-schema-check',
+  transformRow: (context, query, row) => {
+    if (!context.resultParser) return row
+    const result = context.resultParser['~standard'].validate(row)
+    if (result instanceof Promise) throw new TypeError('row schemas must validate synchronously')
+    if (result.issues) throw new SchemaValidationError(query, row, result.issues)
+    return result.value as QueryResultRow
+  },
+}
+
 /** A slonik query's text as plain pg takes it (slonik numbers its placeholders $slonik_1, ...). */
 export function pgQueryText(slonikSql: string): string {
   return slonikSql.replaceAll('$slonik_', '$')
@@ -57,9 +69,10 @@ export async function createDatabasePool(
     queryRetryLimit: 0,
     statementTimeout: 30_000,
     idleInTransactionSessionTimeout: 60_000,
-    interceptors: options.onQuery
-      ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) }]
-      : [],
+    interceptors: [
+      ROW_SCHEMA_CHECK,
+      ...(options.onQuery ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) } satisfies Interceptor] : []),
+    ],
     typeParsers: Object.entries(API_TYPE_PARSERS).map(([name, parse]) => ({ name, parse })),
   })
 }

@@ -1,5 +1,5 @@
 // The pool single-statement reads run on: plain `pg`, not slonik. Those reads are one named
-// statement each (src/http/single-statement.ts) and need none of slonik's per-query machinery
+// statement each (single-statement.ts of the HTTP layer) and need none of slonik's per-query machinery
 // (interceptor chain, query ids, result normalisation, its own pool queue); measured on GET one,
 // skipping it saves about a third of the API process's CPU per request (README, "Performance").
 // Everything else keeps using slonik (src/db/pool.ts). Values come back as slonik's pool returns

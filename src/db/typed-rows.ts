@@ -1,8 +1,8 @@
 // Row types for slonik's sql.type(schema). Slonik 49 takes any Standard Schema (v1) as a query's
 // row parser and types the query's result from its output; typebox 1.x schemas do not implement
-// that interface, so rowType wraps one. The pools install no result-parser interceptor, so slonik
-// never calls validate on a row: the schema states what the SQL returns, in one place, instead of
-// an `as` cast at each read. validate is a real check all the same, for a test or an interceptor.
+// that interface, so rowType wraps one. The slonik pool's row-schema interceptor (src/db/pool.ts)
+// checks every row of a typed query against it: the schema states what the SQL returns, in one
+// place, instead of an `as` cast at each read, and a row of another shape is a bug (500).
 import type { StandardSchemaV1 } from '@standard-schema/spec'
 import Type, { type Static, type TSchema } from 'typebox'
 import { Compile } from 'typebox/compile'
@@ -24,6 +24,9 @@ export function rowType<T extends TSchema>(schema: T): RowType<T> {
     },
   }
 }
+
+/** A text column that may be null. */
+export const NullableString = Type.Union([Type.String(), Type.Null()])
 
 /** A bytea column: pg gives a Buffer. */
 export const Bytes = Type.Unsafe<Buffer>(Type.Refine(Type.Unknown(), (value) => Buffer.isBuffer(value), () => 'must be bytes'))

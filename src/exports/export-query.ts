@@ -7,11 +7,11 @@
 // record's JSON), so the API process only concatenates: the database does the formatting on its
 // own core, and the stream holds one fetch of lines at a time.
 import { sql } from '../db/pool.ts'
-import { ApiError, problems, type FieldProblem } from '../http/problem.ts'
 import type { FieldSpec, RecordType } from '../records/fields.ts'
 import { parseListRequest } from '../records/list-parameters.ts'
 import { filterCondition, orderByClause, orderKeys } from '../records/list-query.ts'
 import { LineRow, type LinesQuery } from './stream-lines.ts'
+import { InvalidParameterError, ValidationError, type FieldProblem } from '../errors.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
@@ -24,7 +24,7 @@ export function filterParameters(filter: Record<string, unknown>): Map<string, s
   const scalar = (value: unknown, pointer: string): string => {
     if (typeof value === 'string') return value
     if (typeof value === 'number' || typeof value === 'boolean') return String(value)
-    throw problems.validation(`${pointer.slice(1)} must be a string, a number or a boolean`, [{ pointer, code: 'type', message: 'must be a string, a number or a boolean' }])
+    throw new ValidationError(`${pointer.slice(1)} must be a string, a number or a boolean`, [{ pointer, code: 'type', message: 'must be a string, a number or a boolean' }])
   }
   for (const [field, condition] of Object.entries(filter)) {
     const pointer = `/filter/${field}`
@@ -51,7 +51,7 @@ export function exportFields(type: RecordType, names: string[] | undefined): Fie
     else if (fields.includes(field)) errors.push({ pointer: `/fields/${index}`, code: 'duplicate_field', message: `${name} is listed twice` })
     else fields.push(field)
   })
-  if (errors.length > 0) throw problems.validation(`fields: ${errors[0].message}`, errors)
+  if (errors.length > 0) throw new ValidationError(`fields: ${errors[0].message}`, errors)
   return fields
 }
 
@@ -78,9 +78,9 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
     list = parseListRequest(type, parameters)
   } catch (error) {
     // The records parser speaks query strings (400); in a JSON body the same mistakes are a 422.
-    if (error instanceof ApiError && error.status === 400) {
+    if (error instanceof InvalidParameterError) {
       const pointer = request.sort !== undefined && /^sort/.test(error.message) ? '/sort' : '/filter'
-      throw problems.validation(error.message, [{ pointer, code: 'invalid', message: error.message }])
+      throw new ValidationError(error.message, [{ pointer, code: 'invalid', message: error.message }])
     }
     throw error
   }

@@ -1,7 +1,7 @@
 // A bounded wait for a database connection. Slonik queues requests for a busy pool without limit;
 // this gate admits at most `capacity` requests to the pool at once, lets others wait up to
 // `maxWaitMs`, and then refuses them with 503 so a saturated service sheds load instead of piling up.
-import { problems } from './problem.ts'
+import { UnavailableError } from '../errors.ts'
 
 export type AdmissionGate = { run: <T>(fn: () => Promise<T>) => Promise<T>; inFlight: () => number; waiting: () => number }
 
@@ -29,7 +29,7 @@ export function createAdmissionGate(capacity: number, maxWaitMs: number): Admiss
         admit: () => resolve(),
         timer: setTimeout(() => {
           queue.splice(queue.indexOf(entry), 1)
-          reject(problems.unavailable(null, `All ${capacity} database connections stayed busy for ${maxWaitMs} ms; retry shortly`))
+          reject(new UnavailableError(null, `All ${capacity} database connections stayed busy for ${maxWaitMs} ms; retry shortly`))
         }, maxWaitMs),
       }
       queue.push(entry)

@@ -5,20 +5,13 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import polka from 'polka'
 import { readJsonObject } from './body.ts'
 import { createAdmissionGate } from './admission.ts'
-import { toApiError } from './database-errors.ts'
-import { ApiError, problemBody, problems } from './problem.ts'
-import { JsonText, validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
-import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { ApiError, problemBody, toApiError } from './problem.ts'
+import { JsonText, validateBody, type RouteContext, type RouteDefinition, type Services } from './route.ts'
+import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
+import { sql } from '../db/pool.ts'
 import { singleStatementConnection } from './single-statement.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-
-export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
-
-/** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
-export type StatementAuthenticator = (req: IncomingMessage) => {
-  wrap: (query: ReturnType<typeof sql.unsafe>) => ReturnType<typeof sql.unsafe>
-  unwrap: (rows: readonly unknown[]) => { caller: Caller; rows: Record<string, unknown>[] }
-}
+import { NotFoundError, RateLimitedError } from '../errors.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/
 
@@ -77,7 +70,7 @@ export function createApp(
 
   const app = polka({
     onError: (error: unknown, req: IncomingMessage, res: ServerResponse) => onError(error, req, res),
-    onNoMatch: (req: IncomingMessage, res: ServerResponse) => onError(problems.notFound(`No route for ${req.method} ${(req as Request).path}`), req, res),
+    onNoMatch: (req: IncomingMessage, res: ServerResponse) => onError(new NotFoundError(`No route for ${req.method} ${(req as Request).path}`), req, res),
   })
 
   app.use((req: IncomingMessage, res: ServerResponse, next: () => void) => {
@@ -136,7 +129,7 @@ export function createApp(
             })
           }).catch(async (error: unknown) => {
             // The rollback took the rate-limit count with it: count the request again, outside.
-            if (req.callerId && !(error instanceof ApiError && error.status === 429)) {
+            if (req.callerId && !(error instanceof RateLimitedError)) {
               await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
             }
             throw error

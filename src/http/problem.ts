@@ -1,15 +1,36 @@
-// Every error the API answers is an ApiError carrying a code from API.md section 2; this file
-// and database-errors.ts are the only places that decide a status code.
-export type FieldProblem = { pointer: string; code: string; message: string }
+// The one place that turns any error into an answer: a typed error of src/errors.ts, or a database
+// error classified by src/db/database-errors.ts, becomes a status, a title, headers and an RFC 9457
+// problem-details body (after PostgREST's Error.hs). Anything else is a bug: 500.
+import { classifyDatabaseError } from '../db/database-errors.ts'
+import {
+  AuthenticationError,
+  ConflictError,
+  CrmError,
+  DuplicateError,
+  ForbiddenError,
+  InvalidJsonError,
+  InvalidParameterError,
+  NotFoundError,
+  PayloadTooLargeError,
+  PlanRequiredError,
+  PreconditionFailedError,
+  RateLimitedError,
+  UnavailableError,
+  UnsupportedMediaTypeError,
+  ValidationError,
+  type FieldProblem,
+} from '../errors.ts'
 
+export type { FieldProblem }
+
+/** An answer decided: status, API code, title, detail, and what goes with them. */
 export class ApiError extends Error {
   readonly status: number
   readonly code: string
   readonly title: string
   readonly errors?: FieldProblem[]
   readonly headers?: Record<string, string>
-  readonly extra?: Record<string, unknown>
-  constructor(status: number, code: string, title: string, detail?: string, options: { errors?: FieldProblem[]; headers?: Record<string, string>; extra?: Record<string, unknown>; cause?: unknown } = {}) {
+  constructor(status: number, code: string, title: string, detail?: string, options: { errors?: FieldProblem[]; headers?: Record<string, string>; cause?: unknown } = {}) {
     super(detail ?? title, { cause: options.cause })
     this.name = 'ApiError'
     this.status = status
@@ -17,32 +38,55 @@ export class ApiError extends Error {
     this.title = title
     this.errors = options.errors
     this.headers = options.headers
-    this.extra = options.extra
   }
 }
 
 const INVALID_TOKEN = { 'WWW-Authenticate': 'Bearer realm="crm", error="invalid_token"' }
 
-export const problems = {
-  invalidJson: (detail: string) => new ApiError(400, 'invalid_json', 'Request body is not valid JSON', detail),
-  invalidParameter: (detail: string, errors?: FieldProblem[]) => new ApiError(400, 'invalid_parameter', 'A query parameter is invalid', detail, { errors }),
-  unauthenticated: (code: string, detail: string) =>
-    new ApiError(401, code, 'Authentication failed', detail, { headers: code.startsWith('token_') || code === 'user_suspended' || code === 'api_access_disabled' ? INVALID_TOKEN : undefined }),
-  planRequired: (detail = 'Webhooks need the Pro plan or an active trial') => new ApiError(402, 'plan_required', 'Plan required', detail),
-  forbidden: (detail = 'You are not allowed to do this') => new ApiError(403, 'forbidden', 'Forbidden', detail),
-  notFound: (detail = 'No such record') => new ApiError(404, 'not_found', 'Not found', detail),
-  workspaceNotFound: (detail = 'No such workspace, or you are not a member of it') => new ApiError(404, 'workspace_not_found', 'Workspace not found', detail),
-  duplicate: (detail: string, errors?: FieldProblem[]) => new ApiError(409, 'duplicate', 'Duplicate value', detail, { errors }),
-  conflict: (code: string, detail: string) => new ApiError(409, code, 'Conflict', detail),
-  preconditionFailed: (detail = 'If-Match does not match the current ETag') => new ApiError(412, 'precondition_failed', 'Precondition failed', detail),
-  payloadTooLarge: (limit: number) => new ApiError(413, 'payload_too_large', 'Payload too large', `The body is larger than ${limit} bytes`),
-  unsupportedMediaType: (detail: string) => new ApiError(415, 'unsupported_media_type', 'Unsupported media type', detail),
-  validation: (detail: string, errors?: FieldProblem[], code = 'validation_failed') => new ApiError(422, code, 'Request body is invalid', detail, { errors }),
-  rateLimited: (retryAfterSeconds: number, code = 'rate_limited', detail = 'Too many requests') =>
-    new ApiError(429, code, 'Too many requests', detail, { headers: { 'Retry-After': String(retryAfterSeconds) } }),
-  internal: (cause?: unknown) => new ApiError(500, 'internal_error', 'Internal error', 'Something went wrong on our side; quote the request_id when you report it', { cause }),
-  unavailable: (cause?: unknown, detail = 'The database cannot be reached right now; retry shortly') =>
-    new ApiError(503, 'unavailable', 'Service unavailable', detail, { headers: { 'Retry-After': '5' }, cause }),
+/** Status and title of each typed error; the first class the error is an instance of wins. */
+const ANSWERS: [new (...args: never[]) => CrmError, number, string | ((error: CrmError) => string)][] = [
+  [InvalidJsonError, 400, 'Request body is not valid JSON'],
+  [InvalidParameterError, 400, 'A query parameter is invalid'],
+  [AuthenticationError, 401, 'Authentication failed'],
+  [PlanRequiredError, 402, 'Plan required'],
+  [ForbiddenError, 403, 'Forbidden'],
+  [NotFoundError, 404, (error) => (error.code === 'workspace_not_found' ? 'Workspace not found' : 'Not found')],
+  [DuplicateError, 409, 'Duplicate value'],
+  [ConflictError, 409, 'Conflict'],
+  [PreconditionFailedError, 412, 'Precondition failed'],
+  [PayloadTooLargeError, 413, 'Payload too large'],
+  [UnsupportedMediaTypeError, 415, 'Unsupported media type'],
+  [ValidationError, 422, 'Request body is invalid'],
+  [RateLimitedError, 429, 'Too many requests'],
+  [UnavailableError, 503, 'Service unavailable'],
+]
+
+function headersOf(error: CrmError): Record<string, string> | undefined {
+  if (error instanceof AuthenticationError) return error.invalidToken ? INVALID_TOKEN : undefined
+  if (error instanceof RateLimitedError && error.quota) {
+    const { limit, remaining, resetSeconds } = error.quota
+    return { 'Retry-After': String(error.retryAfterSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': String(remaining), 'RateLimit-Reset': String(resetSeconds) }
+  }
+  if (error instanceof RateLimitedError || error instanceof UnavailableError) return { 'Retry-After': String(error.retryAfterSeconds) }
+  return undefined
+}
+
+/** The answer to any error. */
+export function toApiError(error: unknown): ApiError {
+  if (error instanceof ApiError) return error
+  const typed = error instanceof CrmError ? error : classifyDatabaseError(error)
+  const answer = typed && ANSWERS.find(([type]) => typed instanceof type)
+  if (!typed || !answer) return internalError(error)
+  const [, status, title] = answer
+  return new ApiError(status, typed.code, typeof title === 'string' ? title : title(typed), typed.message, {
+    errors: typed.errors,
+    headers: headersOf(typed),
+    cause: typed.cause ?? typed,
+  })
+}
+
+export function internalError(cause?: unknown): ApiError {
+  return new ApiError(500, 'internal_error', 'Internal error', 'Something went wrong on our side; quote the request_id when you report it', { cause })
 }
 
 export function problemBody(error: ApiError, requestId: string): Record<string, unknown> {
@@ -53,7 +97,6 @@ export function problemBody(error: ApiError, requestId: string): Record<string, 
     code: error.code,
     detail: error.message,
     ...(error.errors ? { errors: error.errors } : {}),
-    ...error.extra,
     request_id: requestId,
   }
 }

@@ -6,21 +6,10 @@ import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { Logger } from '../log.ts'
-import { problems, type FieldProblem } from './problem.ts'
+import type { Caller } from '../auth/authenticate.ts'
+import { ValidationError, type FieldProblem } from '../errors.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
-
-/** Who is calling, as decided by crm.authenticate in the request transaction. */
-export type Caller = {
-  userId: string
-  workspaceId: string
-  workspaceSlug: string
-  tokenId: string
-  tokenKind: 'token' | 'session'
-  isAdmin: boolean
-  via: 'api' | 'ui'
-  rateLimit: { limit: number; remaining: number; resetSeconds: number }
-}
 
 export type Services = {
   config: Config
@@ -119,7 +108,7 @@ export function validateBody<T>(schema: TSchema, value: unknown): T {
     errors.push({ pointer: error.instancePath || '/', code: error.keyword, message: error.message })
   }
   const first = errors[0]
-  throw problems.validation(first ? `${first.pointer.slice(1) || 'body'} ${first.message}` : 'The body is invalid', errors.slice(0, 50))
+  throw new ValidationError(first ? `${first.pointer.slice(1) || 'body'} ${first.message}` : 'The body is invalid', errors.slice(0, 50))
 }
 
 export function defineRoutes(...definitions: (RouteDefinition | RouteDefinition[])[]): RouteDefinition[] {

@@ -6,8 +6,7 @@ import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import type { StatementAuthenticator } from './app.ts'
-import type { Caller } from './route.ts'
+import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 
 type Query = Parameters<DatabasePool['any']>[0]
 type Row = Record<string, unknown>

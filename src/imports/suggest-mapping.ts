@@ -12,7 +12,8 @@
 //   fail every row. So they are suggested only when the header says exactly that field ("ID",
 //   "Company ID", "owner_id", also HubSpot's "Record ID" for id) and every sampled value is a UUID.
 // - In a mapping, a column left out is the same as null (not imported).
-import type { FieldProblem } from '../http/problem.ts'
+import type { FieldProblem } from '../errors.ts'
+import { UUID_PATTERN } from '../uuid.ts'
 
 export const IMPORT_TYPES = ['contacts', 'companies', 'deals'] as const
 export type ImportType = (typeof IMPORT_TYPES)[number]
@@ -72,8 +73,6 @@ const UUID_FIELD_HEADERS: Record<string, readonly string[]> = {
   owner_id: ['ownerid'],
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
-
 const FIELD_BY_HEADER: Record<ImportType, Map<string, string>> = {
   contacts: invertAliases(HEADER_ALIASES.contacts),
   companies: invertAliases(HEADER_ALIASES.companies),
@@ -118,7 +117,7 @@ export function suggestMapping(type: ImportType, columns: string[], sampleRows: 
 
 function holdsUuids(sampleRows: string[][], columnIndex: number): boolean {
   const values = sampleRows.map((row) => (row[columnIndex] ?? '').trim()).filter((value) => value !== '')
-  return values.length > 0 && values.every((value) => UUID.test(value))
+  return values.length > 0 && values.every((value) => UUID_PATTERN.test(value))
 }
 
 /** Problems with a user's mapping, each pointing at `/mapping/<column>`; empty when it is usable. */

@@ -1,8 +1,7 @@
 // Constraint names of sql/000002_tenancy.sql and sql/000004_members.sql → the field each protects,
-// so a taken email, role or team name answers 409 with its pointer.
-import { registerConstraintFields } from '../http/database-errors.ts'
-
-registerConstraintFields({
+// so a taken email, role or team name answers 409 with its pointer (composed with the other areas'
+// lists in src/db/database-errors.ts).
+export const MEMBER_CONSTRAINT_FIELDS: Readonly<Record<string, string>> = Object.freeze({
   users_email_key: '/email',
   users_email_format: '/email',
   users_name_length: '/name',

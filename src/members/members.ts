@@ -1,14 +1,28 @@
 // Members of a workspace (API.md section 3): list with seat usage, change role and teams, suspend,
 // unsuspend, remove. The rules live in SQL: admin-only write policies, the seat trigger (unsuspend
 // needs a free seat) and the last-admin trigger (422) of 000002. Non-admins read only themselves.
+import Type, { type Static } from 'typebox'
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { databaseErrorOf } from '../http/database-errors.ts'
-import { problems } from '../http/problem.ts'
+import { NullableString, rowType } from '../db/typed-rows.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
 import { resolveRole, resolveTeams } from './references.ts'
+import { ConflictError, InvalidParameterError, NotFoundError } from '../errors.ts'
 
-export type Member = { user_id: string; email: string; name: string; role: string; teams: string[]; suspended_at: string | null; joined_at: string }
-export type Seats = { used: number; limit: number | null }
+const MemberRow = Type.Object({
+  user_id: Type.String(),
+  email: Type.String(),
+  name: Type.String(),
+  role: Type.String(),
+  teams: Type.Array(Type.String()),
+  suspended_at: NullableString,
+  joined_at: Type.String(),
+})
+const SeatsRow = Type.Object({ used: Type.Integer(), limit: Type.Union([Type.Integer(), Type.Null()]) })
+export type Member = Static<typeof MemberRow>
+export type Seats = Static<typeof SeatsRow>
+const MEMBER = rowType(MemberRow)
+const SEATS = rowType(SeatsRow)
 
 const memberColumns = sql.fragment`
   m.user_id, u.email, u.name, r.name as role,
@@ -25,24 +39,24 @@ const memberSource = sql.fragment`
 const visibleToActor = (actor: Actor) => sql.fragment`
   m.workspace_id = ${actor.workspaceId} and ((select crm.is_admin()) or m.user_id = (select crm.current_user_id()))`
 
-export async function listMembers(db: CommonQueryMethods, actor: Actor): Promise<{ data: Member[]; seats: Seats }> {
-  const data = (await db.any(sql.unsafe`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} order by m.joined_at, m.user_id`)) as Member[]
+export async function listMembers(db: CommonQueryMethods, actor: Actor): Promise<{ data: readonly Member[]; seats: Seats }> {
+  const data = await db.any(sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} order by m.joined_at, m.user_id`)
   return { data, seats: await seatUsage(db, actor) }
 }
 
 /** Active (not suspended) members against the workspace's limit; integration users count like anyone. */
 export async function seatUsage(db: CommonQueryMethods, actor: Actor): Promise<Seats> {
-  return (await db.one(sql.unsafe`
+  return db.one(sql.type(SEATS)`
     select (select count(*) from crm.memberships where workspace_id = w.id and suspended_at is null) as used, w.seat_limit as limit
     from crm.workspaces w where w.id = ${actor.workspaceId}
-  `)) as Seats
+  `)
 }
 
 export async function getMember(db: CommonQueryMethods, actor: Actor, userId: string): Promise<Member> {
   const member = isUuid(userId)
-    ? ((await db.maybeOne(sql.unsafe`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`)) as Member | null)
+    ? await db.maybeOne(sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`)
     : null
-  if (!member) throw problems.notFound('No such member')
+  if (!member) throw new NotFoundError('No such member')
   return member
 }
 
@@ -92,9 +106,9 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   requireAdmin(actor)
   await getMember(db, actor, userId)
   if (reassignTo !== undefined) {
-    if (reassignTo === userId || !isUuid(reassignTo)) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    if (reassignTo === userId || !isUuid(reassignTo)) throw new InvalidParameterError('reassign_to must name another member of this workspace')
     const heir = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${reassignTo}`)
-    if (heir === null) throw problems.invalidParameter('reassign_to must name another member of this workspace')
+    if (heir === null) throw new InvalidParameterError('reassign_to must name another member of this workspace')
     for (const table of [sql.identifier(['crm', 'contacts']), sql.identifier(['crm', 'companies']), sql.identifier(['crm', 'deals'])]) {
       await db.query(sql.unsafe`update ${table} set owner_id = ${reassignTo} where workspace_id = ${actor.workspaceId} and owner_id = ${userId}`)
     }
@@ -104,7 +118,7 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   } catch (error) {
     const fields = databaseErrorOf(error)
     if (fields?.code === '23503' && /_owner_fkey$/.test(fields.constraint ?? '')) {
-      throw problems.conflict('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
+      throw new ConflictError('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
     }
     throw error
   }

@@ -1,13 +1,25 @@
 // Custom roles and their grants (API.md sections 3 and 4). Built-in roles are read-only (a trigger
 // in 000002 refuses changes); a role held by a member or a pending invitation is not deleted (409,
 // trigger in 000004). Non-admins read only their own role; other roles read as absent.
+import Type, { type Static } from 'typebox'
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { problems } from '../http/problem.ts'
+import { IdRow, rowType } from '../db/typed-rows.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { NotFoundError, ValidationError } from '../errors.ts'
 
 export const GRANT_PATTERN = '^(contacts|companies|deals):(view|create|update|delete|import|export):(own|team|all)$'
 
-export type Role = { id: string; name: string; is_admin: boolean; is_builtin: boolean; grants: string[]; member_count: number; created_at: string }
+const RoleRow = Type.Object({
+  id: Type.String(),
+  name: Type.String(),
+  is_admin: Type.Boolean(),
+  is_builtin: Type.Boolean(),
+  grants: Type.Array(Type.String()),
+  member_count: Type.Integer(),
+  created_at: Type.String(),
+})
+export type Role = Static<typeof RoleRow>
+const ROLE = rowType(RoleRow)
 
 const roleColumns = sql.fragment`
   r.id, r.name, r.is_admin, r.is_builtin,
@@ -22,13 +34,13 @@ const visibleToActor = (actor: Actor) => sql.fragment`
   and ((select crm.is_admin())
        or r.id = (select m.role_id from crm.memberships m where m.workspace_id = ${actor.workspaceId} and m.user_id = (select crm.current_user_id())))`
 
-export async function listRoles(db: CommonQueryMethods, actor: Actor): Promise<Role[]> {
-  return (await db.any(sql.unsafe`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} order by r.is_builtin desc, r.created_at, r.name`)) as Role[]
+export async function listRoles(db: CommonQueryMethods, actor: Actor): Promise<readonly Role[]> {
+  return db.any(sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} order by r.is_builtin desc, r.created_at, r.name`)
 }
 
 export async function getRole(db: CommonQueryMethods, actor: Actor, id: string): Promise<Role> {
-  const role = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`)) as Role | null) : null
-  if (!role) throw problems.notFound('No such role')
+  const role = isUuid(id) ? await db.maybeOne(sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`) : null
+  if (!role) throw new NotFoundError('No such role')
   return role
 }
 
@@ -39,7 +51,7 @@ function parseGrants(grants: string[]): { resource: string; action: string; scop
     const [resource, action, scope] = grant.split(':')
     const key = `${resource}:${action}`
     if (seen.has(key)) {
-      throw problems.validation(`grants/${index} repeats ${key} (a role holds one scope per resource and action)`, [
+      throw new ValidationError(`grants/${index} repeats ${key} (a role holds one scope per resource and action)`, [
         { pointer: `/grants/${index}`, code: 'duplicate', message: `repeats ${key}; a role holds one scope per resource and action` },
       ])
     }
@@ -65,9 +77,9 @@ export async function createRole(db: CommonQueryMethods, actor: Actor, input: Ro
   requireAdmin(actor)
   const grants = input.grants ?? []
   parseGrants(grants)
-  const id = (await db.oneFirst(sql.unsafe`
+  const id = await db.oneFirst(sql.type(IdRow)`
     insert into crm.roles (workspace_id, name, is_admin) values (${actor.workspaceId}, ${input.name}, ${input.is_admin ?? false}) returning id
-  `)) as string
+  `)
   await replaceGrants(db, actor.workspaceId, id, grants)
   return getRole(db, actor, id)
 }
@@ -75,7 +87,7 @@ export async function createRole(db: CommonQueryMethods, actor: Actor, input: Ro
 export async function updateRole(db: CommonQueryMethods, actor: Actor, id: string, input: Partial<RoleInput>): Promise<Role> {
   requireAdmin(actor)
   const role = await getRole(db, actor, id)
-  if (role.is_builtin) throw problems.validation(`built-in role ${role.name} cannot be changed; create a custom role instead`)
+  if (role.is_builtin) throw new ValidationError(`built-in role ${role.name} cannot be changed; create a custom role instead`)
   if (input.grants) parseGrants(input.grants)
   if (input.name !== undefined || input.is_admin !== undefined) {
     await db.query(sql.unsafe`

@@ -3,9 +3,11 @@
 import type { Config } from '../config.ts'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { issueToken, type TokenBody } from '../auth/sign-in.ts'
+import Type from 'typebox'
 import { sql, type DatabasePool } from '../db/pool.ts'
-import { databaseErrorOf } from '../http/database-errors.ts'
-import { problems } from '../http/problem.ts'
+import { IdRow, rowType } from '../db/typed-rows.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
+import { ValidationError } from '../errors.ts'
 
 export const TRIAL_DAYS = 14
 
@@ -27,13 +29,13 @@ export type SignUpInput = { email: string; password: string; name: string; works
 export async function signUp(pool: DatabasePool, config: Config, input: SignUpInput): Promise<TokenBody & { workspace_slug: string }> {
   const email = input.email.trim().toLowerCase()
   const problem = passwordProblem(input.password, email)
-  if (problem) throw problems.validation(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
+  if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
   const passwordHash = await hashPassword(input.password)
 
   return pool.transaction(async (db) => {
-    const userId = (await db.oneFirst(sql.unsafe`
+    const userId = await db.oneFirst(sql.type(IdRow)`
       insert into crm.users (email, name, password_hash) values (${email}, ${input.name.trim()}, ${passwordHash}) returning id
-    `)) as string
+    `)
     const workspace = await createWorkspace(db, input.workspace_name.trim())
     await db.query(sql.unsafe`
       insert into crm.memberships (workspace_id, user_id, role_id)
@@ -44,17 +46,19 @@ export async function signUp(pool: DatabasePool, config: Config, input: SignUpIn
   })
 }
 
+const WorkspaceRow = rowType(Type.Object({ id: Type.String(), slug: Type.String() }))
+
 /** Takes the first free slug; two sign-ups racing for the same one retry inside a savepoint. */
 async function createWorkspace(db: Parameters<Parameters<DatabasePool['transaction']>[0]>[0], name: string): Promise<{ id: string; slug: string }> {
   const base = slugBase(name)
   for (let attempt = 1; ; attempt++) {
     try {
       return await db.transaction(async (savepoint) =>
-        (await savepoint.one(sql.unsafe`
+        savepoint.one(sql.type(WorkspaceRow)`
           insert into crm.workspaces (slug, name, trial_ends_at)
           values (crm.free_workspace_slug(${base}), ${name}, now() + make_interval(days => ${TRIAL_DAYS}))
           returning id, slug
-        `)) as { id: string; slug: string },
+        `),
       )
     } catch (error) {
       if (attempt < 5 && databaseErrorOf(error)?.constraint === 'workspaces_slug_key') continue

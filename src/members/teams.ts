@@ -1,10 +1,14 @@
 // Teams (API.md section 3): admins create, rename and delete them; members join them through
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
+import Type, { type Static } from 'typebox'
 import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { problems } from '../http/problem.ts'
+import { IdRow, rowType } from '../db/typed-rows.ts'
 import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { NotFoundError } from '../errors.ts'
 
-export type Team = { id: string; name: string; members: string[]; created_at: string }
+const TeamRow = Type.Object({ id: Type.String(), name: Type.String(), members: Type.Array(Type.String()), created_at: Type.String() })
+export type Team = Static<typeof TeamRow>
+const TEAM = rowType(TeamRow)
 
 const teamColumns = sql.fragment`
   t.id, t.name,
@@ -18,19 +22,19 @@ const visibleToActor = (actor: Actor) => sql.fragment`
        or exists (select 1 from crm.team_members mine
                   where mine.workspace_id = t.workspace_id and mine.team_id = t.id and mine.user_id = (select crm.current_user_id())))`
 
-export async function listTeams(db: CommonQueryMethods, actor: Actor): Promise<Team[]> {
-  return (await db.any(sql.unsafe`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} order by lower(t.name), t.name, t.id`)) as Team[]
+export async function listTeams(db: CommonQueryMethods, actor: Actor): Promise<readonly Team[]> {
+  return db.any(sql.type(TEAM)`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} order by lower(t.name), t.name, t.id`)
 }
 
 export async function getTeam(db: CommonQueryMethods, actor: Actor, id: string): Promise<Team> {
-  const team = isUuid(id) ? ((await db.maybeOne(sql.unsafe`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`)) as Team | null) : null
-  if (!team) throw problems.notFound('No such team')
+  const team = isUuid(id) ? await db.maybeOne(sql.type(TEAM)`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`) : null
+  if (!team) throw new NotFoundError('No such team')
   return team
 }
 
 export async function createTeam(db: CommonQueryMethods, actor: Actor, input: { name: string }): Promise<Team> {
   requireAdmin(actor)
-  const id = (await db.oneFirst(sql.unsafe`insert into crm.teams (workspace_id, name) values (${actor.workspaceId}, ${input.name.trim()}) returning id`)) as string
+  const id = await db.oneFirst(sql.type(IdRow)`insert into crm.teams (workspace_id, name) values (${actor.workspaceId}, ${input.name.trim()}) returning id`)
   return getTeam(db, actor, id)
 }
 

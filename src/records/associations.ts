@@ -4,9 +4,10 @@
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { ExistsRow, IdRow } from '../db/typed-rows.ts'
-import { problems, type FieldProblem } from '../http/problem.ts'
-import { RECORD_TYPES, UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
+import { RECORD_TYPES, type RecordType } from './fields.ts'
+import { Uuid } from '../uuid.ts'
 import { refuseWrite } from './operations.ts'
+import { NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
 export const MAX_ASSOCIATION_IDS = 1000
 
@@ -16,7 +17,7 @@ export function otherTypes(type: RecordType): RecordType[] {
   return RECORD_TYPES.filter((other) => other !== type)
 }
 
-const IdList = Type.Array(Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN }), { maxItems: MAX_ASSOCIATION_IDS })
+const IdList = Type.Array(Uuid, { maxItems: MAX_ASSOCIATION_IDS })
 
 export function associationsBodySchema(type: RecordType) {
   return Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Optional(IdList)])), {
@@ -26,7 +27,7 @@ export function associationsBodySchema(type: RecordType) {
 }
 
 export function associationsResponseSchema(type: RecordType) {
-  return Type.Object({ data: Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Array(Type.String({ format: 'uuid' }))]))) })
+  return Type.Object({ data: Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Array(Uuid)]))) })
 }
 
 const idColumn = (type: RecordType) => sql.identifier(['a', `${type.name}_id`])
@@ -46,7 +47,7 @@ async function linkedIds(db: DatabaseTransactionConnection, subject: RecordType,
 export async function readAssociations(db: DatabaseTransactionConnection, subject: RecordType, id: string): Promise<Associations> {
   const exists = await db.oneFirst(sql.type(ExistsRow)`
     select exists (select from ${subject.table} as t where t.workspace_id = (select crm.current_workspace_id()) and t.id = ${id})`)
-  if (!exists) throw problems.notFound(`No such ${subject.label}`)
+  if (!exists) throw new NotFoundError(`No such ${subject.label}`)
   const result: Associations = {}
   for (const other of otherTypes(subject)) result[other.path] = await linkedIds(db, subject, id, other)
   return result
@@ -77,7 +78,7 @@ export async function replaceAssociations(db: DatabaseTransactionConnection, sub
     desired.set(other, ids)
   }
   if (problemsFound.length > 0) {
-    throw problems.validation(`${problemsFound[0].pointer.slice(1)} ${problemsFound[0].message}`, problemsFound.slice(0, 50))
+    throw new ValidationError(`${problemsFound[0].pointer.slice(1)} ${problemsFound[0].message}`, problemsFound.slice(0, 50))
   }
 
   const changes: Record<string, { added: string[]; removed: string[] }> = {}

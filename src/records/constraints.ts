@@ -1,8 +1,7 @@
 // Constraint names of sql/000003_records.sql → the JSON pointer of the field each protects, so a
-// duplicate email answers 409 with pointer /email and a bad domain 422 with /domain.
-import { registerConstraintFields } from '../http/database-errors.ts'
-
-const FIELDS: Record<string, string> = {
+// duplicate email answers 409 with pointer /email and a bad domain 422 with /domain (composed with
+// the other areas' lists in src/db/database-errors.ts).
+export const RECORD_CONSTRAINT_FIELDS: Readonly<Record<string, string>> = Object.freeze({
   companies_name_length: '/name',
   companies_domain_format: '/domain',
   companies_domain_unique: '/domain',
@@ -36,8 +35,4 @@ const FIELDS: Record<string, string> = {
   deals_stage_fkey: '/stage',
   deals_company_fkey: '/company_id',
   idempotency_keys_key_length: '/idempotency_key',
-}
-
-registerConstraintFields(FIELDS)
-
-export const RECORD_CONSTRAINT_FIELDS = FIELDS
+})

@@ -137,6 +137,3 @@ export function recordTypeByPath(path: string): RecordType | undefined {
   return RECORD_TYPES.find((type) => type.path === path)
 }
 
-export const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
-/** The same, for JSON Schema (no flags there). */
-export const UUID_SCHEMA_PATTERN = '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { problems } from '../http/problem.ts'
+import { ConflictError, InvalidParameterError } from '../errors.ts'
 
 export type StoredResponse = { status: number; body: unknown; headers: Record<string, string> }
 
@@ -35,7 +35,7 @@ export function canonicalJson(value: unknown): string {
 export function idempotencyKeyOf(header: string | string[] | undefined): string | null {
   if (header === undefined) return null
   const key = Array.isArray(header) ? header[0] : header
-  if (!KEY.test(key)) throw problems.invalidParameter('Idempotency-Key must be 1 to 255 printable ASCII characters')
+  if (!KEY.test(key)) throw new InvalidParameterError('Idempotency-Key must be 1 to 255 printable ASCII characters')
   return key
 }
 
@@ -64,7 +64,7 @@ export async function withIdempotency(
         from crm.idempotency_keys
        where workspace_id = (select crm.current_workspace_id()) and user_id = (select crm.current_user_id()) and key = ${key}`)
     if (previous.request_hash !== hash || previous.response_status === null) {
-      throw problems.conflict('idempotency_conflict', 'This Idempotency-Key was already used with a different request')
+      throw new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request')
     }
     return {
       status: previous.response_status,

@@ -4,7 +4,7 @@
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { encodeCursor, type Cursor } from './cursor.ts'
+import { encodeCursor, type Cursor } from '../paging.ts'
 import { ID_FIELD, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
 import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
 

@@ -7,10 +7,11 @@ import { createHash } from 'node:crypto'
 import Type, { type Static } from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
-import { problems } from '../http/problem.ts'
-import { UUID_PATTERN, type RecordType } from './fields.ts'
+import type { RecordType } from './fields.ts'
+import { UUID_PATTERN } from '../uuid.ts'
 import { isValidDate } from './list-parameters.ts'
 import { MONEY_PATTERN } from './schemas.ts'
+import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
@@ -33,7 +34,7 @@ export function ifMatchAccepts(header: string, etag: string): boolean {
 
 /** A path id that is not a UUID names no record: 404, like an unknown one. */
 export function checkId(id: string | undefined): string {
-  if (!id || !UUID_PATTERN.test(id)) throw problems.notFound()
+  if (!id || !UUID_PATTERN.test(id)) throw new NotFoundError()
   return id.toLowerCase()
 }
 
@@ -52,8 +53,8 @@ async function isVisible(db: DatabaseTransactionConnection, type: RecordType, id
 
 /** After a write matched nothing: 403 when the caller can see the record, 404 when not. */
 export async function refuseWrite(db: DatabaseTransactionConnection, type: RecordType, id: string, action: string): Promise<never> {
-  if (await isVisible(db, type, id)) throw problems.forbidden(`Your role does not allow you to ${action} this ${type.label}`)
-  throw problems.notFound(`No such ${type.label}`)
+  if (await isVisible(db, type, id)) throw new ForbiddenError(`Your role does not allow you to ${action} this ${type.label}`)
+  throw new NotFoundError(`No such ${type.label}`)
 }
 
 /** The body's writable fields as column/value pairs; read-only fields are dropped. */
@@ -67,11 +68,11 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
     if (field.kind === 'numeric' && typeof raw === 'number') {
       value = String(raw)
       if (!new RegExp(MONEY_PATTERN).test(value as string)) {
-        throw problems.validation(`${name} must have at most two decimal places`, [{ pointer: `/${name}`, code: 'format', message: 'must be a decimal with at most two places' }])
+        throw new ValidationError(`${name} must have at most two decimal places`, [{ pointer: `/${name}`, code: 'format', message: 'must be a decimal with at most two places' }])
       }
     }
     if (field.kind === 'date' && typeof raw === 'string' && !isValidDate(raw)) {
-      throw problems.validation(`${name} must be a date`, [{ pointer: `/${name}`, code: 'format', message: 'must be a date (YYYY-MM-DD)' }])
+      throw new ValidationError(`${name} must be a date`, [{ pointer: `/${name}`, code: 'format', message: 'must be a date (YYYY-MM-DD)' }])
     }
     if (field.kind === 'uuid' && typeof raw === 'string') value = raw.toLowerCase()
     const fragment = field.kind === 'json' ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}` : sql.fragment`${value as string | number | null}`
@@ -102,7 +103,7 @@ export async function updateRecord(db: DatabaseTransactionConnection, type: Reco
        where t.id = ${id}
          for no key update`)
     if (!current) return refuseWrite(db, type, id, 'update')
-    if (!ifMatchAccepts(ifMatch, etagOf(current))) throw problems.preconditionFailed()
+    if (!ifMatchAccepts(ifMatch, etagOf(current))) throw new PreconditionFailedError()
   }
   const pairs = assignments(type, body)
   if (pairs.length === 0) {

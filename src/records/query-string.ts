@@ -2,7 +2,7 @@
 // bytes that are not UTF-8, control characters, repeated or oversized parameters are a
 // 400 invalid_parameter, never a lenient guess (node's querystring keeps malformed escapes as
 // they are) and never a 500.
-import { problems } from '../http/problem.ts'
+import { InvalidParameterError } from '../errors.ts'
 
 export const MAX_PARAMETERS = 60
 export const MAX_NAME_LENGTH = 200
@@ -16,9 +16,9 @@ function decode(part: string, what: string): string {
   try {
     text = decodeURIComponent(part.replaceAll('+', ' '))
   } catch {
-    throw problems.invalidParameter(`${what} is not valid percent-encoded UTF-8`)
+    throw new InvalidParameterError(`${what} is not valid percent-encoded UTF-8`)
   }
-  if (CONTROL.test(text)) throw problems.invalidParameter(`${what} contains a control character`)
+  if (CONTROL.test(text)) throw new InvalidParameterError(`${what} contains a control character`)
   return text
 }
 
@@ -30,19 +30,19 @@ export function parseQueryString(url: string | undefined): Map<string, string> {
   const search = (url ?? '').slice(at + 1)
   if (search === '') return parameters
   const parts = search.split('&')
-  if (parts.length > MAX_PARAMETERS) throw problems.invalidParameter(`At most ${MAX_PARAMETERS} query parameters are accepted`)
+  if (parts.length > MAX_PARAMETERS) throw new InvalidParameterError(`At most ${MAX_PARAMETERS} query parameters are accepted`)
   for (const part of parts) {
     if (part === '') continue
     const equals = part.indexOf('=')
     const rawName = equals === -1 ? part : part.slice(0, equals)
     const rawValue = equals === -1 ? '' : part.slice(equals + 1)
-    if (rawName.length > MAX_NAME_LENGTH * 3) throw problems.invalidParameter('A query parameter name is too long')
+    if (rawName.length > MAX_NAME_LENGTH * 3) throw new InvalidParameterError('A query parameter name is too long')
     const name = decode(rawName, 'A query parameter name')
-    if (name.length > MAX_NAME_LENGTH) throw problems.invalidParameter('A query parameter name is too long')
-    if (rawValue.length > MAX_VALUE_LENGTH * 3) throw problems.invalidParameter(`${safeName(name)} is too long`)
+    if (name.length > MAX_NAME_LENGTH) throw new InvalidParameterError('A query parameter name is too long')
+    if (rawValue.length > MAX_VALUE_LENGTH * 3) throw new InvalidParameterError(`${safeName(name)} is too long`)
     const value = decode(rawValue, safeName(name))
-    if (value.length > MAX_VALUE_LENGTH) throw problems.invalidParameter(`${safeName(name)} is too long (at most ${MAX_VALUE_LENGTH} characters)`)
-    if (parameters.has(name)) throw problems.invalidParameter(`${safeName(name)} is given more than once`)
+    if (value.length > MAX_VALUE_LENGTH) throw new InvalidParameterError(`${safeName(name)} is too long (at most ${MAX_VALUE_LENGTH} characters)`)
+    if (parameters.has(name)) throw new InvalidParameterError(`${safeName(name)} is given more than once`)
     parameters.set(name, value)
   }
   return parameters

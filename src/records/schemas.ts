@@ -1,12 +1,12 @@
 // Request and response schemas of the three record types (typebox), built from the field lists of
-// fields.ts. The same objects validate bodies (src/http/route.ts) and describe the API in
+// fields.ts. The same objects validate bodies (the route definitions) and describe the API in
 // /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
-import { COMPANY, CONTACT, DEAL, requiredOnCreate, UUID_SCHEMA_PATTERN, type FieldSpec, type RecordType } from './fields.ts'
+import { COMPANY, CONTACT, DEAL, requiredOnCreate, type FieldSpec, type RecordType } from './fields.ts'
+import { Uuid } from '../uuid.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
-const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
 
 export const MONEY_PATTERN = '^\\d{1,16}(\\.\\d{1,2})?$'
 

@@ -2,7 +2,8 @@
 // share validation, the address guard, plan gates and SQL: the screen cannot drift from the API.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
-import { JsonText, validateBody, type Caller, type HttpMethod, type RouteDefinition, type Services } from '../http/route.ts'
+import { JsonText, validateBody, type HttpMethod, type RouteDefinition, type Services } from '../http/route.ts'
+import type { Caller } from '../auth/authenticate.ts'
 
 export type ApiCall = <T = any>(method: HttpMethod, path: string, options?: { params?: Record<string, string>; body?: unknown; query?: string }) => Promise<T>
 

@@ -1,7 +1,7 @@
 // Form posts: application/x-www-form-urlencoded, at most 64 KiB, read into a plain map.
 import type { IncomingMessage } from 'node:http'
 import { mediaType, readBody } from '../http/body.ts'
-import { problems } from '../http/problem.ts'
+import { UnsupportedMediaTypeError } from '../errors.ts'
 
 const FORM_LIMIT = 64 * 1024
 
@@ -9,7 +9,7 @@ export type Form = { get: (name: string) => string; has: (name: string) => boole
 
 export async function readForm(req: IncomingMessage): Promise<Form> {
   const type = mediaType(req)
-  if (type !== 'application/x-www-form-urlencoded') throw problems.unsupportedMediaType('Send the form as application/x-www-form-urlencoded')
+  if (type !== 'application/x-www-form-urlencoded') throw new UnsupportedMediaTypeError('Send the form as application/x-www-form-urlencoded')
   const params = new URLSearchParams((await readBody(req, FORM_LIMIT)).toString('utf8'))
   return { get: (name) => params.get(name) ?? '', has: (name) => params.has(name) }
 }

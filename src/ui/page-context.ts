@@ -2,10 +2,10 @@
 // transaction authenticates the session cookie through crm.authenticate (so revocation,
 // suspension and the rate limit apply as for API tokens) and runs the page as crm_api.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { Authenticator } from '../http/app.ts'
-import { toApiError } from '../http/database-errors.ts'
-import { ApiError } from '../http/problem.ts'
-import type { Caller, RouteDefinition, Services } from '../http/route.ts'
+import type { Authenticator, Caller } from '../auth/authenticate.ts'
+import { ApiError, toApiError } from '../http/problem.ts'
+import { RateLimitedError } from '../errors.ts'
+import type { RouteDefinition, Services } from '../http/route.ts'
 import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { apiCaller, type ApiCall } from './api-calls.ts'
 import { readForm, type Form } from './form.ts'
@@ -83,7 +83,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
           return { outcome, frame }
         })
         .catch(async (error: unknown) => {
-          if (req.callerId && !(error instanceof ApiError && error.status === 429)) {
+          if (req.callerId && !(error instanceof RateLimitedError)) {
             await services.pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
           }
           throw error

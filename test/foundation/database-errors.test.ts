@@ -1,8 +1,10 @@
 // The one table from SQLSTATE to API problem, checked against errors PostgreSQL really raises.
 import t from 'tap'
 import pg from 'pg'
-import { registerConstraintFields, toApiError } from '../../src/http/database-errors.ts'
-import { ApiError } from '../../src/http/problem.ts'
+import { classifyDatabaseError, composeConstraintFields, CONSTRAINT_FIELDS } from '../../src/db/database-errors.ts'
+import { ApiError, toApiError as answerOf } from '../../src/http/problem.ts'
+import { MEMBER_CONSTRAINT_FIELDS } from '../../src/members/constraints.ts'
+import { RECORD_CONSTRAINT_FIELDS } from '../../src/records/constraints.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 
 const url = await createTestDatabase(t)
@@ -12,7 +14,12 @@ t.teardown(() => client.end())
 await client.query(`create table crm.error_probe (id int primary key, email text constraint error_probe_email_key unique,
   n int constraint error_probe_n_positive check (n > 0), ref int references crm.error_probe (id))`)
 await client.query(`insert into crm.error_probe (id, email, n) values (1, 'a@b.c', 1)`)
-registerConstraintFields({ error_probe_email_key: '/email', error_probe_n_positive: '/n' })
+const PROBE_FIELDS = composeConstraintFields({ error_probe_email_key: '/email', error_probe_n_positive: '/n' })
+
+/** The answer to a database error, with the probe table's constraints as the field map. */
+function toApiError(error: unknown): ApiError {
+  return answerOf(classifyDatabaseError(error, PROBE_FIELDS) ?? error)
+}
 
 async function errorOf(statement: string): Promise<unknown> {
   return client.query(statement).then(() => null, (error) => error)
@@ -54,4 +61,12 @@ t.test('connection failures are 503', async (t) => {
   const refused = new pg.Client({ connectionString: 'postgres://x@127.0.0.1:1/none', connectionTimeoutMillis: 500 })
   const error = await refused.connect().then(() => null, (caught) => caught)
   t.equal(toApiError(error).status, 503)
+})
+
+t.test('the constraint map is every area\'s list, and cannot be changed', async (t) => {
+  t.equal(CONSTRAINT_FIELDS.size, Object.keys(RECORD_CONSTRAINT_FIELDS).length + Object.keys(MEMBER_CONSTRAINT_FIELDS).length)
+  t.equal(CONSTRAINT_FIELDS.get('contacts_email_unique'), '/email')
+  t.equal(CONSTRAINT_FIELDS.get('teams_name_key'), '/name')
+  t.throws(() => (RECORD_CONSTRAINT_FIELDS as Record<string, string>).contacts_email_unique = '/other')
+  t.throws(() => composeConstraintFields({ a_key: '/a' }, { a_key: '/b' }), /a_key/)
 })

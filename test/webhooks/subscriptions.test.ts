@@ -177,3 +177,70 @@ t.test('rotation with and without grace; pause holds new events and resume relea
   await new Promise((resolve) => setTimeout(resolve, 1500))
   t.equal(receiver.received.length, 8, 'no retry after delete')
 })
+
+t.test('the webhook lists page as the record lists do: the same Link escaping and the same limit problem', async (t) => {
+  const server = await startTestServer(t, { env: WEBHOOK_TEST_ENV })
+  const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
+  const token = tenant.members['admin@a.test'].token
+  const owner = await ownerClient(t, server.databaseUrl)
+  let subscriptionId = ''
+  for (const name of ['a', 'b']) {
+    subscriptionId = (await server.request('POST', BASE, { token, body: { name, url: 'http://127.0.0.1:1/', events: ['*'] } })).body.data.id
+    t.equal((await server.request('POST', '/api/contacts', { token, body: { email: `${name}@paging.test` } })).status, 201)
+  }
+  for (let i = 0; i < 2; i++) {
+    await owner.query(`insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at)
+                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), 'held', null)`, [tenant.id, subscriptionId])
+  }
+  const queryOf = (link: string | null) => /^<[^?>]+\?(.*)&cursor=[A-Za-z0-9_-]+>; rel="next"$/.exec(link ?? '')?.[1]
+
+  const records = await server.request('GET', '/api/contacts?limit=1&filter[email][contains]=paging.test', { token })
+  t.equal(queryOf(records.headers.get('link')), 'limit=1&filter[email][contains]=paging.test', 'records keep brackets readable')
+  const subscriptions = await server.request('GET', `${BASE}?limit=1&filter[name]=a`, { token })
+  t.equal(queryOf(subscriptions.headers.get('link')), 'limit=1&filter[name]=a', 'so do subscriptions')
+  const deliveries = await server.request('GET', `${BASE}/${subscriptionId}/deliveries?limit=1&event=contact.created`, { token })
+  t.equal(queryOf(deliveries.headers.get('link')), 'limit=1&event=contact.created', 'and deliveries')
+  const next = await server.request('GET', /^<([^>]+)>/.exec(subscriptions.headers.get('link')!)![1], { token })
+  t.equal(next.status, 200, 'the link is followed as it is')
+  t.equal(next.body.data[0].name, 'b')
+
+  const withoutRequestId = ({ request_id: _, ...body }: Record<string, unknown>) => body
+  for (const limit of ['0', '201', 'ten']) {
+    const expected = await server.request('GET', `/api/contacts?limit=${limit}`, { token })
+    t.equal(expected.status, 400)
+    t.match(expected.body, { code: 'invalid_parameter', detail: /^limit / })
+    for (const path of [BASE, `${BASE}/${subscriptionId}/deliveries`]) {
+      const answer = await server.request('GET', `${path}?limit=${limit}`, { token })
+      t.equal(answer.status, 400, `${path} limit=${limit}`)
+      t.same(withoutRequestId(answer.body), withoutRequestId(expected.body), `${path} limit=${limit}: the records' problem`)
+    }
+  }
+})
+
+t.test('a subscription renders as it always has: every field, in order, with its stats', async (t) => {
+  const server = await startTestServer(t, { env: WEBHOOK_TEST_ENV })
+  const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
+  const token = tenant.members['admin@a.test'].token
+  const owner = await ownerClient(t, server.databaseUrl)
+  const created = await server.request('POST', BASE, { token, body: { name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'] } })
+  const id = created.body.data.id
+  for (const [status, completed] of [['delivered', true], ['delivered', true], ['dead', true], ['pending', false]] as const) {
+    await owner.query(`insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at)
+                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'})`,
+      [tenant.id, id, status])
+  }
+  t.equal((await server.request('POST', `${BASE}/${id}/pause`, { token })).status, 200)
+  const { rows: [row] } = await owner.query(`select s.*, (select max(d.created_at) from crm.webhook_deliveries d where d.subscription_id = s.id) as last_delivery_at
+                                               from crm.webhook_subscriptions s where s.id = $1`, [id])
+  const time = (value: Date | null) => (value === null ? null : value.toISOString())
+  const expected = {
+    id, name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'], status: 'paused', paused_reason: 'manual',
+    paused_at: time(row.paused_at), secret_last4: row.secret_last4, created_at: time(row.created_at), updated_at: time(row.updated_at),
+    stats: { success_rate: 0.6667, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
+  }
+  const one = await server.request('GET', `${BASE}/${id}`, { token })
+  t.equal(one.text, JSON.stringify({ data: expected }), 'GET one')
+  const list = await server.request('GET', BASE, { token })
+  t.equal(list.text, JSON.stringify({ data: [expected], next_cursor: null }), 'the list')
+  t.equal(created.text, JSON.stringify({ data: { ...expected, status: 'active', paused_reason: null, paused_at: null, updated_at: created.body.data.updated_at, stats: { success_rate: null, deliveries_24h: 0, last_delivery_at: null }, secret: created.body.data.secret } }), 'the creation')
+})

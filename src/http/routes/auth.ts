@@ -2,10 +2,10 @@
 import Type from 'typebox'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { sql } from '../../db/pool.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes } from '../route.ts'
+import { NotFoundError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 export const TokenBodySchema = Type.Object({
@@ -140,11 +140,11 @@ export default defineRoutes(
     status: 204,
     errors: [401, 404, 429],
     handler: async ({ db, params }) => {
-      if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw problems.notFound('No such token')
+      if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw new NotFoundError('No such token')
       const revoked = await db.maybeOne(sql.unsafe`
         update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
       `)
-      if (!revoked) throw problems.notFound('No such token')
+      if (!revoked) throw new NotFoundError('No such token')
       return { status: 204 }
     },
   },

@@ -4,8 +4,8 @@ import { sql } from '../../db/pool.ts'
 import { exportQuery, type ExportRequest } from '../../exports/export-query.ts'
 import { streamLines } from '../../exports/stream-lines.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
-import { problems } from '../problem.ts'
 import type { RouteDefinition } from '../route.ts'
+import { ForbiddenError } from '../../errors.ts'
 
 const ExportBody = Type.Object(
   {
@@ -32,7 +32,7 @@ function routeFor(type: RecordType): RouteDefinition {
       const request = body as ExportRequest
       // Checked before the 200 goes out; the query below repeats the scope for every row.
       const allowed = await db.oneFirst(sql.unsafe`select crm.grant_scope(${type.path}, 'export') is not null`)
-      if (!allowed) throw problems.forbidden(`Your role does not allow exporting ${type.path}`)
+      if (!allowed) throw new ForbiddenError(`Your role does not allow exporting ${type.path}`)
       const { query, header } = exportQuery(type, request)
       const csv = request.format !== 'ndjson'
       const extension = csv ? 'csv' : 'ndjson'

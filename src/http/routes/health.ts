@@ -2,8 +2,8 @@
 import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { schemaIsCurrent } from '../../db/migrate.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes } from '../route.ts'
+import { UnavailableError } from '../../errors.ts'
 
 export default defineRoutes(
   {
@@ -30,9 +30,9 @@ export default defineRoutes(
           rows: [{ number: (await services.pool.oneFirst(sql.unsafe`select max(number) from crm.schema_migrations`)) as number | null }],
         }))
       } catch (error) {
-        throw problems.unavailable(error)
+        throw new UnavailableError(error)
       }
-      if (!current) throw problems.unavailable(null, 'The database schema is behind this version: run crm migrate')
+      if (!current) throw new UnavailableError(null, 'The database schema is behind this version: run crm migrate')
       return { body: { status: 'ready' } }
     },
   },

@@ -8,10 +8,10 @@ import { keyFieldOf, matchOnAllowed } from '../../imports/land-batch.ts'
 import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
-import { UUID_PATTERN } from '../../records/fields.ts'
-import { CSV_BODY_LIMIT } from '../body.ts'
-import { problems } from '../problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
+import { CSV_BODY_LIMIT, readBody } from '../body.ts'
 import type { RouteDefinition } from '../route.ts'
+import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
 
 const DEFAULT_MATCH_ON: Record<ImportType, 'email' | 'domain' | 'id'> = { contacts: 'email', companies: 'domain', deals: 'id' }
 const ERRORS_SHOWN = 100
@@ -27,13 +27,13 @@ const StartBody = Type.Object(
 )
 
 function importId(id: string | undefined): string {
-  if (!id || !UUID_PATTERN.test(id)) throw problems.notFound('No such import')
+  if (!id || !UUID_PATTERN.test(id)) throw new NotFoundError('No such import')
   return id.toLowerCase()
 }
 
 async function assertImportGrant(db: DatabaseTransactionConnection, type: ImportType): Promise<void> {
   const allowed = await db.oneFirst(sql.unsafe`select crm.grant_scope(${type}, 'import') is not null`)
-  if (!allowed) throw problems.forbidden(`Your role does not allow importing ${type}`)
+  if (!allowed) throw new ForbiddenError(`Your role does not allow importing ${type}`)
 }
 
 /** The job as GET answers it: counts, the first 100 errors, times. */
@@ -49,7 +49,7 @@ async function readJob(db: DatabaseTransactionConnection, type: ImportType, id: 
            i.failure, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at, crm.api_time(i.finished_at) as finished_at
       from crm.imports i
      where i.workspace_id = (select crm.current_workspace_id()) and i.id = ${id} and i.record_type = ${type}`)
-  if (!job) throw problems.notFound('No such import')
+  if (!job) throw new NotFoundError('No such import')
   return job
 }
 
@@ -72,16 +72,16 @@ function routesFor(type: ImportType): RouteDefinition[] {
           upload = await uploadFromRequest({ headers: req.headers, body: req }, CSV_BODY_LIMIT)
         } catch (error) {
           if (!(error instanceof UploadError)) throw error
-          if (error.code === 'payload_too_large') throw problems.payloadTooLarge(CSV_BODY_LIMIT)
-          if (error.code === 'unsupported_media_type') throw problems.unsupportedMediaType(error.message)
-          throw problems.validation(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+          if (error.code === 'payload_too_large') throw new PayloadTooLargeError(CSV_BODY_LIMIT)
+          if (error.code === 'unsupported_media_type') throw new UnsupportedMediaTypeError(error.message)
+          throw new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
         }
         let inspection
         try {
           inspection = await inspectCsvAsync(upload.bytes)
         } catch (error) {
           if (!(error instanceof CsvFileError)) throw error
-          throw problems.validation(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+          throw new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
         }
         const suggested = suggestMapping(type, inspection.columns, inspection.sampleRows)
         const fileName = upload.fileName === null ? null : upload.fileName.slice(0, 255)
@@ -123,20 +123,20 @@ function routesFor(type: ImportType): RouteDefinition[] {
         const upload = (await db.maybeOne(sql.unsafe`
           select columns, suggested_mapping from crm.imports
            where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[]; suggested_mapping: Record<string, string | null> } | null
-        if (!upload) throw problems.notFound('No such import')
+        if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns
         const mode = body.mode ?? 'create'
         const matchOn = body.match_on ?? DEFAULT_MATCH_ON[type]
         // A column left out of the mapping is not imported (the same as null).
         const mapping: Record<string, string | null> = body.mapping ?? upload.suggested_mapping
         const mappingProblems = validateMapping(type, columns, mapping)
-        if (mappingProblems.length > 0) throw problems.validation(`mapping: ${mappingProblems[0].message}`, mappingProblems)
+        if (mappingProblems.length > 0) throw new ValidationError(`mapping: ${mappingProblems[0].message}`, mappingProblems)
         if (!matchOnAllowed(type, matchOn)) {
-          throw problems.validation(`${type} cannot be matched on ${matchOn}`, [{ pointer: '/match_on', code: 'invalid', message: `${type} match on ${DEFAULT_MATCH_ON[type]} or id` }])
+          throw new ValidationError(`${type} cannot be matched on ${matchOn}`, [{ pointer: '/match_on', code: 'invalid', message: `${type} match on ${DEFAULT_MATCH_ON[type]} or id` }])
         }
         const keyField = keyFieldOf({ type, mode, matchOn, mapping })
         if (mode === 'upsert' && !Object.values(mapping).includes(keyField)) {
-          throw problems.validation(`an upsert on ${matchOn} needs a column mapped to ${matchOn}`, [{ pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` }])
+          throw new ValidationError(`an upsert on ${matchOn} needs a column mapped to ${matchOn}`, [{ pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` }])
         }
         await db.query(sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false})`)
         return { status: 202, headers: { Location: `${base}/${id}` }, body: { data: await readJob(db, type, id) } }
@@ -163,7 +163,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
         const id = importId(params.id)
         const upload = (await db.maybeOne(sql.unsafe`
           select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[] } | null
-        if (!upload) throw problems.notFound('No such import')
+        if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns as string[]
         const header = [...columns, 'row', 'error'].map(csvCell).join(',')
         res.writeHead(200, { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` })

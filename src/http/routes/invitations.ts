@@ -5,13 +5,12 @@ import { bearerCredential } from '../../auth/authenticate.ts'
 import type { Config } from '../../config.ts'
 import { invitationMail } from '../../mail/invitation-mail.ts'
 import { createMailer } from '../../mail/mailer.ts'
-import '../../members/constraints.ts'
 import { acceptInvitation, createInvitation, deleteInvitation, listInvitations } from '../../members/invitations.ts'
 import { defineRoutes } from '../route.ts'
 import { TokenBodySchema } from './auth.ts'
 import { EmailSchema, PersonNameSchema } from './signup.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 const InvitationSchema = Type.Object({

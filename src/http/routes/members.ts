@@ -1,16 +1,15 @@
 // Members of the caller's workspace (API.md section 3). Admins only, except that anyone reads
 // their own membership: for a non-admin the list holds just them.
 import Type from 'typebox'
-import '../../members/constraints.ts'
 import { getMember, listMembers, removeMember, setSuspended, updateMember } from '../../members/members.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
 import invitations from './invitations.ts'
 import roles from './roles.ts'
 import signup from './signup.ts'
 import teams from './teams.ts'
+import { InvalidParameterError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
-const Uuid = Type.String({ format: 'uuid' })
 const Time = Type.String({ format: 'date-time' })
 
 const MemberSchema = Type.Object({
@@ -96,7 +95,7 @@ const members = defineRoutes(
     errors: [400, 401, 403, 404, 409, 422],
     handler: async ({ db, caller, params, query }) => {
       const reassignTo = query.reassign_to
-      if (Array.isArray(reassignTo)) throw problems.invalidParameter('reassign_to may be given once')
+      if (Array.isArray(reassignTo)) throw new InvalidParameterError('reassign_to may be given once')
       await removeMember(db, caller, params.user_id, reassignTo)
       return { status: 204 }
     },

@@ -1,17 +1,17 @@
 // /api/contacts, /api/companies, /api/deals: list, search, read, create, update, delete. The
 // three types share one set of handlers driven by the whitelist in src/records/fields.ts.
 import type { IncomingMessage } from 'node:http'
-import '../../records/constraints.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
 import { pageJson, runList, type Page } from '../../records/list-query.ts'
 import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
+import { pageHeaders } from '../../paging.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
-import { problems } from '../problem.ts'
 import { JsonText, type RouteDefinition } from '../route.ts'
+import { NotFoundError } from '../../errors.ts'
 
 const LIST_PARAMETERS = {
   limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
@@ -25,16 +25,8 @@ const LIST_PARAMETERS = {
   },
 }
 
-/** The URL of the next page: this request's parameters with the new cursor. */
-function nextLink(path: string, parameters: Map<string, string>, cursor: string): string {
-  const next = new Map(parameters)
-  next.set('cursor', cursor)
-  const query = [...next].map(([name, value]) => `${encodeURIComponent(name).replace(/%5B/g, '[').replace(/%5D/g, ']')}=${encodeURIComponent(value)}`).join('&')
-  return `<${path}?${query}>; rel="next"`
-}
-
 function pageAnswer(path: string, parameters: Map<string, string>, result: Page) {
-  return { body: new JsonText(pageJson(result)), headers: result.next_cursor ? { Link: nextLink(path, parameters, result.next_cursor) } : {} }
+  return { body: new JsonText(pageJson(result)), headers: pageHeaders(path, parameters, result.next_cursor) }
 }
 
 function header(req: IncomingMessage, name: string): string | undefined {
@@ -112,7 +104,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       singleStatement: true,
       handler: async ({ req, db, params }) => {
         const found = await readRecord(db, type, checkId(params.id))
-        if (!found) throw problems.notFound(`No such ${type.label}`)
+        if (!found) throw new NotFoundError(`No such ${type.label}`)
         const etag = etagOf(found)
         const ifNoneMatch = header(req, 'if-none-match')
         if (ifNoneMatch && ifNoneMatch.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {

@@ -1,12 +1,12 @@
 // Roles and their grants (API.md sections 3 and 4). Admins manage custom roles; built-in roles are
 // read-only (422); a role in use is kept (409 role_in_use). Non-admins read only their own role.
 import Type from 'typebox'
-import '../../members/constraints.ts'
 import { createRole, deleteRole, getRole, GRANT_PATTERN, listRoles, updateRole } from '../../members/roles.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
+import { Uuid } from '../../uuid.ts'
 
 const RoleSchema = Type.Object({
-  id: Type.String({ format: 'uuid' }),
+  id: Uuid,
   name: Type.String(),
   is_admin: Type.Boolean(),
   is_builtin: Type.Boolean(),

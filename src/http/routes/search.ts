@@ -1,15 +1,17 @@
 // GET /api/search: one query across contacts, companies and deals, best matches first.
 import Type from 'typebox'
 import { recordTypeByPath, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
-import { parseLimit, parseSearchText } from '../../records/list-parameters.ts'
+import { parseSearchText } from '../../records/list-parameters.ts'
+import { limitOf } from '../../paging.ts'
 import { parseQueryString, safeName } from '../../records/query-string.ts'
 import { describe, searchType } from '../../records/search.ts'
-import { problems } from '../problem.ts'
 import { defineRoutes } from '../route.ts'
+import { InvalidParameterError } from '../../errors.ts'
+import { Uuid } from '../../uuid.ts'
 
 const SearchResult = Type.Object({
   type: Type.Union([Type.Literal('contact'), Type.Literal('company'), Type.Literal('deal')]),
-  id: Type.String({ format: 'uuid' }),
+  id: Uuid,
   title: Type.String(),
   subtitle: Type.Union([Type.String(), Type.Null()]),
   score: Type.Number({ description: 'Higher is better: 3+ exact, 2+ prefix, 1+ fuzzy match' }),
@@ -41,19 +43,19 @@ export default defineRoutes({
     let types: RecordType[] = RECORD_TYPES
     for (const [name, value] of parameters) {
       if (name === 'q') q = parseSearchText(value)
-      else if (name === 'limit') limit = parseLimit(value, 20, 100)
+      else if (name === 'limit') limit = limitOf(value, 20, 100)
       else if (name === 'types') {
         const names = value.split(',').map((part) => part.trim()).filter(Boolean)
         const chosen = names.map((part) => {
           const type = recordTypeByPath(part)
-          if (!type) throw problems.invalidParameter(`types: unknown type ${safeName(part)} (use contacts, companies, deals)`)
+          if (!type) throw new InvalidParameterError(`types: unknown type ${safeName(part)} (use contacts, companies, deals)`)
           return type
         })
-        if (chosen.length === 0) throw problems.invalidParameter('types must name at least one of contacts, companies, deals')
+        if (chosen.length === 0) throw new InvalidParameterError('types must name at least one of contacts, companies, deals')
         types = RECORD_TYPES.filter((type) => chosen.includes(type))
-      } else throw problems.invalidParameter(`Unknown query parameter ${safeName(name)}`)
+      } else throw new InvalidParameterError(`Unknown query parameter ${safeName(name)}`)
     }
-    if (q === null) throw problems.invalidParameter('q is required: the text to search for')
+    if (q === null) throw new InvalidParameterError('q is required: the text to search for')
     const hits = []
     for (const type of types) hits.push(...(await searchType(db, type, q, limit)))
     hits.sort((a, b) => b.score - a.score || types.indexOf(a.type) - types.indexOf(b.type))

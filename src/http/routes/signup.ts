@@ -1,6 +1,5 @@
 // POST /api/signup: a new user with a new workspace (API.md section 3).
 import Type from 'typebox'
-import '../../members/constraints.ts'
 import { signUp } from '../../members/signup.ts'
 import { defineRoutes } from '../route.ts'
 import { TokenBodySchema } from './auth.ts'

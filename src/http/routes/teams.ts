@@ -1,14 +1,14 @@
 // Teams (API.md section 3): admins create, rename and delete; membership is set per member with
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import Type from 'typebox'
-import '../../members/constraints.ts'
 import { createTeam, deleteTeam, getTeam, listTeams, updateTeam } from '../../members/teams.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
+import { Uuid } from '../../uuid.ts'
 
 const TeamSchema = Type.Object({
-  id: Type.String({ format: 'uuid' }),
+  id: Uuid,
   name: Type.String(),
-  members: Type.Array(Type.String({ format: 'uuid' }), { description: 'user_ids' }),
+  members: Type.Array(Uuid, { description: 'user_ids' }),
   created_at: Type.String({ format: 'date-time' }),
 })
 const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S' })

@@ -5,8 +5,6 @@ import type { ApiError } from '../../http/problem.ts'
 import { html } from '../html.ts'
 import type { PageContext, PageResult } from '../page-context.ts'
 
-export const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
-
 /** A page for non-admins, or null when the caller is an admin. */
 export function adminOnly(context: PageContext, title: string, what: string): PageResult | null {
   if (context.caller.isAdmin) return null

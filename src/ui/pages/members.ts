@@ -8,7 +8,8 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
-import { adminOnly, plainRefusal, UUID } from './admin-common.ts'
+import { adminOnly, plainRefusal } from './admin-common.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 
 export type Member = { user_id: string; email: string; name: string; role: string; teams: string[]; suspended_at: string | null; joined_at: string }
 type Seats = { used: number; limit: number | null }
@@ -163,7 +164,7 @@ export const inviteMember: PageHandler = async (context) => {
 async function change(context: PageContext, run: (api: ApiCall, userId: string) => Promise<unknown>, done: string): Promise<PageResult> {
   const { params, attempt, services, req, res } = context
   const userId = (params.user_id ?? '').toLowerCase()
-  if (!UUID.test(userId)) throw new ApiError(404, 'not_found', 'Not found', 'No such member.')
+  if (!UUID_PATTERN.test(userId)) throw new ApiError(404, 'not_found', 'Not found', 'No such member.')
   const outcome = await attempt((scope) => run(scope.api, userId))
   if (!outcome.ok) {
     const page = await render(context, {}, outcome.error.status)
@@ -191,7 +192,7 @@ export function suspension(action: 'suspend' | 'unsuspend'): PageHandler {
 export const withdrawInvitation: PageHandler = async (context) => {
   const { params, api, services, req, res } = context
   const id = (params.id ?? '').toLowerCase()
-  if (!UUID.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such invitation.')
+  if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such invitation.')
   await api('DELETE', '/api/invitations/:id', { params: { id } })
   setFlash(services.config.appSecret, req, res, 'members', { kind: 'notice', message: 'Invitation withdrawn: its link no longer works.' } satisfies Flash)
   return { redirect: '/members' }

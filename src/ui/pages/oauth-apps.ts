@@ -9,8 +9,8 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
 const OAuthAppSchema = Type.Object({
   id: Type.String(),
@@ -134,7 +134,7 @@ export const registerOAuthApp: PageHandler = async (context) => {
 }
 
 export const deleteOAuthApp: PageHandler = async ({ db, params }) => {
-  if (!UUID.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such app.')
+  if (!UUID_PATTERN.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such app.')
   const deleted = await db.maybeOne(sql.type(IdRow)`
     delete from crm.oauth_apps where workspace_id = (select crm.current_workspace_id()) and id = ${params.id.toLowerCase()} returning id`)
   if (deleted === null) throw new ApiError(404, 'not_found', 'Not found', 'No such app.')

@@ -8,7 +8,8 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
-import { adminOnly, plainRefusal, UUID } from './admin-common.ts'
+import { adminOnly, plainRefusal } from './admin-common.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 
 type Role = { id: string; name: string; is_admin: boolean; is_builtin: boolean; grants: string[]; member_count: number }
 
@@ -142,7 +143,7 @@ async function renderRole(context: PageContext, state: State, status = 200): Pro
   if (denied) return denied
   const { api, frame, params } = context
   const id = (params.id ?? '').toLowerCase()
-  if (!UUID.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
+  if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
   const role = (await api('GET', '/api/roles/:id', { params: { id } })).data as Role
   const title = `Role ${role.name}`
   return {
@@ -192,7 +193,7 @@ export const createRole: PageHandler = async (context) => {
 export const updateRole: PageHandler = async (context) => {
   const values = valuesOf(context)
   const id = (context.params.id ?? '').toLowerCase()
-  if (!UUID.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
+  if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
   if (values.name === '') return renderRole(context, { values, error: 'Enter a name for the role.' }, 422)
   const updated = await context.attempt((scope) => scope.api('PATCH', '/api/roles/:id', { params: { id }, body: values }))
   if (!updated.ok) return renderRole(context, { values, error: plainRefusal(updated.error, LABELS) }, updated.error.status)
@@ -202,7 +203,7 @@ export const updateRole: PageHandler = async (context) => {
 
 export const deleteRole: PageHandler = async (context) => {
   const id = (context.params.id ?? '').toLowerCase()
-  if (!UUID.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
+  if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such role.')
   const deleted = await context.attempt((scope) => scope.api('DELETE', '/api/roles/:id', { params: { id } }))
   if (!deleted.ok) return renderRole(context, { error: plainRefusal(deleted.error, LABELS) }, deleted.error.status)
   setFlash(context.services.config.appSecret, context.req, context.res, 'roles', 'Role deleted.')

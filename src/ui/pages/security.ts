@@ -12,8 +12,8 @@ import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { qrSvg } from '../qr-code.ts'
 import { clearCookie, SESSION_COOKIE, setFlash, takeFlash } from '../session.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 const EXPIRY_CHOICES = [
   { days: 7, label: '7 days' },
   { days: 30, label: '30 days' },
@@ -156,7 +156,7 @@ export const createToken: PageHandler = async (context) => {
 }
 
 export const revokeToken: PageHandler = async ({ api, params, caller, req, res }) => {
-  if (!UUID.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such token or session.')
+  if (!UUID_PATTERN.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such token or session.')
   await api('DELETE', '/api/tokens/:id', { params: { id: params.id.toLowerCase() } })
   if (params.id.toLowerCase() === caller.tokenId) {
     clearCookie(req, res, SESSION_COOKIE)

@@ -2,7 +2,7 @@
 // code. Both steps call the same functions as POST /api/token, asking for a session token.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
-import { toApiError } from '../../http/database-errors.ts'
+import { toApiError } from '../../http/problem.ts'
 import type { ApiError } from '../../http/problem.ts'
 import type { Services } from '../../http/route.ts'
 import { readForm } from '../form.ts'

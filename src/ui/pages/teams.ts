@@ -7,7 +7,8 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
-import { adminOnly, plainRefusal, UUID } from './admin-common.ts'
+import { adminOnly, plainRefusal } from './admin-common.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import type { Member } from './members.ts'
 
 type Team = { id: string; name: string; members: string[] }
@@ -89,7 +90,7 @@ ${errorNotice(state.error)}
 
 function teamId(context: PageContext): string {
   const id = (context.params.id ?? '').toLowerCase()
-  if (!UUID.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such team.')
+  if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such team.')
   return id
 }
 
@@ -125,7 +126,7 @@ export function teamMembership(action: 'add' | 'remove'): PageHandler {
   return (context) => {
     const id = teamId(context)
     const userId = (action === 'add' ? context.form.get('user_id') : (context.params.user_id ?? '')).toLowerCase()
-    if (!UUID.test(userId)) return render(context, { error: 'Choose a member.' }, 422)
+    if (!UUID_PATTERN.test(userId)) return render(context, { error: 'Choose a member.' }, 422)
     return run(
       context,
       async (api) => {

@@ -9,9 +9,9 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import { setFlash, takeFlash } from '../session.ts'
 import { describeRefusal, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 
 const BASE = '/api/webhook-subscriptions'
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
 export const EVENT_CHOICES: { value: string; label: string }[] = [
   { value: '*', label: 'Every event (*)' },
@@ -162,7 +162,7 @@ export const createWebhook: PageHandler = async (context) => {
 
 export function changeWebhook(action: 'pause' | 'resume'): PageHandler {
   return async ({ api, params }) => {
-    if (!UUID.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such webhook.')
+    if (!UUID_PATTERN.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such webhook.')
     await api('POST', `${BASE}/:id/${action}`, { params: { id: params.id.toLowerCase() } })
     return { redirect: '/webhooks' }
   }

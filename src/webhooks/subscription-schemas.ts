@@ -1,0 +1,93 @@
+// The shapes of /api/webhook-subscriptions (API.md section 7), in typebox: request bodies, the
+// subscription and delivery as the API shows them (OpenAPI and row checks), and an example.
+import Type, { type TSchema } from 'typebox'
+import { Uuid } from '../uuid.ts'
+
+const EVENT_PATTERN = '^(\\*|(contact|company|deal)\\.(\\*|created|updated|deleted))$'
+/** One event name (no wildcards), as the deliveries filter takes it. */
+export const EVENT_NAME = /^(contact|company|deal)\.(created|updated|deleted)$/
+export const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'held']
+
+const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
+const Time = Type.String({ format: 'date-time' })
+const Events = Type.Array(Type.String({ pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
+  minItems: 1,
+  maxItems: 20,
+})
+const Name = Type.String({ minLength: 1, maxLength: 255, pattern: '\\S' })
+const Url = Type.String({ minLength: 1, maxLength: 2048, description: 'https only; must resolve to public addresses' })
+
+/** A subscription as crm.webhook_subscription_json renders it. */
+export const Subscription = Type.Object({
+  id: Uuid,
+  name: Type.String(),
+  url: Type.String(),
+  events: Type.Array(Type.String()),
+  status: Type.Union([Type.Literal('active'), Type.Literal('paused')]),
+  paused_reason: nullable(Type.Union([Type.Literal('manual'), Type.Literal('auto')])),
+  paused_at: nullable(Time),
+  secret_last4: Type.String(),
+  created_at: Time,
+  updated_at: Time,
+  stats: Type.Object({
+    success_rate: nullable(Type.Number({ description: 'delivered / (delivered + dead) over the last 24 hours' })),
+    deliveries_24h: Type.Integer({ description: 'Deliveries created in the last 24 hours' }),
+    last_delivery_at: nullable(Time),
+  }),
+})
+export const CreatedSubscription = Type.Object({ ...Subscription.properties, secret: Type.String({ description: 'whsec_...: shown only in this answer' }) })
+
+export const Attempt = Type.Object({
+  attempt: Type.Integer(),
+  started_at: Time,
+  duration_ms: Type.Integer(),
+  response_status: nullable(Type.Integer()),
+  error: nullable(Type.String()),
+  response_body_excerpt: nullable(Type.String()),
+})
+export const Delivery = Type.Object({
+  delivery_id: Uuid,
+  subscription_id: Uuid,
+  event: Type.String(),
+  event_id: Uuid,
+  record_type: Type.String(),
+  record_id: Uuid,
+  status: Type.String({ enum: DELIVERY_STATUSES }),
+  attempt_count: Type.Integer(),
+  next_attempt_at: nullable(Time),
+  created_at: Time,
+  completed_at: nullable(Time),
+  attempts: Type.Optional(Type.Array(Attempt)),
+})
+export const RotatedSecret = Type.Object({ id: Uuid, secret: Type.String(), previous_secret_expires_at: nullable(Time) })
+
+export const CreateBody = Type.Object({ name: Name, url: Url, events: Events }, { additionalProperties: false })
+export const UpdateBody = Type.Object(
+  {
+    name: Type.Optional(Name),
+    url: Type.Optional(Url),
+    events: Type.Optional(Events),
+    id: Type.Optional(Type.Unknown()),
+    created_at: Type.Optional(Type.Unknown()),
+    updated_at: Type.Optional(Type.Unknown()),
+  },
+  { additionalProperties: false },
+)
+export const RotateBody = Type.Object({ grace_period_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 86_400 })) }, { additionalProperties: false })
+
+export const one = <T extends TSchema>(schema: T) => Type.Object({ data: schema })
+export const page = <T extends TSchema>(schema: T) => Type.Object({ data: Type.Array(schema), next_cursor: nullable(Type.String()) })
+
+export const EXAMPLE = {
+  id: '01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d',
+  name: 'Billing sync',
+  url: 'https://hooks.example.com/crm',
+  events: ['deal.*', 'contact.created'],
+  status: 'active',
+  paused_reason: null,
+  paused_at: null,
+  secret_last4: 'x9Qa',
+  created_at: '2026-11-22T03:00:21.123Z',
+  updated_at: '2026-11-22T03:00:21.123Z',
+  stats: { success_rate: 0.998, deliveries_24h: 1532, last_delivery_at: '2026-11-22T03:10:00.000Z' },
+}
