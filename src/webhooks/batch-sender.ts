@@ -3,9 +3,10 @@
 // exist) and deliver_webhook (retries, releases, redeliveries, deferred first attempts).
 //
 // All HTTP happens outside any transaction: the caller's read committed first, and the attempts
-// are recorded afterwards by crm.record_first_webhook_attempts (which creates the deliveries) or
-// crm.record_webhook_attempts; both add the retry jobs (run_at per WEBHOOK_RETRY_SCHEDULE), the
-// latter also applies the dead/auto-pause rule. A worker killed mid-batch leaves its job locked;
+// are recorded afterwards in one call of crm.record_webhook_attempts, the delivery state machine:
+// it creates the deliveries of first attempts, moves the others on, adds the retry jobs (run_at per
+// the database's schedule, or WEBHOOK_RETRY_SCHEDULE in tests) and applies the dead/auto-pause
+// rule. A worker killed mid-batch leaves its job locked;
 // the heartbeat unlocks it and the job runs again, sending what was not recorded (at least once;
 // receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
 import { readFileSync } from 'node:fs'
@@ -56,6 +57,44 @@ export type DeliveryToSend = {
 
 type Sent = { row: DeliveryToSend; startedAt: Date; result: WebhookAttempt }
 
+/**
+ * One entry of crm.record_webhook_attempts' batch, as the composite type crm.webhook_attempt_result
+ * reads it from JSON. A first attempt has no generation (its delivery is created from event_id); a
+ * first attempt not made has no started_at.
+ */
+type AttemptResult = {
+  delivery_id: string
+  event_id: string
+  generation: number | null
+  started_at: string | null
+  duration_ms: number | null
+  response_status: number | null
+  error: string | null
+  response_body_excerpt: string | null
+}
+
+const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
+  delivery_id: row.delivery_id,
+  event_id: row.event_id,
+  generation: row.generation ?? null,
+  started_at: startedAt.toISOString(),
+  duration_ms: result.durationMs,
+  response_status: result.status,
+  error: result.error,
+  response_body_excerpt: result.bodyExcerpt,
+})
+
+const notAttempted = (row: DeliveryToSend): AttemptResult => ({
+  delivery_id: row.delivery_id,
+  event_id: row.event_id,
+  generation: null,
+  started_at: null,
+  duration_ms: null,
+  response_status: null,
+  error: null,
+  response_body_excerpt: null,
+})
+
 export type SendOptions = {
   /** The caller already took one slot of the subscription, which this gives back. */
   holdsSlot: boolean
@@ -73,6 +112,8 @@ export class WebhookBatchSender {
   readonly #config: Config
   readonly #policy: AddressPolicy
   readonly #secretKey: Buffer
+  /** WEBHOOK_RETRY_SCHEDULE as PostgreSQL intervals, or null for the database's own schedule. */
+  readonly #retryDelays: string[] | null
   readonly #database = new Slots(DATABASE_CONCURRENCY)
   // Opening a secret and building its HMAC key costs more than the HMAC itself; sealed bytes are
   // immutable (rotation writes new ones), so they are a safe cache key.
@@ -82,6 +123,7 @@ export class WebhookBatchSender {
     this.#config = config
     this.#policy = { allowHttp: config.webhook.allowHttp, allowedCidrs: parseCidrList(config.webhook.allowedCidrs) }
     this.#secretKey = webhookSecretKey(config.appSecret)
+    this.#retryDelays = config.webhook.retryScheduleMs?.map((ms) => `${ms} milliseconds`) ?? null
     this.limiter = new SubscriptionLimiter(config.webhook.concurrencyPerSubscription)
   }
 
@@ -107,7 +149,7 @@ export class WebhookBatchSender {
     const firstAttempts = options.firstAttempts ?? false
     if (rows.length === 0 || (!options.holdsSlot && !ordered)) {
       if (options.holdsSlot) limiter.release(subscriptionId)
-      if (firstAttempts) await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, [], rows)
+      if (firstAttempts) await this.#record(helpers, workspaceId, subscriptionId, rows.map(notAttempted))
       return firstAttempts ? [] : rows
     }
     const secrets = [this.#signingKey(rows[0].secret_encrypted, workspaceId)]
@@ -152,24 +194,9 @@ export class WebhookBatchSender {
 
     if (firstAttempts) {
       // After a failure only what was sent is recorded: the job runs again and sends the rest.
-      await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, sent, failed ? [] : rest)
+      await this.#record(helpers, workspaceId, subscriptionId, [...sent.map(attemptResult), ...(failed ? [] : rest).map(notAttempted)])
     } else if (sent.length > 0) {
-      await this.query(
-        helpers,
-        'select crm.record_webhook_attempts($1, $2, $3::uuid[], $4::int[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-        [
-          workspaceId,
-          subscriptionId,
-          sent.map((s) => s.row.delivery_id),
-          sent.map((s) => s.row.generation),
-          sent.map((s) => s.startedAt.toISOString()),
-          sent.map((s) => s.result.durationMs),
-          sent.map((s) => s.result.status),
-          sent.map((s) => s.result.error),
-          sent.map((s) => s.result.bodyExcerpt),
-          this.#config.webhook.retryScheduleMs,
-        ],
-      )
+      await this.#record(helpers, workspaceId, subscriptionId, sent.map(attemptResult))
     }
     // What a sender took and then threw on was neither sent nor recorded: the job fails and runs
     // again, sending whatever is still due.
@@ -177,25 +204,13 @@ export class WebhookBatchSender {
     return firstAttempts ? [] : rest
   }
 
-  /** Creates the deliveries of first attempts: those sent with their attempt, the rest pending (a job each batch). */
-  async #recordFirstAttempts(helpers: JobHelpers, workspaceId: string, subscriptionId: string, sent: Sent[], notAttempted: DeliveryToSend[]): Promise<void> {
-    if (sent.length === 0 && notAttempted.length === 0) return
-    const none = notAttempted.map(() => null)
+  /** Records a batch of attempts (crm.record_webhook_attempts), in one statement. */
+  async #record(helpers: JobHelpers, workspaceId: string, subscriptionId: string, results: AttemptResult[]): Promise<void> {
+    if (results.length === 0) return
     await this.query(
       helpers,
-      'select crm.record_first_webhook_attempts($1, $2, $3::uuid[], $4::uuid[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-      [
-        workspaceId,
-        subscriptionId,
-        [...sent.map((s) => s.row.delivery_id), ...notAttempted.map((row) => row.delivery_id)],
-        [...sent.map((s) => s.row.event_id), ...notAttempted.map((row) => row.event_id)],
-        [...sent.map((s) => s.startedAt.toISOString()), ...none],
-        [...sent.map((s) => s.result.durationMs), ...none],
-        [...sent.map((s) => s.result.status), ...none],
-        [...sent.map((s) => s.result.error), ...none],
-        [...sent.map((s) => s.result.bodyExcerpt), ...none],
-        this.#config.webhook.retryScheduleMs,
-      ],
+      'select crm.record_webhook_attempts($1, $2, array(select r from jsonb_populate_recordset(null::crm.webhook_attempt_result, $3::jsonb) r), $4::interval[])',
+      [workspaceId, subscriptionId, JSON.stringify(results), this.#retryDelays],
     )
   }
 
