@@ -13,6 +13,8 @@ import { readFileSync } from 'node:fs'
 import type { KeyObject } from 'node:crypto'
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
+import Type from 'typebox'
+import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import { parseCidrList, type AddressPolicy } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
@@ -21,7 +23,7 @@ import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
 import { webhookSigningKey } from './signature.ts'
 import { SubscriptionLimiter } from './subscription-limiter.ts'
 
-const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version
+const VERSION = Compile(Type.Object({ version: Type.String() })).Parse(JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'))).version
 export const USER_AGENT = `crm-webhooks/${VERSION}`
 
 /** How long a batch waits for a slot of its subscription before it gives its worker slot back. */
@@ -219,7 +221,8 @@ export class WebhookBatchSender {
     let key = this.#signingKeys.get(cacheKey)
     if (key === undefined) {
       key = webhookSigningKey(openWebhookSecret(this.#secretKey, sealed, workspaceId))
-      if (this.#signingKeys.size >= 1000) this.#signingKeys.delete(this.#signingKeys.keys().next().value as string)
+      const oldest = this.#signingKeys.keys().next()
+      if (this.#signingKeys.size >= 1000 && !oldest.done) this.#signingKeys.delete(oldest.value)
       this.#signingKeys.set(cacheKey, key)
     }
     return key
