@@ -111,6 +111,8 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_retry_delays interval[] := coalesce(p_retry_delays, crm.webhook_retry_delays());
+  v_has_first boolean;
+  v_has_failure boolean;
   v_subscription_status text;
   v_created crm.webhook_deliveries[];
   v_later crm.webhook_attempt_result[];
@@ -123,13 +125,14 @@ begin
   if p_results is null or cardinality(p_results) = 0 then
     return '{}';
   end if;
-  if exists (select 1 from unnest(p_results) r where r.error is not null) then
+  select bool_or(r.generation is null), bool_or(r.error is not null) into v_has_first, v_has_failure from unnest(p_results) r;
+  if v_has_failure then
     select s.status into v_subscription_status from crm.webhook_subscriptions s
      where s.workspace_id = p_workspace_id and s.id = p_subscription_id for update;
     if not found then
       return '{}'; -- deleted meanwhile, and its deliveries with it
     end if;
-  elsif exists (select 1 from unnest(p_results) r where r.generation is null) then
+  elsif v_has_first then
     select s.status into v_subscription_status from crm.webhook_subscriptions s
      where s.workspace_id = p_workspace_id and s.id = p_subscription_id for key share;
     if not found then
@@ -137,8 +140,8 @@ begin
     end if;
   end if;
 
-  -- First attempts: each delivery created once, already in its next state.
-  if exists (select 1 from unnest(p_results) r where r.generation is null) then
+  -- First attempts: each delivery created once, already in its next state, with its attempt.
+  if v_has_first then
     with created as (
       insert into crm.webhook_deliveries as d (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
                                                attempt_count, cycle_attempts, next_attempt_at, generation, created_at, completed_at)
@@ -155,22 +158,26 @@ begin
        order by r.delivery_id
       on conflict (workspace_id, subscription_id, event_id) do nothing
       returning d.*
+    ), logged as (
+      -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt
+        from created c
+        join unnest(p_results) r on r.delivery_id = c.id
+       where c.attempt_count = 1 and r.generation is null
     )
     select array_agg(c order by c.event_id) into v_created from created c;
-
-    -- Their attempts, found by delivery id in the batch (at most a few hundred entries).
-    insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-    select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt
-      from unnest(v_created) c
-     cross join lateral (select r.* from unnest(p_results) r where r.delivery_id = c.id limit 1) r
-     where c.attempt_count = 1;
   end if;
 
   -- Later attempts, and first attempts whose delivery existed already: these become attempts on
   -- the existing row with generation 0, which no job carries (stale: logged, the state stays).
-  select array_agg(r) into v_later from unnest(p_results) r where r.generation is not null;
-  if (select count(*) from unnest(v_created) c where c.attempt_count = 1)
-     < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
+  if not v_has_first then
+    v_later := p_results;
+  else
+    select array_agg(r) into v_later from unnest(p_results) r where r.generation is not null;
+  end if;
+  if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
+                     < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
       select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt)::crm.webhook_attempt_result
         from unnest(p_results) r
