@@ -17,7 +17,7 @@ as $$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::i
 comment on function crm.webhook_retry_delays() is
   'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
 
--- The length of a cycle comes from the schedule, so the table no longer bounds it by a number of its own.
+-- The length of a cycle comes from the schedule alone: the table bounds cycle_attempts only from below.
 alter table crm.webhook_deliveries
   drop constraint webhook_deliveries_cycle_attempts_check,
   add constraint webhook_deliveries_cycle_attempts_check check (cycle_attempts >= 0);
@@ -100,8 +100,9 @@ create function crm.record_webhook_attempts(
 language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 -- Primary-key probes only (see crm.webhook_deliveries_to_send), even when the delivery tables were
--- analysed empty (sql/000015): set on the function, this also covers the foreign-key checks its
--- writes fire, which are planned inside it.
+-- analysed empty: set on the function, enable_seqscan also covers the foreign-key checks its writes
+-- fire, which are planned inside it (otherwise each attempt's check scans every delivery;
+-- test/webhooks/first-attempts.test.ts counts the scans).
 set enable_hashjoin = off
 set enable_mergejoin = off
 set enable_bitmapscan = off

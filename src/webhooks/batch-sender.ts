@@ -60,11 +60,10 @@ export type DeliveryToSend = {
 type Sent = { row: DeliveryToSend; startedAt: Date; result: WebhookAttempt }
 
 /**
- * One entry of crm.record_webhook_attempts' batch, as the composite type crm.webhook_attempt_result
- * reads it from JSON. A first attempt has no generation (its delivery is created from event_id); a
- * first attempt not made has no started_at.
+ * One entry of crm.record_webhook_attempts' batch, a crm.webhook_attempt_result. A first attempt has
+ * no generation (its delivery is created from event_id); a first attempt not made has no started_at.
  */
-type AttemptResult = {
+export type AttemptResult = {
   delivery_id: string
   event_id: string
   generation: number | null
@@ -73,6 +72,32 @@ type AttemptResult = {
   response_status: number | null
   error: string | null
   response_body_excerpt: string | null
+}
+
+/** The fields of crm.webhook_attempt_result, in the type's order. */
+const ATTEMPT_RESULT_FIELDS = [
+  'delivery_id',
+  'event_id',
+  'generation',
+  'started_at',
+  'duration_ms',
+  'response_status',
+  'error',
+  'response_body_excerpt',
+] as const satisfies readonly (keyof AttemptResult)[]
+
+/**
+ * One crm.webhook_attempt_result in PostgreSQL's record syntax (pg quotes it once more as an array
+ * element): every value quoted with `"` and `\` escaped, an empty field for null. PostgreSQL reads
+ * a batch in this form for about 1 µs more per attempt than as parallel arrays; from jsonb
+ * (jsonb_populate_recordset) it took 7 µs more.
+ */
+export function attemptResultRecord(result: AttemptResult): string {
+  const fields = ATTEMPT_RESULT_FIELDS.map((name) => {
+    const value = result[name]
+    return value === null ? '' : `"${String(value).replace(/["\\]/g, '\\$&')}"`
+  })
+  return `(${fields.join(',')})`
 }
 
 const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
@@ -211,8 +236,8 @@ export class WebhookBatchSender {
     if (results.length === 0) return
     await this.query(
       helpers,
-      'select crm.record_webhook_attempts($1, $2, array(select r from jsonb_populate_recordset(null::crm.webhook_attempt_result, $3::jsonb) r), $4::interval[])',
-      [workspaceId, subscriptionId, JSON.stringify(results), this.#retryDelays],
+      'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[])',
+      [workspaceId, subscriptionId, results.map(attemptResultRecord), this.#retryDelays],
     )
   }
 

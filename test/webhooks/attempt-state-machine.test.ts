@@ -4,11 +4,12 @@
 // runs the auto-pause rule like any other.
 import t from 'tap'
 import type pg from 'pg'
+import { attemptResultRecord, type AttemptResult } from '../../src/webhooks/batch-sender.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
-type Attempt = { delivery_id: string; event_id: string; generation: number | null; error: string | null; started_at?: string | null }
+type Attempt = { delivery_id: string; event_id: string; generation: number | null; error: string | null; started_at?: string | null; excerpt?: string }
 
 async function setUp(t: Teardown) {
   const url = await createTestDatabase(t)
@@ -36,7 +37,7 @@ async function setUp(t: Teardown) {
   }
   /** One call of the state machine, in the caller's transaction when one is open. */
   const record = async (client: pg.ClientBase, attempts: Attempt[], retryDelays?: string[]) => {
-    const results = attempts.map((a) => ({
+    const results = attempts.map((a): AttemptResult => ({
       delivery_id: a.delivery_id,
       event_id: a.event_id,
       generation: a.generation,
@@ -44,11 +45,11 @@ async function setUp(t: Teardown) {
       duration_ms: 5,
       response_status: a.error ? 500 : 200,
       error: a.error,
-      response_body_excerpt: 'x',
+      response_body_excerpt: a.excerpt ?? 'x',
     }))
     const { rows } = await client.query(
-      `select crm.record_webhook_attempts($1, $2, array(select r from jsonb_populate_recordset(null::crm.webhook_attempt_result, $3::jsonb) r), $4::interval[]) as outcomes`,
-      [tenant.id, subscriptionId, JSON.stringify(results), retryDelays ?? null],
+      'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[]) as outcomes',
+      [tenant.id, subscriptionId, results.map(attemptResultRecord), retryDelays ?? null],
     )
     return rows[0].outcomes
   }
@@ -106,12 +107,18 @@ t.test('first and later attempts in one batch; a death by a first attempt runs t
   const [later, first, notMade] = await createEvents(3)
   await record(owner, [{ ...later, generation: null, error: 'http_status' }])
   const outcomes = await record(owner, [
-    { ...later, generation: 2, error: null },
-    { ...first, generation: null, error: 'http_status' },
+    { ...later, generation: 2, error: null, excerpt: ' "quoted", back\\slash, (paren) {brace} \n ü ' },
+    { ...first, generation: null, error: 'http_status', excerpt: '' },
     { ...notMade, generation: null, error: null, started_at: null },
   ])
   t.same(outcomes, { delivered: 1, retrying: 1, pending: 1 })
   t.match(await delivery(owner, later.delivery_id), { status: 'delivered', attempt_count: 2 })
+  t.same(
+    (await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1 and attempt = 2', [later.delivery_id])).rows[0].response_body_excerpt,
+    ' "quoted", back\\slash, (paren) {brace} \n ü ',
+    'any text reaches the attempt log as it was (record syntax inside an array)',
+  )
+  t.same((await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1', [first.delivery_id])).rows, [{ response_body_excerpt: '' }], 'an empty answer is not null')
   t.match(await delivery(owner, first.delivery_id), { status: 'retrying', attempt_count: 1, generation: 2, due_in_s: 30 })
   t.match(await delivery(owner, notMade.delivery_id), { status: 'pending', attempt_count: 0, generation: 2 })
 

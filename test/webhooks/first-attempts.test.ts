@@ -7,7 +7,7 @@ import t from 'tap'
 import pg from 'pg'
 import type { JobHelpers } from 'graphile-worker'
 import { loadConfig } from '../../src/config.ts'
-import { DATABASE_CONCURRENCY, WebhookBatchSender } from '../../src/webhooks/batch-sender.ts'
+import { attemptResultRecord, DATABASE_CONCURRENCY, WebhookBatchSender, type AttemptResult } from '../../src/webhooks/batch-sender.ts'
 import { sealWebhookSecret, webhookSecretKey } from '../../src/webhooks/secret-store.ts'
 import { closeWebhookConnections } from '../../src/webhooks/send.ts'
 import { fanOutEvent } from '../../workers/fan_out_event.ts'
@@ -18,8 +18,7 @@ import { startReceiver, WEBHOOK_TEST_ENV, type Receiver } from './receiver.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
 /** crm.record_webhook_attempts as the batch sender calls it, with the database's own schedule. */
-const RECORD_ATTEMPTS =
-  'select crm.record_webhook_attempts($1, $2, array(select r from jsonb_populate_recordset(null::crm.webhook_attempt_result, $3::jsonb) r)) as outcomes'
+const RECORD_ATTEMPTS = 'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[]) as outcomes'
 
 t.teardown(() => closeWebhookConnections())
 
@@ -123,8 +122,8 @@ t.test('failed, held, deferred and already recorded first attempts', async (t) =
     owner.query(RECORD_ATTEMPTS, [
       tenant.id,
       subscriptionId,
-      JSON.stringify(
-        rows.map((row, i) => ({
+      rows.map(
+        (row, i): AttemptResult => ({
           delivery_id: row.delivery_id,
           event_id: row.event_id,
           generation: null,
@@ -133,8 +132,8 @@ t.test('failed, held, deferred and already recorded first attempts', async (t) =
           response_status: attempted[i] ? (error ? 500 : 200) : null,
           error: attempted[i] ? error : null,
           response_body_excerpt: attempted[i] ? 'answer' : null,
-        })),
-      ),
+        }),
+      ).map(attemptResultRecord),
     ])
   // Paused between the attempt and its record: a failure is held, not retried.
   await owner.query(`update crm.webhook_subscriptions set status = 'paused', paused_reason = 'manual', paused_at = now() where id = $1`, [subscriptionId])
@@ -267,8 +266,8 @@ t.test('statistics taken while the delivery tables were empty do not turn the wo
   await owner.query('begin')
   // Failed first attempts: the deliveries are created retrying.
   const attempts = (generation: number | null, status: number, error: string | null, excerpt: string) =>
-    JSON.stringify(
-      events.map((eventId, i) => ({
+    events
+      .map((eventId, i): AttemptResult => ({
         delivery_id: deliveryIds[i],
         event_id: eventId,
         generation,
@@ -277,8 +276,8 @@ t.test('statistics taken while the delivery tables were empty do not turn the wo
         response_status: status,
         error,
         response_body_excerpt: excerpt,
-      })),
-    )
+      }))
+      .map(attemptResultRecord)
   await owner.query(RECORD_ATTEMPTS, [tenant.id, subscriptionId, attempts(null, 500, 'http_status', 'no')])
   // Their retries: the read, then the record of successful second attempts.
   const { rows: due } = await owner.query('select delivery_id, generation from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [
