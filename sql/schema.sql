@@ -20,6 +20,12 @@ create schema crm;
 comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
 grant usage on schema crm to crm_api;
 
+-- Types
+
+create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text);
+comment on type crm.webhook_attempt_result is 'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
+grant usage on type crm.webhook_attempt_result to public;
+
 -- Tables
 
 create table crm.associations (
@@ -886,7 +892,7 @@ create table crm.webhook_deliveries (
   constraint webhook_deliveries_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_deliveries_attempt_count_check CHECK ((attempt_count >= 0)),
   constraint webhook_deliveries_completed_when_final CHECK (((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))),
-  constraint webhook_deliveries_cycle_attempts_check CHECK (((cycle_attempts >= 0) AND (cycle_attempts <= 7))),
+  constraint webhook_deliveries_cycle_attempts_check CHECK ((cycle_attempts >= 0)),
   constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text])))
 );
 alter table crm.webhook_deliveries enable row level security;
@@ -900,8 +906,8 @@ CREATE UNIQUE INDEX webhook_deliveries_subscription_event ON crm.webhook_deliver
 comment on index crm.webhook_deliveries_subscription_event is 'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
 CREATE TRIGGER tg_webhook_deliveries__keep_identity BEFORE UPDATE ON crm.webhook_deliveries FOR EACH ROW WHEN (((new.id <> old.id) OR (new.workspace_id <> old.workspace_id) OR (new.subscription_id <> old.subscription_id) OR (new.event_id <> old.event_id) OR (new.event <> old.event) OR (new.created_at <> old.created_at) OR (new.attempt_count < old.attempt_count))) EXECUTE FUNCTION crm.tg_webhook_deliveries__keep_identity();
 CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webhook_deliveries FOR EACH ROW WHEN ((NOT (new.updated_at IS DISTINCT FROM old.updated_at))) EXECUTE FUNCTION crm.tg__touch_updated_at();
-comment on table crm.webhook_deliveries is 'One event for one subscription (API.md section 7). status: pending (first attempt due), retrying, delivered, dead (7 failures in a cycle), held (paused subscription or lapsed plan).';
-comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle of 7; redeliver starts a new cycle, resume keeps it (the attempts left).';
+comment on table crm.webhook_deliveries is 'One event for one subscription (API.md section 7). status: pending (first attempt due), retrying, delivered, dead (every attempt of a cycle failed), held (paused subscription or lapsed plan).';
+comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
 comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
 comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
@@ -2049,180 +2055,138 @@ $function$;
 comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and adds the process_import job in the same transaction.';
 grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.record_first_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_event_ids uuid[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[])
+CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
- SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 declare
+  v_retry_delays interval[] := coalesce(p_retry_delays, crm.webhook_retry_delays());
+  v_has_first boolean;
+  v_has_failure boolean;
   v_subscription_status text;
   v_created crm.webhook_deliveries[];
+  v_later crm.webhook_attempt_result[];
+  v_moved_outcomes text[];
+  v_retrying crm.webhook_deliveries[];
   v_outcomes jsonb;
-  v_jobs crm.webhook_deliveries[];
-  v_existing uuid[];
-  v_zero integer[];
-  v_started_at timestamptz[];
-  v_duration_ms integer[];
-  v_response_status integer[];
-  v_error text[];
-  v_excerpt text[];
-begin
-  if p_delivery_ids is null or cardinality(p_delivery_ids) = 0 then
-    return '{}';
-  end if;
-  if exists (select 1 from unnest(p_error) e where e is not null) then
-    select s.status into v_subscription_status from crm.webhook_subscriptions s
-     where s.workspace_id = p_workspace_id and s.id = p_subscription_id for update;
-  else
-    select s.status into v_subscription_status from crm.webhook_subscriptions s
-     where s.workspace_id = p_workspace_id and s.id = p_subscription_id for key share;
-  end if;
-  if not found then
-    return '{}'; -- deleted meanwhile: there is nothing to record the attempts on
-  end if;
-
-  with created as (
-    insert into crm.webhook_deliveries as d (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
-                                             attempt_count, cycle_attempts, next_attempt_at, generation, created_at, completed_at)
-    select p_workspace_id, j.id, p_subscription_id, e.id, e.event, e.record_type, e.record_id, o.status,
-           o.attempts, o.attempts,
-           case o.status
-             when 'retrying' then now() + make_interval(secs => p_retry_delays_ms[1] / 1000.0)
-             when 'pending' then now()
-           end,
-           -- Handed to a job: the generation a job carries starts at 2, as after crm.add_webhook_delivery_jobs elsewhere.
-           case when o.status in ('retrying', 'pending') then 2 else 1 end,
-           least(now(), coalesce(j.started_at, now())),
-           case when o.status = 'delivered' then now() end
-      from unnest(p_delivery_ids, p_event_ids, p_started_at, p_error) as j(id, event_id, started_at, error)
-     cross join lateral (
-       select case
-                when j.started_at is null then 'pending'
-                when j.error is null then 'delivered'
-                when v_subscription_status = 'active' then 'retrying'
-                else 'held'
-              end as status,
-              case when j.started_at is null then 0 else 1 end as attempts
-     ) o
-     cross join lateral (select e.* from crm.events e where e.workspace_id = p_workspace_id and e.id = j.event_id limit 1) e
-     order by j.id
-    on conflict (workspace_id, subscription_id, event_id) do nothing
-    returning d.*
-  )
-  select array_agg(c order by c.event_id) into v_created from created c;
-
-  -- The attempts of the deliveries just created, found by position in the arrays (at most a few
-  -- hundred entries: cheaper than a join).
-  insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-  select p_workspace_id, c.id, 1, p_started_at[x.i], p_duration_ms[x.i], p_response_status[x.i], p_error[x.i], p_excerpt[x.i]
-    from unnest(v_created) c
-   cross join lateral (select array_position(p_delivery_ids, c.id) as i) x
-   where c.attempt_count = 1;
-
-  select (select jsonb_object_agg(o.status, o.n) from (select c.status, count(*) as n from unnest(v_created) c group by c.status) o),
-         array_agg(c order by c.event_id) filter (where c.status in ('retrying', 'pending'))
-    into v_outcomes, v_jobs
-    from unnest(v_created) c;
-  perform crm.add_webhook_delivery_jobs(v_jobs, null);
-
-  -- Attempts whose delivery existed already: logged on it (as stale, so its state stays as it is).
-  if (select count(*) from unnest(v_created) c where c.attempt_count = 1) < (select count(*) from unnest(p_started_at) t where t is not null) then
-    select array_agg(d.id order by j.i), array_agg(0 order by j.i), array_agg(p_started_at[j.i] order by j.i),
-           array_agg(p_duration_ms[j.i] order by j.i), array_agg(p_response_status[j.i] order by j.i),
-           array_agg(p_error[j.i] order by j.i), array_agg(p_excerpt[j.i] order by j.i)
-      into v_existing, v_zero, v_started_at, v_duration_ms, v_response_status, v_error, v_excerpt
-      from generate_subscripts(p_delivery_ids, 1) as j(i)
-     cross join lateral (select d.id from crm.webhook_deliveries d
-                          where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = p_event_ids[j.i]
-                          limit 1) d
-     where p_started_at[j.i] is not null
-       and not (p_delivery_ids[j.i] = any (coalesce((select array_agg(c.id) from unnest(v_created) c where c.attempt_count = 1), '{}')));
-    perform crm.record_webhook_attempts(p_workspace_id, p_subscription_id, v_existing, v_zero, v_started_at, v_duration_ms,
-                                       v_response_status, v_error, v_excerpt, p_retry_delays_ms);
-    v_outcomes := coalesce(v_outcomes, '{}') || jsonb_build_object('existing', coalesce(cardinality(v_existing), 0));
-  end if;
-  return coalesce(v_outcomes, '{}');
-end
-$function$;
-comment on function crm.record_first_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_event_ids uuid[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[]) is 'Creates the deliveries fan_out_event attempted (or could not attempt yet) with their first attempts: delivered, retrying (job added), held, or pending (job added).';
-grant execute on function crm.record_first_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_event_ids uuid[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[]) to public;
-
-CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[])
- RETURNS jsonb
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
- SET enable_hashjoin TO 'off'
- SET enable_mergejoin TO 'off'
- SET enable_bitmapscan TO 'off'
- SET enable_seqscan TO 'off'
-AS $function$
-declare
-  v_subscription_status text;
-  v_outcomes jsonb;
-  v_retry crm.webhook_deliveries[];
   v_final_total bigint;
   v_final_dead bigint;
 begin
-  if p_delivery_ids is null or cardinality(p_delivery_ids) = 0 then
+  if p_results is null or cardinality(p_results) = 0 then
     return '{}';
   end if;
-  if exists (select 1 from unnest(p_error) e where e is not null) then
+  select bool_or(r.generation is null), bool_or(r.error is not null) into v_has_first, v_has_failure from unnest(p_results) r;
+  if v_has_failure then
     select s.status into v_subscription_status from crm.webhook_subscriptions s
      where s.workspace_id = p_workspace_id and s.id = p_subscription_id for update;
     if not found then
       return '{}'; -- deleted meanwhile, and its deliveries with it
     end if;
+  elsif v_has_first then
+    select s.status into v_subscription_status from crm.webhook_subscriptions s
+     where s.workspace_id = p_workspace_id and s.id = p_subscription_id for key share;
+    if not found then
+      return '{}';
+    end if;
   end if;
-  -- Delivery rows are locked in id order.
-  with attempts as materialized (
-    select j.*, d.row_ctid, d.attempt_count, d.cycle_attempts,
-           case
-             when d.generation <> j.generation or d.status not in ('pending', 'retrying') then 'stale'
-             when j.error is null then 'delivered'
-             when d.cycle_attempts + 1 >= 7 then 'dead'
-             when v_subscription_status <> 'active' then 'held'
-             else 'retrying'
-           end as outcome
-      from (select u.* from unnest(p_delivery_ids, p_generations, p_started_at, p_duration_ms, p_response_status, p_error, p_excerpt)
-                              as u(id, generation, started_at, duration_ms, response_status, error, excerpt)
-             order by u.id) j
-     cross join lateral (
-       select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts from crm.webhook_deliveries d
-        where d.workspace_id = p_workspace_id and d.id = j.id
-          for update) d
-  ), logged as (
-    insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-    select p_workspace_id, a.id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.excerpt
-      from attempts a
-  ), moved as (
-    update crm.webhook_deliveries d
-       set attempt_count = d.attempt_count + 1,
-           in_release = false,
-           updated_at = now(),
-           cycle_attempts = case a.outcome when 'stale' then d.cycle_attempts when 'dead' then 7 else d.cycle_attempts + 1 end,
-           status = case a.outcome when 'stale' then d.status else a.outcome end,
-           next_attempt_at = case a.outcome
-                               when 'stale' then d.next_attempt_at
-                               when 'retrying' then now() + make_interval(secs => p_retry_delays_ms[a.cycle_attempts + 1] / 1000.0)
-                             end,
-           completed_at = case when a.outcome in ('delivered', 'dead') then now() else d.completed_at end,
-           generation = case a.outcome when 'retrying' then d.generation + 1 else d.generation end
-      from attempts a
-     where d.ctid = a.row_ctid -- the row locked above, which nobody else can move meanwhile
-    returning d as delivery, a.outcome
-  )
-  select (select jsonb_object_agg(o.outcome, o.n) from (select m.outcome, count(*) as n from moved m group by m.outcome) o),
-         array_agg(m.delivery order by (m.delivery).event_id) filter (where m.outcome = 'retrying')
-    into v_outcomes, v_retry
-    from moved m;
 
-  -- Retries: one job per batch of deliveries due at the same moment.
-  perform crm.add_webhook_delivery_jobs(v_retry, null);
+  -- First attempts: each delivery created once, already in its next state, with its attempt.
+  if v_has_first then
+    with created as (
+      insert into crm.webhook_deliveries as d (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
+                                               attempt_count, cycle_attempts, next_attempt_at, generation, created_at, completed_at)
+      select p_workspace_id, r.delivery_id, p_subscription_id, e.id, e.event, e.record_type, e.record_id, n.status,
+             n.cycle_attempts, n.cycle_attempts, n.next_attempt_at,
+             -- Handed to a job: the generation a job carries starts at 2, as after crm.add_webhook_delivery_jobs elsewhere.
+             case when n.status in ('retrying', 'pending') then 2 else 1 end,
+             least(now(), coalesce(r.started_at, now())),
+             case when n.status in ('delivered', 'dead') then now() end
+        from unnest(p_results) r
+       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, 0, v_subscription_status, v_retry_delays) n
+       cross join lateral (select e.* from crm.events e where e.workspace_id = p_workspace_id and e.id = r.event_id limit 1) e
+       where r.generation is null
+       order by r.delivery_id
+      on conflict (workspace_id, subscription_id, event_id) do nothing
+      returning d.*
+    ), logged as (
+      -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt
+        from created c
+        join unnest(p_results) r on r.delivery_id = c.id
+       where c.attempt_count = 1 and r.generation is null
+    )
+    select array_agg(c order by c.event_id) into v_created from created c;
+  end if;
+
+  -- Later attempts, and first attempts whose delivery existed already: these become attempts on
+  -- the existing row with generation 0, which no job carries (stale: logged, the state stays).
+  if not v_has_first then
+    v_later := p_results;
+  else
+    select array_agg(r) into v_later from unnest(p_results) r where r.generation is not null;
+  end if;
+  if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
+                     < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
+    v_later := v_later || array(
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt)::crm.webhook_attempt_result
+        from unnest(p_results) r
+       cross join lateral (select d.id from crm.webhook_deliveries d
+                            where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
+                            limit 1) d
+       where r.generation is null and r.started_at is not null
+         and not (r.delivery_id = any (array(select c.id from unnest(v_created) c where c.attempt_count = 1))));
+  end if;
+
+  if v_later is not null then
+    -- Delivery rows are locked in id order.
+    with attempts as materialized (
+      select r.*, d.row_ctid, d.attempt_count,
+             case when d.generation <> r.generation or d.status not in ('pending', 'retrying') then 'stale' else n.status end as outcome,
+             n.cycle_attempts, n.next_attempt_at
+        from (select u.* from unnest(v_later) u order by u.delivery_id) r
+       cross join lateral (
+         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts from crm.webhook_deliveries d
+          where d.workspace_id = p_workspace_id and d.id = r.delivery_id
+            for update) d
+       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts, v_subscription_status, v_retry_delays) n
+    ), logged as (
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
+      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt
+        from attempts a
+    ), moved as (
+      update crm.webhook_deliveries d
+         set attempt_count = d.attempt_count + 1,
+             in_release = false,
+             updated_at = now(),
+             cycle_attempts = case a.outcome when 'stale' then d.cycle_attempts else a.cycle_attempts end,
+             status = case a.outcome when 'stale' then d.status else a.outcome end,
+             next_attempt_at = case a.outcome when 'stale' then d.next_attempt_at else a.next_attempt_at end,
+             completed_at = case when a.outcome in ('delivered', 'dead') then now() else d.completed_at end,
+             generation = case a.outcome when 'retrying' then d.generation + 1 else d.generation end
+        from attempts a
+       where d.ctid = a.row_ctid -- the row locked above, which nobody else can move meanwhile
+      returning d as delivery, case when a.generation = 0 then 'existing' else a.outcome end as outcome
+    )
+    select array_agg(m.outcome), array_agg(m.delivery order by (m.delivery).event_id) filter (where m.outcome = 'retrying')
+      into v_moved_outcomes, v_retrying
+      from moved m;
+  end if;
+
+  select jsonb_object_agg(o.outcome, o.n) into v_outcomes
+    from (select x.outcome, count(*) as n
+            from (select c.status as outcome from unnest(v_created) c union all select unnest(v_moved_outcomes)) x
+           group by x.outcome) o;
+
+  -- Jobs: one per batch of deliveries due at the same moment.
+  perform crm.add_webhook_delivery_jobs(
+    array(select c from unnest(v_created) c where c.status in ('retrying', 'pending') order by c.event_id) || v_retrying, null);
 
   -- Auto-pause (API.md section 8); the subscription row is locked since the batch had failures.
   if v_outcomes ? 'dead' then
@@ -2239,8 +2203,7 @@ begin
   return coalesce(v_outcomes, '{}');
 end
 $function$;
-comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[]) is 'Logs a batch of attempts and moves each delivery on: delivered; retrying (jobs added with run_at); held (paused); dead after the 7th failure of a cycle, with the auto-pause rule in the same transaction.';
-grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[], p_started_at timestamp with time zone[], p_duration_ms integer[], p_response_status integer[], p_error text[], p_excerpt text[], p_retry_delays_ms integer[]) to public;
+comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is 'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
  RETURNS void
@@ -3021,6 +2984,25 @@ $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) is 'The (user, workspace) of this transaction when its proof checks out; nulls otherwise.';
 grant execute on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) to public;
 
+CREATE OR REPLACE FUNCTION crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
+ RETURNS TABLE(status text, cycle_attempts integer, next_attempt_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select o.status,
+         case when o.status = 'pending' then p_cycle_attempts else p_cycle_attempts + 1 end,
+         case o.status when 'retrying' then now() + p_retry_delays[p_cycle_attempts + 1] when 'pending' then now() end
+    from (select case
+                   when p_started_at is null then 'pending'
+                   when p_error is null then 'delivered'
+                   when p_cycle_attempts + 1 >= cardinality(p_retry_delays) + 1 then 'dead'
+                   when p_subscription_status <> 'active' then 'held'
+                   else 'retrying'
+                 end as status) o
+$function$;
+comment on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) is 'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
+grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) to public;
+
 CREATE OR REPLACE FUNCTION crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
  RETURNS text
  LANGUAGE sql
@@ -3195,6 +3177,14 @@ end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
 grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to public;
+
+CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
+ RETURNS interval[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
+comment on function crm.webhook_retry_delays() is 'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
+grant execute on function crm.webhook_retry_delays() to public;
 
 CREATE OR REPLACE FUNCTION crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid)
  RETURNS json

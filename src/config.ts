@@ -21,7 +21,11 @@ export type Config = {
   rateLimitPerMinute: number
   webhook: {
     timeoutMs: number
-    retryScheduleMs: number[]
+    /**
+     * WEBHOOK_RETRY_SCHEDULE (tests only): the delays before attempts 2, 3, ... that replace the
+     * database's schedule (crm.webhook_retry_delays()); null when unset.
+     */
+    retryScheduleMs: number[] | null
     allowHttp: boolean
     allowedCidrs: string
     logRetentionDays: number
@@ -42,9 +46,6 @@ export class ConfigError extends Error {
     this.problems = problems
   }
 }
-
-/** The documented delivery schedule: first attempt at once, then these delays (API.md section 8). */
-export const DEFAULT_RETRY_SCHEDULE = '30s,2m,10m,1h,6h,24h'
 
 const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 }
 
@@ -107,10 +108,11 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     else appSecret = localAppSecret(dataDir)
   }
 
-  const retryText = env.WEBHOOK_RETRY_SCHEDULE || DEFAULT_RETRY_SCHEDULE
-  const retryScheduleMs = retryText.split(',').map(parseDuration)
-  if (retryScheduleMs.length !== 6 || retryScheduleMs.some((ms) => ms === null)) {
-    problems.push(`WEBHOOK_RETRY_SCHEDULE: expected six comma-separated delays such as ${DEFAULT_RETRY_SCHEDULE}`)
+  // The schedule and with it the number of attempts live in the database; this only shortens them.
+  const retryText = env.WEBHOOK_RETRY_SCHEDULE || null
+  const retryScheduleMs = retryText === null ? null : retryText.split(',').map(parseDuration)
+  if (retryScheduleMs?.some((ms) => ms === null)) {
+    problems.push('WEBHOOK_RETRY_SCHEDULE: expected comma-separated delays such as 50ms,1s,2m,1h')
   }
 
   const allowedCidrs = env.WEBHOOK_ALLOWED_CIDRS || ''
@@ -145,7 +147,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     rateLimitPerMinute: integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000),
     webhook: {
       timeoutMs: integer('WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
-      retryScheduleMs: retryScheduleMs.map((ms) => ms ?? 0),
+      retryScheduleMs: retryScheduleMs?.map((ms) => ms ?? 0) ?? null,
       allowHttp: boolean('WEBHOOK_ALLOW_HTTP', false),
       allowedCidrs,
       logRetentionDays: integer('WEBHOOK_LOG_RETENTION_DAYS', 30, 1, 3650),

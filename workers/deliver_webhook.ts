@@ -5,8 +5,11 @@
 // (src/webhooks/batch-sender.ts): POSTs outside any transaction, at most
 // WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION in flight per subscription in this process, every attempt
 // and each next state recorded in one call (crm.record_webhook_attempts), which adds the retry jobs
-// with run_at per WEBHOOK_RETRY_SCHEDULE, or marks deliveries dead and applies auto-pause.
+// with run_at per the retry schedule (crm.webhook_retry_delays), or marks deliveries dead and
+// applies auto-pause.
 import type { Task } from 'graphile-worker'
+import Type, { type Static } from 'typebox'
+import { Compile } from 'typebox/compile'
 import type { Config } from '../src/config.ts'
 import { WAIT_FOR_SLOT_MS, type DeliveryToSend, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
@@ -19,14 +22,23 @@ const DEFER_MS = 250
  * w: workspace, s: subscription, d/g: the deliveries and the generation each was added with (a
  * single id and number in jobs added before batching), o: part of a resume's in-order release.
  */
-type Payload = { w: string; s: string; d: string | string[]; g: number | number[]; o?: boolean }
+const Payload = Type.Object({
+  w: Type.String(),
+  s: Type.String(),
+  d: Type.Union([Type.String(), Type.Array(Type.String())]),
+  g: Type.Union([Type.Integer(), Type.Array(Type.Integer())]),
+  o: Type.Optional(Type.Boolean()),
+})
+type Payload = Static<typeof Payload>
+const payloadValidator = Compile(Payload)
 
 /** fan_out_event sends first attempts through the same sender, so both share one per-subscription cap. */
 export function deliverWebhook(config: Config, sender: WebhookBatchSender): Task {
   const { limiter } = sender
 
-  return async (rawPayload, helpers) => {
-    const payload = rawPayload as Payload
+  return async (payload, helpers) => {
+    // Jobs are added by crm.add_webhook_delivery_jobs and by this task; any other shape is no job of ours.
+    if (!payloadValidator.Check(payload)) return
     const { ids, generations } = deliveriesOf(payload)
     if (ids.length === 0) return
     const subscriptionId = payload.s
@@ -68,10 +80,11 @@ function deliveriesOf(payload: Payload): { ids: string[]; generations: number[] 
   const generations: number[] = []
   const seen = new Set<string>()
   rawIds.forEach((id, i) => {
-    if (typeof id !== 'string' || typeof rawGenerations[i] !== 'number' || seen.has(id)) return
+    const generation = rawGenerations[i]
+    if (generation === undefined || seen.has(id)) return
     seen.add(id)
     ids.push(id)
-    generations.push(rawGenerations[i])
+    generations.push(generation)
   })
   return { ids, generations }
 }

@@ -3,15 +3,18 @@
 // exist) and deliver_webhook (retries, releases, redeliveries, deferred first attempts).
 //
 // All HTTP happens outside any transaction: the caller's read committed first, and the attempts
-// are recorded afterwards by crm.record_first_webhook_attempts (which creates the deliveries) or
-// crm.record_webhook_attempts; both add the retry jobs (run_at per WEBHOOK_RETRY_SCHEDULE), the
-// latter also applies the dead/auto-pause rule. A worker killed mid-batch leaves its job locked;
+// are recorded afterwards in one call of crm.record_webhook_attempts, the delivery state machine:
+// it creates the deliveries of first attempts, moves the others on, adds the retry jobs (run_at per
+// the database's schedule, or WEBHOOK_RETRY_SCHEDULE in tests) and applies the dead/auto-pause
+// rule. A worker killed mid-batch leaves its job locked;
 // the heartbeat unlocks it and the job runs again, sending what was not recorded (at least once;
 // receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
 import { readFileSync } from 'node:fs'
 import type { KeyObject } from 'node:crypto'
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
+import Type from 'typebox'
+import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import { parseCidrList, type AddressPolicy } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
@@ -20,7 +23,7 @@ import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
 import { webhookSigningKey } from './signature.ts'
 import { SubscriptionLimiter } from './subscription-limiter.ts'
 
-const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version
+const VERSION = Compile(Type.Object({ version: Type.String() })).Parse(JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'))).version
 export const USER_AGENT = `crm-webhooks/${VERSION}`
 
 /** How long a batch waits for a slot of its subscription before it gives its worker slot back. */
@@ -56,6 +59,69 @@ export type DeliveryToSend = {
 
 type Sent = { row: DeliveryToSend; startedAt: Date; result: WebhookAttempt }
 
+/**
+ * One entry of crm.record_webhook_attempts' batch, a crm.webhook_attempt_result. A first attempt has
+ * no generation (its delivery is created from event_id); a first attempt not made has no started_at.
+ */
+export type AttemptResult = {
+  delivery_id: string
+  event_id: string
+  generation: number | null
+  started_at: string | null
+  duration_ms: number | null
+  response_status: number | null
+  error: string | null
+  response_body_excerpt: string | null
+}
+
+/** The fields of crm.webhook_attempt_result, in the type's order. */
+const ATTEMPT_RESULT_FIELDS = [
+  'delivery_id',
+  'event_id',
+  'generation',
+  'started_at',
+  'duration_ms',
+  'response_status',
+  'error',
+  'response_body_excerpt',
+] as const satisfies readonly (keyof AttemptResult)[]
+
+/**
+ * One crm.webhook_attempt_result in PostgreSQL's record syntax (pg quotes it once more as an array
+ * element): every value quoted with `"` and `\` escaped, an empty field for null. PostgreSQL reads
+ * a batch in this form for about 1 µs more per attempt than as parallel arrays; from jsonb
+ * (jsonb_populate_recordset) it took 7 µs more.
+ */
+export function attemptResultRecord(result: AttemptResult): string {
+  const fields = ATTEMPT_RESULT_FIELDS.map((name) => {
+    const value = result[name]
+    return value === null ? '' : `"${String(value).replace(/["\\]/g, '\\$&')}"`
+  })
+  return `(${fields.join(',')})`
+}
+
+const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
+  delivery_id: row.delivery_id,
+  event_id: row.event_id,
+  generation: row.generation ?? null,
+  started_at: startedAt.toISOString(),
+  duration_ms: result.durationMs,
+  response_status: result.status,
+  error: result.error,
+  response_body_excerpt: result.bodyExcerpt,
+})
+
+const notAttempted = (row: DeliveryToSend): AttemptResult => ({
+  delivery_id: row.delivery_id,
+  event_id: row.event_id,
+  generation: null,
+  started_at: null,
+  duration_ms: null,
+  response_status: null,
+  error: null,
+  response_body_excerpt: null,
+})
+
 export type SendOptions = {
   /** The caller already took one slot of the subscription, which this gives back. */
   holdsSlot: boolean
@@ -73,6 +139,8 @@ export class WebhookBatchSender {
   readonly #config: Config
   readonly #policy: AddressPolicy
   readonly #secretKey: Buffer
+  /** WEBHOOK_RETRY_SCHEDULE as PostgreSQL intervals, or null for the database's own schedule. */
+  readonly #retryDelays: string[] | null
   readonly #database = new Slots(DATABASE_CONCURRENCY)
   // Opening a secret and building its HMAC key costs more than the HMAC itself; sealed bytes are
   // immutable (rotation writes new ones), so they are a safe cache key.
@@ -82,6 +150,7 @@ export class WebhookBatchSender {
     this.#config = config
     this.#policy = { allowHttp: config.webhook.allowHttp, allowedCidrs: parseCidrList(config.webhook.allowedCidrs) }
     this.#secretKey = webhookSecretKey(config.appSecret)
+    this.#retryDelays = config.webhook.retryScheduleMs?.map((ms) => `${ms} milliseconds`) ?? null
     this.limiter = new SubscriptionLimiter(config.webhook.concurrencyPerSubscription)
   }
 
@@ -107,7 +176,7 @@ export class WebhookBatchSender {
     const firstAttempts = options.firstAttempts ?? false
     if (rows.length === 0 || (!options.holdsSlot && !ordered)) {
       if (options.holdsSlot) limiter.release(subscriptionId)
-      if (firstAttempts) await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, [], rows)
+      if (firstAttempts) await this.#record(helpers, workspaceId, subscriptionId, rows.map(notAttempted))
       return firstAttempts ? [] : rows
     }
     const secrets = [this.#signingKey(rows[0].secret_encrypted, workspaceId)]
@@ -152,24 +221,9 @@ export class WebhookBatchSender {
 
     if (firstAttempts) {
       // After a failure only what was sent is recorded: the job runs again and sends the rest.
-      await this.#recordFirstAttempts(helpers, workspaceId, subscriptionId, sent, failed ? [] : rest)
+      await this.#record(helpers, workspaceId, subscriptionId, [...sent.map(attemptResult), ...(failed ? [] : rest).map(notAttempted)])
     } else if (sent.length > 0) {
-      await this.query(
-        helpers,
-        'select crm.record_webhook_attempts($1, $2, $3::uuid[], $4::int[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-        [
-          workspaceId,
-          subscriptionId,
-          sent.map((s) => s.row.delivery_id),
-          sent.map((s) => s.row.generation),
-          sent.map((s) => s.startedAt.toISOString()),
-          sent.map((s) => s.result.durationMs),
-          sent.map((s) => s.result.status),
-          sent.map((s) => s.result.error),
-          sent.map((s) => s.result.bodyExcerpt),
-          this.#config.webhook.retryScheduleMs,
-        ],
-      )
+      await this.#record(helpers, workspaceId, subscriptionId, sent.map(attemptResult))
     }
     // What a sender took and then threw on was neither sent nor recorded: the job fails and runs
     // again, sending whatever is still due.
@@ -177,25 +231,13 @@ export class WebhookBatchSender {
     return firstAttempts ? [] : rest
   }
 
-  /** Creates the deliveries of first attempts: those sent with their attempt, the rest pending (a job each batch). */
-  async #recordFirstAttempts(helpers: JobHelpers, workspaceId: string, subscriptionId: string, sent: Sent[], notAttempted: DeliveryToSend[]): Promise<void> {
-    if (sent.length === 0 && notAttempted.length === 0) return
-    const none = notAttempted.map(() => null)
+  /** Records a batch of attempts (crm.record_webhook_attempts), in one statement. */
+  async #record(helpers: JobHelpers, workspaceId: string, subscriptionId: string, results: AttemptResult[]): Promise<void> {
+    if (results.length === 0) return
     await this.query(
       helpers,
-      'select crm.record_first_webhook_attempts($1, $2, $3::uuid[], $4::uuid[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-      [
-        workspaceId,
-        subscriptionId,
-        [...sent.map((s) => s.row.delivery_id), ...notAttempted.map((row) => row.delivery_id)],
-        [...sent.map((s) => s.row.event_id), ...notAttempted.map((row) => row.event_id)],
-        [...sent.map((s) => s.startedAt.toISOString()), ...none],
-        [...sent.map((s) => s.result.durationMs), ...none],
-        [...sent.map((s) => s.result.status), ...none],
-        [...sent.map((s) => s.result.error), ...none],
-        [...sent.map((s) => s.result.bodyExcerpt), ...none],
-        this.#config.webhook.retryScheduleMs,
-      ],
+      'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[])',
+      [workspaceId, subscriptionId, results.map(attemptResultRecord), this.#retryDelays],
     )
   }
 
@@ -204,7 +246,8 @@ export class WebhookBatchSender {
     let key = this.#signingKeys.get(cacheKey)
     if (key === undefined) {
       key = webhookSigningKey(openWebhookSecret(this.#secretKey, sealed, workspaceId))
-      if (this.#signingKeys.size >= 1000) this.#signingKeys.delete(this.#signingKeys.keys().next().value as string)
+      const oldest = this.#signingKeys.keys().next()
+      if (this.#signingKeys.size >= 1000 && !oldest.done) this.#signingKeys.delete(oldest.value)
       this.#signingKeys.set(cacheKey, key)
     }
     return key

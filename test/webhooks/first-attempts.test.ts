@@ -7,7 +7,7 @@ import t from 'tap'
 import pg from 'pg'
 import type { JobHelpers } from 'graphile-worker'
 import { loadConfig } from '../../src/config.ts'
-import { DATABASE_CONCURRENCY, WebhookBatchSender } from '../../src/webhooks/batch-sender.ts'
+import { attemptResultRecord, DATABASE_CONCURRENCY, WebhookBatchSender, type AttemptResult } from '../../src/webhooks/batch-sender.ts'
 import { sealWebhookSecret, webhookSecretKey } from '../../src/webhooks/secret-store.ts'
 import { closeWebhookConnections } from '../../src/webhooks/send.ts'
 import { fanOutEvent } from '../../workers/fan_out_event.ts'
@@ -17,7 +17,8 @@ import { TEST_APP_SECRET } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, type Receiver } from './receiver.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
-const RETRY_DELAYS = [30_000, 120_000, 600_000, 3_600_000, 21_600_000, 86_400_000]
+/** crm.record_webhook_attempts as the batch sender calls it, with the database's own schedule. */
+const RECORD_ATTEMPTS = 'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[]) as outcomes'
 
 t.teardown(() => closeWebhookConnections())
 
@@ -67,7 +68,7 @@ t.test('a first attempt is recorded with its delivery; a re-run sends again what
   const fanOut = fanOutEvent(sender)
 
   // The first run sends, then dies before its attempts are recorded (as after kill -9).
-  await t.rejects(Promise.resolve(fanOut({ event_ids: eventIds }, helpers(1, /record_first_webhook_attempts/))), /the database went away/)
+  await t.rejects(Promise.resolve(fanOut({ event_ids: eventIds }, helpers(1, /record_webhook_attempts/))), /the database went away/)
   t.equal(receiver.received.length, 3, 'the first run sent all three')
   t.equal((await owner.query('select count(*)::int as n from crm.webhook_deliveries')).rows[0].n, 0, 'and recorded nothing')
   const firstIds = deliveryIdsReceived(receiver)
@@ -118,17 +119,21 @@ t.test('failed, held, deferred and already recorded first attempts', async (t) =
   const { rows: read } = await owner.query('select * from crm.webhook_first_attempts_to_send($1::uuid[])', [[paused, deferred]])
   t.equal(read.length, 2)
   const record = (rows: { delivery_id: string; event_id: string }[], attempted: boolean[], error: string | null) =>
-    owner.query('select crm.record_first_webhook_attempts($1, $2, $3::uuid[], $4::uuid[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[]) as outcomes', [
+    owner.query(RECORD_ATTEMPTS, [
       tenant.id,
       subscriptionId,
-      rows.map((row) => row.delivery_id),
-      rows.map((row) => row.event_id),
-      attempted.map((yes) => (yes ? new Date().toISOString() : null)),
-      attempted.map((yes) => (yes ? 12 : null)),
-      attempted.map((yes) => (yes ? (error ? 500 : 200) : null)),
-      attempted.map((yes) => (yes ? error : null)),
-      attempted.map((yes) => (yes ? 'answer' : null)),
-      RETRY_DELAYS,
+      rows.map(
+        (row, i): AttemptResult => ({
+          delivery_id: row.delivery_id,
+          event_id: row.event_id,
+          generation: null,
+          started_at: attempted[i] ? new Date().toISOString() : null,
+          duration_ms: attempted[i] ? 12 : null,
+          response_status: attempted[i] ? (error ? 500 : 200) : null,
+          error: attempted[i] ? error : null,
+          response_body_excerpt: attempted[i] ? 'answer' : null,
+        }),
+      ).map(attemptResultRecord),
     ])
   // Paused between the attempt and its record: a failure is held, not retried.
   await owner.query(`update crm.webhook_subscriptions set status = 'paused', paused_reason = 'manual', paused_at = now() where id = $1`, [subscriptionId])
@@ -260,10 +265,20 @@ t.test('statistics taken while the delivery tables were empty do not turn the wo
 
   await owner.query('begin')
   // Failed first attempts: the deliveries are created retrying.
-  await owner.query(
-    'select crm.record_first_webhook_attempts($1, $2, $3::uuid[], $4::uuid[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-    [tenant.id, subscriptionId, deliveryIds, events, each(started), each(3), each(500), each('http_status'), each('no'), RETRY_DELAYS],
-  )
+  const attempts = (generation: number | null, status: number, error: string | null, excerpt: string) =>
+    events
+      .map((eventId, i): AttemptResult => ({
+        delivery_id: deliveryIds[i],
+        event_id: eventId,
+        generation,
+        started_at: started,
+        duration_ms: 3,
+        response_status: status,
+        error,
+        response_body_excerpt: excerpt,
+      }))
+      .map(attemptResultRecord)
+  await owner.query(RECORD_ATTEMPTS, [tenant.id, subscriptionId, attempts(null, 500, 'http_status', 'no')])
   // Their retries: the read, then the record of successful second attempts.
   const { rows: due } = await owner.query('select delivery_id, generation from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [
     tenant.id,
@@ -272,10 +287,7 @@ t.test('statistics taken while the delivery tables were empty do not turn the wo
     each(2),
   ])
   t.equal(due.length, events.length, 'every delivery is due for its retry')
-  await owner.query(
-    'select crm.record_webhook_attempts($1, $2, $3::uuid[], $4::int[], $5::timestamptz[], $6::int[], $7::int[], $8::text[], $9::text[], $10::int[])',
-    [tenant.id, subscriptionId, deliveryIds, each(2), each(started), each(3), each(200), each(null), each('ok'), RETRY_DELAYS],
-  )
+  await owner.query(RECORD_ATTEMPTS, [tenant.id, subscriptionId, attempts(2, 200, null, 'ok')])
   const { rows: scans } = await owner.query(
     `select relname, seq_scan from pg_stat_xact_user_tables where schemaname = 'crm' and relname in ('webhook_deliveries', 'webhook_attempts') order by relname`,
   )
