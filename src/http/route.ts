@@ -93,8 +93,42 @@ export type RouteDefinition = {
 
 const validators = new WeakMap<TSchema, ReturnType<typeof Compile>>()
 
+/**
+ * Strings PostgreSQL cannot store: a NUL character (text refuses it) and a lone UTF-16 surrogate
+ * (it has no UTF-8 form: the driver would silently store U+FFFD, and jsonb refuses its escape).
+ */
+export function isStorableString(text: string): boolean {
+  return !text.includes('\u0000') && text.isWellFormed()
+}
+
+/** A JSON pointer segment (RFC 6901: ~ and / escaped). */
+function pointerSegment(name: string): string {
+  return name.replaceAll('~', '~0').replaceAll('/', '~1')
+}
+
+/** Every string of a JSON value, object keys included, that PostgreSQL cannot store, by pointer. */
+function unstorableStrings(value: unknown, pointer: string, found: FieldProblem[]): void {
+  if (found.length >= 50) return
+  if (typeof value === 'string') {
+    if (!isStorableString(value)) found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
+  } else if (Array.isArray(value)) {
+    value.forEach((item, index) => unstorableStrings(item, `${pointer}/${index}`, found))
+  } else if (value !== null && typeof value === 'object') {
+    for (const [name, item] of Object.entries(value)) {
+      const at = `${pointer}/${pointerSegment(name)}`
+      if (!isStorableString(name)) found.push({ pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' })
+      else unstorableStrings(item, at, found)
+    }
+  }
+}
+
 /** Validates a JSON value against a schema and turns failures into one 422 with a pointer per problem. */
 export function validateBody<T>(schema: TSchema, value: unknown): T {
+  const unstorable: FieldProblem[] = []
+  unstorableStrings(value, '', unstorable)
+  if (unstorable.length > 0) {
+    throw problems.validation(`${unstorable[0].pointer.slice(1) || 'body'} ${unstorable[0].message}`, unstorable)
+  }
   let validator = validators.get(schema)
   if (!validator) {
     validator = Compile(schema)
