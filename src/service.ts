@@ -10,7 +10,7 @@ import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
-import { createAuthenticator, createStatementAuthenticator } from './auth/authenticate.ts'
+import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
 import { registerPages } from './ui/routes.ts'
 
 export type RunningService = {
@@ -62,6 +62,7 @@ export async function startService(options: {
     const app = createApp(services, routes, createAuthenticator(config), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
       statements: { authenticate: createStatementAuthenticator(config), pool: statementPool },
+      checkCredential: createCredentialCheck(),
     })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)

@@ -54,7 +54,12 @@ export function createApp(
   services: Services,
   definitions: RouteDefinition[],
   authenticate: Authenticator,
-  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: StatementPool } } = {},
+  extra: {
+    pages?: (app: ReturnType<typeof polka>) => void
+    statements?: { authenticate: StatementAuthenticator; pool: StatementPool }
+    /** Refuses a missing or malformed credential from the headers, before the body is read. */
+    checkCredential?: (req: IncomingMessage) => void
+  } = {},
 ): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
@@ -106,7 +111,9 @@ export function createApp(
   extra.pages?.(app)
 
   async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
-    // The body is read before a connection is taken, so a slow client never holds one.
+    // An anonymous client is refused before its body is read; the body is read before a connection
+    // is taken, so a slow client never holds one.
+    if (definition.auth === 'required') extra.checkCredential?.(req)
     let body: unknown = undefined
     if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }

@@ -91,7 +91,34 @@ export type RouteDefinition = {
   handler: (context: RouteContext) => Promise<RouteResult>
 }
 
-const validators = new WeakMap<TSchema, ReturnType<typeof Compile>>()
+type Validator = ReturnType<typeof Compile>
+const validators = new WeakMap<TSchema, { lengths: Validator; full: Validator }>()
+
+/**
+ * The schema without the checks that run a regular expression (pattern, format): typebox's error
+ * walk runs every keyword of a string, pattern included, even when maxLength already failed, so a
+ * 1 MiB string would meet a pattern. Lengths, types and shapes are checked first with this copy;
+ * patterns and formats run only on strings within their limits.
+ */
+function withoutExpressions(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(withoutExpressions)
+  if (schema === null || typeof schema !== 'object') return schema
+  const copy: Record<string, unknown> = {}
+  for (const [name, value] of Object.entries(schema)) {
+    if ((schema as { type?: unknown }).type === 'string' && (name === 'pattern' || name === 'format')) continue
+    copy[name] = withoutExpressions(value)
+  }
+  return copy
+}
+
+function validatorsOf(schema: TSchema): { lengths: Validator; full: Validator } {
+  let found = validators.get(schema)
+  if (!found) {
+    found = { lengths: Compile(withoutExpressions(JSON.parse(JSON.stringify(schema))) as TSchema), full: Compile(schema) }
+    validators.set(schema, found)
+  }
+  return found
+}
 
 /**
  * Strings PostgreSQL cannot store: a NUL character (text refuses it) and a lone UTF-16 surrogate
@@ -129,11 +156,8 @@ export function validateBody<T>(schema: TSchema, value: unknown): T {
   if (unstorable.length > 0) {
     throw problems.validation(`${unstorable[0].pointer.slice(1) || 'body'} ${unstorable[0].message}`, unstorable)
   }
-  let validator = validators.get(schema)
-  if (!validator) {
-    validator = Compile(schema)
-    validators.set(schema, validator)
-  }
+  const { lengths, full } = validatorsOf(schema)
+  const validator = lengths.Check(value) ? full : lengths
   if (validator.Check(value)) return value as T
   const errors: FieldProblem[] = []
   for (const error of validator.Errors(value)) {

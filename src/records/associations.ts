@@ -15,7 +15,7 @@ export function otherTypes(type: RecordType): RecordType[] {
   return RECORD_TYPES.filter((other) => other !== type)
 }
 
-const IdList = Type.Array(Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN }), { maxItems: MAX_ASSOCIATION_IDS })
+const IdList = Type.Array(Type.String({ format: 'uuid', maxLength: 36, pattern: UUID_SCHEMA_PATTERN }), { maxItems: MAX_ASSOCIATION_IDS })
 
 export function associationsBodySchema(type: RecordType) {
   return Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Optional(IdList)])), {

@@ -5,19 +5,24 @@ import Type, { type TSchema } from 'typebox'
 import { UUID_SCHEMA_PATTERN, type RecordType } from './fields.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
-const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
+const Uuid = Type.String({ format: 'uuid', maxLength: 36, pattern: UUID_SCHEMA_PATTERN })
 const text = (maxLength: number, description?: string) => Type.String({ minLength: 1, maxLength, ...(description ? { description } : {}) })
 
 export const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
 export const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
-export const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
+// Every pattern of a request schema runs in time linear in its input on a backtracking engine; the
+// list of them, each with the reason it is linear, is in test/hostile/linear-validation.test.ts.
+// The phone's first digit ends the leading punctuation, so there is one way to split the number.
+export const PHONE_PATTERN = '^\\+?[ ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
 export const MONEY_PATTERN = '^\\d{1,16}(\\.\\d{1,2})?$'
+/** The host's first character, then anything but white space: equal to [^\\s/?#]+[^\\s]* without its ambiguity. */
+export const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]\\S*$'
 
 const Money = (description: string) =>
-  Type.Union([Type.String({ pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
+  Type.Union([Type.String({ maxLength: 19, pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
     description: `${description}: a decimal string with at most two places ("12500.00"); a JSON number is accepted too`,
   })
-const DateOnly = Type.String({ format: 'date', pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
+const DateOnly = Type.String({ format: 'date', maxLength: 10, pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
 const Time = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, milliseconds' })
 
 export const CustomFields = Type.Record(
@@ -33,7 +38,7 @@ const READ_ONLY = { id: readOnly(), created_at: readOnly(), updated_at: readOnly
 const companyWritable = {
   name: text(255),
   domain: nullable(Type.String({ maxLength: 254, pattern: DOMAIN_PATTERN, description: 'Host name, stored lower-case; unique in the workspace' })),
-  website: nullable(Type.String({ maxLength: 2048, pattern: '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+[^\\s]*$', format: 'uri' })),
+  website: nullable(Type.String({ maxLength: 2048, pattern: WEBSITE_PATTERN, format: 'uri' })),
   industry: nullable(text(100)),
   phone: nullable(Type.String({ maxLength: 50, pattern: PHONE_PATTERN })),
   city: nullable(text(100)),
@@ -61,8 +66,8 @@ const contactWritable = {
 const dealWritable = {
   name: text(255),
   amount: nullable(Money('Amount')),
-  currency: Type.String({ pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
-  stage: Type.String({ pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'A key of GET /api/deal-stages; default the first stage' }),
+  currency: Type.String({ maxLength: 3, pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
+  stage: Type.String({ maxLength: 63, pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'A key of GET /api/deal-stages; default the first stage' }),
   close_date: nullable(DateOnly),
   company_id: nullable(Uuid),
   owner_id: Uuid,

@@ -25,7 +25,7 @@ const SignInBody = Type.Object(
   { additionalProperties: false },
 )
 const ChallengeBody = Type.Union([
-  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
+  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ maxLength: 32, pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
   Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), recovery_code: Type.String({ minLength: 1, maxLength: 100 }) }, { additionalProperties: false }),
 ])
 

@@ -20,9 +20,9 @@ const EVENT_NAME = /^(contact|company|deal)\.(created|updated|deleted)$/
 const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'held']
 
 const nullable = (schema: Parameters<typeof Type.Union>[0][number]) => Type.Union([schema, Type.Null()])
-const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
+const Uuid = Type.String({ format: 'uuid', maxLength: 36, pattern: UUID_SCHEMA_PATTERN })
 const Time = Type.String({ format: 'date-time' })
-const Events = Type.Array(Type.String({ pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
+const Events = Type.Array(Type.String({ maxLength: 15, pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
   minItems: 1,
   maxItems: 20,
 })
