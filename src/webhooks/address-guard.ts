@@ -134,6 +134,7 @@ const IPV4_REFUSED = labelledRanges([
   ['172.16.0.0/12', 'private'],
   ['192.0.0.0/24', 'reserved for IETF protocol assignments'],
   ['192.0.2.0/24', 'reserved for documentation'],
+  ['192.88.99.0/24', 'the 6to4 relay anycast range (deprecated)'],
   ['192.168.0.0/16', 'private'],
   ['198.18.0.0/15', 'reserved for benchmarking'],
   ['198.51.100.0/24', 'reserved for documentation'],
