@@ -127,6 +127,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     } catch {
       problems.push('PUBLIC_BASE_URL: expected an absolute URL such as https://crm.example.com')
     }
+  } else if (production) {
+    problems.push('PUBLIC_BASE_URL: required when NODE_ENV=production (the address users reach, such as https://crm.example.com; links in invitations are built from it)')
   }
 
   const smtpUrl = env.SMTP_URL || null

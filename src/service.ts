@@ -57,7 +57,7 @@ export async function startService(options: {
   let url = ''
   let closeServer = async () => {}
   if (options.api !== false) {
-    const services = { config, pool, logger, worker }
+    const services = { config, pool, logger, worker, baseUrl: config.publicBaseUrl ?? '' }
     const routes = allRoutes()
     const app = createApp(services, routes, createAuthenticator(config), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
@@ -70,6 +70,7 @@ export async function startService(options: {
     })
     const address = app.server.address() as AddressInfo
     url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`
+    services.baseUrl = config.publicBaseUrl ?? `http://localhost:${address.port}`
     closeServer = () =>
       new Promise<void>((resolve) => {
         // Stop accepting, let in-flight requests finish, and close idle keep-alive sockets now.

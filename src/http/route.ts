@@ -26,6 +26,11 @@ export type Services = {
   config: Config
   pool: DatabasePool
   logger: Logger
+  /**
+   * The base of every link the service sends (an invitation's accept_url): PUBLIC_BASE_URL, else
+   * http://localhost:<the listening port>. Never the request's Host, which the client chooses.
+   */
+  baseUrl: string
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
   [key: string]: unknown
 }
