@@ -6,7 +6,7 @@ import type polka from 'polka'
 import { createAuthenticator } from '../auth/authenticate.ts'
 import { toApiError } from '../http/database-errors.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
-import { safeReturnPath, SECURITY_HEADERS } from './layout.ts'
+import { requestPath, safeReturnPath, SECURITY_HEADERS } from './layout.ts'
 import { errorPage, signedInPage, type PageHandler } from './page-context.ts'
 import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { confirmTwoFactor, createToken, disableTwoFactor, revokeAll, revokeToken, showRecoveryCodes, showSecurity, showTwoFactor, startTwoFactor } from './pages/security.ts'
@@ -57,7 +57,8 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
       await handler(req, res)
     } catch (error) {
       const apiError = toApiError(error)
-      if (apiError.status >= 500) services.logger.error('page failed', { path: req.url, error: error instanceof Error ? error.message : String(error) })
+      // The path without its query: an invitation link's query is its secret.
+      if (apiError.status >= 500) services.logger.error('page failed', { path: requestPath(req), error: error instanceof Error ? error.message : String(error) })
       errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
     }
   }
