@@ -6,6 +6,7 @@ import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { createStatementPool } from './db/statement-pool.ts'
 import { migrate } from './db/migrate.ts'
 import { provisionDatabase, type ProvisionedDatabase } from './db/provision.ts'
+import { createAddressRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
@@ -57,7 +58,7 @@ export async function startService(options: {
   let url = ''
   let closeServer = async () => {}
   if (options.api !== false) {
-    const services = { config, pool, logger, worker, baseUrl: config.publicBaseUrl ?? '' }
+    const services = { config, pool, logger, worker, baseUrl: config.publicBaseUrl ?? '', addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute) }
     const routes = allRoutes()
     const app = createApp(services, routes, createAuthenticator(config), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),

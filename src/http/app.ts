@@ -5,6 +5,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import polka from 'polka'
 import { readJsonObject } from './body.ts'
 import { createAdmissionGate } from './admission.ts'
+import { identifyClient } from './client-address.ts'
 import { toApiError } from './database-errors.ts'
 import { ApiError, problemBody, problems } from './problem.ts'
 import { JsonText, validateBody, type Caller, type RouteContext, type RouteDefinition, type Services } from './route.ts'
@@ -91,6 +92,7 @@ export function createApp(
     const given = req.headers['x-request-id']
     request.requestId = typeof given === 'string' && SANE_REQUEST_ID.test(given) ? given : randomUUID()
     res.setHeader('X-Request-Id', request.requestId)
+    identifyClient(req, config.trustProxy)
     res.on('finish', () => {
       logger.info('request', {
         method: req.method,
@@ -114,6 +116,7 @@ export function createApp(
     // An anonymous client is refused before its body is read; the body is read before a connection
     // is taken, so a slow client never holds one.
     if (definition.auth === 'required') extra.checkCredential?.(req)
+    if (definition.limitedPerAddress) services.addressRateLimit(req)
     let body: unknown = undefined
     if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }

@@ -6,6 +6,7 @@ import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { Logger } from '../log.ts'
+import type { AddressRateLimit } from './address-rate-limit.ts'
 import { problems, type FieldProblem } from './problem.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
@@ -31,6 +32,8 @@ export type Services = {
    * http://localhost:<the listening port>. Never the request's Host, which the client chooses.
    */
   baseUrl: string
+  /** The per-address limit of the unauthenticated routes; throws 429 rate_limited past it. */
+  addressRateLimit: AddressRateLimit
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
   [key: string]: unknown
 }
@@ -73,6 +76,8 @@ export type RouteDefinition = {
   summary: string
   tag: string
   auth: AuthMode
+  /** Counted against UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE per client address (sign-in and the like). */
+  limitedPerAddress?: boolean
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
   body?: TSchema
   /** Body handling: 'json' (default when body is set), 'raw' (the handler reads the stream itself). */

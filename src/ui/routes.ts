@@ -59,8 +59,14 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
       const apiError = toApiError(error)
       // The path without its query: an invitation link's query is its secret.
       if (apiError.status >= 500) services.logger.error('page failed', { path: requestPath(req), error: error instanceof Error ? error.message : String(error) })
+      if (apiError.status === 429 && apiError.headers?.['Retry-After']) res.setHeader('Retry-After', apiError.headers['Retry-After'])
       errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
     }
+  }
+  // Pages that check a password, a code or an invitation's secret count against the per-address limit.
+  const limited = (handler: Handler): Handler => async (req, res) => {
+    services.addressRateLimit(req)
+    await handler(req, res)
   }
   const signIn = signInPages(services)
   const signUp = signUpPages(services, definitions)
@@ -69,14 +75,14 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
 
   app.get('/sign-in', guard(signIn.showPassword))
-  app.post('/sign-in', guard(signIn.submitPassword))
+  app.post('/sign-in', guard(limited(signIn.submitPassword)))
   app.get('/sign-in/two-factor', guard(signIn.showCode))
-  app.post('/sign-in/two-factor', guard(signIn.submitCode))
+  app.post('/sign-in/two-factor', guard(limited(signIn.submitCode)))
   app.post('/sign-out', page(signOut))
   app.get('/sign-up', guard(signUp.showSignUp))
-  app.post('/sign-up', guard(signUp.submitSignUp))
-  app.get('/invitations/accept', guard(signUp.showAccept))
-  app.post('/invitations/accept', guard(signUp.submitAccept))
+  app.post('/sign-up', guard(limited(signUp.submitSignUp)))
+  app.get('/invitations/accept', guard(limited(signUp.showAccept)))
+  app.post('/invitations/accept', guard(limited(signUp.submitAccept)))
 
   app.get('/', page(home))
   app.post('/workspace', page(switchWorkspace))

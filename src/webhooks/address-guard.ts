@@ -202,6 +202,17 @@ function inRange(ip: IpBytes, range: CidrRange): boolean {
   return (ip.bytes[wholeBytes] & mask) === (range.bytes[wholeBytes] & mask)
 }
 
+/**
+ * Whether an address (a socket's, or a hop of X-Forwarded-For) lies in one of the ranges; an
+ * IPv4-mapped IPv6 address (a dual-stack socket's form) is judged as its IPv4 address.
+ */
+export function isInCidrList(address: string, ranges: readonly CidrRange[]): boolean {
+  const ip = parseIp(address.trim())
+  if (ip === null) return false
+  const judged = ip.family === 6 && hasPrefix(ip.bytes, IPV4_MAPPED) ? ipv4At(ip.bytes, 12) : ip
+  return ranges.some((range) => inRange(judged, range))
+}
+
 /** Accepts dotted-quad IPv4 and any IPv6 text form, with or without brackets or a zone id. */
 function parseIp(text: string): IpBytes | null {
   const unbracketed = text.startsWith('[') && text.endsWith(']') ? text.slice(1, -1) : text

@@ -43,6 +43,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     WEBHOOK_LOG_RETENTION_DAYS: 'x',
     HOST: 'bad host!',
     PUBLIC_BASE_URL: 'nope',
+    TRUST_PROXY: '10.0.0.0/99',
     SMTP_URL: 'http://mail',
   }
   const error = t.throws(() => loadConfig(env, { dataDir: dataDir() })) as unknown as ConfigError

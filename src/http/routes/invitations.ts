@@ -96,6 +96,7 @@ export default defineRoutes(
     summary: 'Accept an invitation: as a new user with password and name, or as an existing user with their bearer token',
     tag: 'workspace administration',
     auth: 'none',
+    limitedPerAddress: true,
     body: AcceptBody,
     response: TokenBodySchema,
     errors: [401, 403, 409, 422],

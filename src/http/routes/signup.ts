@@ -23,6 +23,7 @@ export default defineRoutes({
   summary: 'Create a user and a new workspace whose admin they are (trial starts now); answers with a bearer token',
   tag: 'workspace administration',
   auth: 'none',
+  limitedPerAddress: true,
   body: SignUpBody,
   status: 201,
   response: TokenBodySchema,
