@@ -1,7 +1,7 @@
 // A string PostgreSQL cannot store (a NUL character, a lone UTF-16 surrogate) is refused with
-// 422 validation_failed and its pointer wherever it sits in a JSON body; in a query parameter or a
-// header it is a 4xx (query-string.ts and
-// the header checks in authenticate.ts and idempotency.ts). Never a 500.
+// 422 validation_failed and its pointer wherever it sits in a JSON body, and a UI form with a NUL
+// is a 4xx page: never a 500. (Query strings and headers are refused by their own parsers:
+// src/records/query-string.ts, the slug check in authenticate.ts, idempotency.ts.)
 import t from 'tap'
 import { startTestServer } from '../helpers/server.ts'
 import { createTenant } from '../helpers/fixtures.ts'
