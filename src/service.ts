@@ -71,7 +71,9 @@ export async function startService(options: {
     })
     const address = app.server.address() as AddressInfo
     url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`
-    services.baseUrl = config.publicBaseUrl ?? `http://localhost:${address.port}`
+    // A wildcard address (0.0.0.0, ::) is no place to send a browser: localhost stands in for it.
+    const wildcard = address.address === '0.0.0.0' || address.address === '::'
+    services.baseUrl = config.publicBaseUrl ?? (wildcard ? `http://localhost:${address.port}` : url)
     closeServer = () =>
       new Promise<void>((resolve) => {
         // Stop accepting, let in-flight requests finish, and close idle keep-alive sockets now.

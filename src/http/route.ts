@@ -29,7 +29,8 @@ export type Services = {
   logger: Logger
   /**
    * The base of every link the service sends (an invitation's accept_url): PUBLIC_BASE_URL, else
-   * http://localhost:<the listening port>. Never the request's Host, which the client chooses.
+   * the listening address (localhost for a wildcard). Never the request's Host, which the client
+   * chooses.
    */
   baseUrl: string
   /** The per-address limit of the unauthenticated routes; throws 429 rate_limited past it. */
