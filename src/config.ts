@@ -4,7 +4,7 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
-import { parseCidrList } from './webhooks/address-guard.ts'
+import { parseCidrList, type CidrRange } from './webhooks/address-guard.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
@@ -19,6 +19,10 @@ export type Config = {
   publicBaseUrl: string | null
   tokenTtlDays: number
   rateLimitPerMinute: number
+  /** Per client address on the unauthenticated routes, counted in each API process. */
+  unauthenticatedRateLimitPerMinute: number
+  /** Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed; empty: none. */
+  trustProxy: CidrRange[]
   webhook: {
     timeoutMs: number
     /**
@@ -122,6 +126,13 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     problems.push(`WEBHOOK_ALLOWED_CIDRS: ${(error as Error).message}`)
   }
 
+  let trustProxy: CidrRange[] = []
+  try {
+    trustProxy = parseCidrList(env.TRUST_PROXY || '')
+  } catch (error) {
+    problems.push(`TRUST_PROXY: ${(error as Error).message}`)
+  }
+
   let publicBaseUrl = env.PUBLIC_BASE_URL || null
   if (publicBaseUrl !== null) {
     try {
@@ -129,6 +140,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     } catch {
       problems.push('PUBLIC_BASE_URL: expected an absolute URL such as https://crm.example.com')
     }
+  } else if (production) {
+    problems.push('PUBLIC_BASE_URL: required when NODE_ENV=production (the address users reach, such as https://crm.example.com; links in invitations are built from it)')
   }
 
   const smtpUrl = env.SMTP_URL || null
@@ -145,6 +158,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     publicBaseUrl,
     tokenTtlDays: integer('TOKEN_TTL_DAYS', 14, 1, 3650),
     rateLimitPerMinute: integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000),
+    unauthenticatedRateLimitPerMinute: integer('UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE', 60, 1, 1_000_000),
+    trustProxy,
     webhook: {
       timeoutMs: integer('WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
       retryScheduleMs: retryScheduleMs?.map((ms) => ms ?? 0) ?? null,

@@ -6,11 +6,12 @@ import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { createStatementPool } from './db/statement-pool.ts'
 import { migrate } from './db/migrate.ts'
 import { provisionDatabase, type ProvisionedDatabase } from './db/provision.ts'
+import { createAddressRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
-import { createAuthenticator, createStatementAuthenticator } from './auth/authenticate.ts'
+import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
 import { registerPages } from './ui/routes.ts'
 
 export type RunningService = {
@@ -57,11 +58,12 @@ export async function startService(options: {
   let url = ''
   let closeServer = async () => {}
   if (options.api !== false) {
-    const services = { config, pool, logger, worker }
+    const services = { config, pool, logger, worker, baseUrl: config.publicBaseUrl ?? '', addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute) }
     const routes = allRoutes()
     const app = createApp(services, routes, createAuthenticator(config), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
       statements: { authenticate: createStatementAuthenticator(config), pool: statementPool },
+      checkCredential: createCredentialCheck(),
     })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)
@@ -69,6 +71,9 @@ export async function startService(options: {
     })
     const address = app.server.address() as AddressInfo
     url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`
+    // A wildcard address (0.0.0.0, ::) is no place to send a browser: localhost stands in for it.
+    const wildcard = address.address === '0.0.0.0' || address.address === '::'
+    services.baseUrl = config.publicBaseUrl ?? (wildcard ? `http://localhost:${address.port}` : url)
     closeServer = () =>
       new Promise<void>((resolve) => {
         // Stop accepting, let in-flight requests finish, and close idle keep-alive sockets now.

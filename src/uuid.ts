@@ -7,4 +7,4 @@ export const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 export const UUID_SCHEMA_PATTERN = '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'
 
 /** A UUID in a body or an answer (typebox). */
-export const Uuid = Type.String({ format: 'uuid', pattern: UUID_SCHEMA_PATTERN })
+export const Uuid = Type.String({ format: 'uuid', maxLength: 36, pattern: UUID_SCHEMA_PATTERN })

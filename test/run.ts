@@ -41,6 +41,11 @@ function scanLogsForSecrets(dir: string): { scanned: string; found: string[] } {
   const patterns: [string, RegExp][] = [
     ['bearer token', /crm_[A-Za-z0-9_-]{43}/],
     ['webhook secret', /whsec_[A-Za-z0-9_-]{43}/],
+    ['invitation token', /inv_[A-Za-z0-9_-]{43}/],
+    ['OAuth client secret', /crmsec_[A-Za-z0-9_-]{43}/],
+    // OAuth codes, states and refresh tokens travel in query strings: no query value that names a
+    // secret may reach a log line, whatever its format.
+    ['secret-bearing query value', /[?&](token|code|state|refresh_token|access_token|client_secret)=[^&\s"]/],
     ['signed challenge or session', /eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\./],
     ['test password', /correct horse battery/],
     ['otpauth URI', /otpauth:\/\//],

@@ -71,6 +71,18 @@ export function bearerCredential(req: IncomingMessage): Credential | null {
   return { token: match[1], via: 'api' }
 }
 
+/**
+ * Refuses a request without a well-formed credential (401) from its headers alone, so an
+ * anonymous client never gets its body read, parsed or validated.
+ */
+export function createCredentialCheck(credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): (req: IncomingMessage) => void {
+  return (req) => {
+    const credential = credentialOf(req)
+    if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
+    if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
+  }
+}
+
 type Attempt = { tokenHash: Buffer; slug: string | null; via: Credential['via']; limit: number }
 
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */

@@ -3,10 +3,12 @@
 // limits rows to what the caller may view; the query adds `export` on top, in SQL, the same way
 // the policies write a scope, so a member without the grant gets no row even through this query.
 //
-// Each row comes back as one finished line of text (CSV cells quoted by crm.csv_cell, or the
+// Each row comes back as one finished line of text (CSV cells quoted by crm.csv_cell and text
+// cells guarded against formulas by csvTextCellSql, or the
 // record's JSON), so the API process only concatenates: the database does the formatting on its
 // own core, and the stream holds one fetch of lines at a time.
 import { sql } from '../db/pool.ts'
+import { csvTextCellSql } from './csv-text-cell.ts'
 import type { FieldSpec, RecordType } from '../records/fields.ts'
 import { parseListRequest } from '../records/list-parameters.ts'
 import { filterCondition, orderByClause, orderKeys } from '../records/list-query.ts'
@@ -98,9 +100,10 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
       ? sql.fragment`${type.jsonFunction}(t)::text`
       : sql.fragment`json_build_object(${sql.join(fields.map((field) => sql.fragment`${field.name}::text, ${jsonValue(field)}`), sql.fragment`, `)})::text`
   } else {
-    // Only text and JSON can hold a quote, comma or line break; ids, numbers, dates and times never need quoting.
+    // Only text and JSON can hold a quote, comma or line break, or start a formula; ids, numbers,
+    // dates and times are written as stored (a numeric -5 stays -5).
     const cell = (field: FieldSpec) =>
-      field.kind === 'text' || field.kind === 'lowercase' || field.kind === 'json' ? sql.fragment`crm.csv_cell(${textValue(field)})` : sql.fragment`coalesce(${textValue(field)}, '')`
+      field.kind === 'text' || field.kind === 'lowercase' || field.kind === 'json' ? csvTextCellSql(textValue(field)) : sql.fragment`coalesce(${textValue(field)}, '')`
     line = sql.fragment`concat_ws(',', ${sql.join(fields.map(cell), sql.fragment`, `)})`
     header = fields.map((field) => field.name).join(',')
   }

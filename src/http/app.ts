@@ -5,10 +5,11 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import polka from 'polka'
 import { readJsonObject } from './body.ts'
 import { createAdmissionGate } from './admission.ts'
+import { identifyClient } from './client-address.ts'
 import { ApiError, problemBody, toApiError } from './problem.ts'
 import { JsonText, validateBody, type RouteContext, type RouteDefinition, type Services } from './route.ts'
 import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
-import { sql } from '../db/pool.ts'
+import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
 import { singleStatementConnection } from './single-statement.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
@@ -47,7 +48,12 @@ export function createApp(
   services: Services,
   definitions: RouteDefinition[],
   authenticate: Authenticator,
-  extra: { pages?: (app: ReturnType<typeof polka>) => void; statements?: { authenticate: StatementAuthenticator; pool: StatementPool } } = {},
+  extra: {
+    pages?: (app: ReturnType<typeof polka>) => void
+    statements?: { authenticate: StatementAuthenticator; pool: StatementPool }
+    /** Refuses a missing or malformed credential from the headers, before the body is read. */
+    checkCredential?: (req: IncomingMessage) => void
+  } = {},
 ): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
@@ -79,6 +85,7 @@ export function createApp(
     const given = req.headers['x-request-id']
     request.requestId = typeof given === 'string' && SANE_REQUEST_ID.test(given) ? given : randomUUID()
     res.setHeader('X-Request-Id', request.requestId)
+    identifyClient(req, config.trustProxy)
     res.on('finish', () => {
       logger.info('request', {
         method: req.method,
@@ -99,7 +106,10 @@ export function createApp(
   extra.pages?.(app)
 
   async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
-    // The body is read before a connection is taken, so a slow client never holds one.
+    // An anonymous client is refused before its body is read; the body is read before a connection
+    // is taken, so a slow client never holds one.
+    if (definition.auth === 'required') extra.checkCredential?.(req)
+    if (definition.limitedPerAddress) services.addressRateLimit(req)
     let body: unknown = undefined
     if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }

@@ -6,6 +6,7 @@ import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { Logger } from '../log.ts'
+import type { AddressRateLimit } from './address-rate-limit.ts'
 import type { Caller } from '../auth/authenticate.ts'
 import { ValidationError, type FieldProblem } from '../errors.ts'
 
@@ -15,6 +16,14 @@ export type Services = {
   config: Config
   pool: DatabasePool
   logger: Logger
+  /**
+   * The base of every link the service sends (an invitation's accept_url): PUBLIC_BASE_URL, else
+   * the listening address (localhost for a wildcard). Never the request's Host, which the client
+   * chooses.
+   */
+  baseUrl: string
+  /** The per-address limit of the unauthenticated routes; throws 429 rate_limited past it. */
+  addressRateLimit: AddressRateLimit
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
   [key: string]: unknown
 }
@@ -57,6 +66,8 @@ export type RouteDefinition = {
   summary: string
   tag: string
   auth: AuthMode
+  /** Counted against UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE per client address (sign-in and the like). */
+  limitedPerAddress?: boolean
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
   body?: TSchema
   /** Body handling: 'json' (default when body is set), 'raw' (the handler reads the stream itself). */
@@ -80,15 +91,73 @@ export type RouteDefinition = {
   handler: (context: RouteContext) => Promise<RouteResult>
 }
 
-const validators = new WeakMap<TSchema, ReturnType<typeof Compile>>()
+type Validator = ReturnType<typeof Compile>
+const validators = new WeakMap<TSchema, { lengths: Validator; full: Validator }>()
+
+/**
+ * The schema without the checks that run a regular expression (pattern, format): typebox's error
+ * walk runs every keyword of a string, pattern included, even when maxLength already failed, so a
+ * 1 MiB string would meet a pattern. Lengths, types and shapes are checked first with this copy;
+ * patterns and formats run only on strings within their limits.
+ */
+function withoutExpressions(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(withoutExpressions)
+  if (schema === null || typeof schema !== 'object') return schema
+  const copy: Record<string, unknown> = {}
+  for (const [name, value] of Object.entries(schema)) {
+    if ((schema as { type?: unknown }).type === 'string' && (name === 'pattern' || name === 'format')) continue
+    copy[name] = withoutExpressions(value)
+  }
+  return copy
+}
+
+function validatorsOf(schema: TSchema): { lengths: Validator; full: Validator } {
+  let found = validators.get(schema)
+  if (!found) {
+    found = { lengths: Compile(withoutExpressions(JSON.parse(JSON.stringify(schema))) as TSchema), full: Compile(schema) }
+    validators.set(schema, found)
+  }
+  return found
+}
+
+/**
+ * Strings PostgreSQL cannot store: a NUL character (text refuses it) and a lone UTF-16 surrogate
+ * (it has no UTF-8 form: the driver would silently store U+FFFD, and jsonb refuses its escape).
+ */
+export function isStorableString(text: string): boolean {
+  return !text.includes('\u0000') && text.isWellFormed()
+}
+
+/** A JSON pointer segment (RFC 6901: ~ and / escaped). */
+function pointerSegment(name: string): string {
+  return name.replaceAll('~', '~0').replaceAll('/', '~1')
+}
+
+/** Every string of a JSON value, object keys included, that PostgreSQL cannot store, by pointer. */
+function unstorableStrings(value: unknown, pointer: string, found: FieldProblem[]): void {
+  if (found.length >= 50) return
+  if (typeof value === 'string') {
+    if (!isStorableString(value)) found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
+  } else if (Array.isArray(value)) {
+    value.forEach((item, index) => unstorableStrings(item, `${pointer}/${index}`, found))
+  } else if (value !== null && typeof value === 'object') {
+    for (const [name, item] of Object.entries(value)) {
+      const at = `${pointer}/${pointerSegment(name)}`
+      if (!isStorableString(name)) found.push({ pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' })
+      else unstorableStrings(item, at, found)
+    }
+  }
+}
 
 /** Validates a JSON value against a schema and turns failures into one 422 with a pointer per problem. */
 export function validateBody<T>(schema: TSchema, value: unknown): T {
-  let validator = validators.get(schema)
-  if (!validator) {
-    validator = Compile(schema)
-    validators.set(schema, validator)
+  const unstorable: FieldProblem[] = []
+  unstorableStrings(value, '', unstorable)
+  if (unstorable.length > 0) {
+    throw new ValidationError(`${unstorable[0].pointer.slice(1) || 'body'} ${unstorable[0].message}`, unstorable)
   }
+  const { lengths, full } = validatorsOf(schema)
+  const validator = lengths.Check(value) ? full : lengths
   if (validator.Check(value)) return value as T
   const errors: FieldProblem[] = []
   for (const error of validator.Errors(value)) {

@@ -49,8 +49,12 @@ export type RecordType = {
 
 const EMAIL_PATTERN = '^[^\\s@]+@[^\\s@]+\\.[^\\s@.]+$'
 const DOMAIN_PATTERN = '^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.?$'
-const PHONE_PATTERN = '^\\+?[0-9 ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
-const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]+[^\\s]*$'
+// Every pattern of a request schema runs in time linear in its input on a backtracking engine; the
+// list of them, each with the reason it is linear, is in test/hostile/linear-validation.test.ts.
+// The phone's first digit ends the leading punctuation, so there is one way to split the number.
+const PHONE_PATTERN = '^\\+?[ ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\\.?|#) ?[0-9]{1,10})?$'
+/** The host's first character, then anything but white space: equal to [^\\s/?#]+[^\\s]* without its ambiguity. */
+const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]\\S*$'
 const KEY_PATTERN = '^[a-z][a-z0-9_]{0,62}$'
 
 type FieldOptions = Partial<Omit<FieldSpec, 'name' | 'kind'>>
@@ -119,8 +123,8 @@ export const CONTACT = recordType('contact', 'contacts', 'contact', common([
 export const DEAL = recordType('deal', 'deals', 'deal', common([
   text('name', 255, { nullable: false }),
   field('amount', 'numeric', { description: 'Amount' }),
-  field('currency', 'text', { nullable: false, filledByDatabase: true, pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
-  field('stage', 'text', { nullable: false, filledByDatabase: true, pattern: KEY_PATTERN, description: 'A key of GET /api/deal-stages; default the first stage' }),
+  field('currency', 'text', { nullable: false, filledByDatabase: true, maxLength: 3, pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
+  field('stage', 'text', { nullable: false, filledByDatabase: true, maxLength: 63, pattern: KEY_PATTERN, description: 'A key of GET /api/deal-stages; default the first stage' }),
   readOnly('stage_changed_at', 'timestamp'),
   field('close_date', 'date'),
   field('company_id', 'uuid'),

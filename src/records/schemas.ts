@@ -9,13 +9,15 @@ import { Uuid } from '../uuid.ts'
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
 
 export const MONEY_PATTERN = '^\\d{1,16}(\\.\\d{1,2})?$'
+/** The host's first character, then anything but white space: equal to [^\\s/?#]+[^\\s]* without its ambiguity. */
+export const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]\\S*$'
 
 /** Money in requests: numeric(18, 2), so at most 16 digits before the point and 2 after. */
 const Money = (description: string) =>
-  Type.Union([Type.String({ pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
+  Type.Union([Type.String({ maxLength: 19, pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
     description: `${description}: a decimal string with at most two places ("12500.00"); a JSON number is accepted too`,
   })
-const DateOnly = Type.String({ format: 'date', pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
+const DateOnly = Type.String({ format: 'date', maxLength: 10, pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
 const Time = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, milliseconds' })
 
 export const CustomFields = Type.Record(

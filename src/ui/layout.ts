@@ -43,10 +43,30 @@ export function redirect(res: ServerResponse, location: string): void {
   res.end()
 }
 
-/** Only same-site paths, so a `next` parameter cannot send the browser elsewhere. */
+/** Any origin of our own: a return path is kept only when it resolves to this origin. */
+const RETURN_PATH_BASE = new URL('http://return-path.invalid/')
+
+// Browsers drop tabs and line breaks from a URL and read \ as /, so "/\t/evil.example" and
+// "/\\evil.example" mean //evil.example; none of these belong in a path of ours.
+const NOT_IN_A_PATH = /[\u0000-\u001f\u007f\\]/
+
+/**
+ * Only same-origin paths, so a `next` parameter cannot send the browser elsewhere: the value is
+ * parsed against a base URL and kept only when it stays on that origin, and refused when its
+ * percent-decoded form would leave it (%2F%2F, %5C, encoded line breaks).
+ */
 export function safeReturnPath(value: string | undefined | null, fallback = '/'): string {
-  if (!value || !value.startsWith('/') || value.startsWith('//') || value.startsWith('/\\') || /[\r\n]/.test(value)) return fallback
-  return value
+  if (!value || !value.startsWith('/') || value.startsWith('//') || NOT_IN_A_PATH.test(value)) return fallback
+  let url: URL
+  let decodedPath: string
+  try {
+    url = new URL(value, RETURN_PATH_BASE)
+    decodedPath = decodeURIComponent(url.pathname)
+  } catch {
+    return fallback
+  }
+  if (url.origin !== RETURN_PATH_BASE.origin || decodedPath.startsWith('//') || NOT_IN_A_PATH.test(decodedPath)) return fallback
+  return `${url.pathname}${url.search}${url.hash}`
 }
 
 function head(title: string): SafeHtml {

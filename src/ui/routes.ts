@@ -6,7 +6,7 @@ import type polka from 'polka'
 import { createAuthenticator } from '../auth/authenticate.ts'
 import { toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
-import { safeReturnPath, SECURITY_HEADERS } from './layout.ts'
+import { requestPath, safeReturnPath, SECURITY_HEADERS } from './layout.ts'
 import { errorPage, signedInPage, type PageHandler } from './page-context.ts'
 import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { confirmTwoFactor, createToken, disableTwoFactor, revokeAll, revokeToken, showRecoveryCodes, showSecurity, showTwoFactor, startTwoFactor } from './pages/security.ts'
@@ -57,9 +57,16 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
       await handler(req, res)
     } catch (error) {
       const apiError = toApiError(error)
-      if (apiError.status >= 500) services.logger.error('page failed', { path: req.url, error: error instanceof Error ? error.message : String(error) })
+      // The path without its query: an invitation link's query is its secret.
+      if (apiError.status >= 500) services.logger.error('page failed', { path: requestPath(req), error: error instanceof Error ? error.message : String(error) })
+      if (apiError.status === 429 && apiError.headers?.['Retry-After']) res.setHeader('Retry-After', apiError.headers['Retry-After'])
       errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
     }
+  }
+  // Pages that check a password, a code or an invitation's secret count against the per-address limit.
+  const limited = (handler: Handler): Handler => async (req, res) => {
+    services.addressRateLimit(req)
+    await handler(req, res)
   }
   const signIn = signInPages(services)
   const signUp = signUpPages(services, definitions)
@@ -68,14 +75,14 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
 
   app.get('/sign-in', guard(signIn.showPassword))
-  app.post('/sign-in', guard(signIn.submitPassword))
+  app.post('/sign-in', guard(limited(signIn.submitPassword)))
   app.get('/sign-in/two-factor', guard(signIn.showCode))
-  app.post('/sign-in/two-factor', guard(signIn.submitCode))
+  app.post('/sign-in/two-factor', guard(limited(signIn.submitCode)))
   app.post('/sign-out', page(signOut))
   app.get('/sign-up', guard(signUp.showSignUp))
-  app.post('/sign-up', guard(signUp.submitSignUp))
-  app.get('/invitations/accept', guard(signUp.showAccept))
-  app.post('/invitations/accept', guard(signUp.submitAccept))
+  app.post('/sign-up', guard(limited(signUp.submitSignUp)))
+  app.get('/invitations/accept', guard(limited(signUp.showAccept)))
+  app.post('/invitations/accept', guard(limited(signUp.submitAccept)))
 
   app.get('/', page(home))
   app.post('/workspace', page(switchWorkspace))

@@ -7,6 +7,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Credential } from '../auth/authenticate.ts'
 import { deriveKey, open, seal } from '../auth/secret-box.ts'
 import { hashToken, TOKEN_PATTERN } from '../auth/tokens.ts'
+import { clientOf } from '../http/client-address.ts'
 
 export const SESSION_COOKIE = 'crm_session'
 export const WORKSPACE_COOKIE = 'crm_workspace'
@@ -29,12 +30,9 @@ export function readCookies(req: IncomingMessage): Map<string, string> {
   return cookies
 }
 
-/** https directly, or behind a proxy that says so. */
+/** https directly, or behind a trusted proxy (TRUST_PROXY) that says so. */
 export function isSecureRequest(req: IncomingMessage): boolean {
-  const forwarded = req.headers['x-forwarded-proto']
-  const proto = (Array.isArray(forwarded) ? forwarded[0] : forwarded)?.split(',')[0].trim().toLowerCase()
-  if (proto) return proto === 'https'
-  return Boolean((req.socket as { encrypted?: boolean }).encrypted)
+  return clientOf(req).secure
 }
 
 type CookieOptions = { maxAgeSeconds?: number; path?: string }

@@ -134,6 +134,7 @@ const IPV4_REFUSED = labelledRanges([
   ['172.16.0.0/12', 'private'],
   ['192.0.0.0/24', 'reserved for IETF protocol assignments'],
   ['192.0.2.0/24', 'reserved for documentation'],
+  ['192.88.99.0/24', 'the 6to4 relay anycast range (deprecated)'],
   ['192.168.0.0/16', 'private'],
   ['198.18.0.0/15', 'reserved for benchmarking'],
   ['198.51.100.0/24', 'reserved for documentation'],
@@ -199,6 +200,17 @@ function inRange(ip: IpBytes, range: CidrRange): boolean {
   if (restBits === 0) return true
   const mask = (0xff << (8 - restBits)) & 0xff
   return (ip.bytes[wholeBytes] & mask) === (range.bytes[wholeBytes] & mask)
+}
+
+/**
+ * Whether an address (a socket's, or a hop of X-Forwarded-For) lies in one of the ranges; an
+ * IPv4-mapped IPv6 address (a dual-stack socket's form) is judged as its IPv4 address.
+ */
+export function isInCidrList(address: string, ranges: readonly CidrRange[]): boolean {
+  const ip = parseIp(address.trim())
+  if (ip === null) return false
+  const judged = ip.family === 6 && hasPrefix(ip.bytes, IPV4_MAPPED) ? ipv4At(ip.bytes, 12) : ip
+  return ranges.some((range) => inRange(judged, range))
 }
 
 /** Accepts dotted-quad IPv4 and any IPv6 text form, with or without brackets or a zone id. */

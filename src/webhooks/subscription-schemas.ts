@@ -10,7 +10,7 @@ export const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'h
 
 const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
 const Time = Type.String({ format: 'date-time' })
-const Events = Type.Array(Type.String({ pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
+const Events = Type.Array(Type.String({ maxLength: 15, pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
   minItems: 1,
   maxItems: 20,
 })

@@ -43,6 +43,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     WEBHOOK_LOG_RETENTION_DAYS: 'x',
     HOST: 'bad host!',
     PUBLIC_BASE_URL: 'nope',
+    TRUST_PROXY: '10.0.0.0/99',
     SMTP_URL: 'http://mail',
   }
   const error = t.throws(() => loadConfig(env, { dataDir: dataDir() })) as unknown as ConfigError
@@ -56,7 +57,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
 t.test('production requires APP_SECRET', async (t) => {
   const error = t.throws(() => loadConfig({ NODE_ENV: 'production' }, { dataDir: dataDir() })) as unknown as ConfigError
   t.match(error.problems, [/^APP_SECRET: required when NODE_ENV=production/])
-  t.equal(loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40) }, { dataDir: dataDir() }).production, true)
+  t.equal(loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40), PUBLIC_BASE_URL: 'https://crm.example.com' }, { dataDir: dataDir() }).production, true)
 })
 
 t.test('test knobs', async (t) => {

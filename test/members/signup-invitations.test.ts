@@ -69,7 +69,7 @@ t.test('invitations: create, list, withdraw; admins only', async (t) => {
   const created = await server.request('POST', '/api/invitations', { token: admin, body: { email: 'New@Example.com', role: 'read_only', teams: ['east'] } })
   t.equal(created.status, 201, created.text)
   t.match(created.body.data, { id: /^[0-9a-f-]{36}$/, email: 'new@example.com', role: 'read_only', teams: ['east'], status: 'pending' })
-  t.match(created.body.data.accept_url, new RegExp(`^${server.url.replaceAll('.', '\\.')}/invitations/accept\\?token=inv_[A-Za-z0-9_-]{43}$`), 'without PUBLIC_BASE_URL the base URL comes from the Host')
+  t.match(created.body.data.accept_url, new RegExp(`^${server.url.replaceAll('.', '\\.')}/invitations/accept\\?token=inv_[A-Za-z0-9_-]{43}$`), 'without PUBLIC_BASE_URL the base URL is the listening address')
   const validDays = (Date.parse(created.body.data.expires_at) - Date.now()) / 86_400_000
   t.ok(validDays > 6.99 && validDays <= 7, 'valid 7 days')
   const secret = new URL(created.body.data.accept_url).searchParams.get('token')!

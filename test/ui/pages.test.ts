@@ -5,7 +5,8 @@ import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { setPassword } from './browser.ts'
 
-const server = await startTestServer(t)
+// The test client stands in for an https proxy, so the proxy's address is trusted.
+const server = await startTestServer(t, { env: { TRUST_PROXY: '127.0.0.1/32, ::1' } })
 const acme = await createTenant(server.databaseUrl, { slug: 'acme', members: { 'ada@acme.test': 'admin' } })
 await setPassword(server.databaseUrl, 'ada@acme.test', 'correct horse battery')
 const session = await withOwner(server.databaseUrl, (client) => mintToken(client, acme.members['ada@acme.test'].id, { kind: 'session' }))

@@ -33,6 +33,7 @@ if (browser) {
     t.same((await page.getByRole('columnheader').allTextContents()).slice(0, 5), ['Name', 'Type', 'Created', 'Last used', 'Expires'])
 
     await page.getByLabel('Name').fill('ERP sync')
+    t.equal(await page.getByLabel('Expires in').inputValue(), '14', 'a new token expires in 14 days unless told otherwise')
     await page.getByLabel('Expires in').selectOption({ label: '7 days' })
     await page.getByRole('button', { name: 'Create token' }).click()
     await page.waitForURL(`${server.url}/security`)

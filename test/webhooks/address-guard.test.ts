@@ -86,6 +86,8 @@ t.test('non-global IPv4 literals', async (t) => {
     ['172.31.255.255', /private/],
     ['192.0.0.8', /IETF/],
     ['192.0.2.1', /documentation/],
+    ['192.88.99.1', /6to4 relay anycast/],
+    ['192.88.99.255', /6to4 relay anycast/],
     ['192.168.1.1', /private/],
     ['198.18.0.1', /benchmarking/],
     ['198.19.255.255', /benchmarking/],
@@ -100,7 +102,7 @@ t.test('non-global IPv4 literals', async (t) => {
     t.notOk(isGlobalUnicast(address), `${address} is not global`)
     await expectRefused(t, `https://${address}/`, new RegExp(`^address ${address.replaceAll('.', '\\.')} is .*${reason.source}`))
   }
-  for (const address of ['1.1.1.1', '8.8.8.8', '100.63.255.255', '100.128.0.0', '172.15.255.255', '172.32.0.0', '192.0.1.1', '192.169.0.1', '198.17.255.255', '198.20.0.0', '223.255.255.255', '169.253.255.255', '11.0.0.0']) {
+  for (const address of ['1.1.1.1', '8.8.8.8', '100.63.255.255', '100.128.0.0', '172.15.255.255', '172.32.0.0', '192.0.1.1', '192.169.0.1', '198.17.255.255', '198.20.0.0', '192.88.98.255', '192.88.100.0', '223.255.255.255', '169.253.255.255', '11.0.0.0']) {
     t.ok(isGlobalUnicast(address), `${address} is global`)
   }
 })
@@ -132,6 +134,9 @@ t.test('non-global IPv6 literals, including forms that embed IPv4', async (t) =>
     ['2002:7f00:1::1', /IPv6 form of 127\.0\.0\.1, which is loopback/],
     ['2002:c0a8:101::', /IPv6 form of 192\.168\.1\.1, which is private/],
     ['2002:a9fe:a9fe:0:0:0:0:1', /IPv6 form of 169\.254\.169\.254/],
+    ['::ffff:192.88.99.1', /IPv6 form of 192\.88\.99\.1, which is the 6to4 relay anycast/],
+    ['64:ff9b::c058:6301', /IPv6 form of 192\.88\.99\.1, which is the 6to4 relay anycast/],
+    ['2002:c058:6301::1', /IPv6 form of 192\.88\.99\.1, which is the 6to4 relay anycast/],
   ]
   for (const [address, reason] of cases) {
     t.notOk(isGlobalUnicast(address), `${address} is not global`)

@@ -25,7 +25,7 @@ const SignInBody = Type.Object(
   { additionalProperties: false },
 )
 const ChallengeBody = Type.Union([
-  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
+  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ maxLength: 32, pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
   Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), recovery_code: Type.String({ minLength: 1, maxLength: 100 }) }, { additionalProperties: false }),
 ])
 
@@ -46,6 +46,7 @@ export default defineRoutes(
     summary: 'Exchange email and password for a bearer token (or a two-factor challenge)',
     tag: 'auth',
     auth: 'none',
+    limitedPerAddress: true,
     body: SignInBody,
     response: Type.Union([TokenBodySchema, ChallengeSchema]),
     errors: [400, 401, 422, 429],
@@ -58,6 +59,7 @@ export default defineRoutes(
     summary: 'Complete a two-factor sign-in with a TOTP code or a recovery code',
     tag: 'auth',
     auth: 'none',
+    limitedPerAddress: true,
     body: ChallengeBody,
     response: TokenBodySchema,
     errors: [400, 401, 422, 429],

@@ -7,6 +7,7 @@ import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/land-batch.ts'
 import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
+import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { CSV_BODY_LIMIT, readBody } from '../body.ts'
@@ -165,15 +166,15 @@ function routesFor(type: ImportType): RouteDefinition[] {
           select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[] } | null
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns as string[]
-        const header = [...columns, 'row', 'error'].map(csvCell).join(',')
+        const header = [...columns, 'row', 'error'].map(csvTextCell).join(',')
         res.writeHead(200, { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` })
         res.write(header + '\r\n')
         // Each row's own cells (padded or cut to the header), then its number and its errors.
         await streamLines(db, sql.type(LineRow)`
           select concat_ws(',',
-                   (select string_agg(crm.csv_cell(r.cells[n]), ',' order by n) from generate_series(1, ${columns.length}::int) n),
+                   (select string_agg(${csvTextCellSql(sql.fragment`r.cells[n]`)}, ',' order by n) from generate_series(1, ${columns.length}::int) n),
                    e.row::text,
-                   crm.csv_cell(e.message)) as line
+                   ${csvTextCellSql(sql.fragment`e.message`)}) as line
             from (select e.row, string_agg(e.message, '; ' order by e.position) as message
                     from crm.import_errors e
                    where e.workspace_id = (select crm.current_workspace_id()) and e.import_id = ${id}
@@ -183,10 +184,6 @@ function routesFor(type: ImportType): RouteDefinition[] {
       },
     },
   ]
-}
-
-function csvCell(value: string): string {
-  return /[",\r\n]/.test(value) ? `"${value.replace(/"/g, '""')}"` : value
 }
 
 export default IMPORT_TYPES.flatMap(routesFor)

@@ -1,8 +1,6 @@
 // Invitations (API.md section 3): admins invite, list and withdraw; the invitee accepts.
-import type { IncomingMessage } from 'node:http'
 import Type from 'typebox'
 import { bearerCredential } from '../../auth/authenticate.ts'
-import type { Config } from '../../config.ts'
 import { invitationMail } from '../../mail/invitation-mail.ts'
 import { createMailer } from '../../mail/mailer.ts'
 import { acceptInvitation, createInvitation, deleteInvitation, listInvitations } from '../../members/invitations.ts'
@@ -42,15 +40,6 @@ const AcceptBody = Type.Object(
   { additionalProperties: false },
 )
 
-/** PUBLIC_BASE_URL when set (set it in production); else the scheme and host this request came to. */
-function baseUrl(config: Config, req: IncomingMessage): string {
-  if (config.publicBaseUrl) return config.publicBaseUrl
-  const forwarded = String(req.headers['x-forwarded-proto'] ?? '').split(',')[0].trim()
-  const scheme = forwarded === 'https' || forwarded === 'http' ? forwarded : 'http'
-  const host = req.headers.host ?? ''
-  return /^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$/.test(host) ? `${scheme}://${host}` : `http://${config.host}:${config.port}`
-}
-
 export default defineRoutes(
   {
     method: 'POST',
@@ -63,8 +52,8 @@ export default defineRoutes(
     response: Type.Object({ data: Type.Intersect([InvitationSchema, Type.Object({ accept_url: Type.String() })]) }),
     errors: [401, 403, 409, 422],
     example: { request: { email: 'grace@example.com', role: 'member', teams: ['east'] } },
-    handler: async ({ db, caller, body, req, res, services }) => {
-      const { workspace_name: _w, inviter_name: _i, ...invitation } = await createInvitation(db, caller, body, baseUrl(services.config, req))
+    handler: async ({ db, caller, body, res, services }) => {
+      const { workspace_name: _w, inviter_name: _i, ...invitation } = await createInvitation(db, caller, body, services.baseUrl)
       const mailer = createMailer(services.config)
       if (mailer) {
         const mail = invitationMail({ ...invitation, workspace_name: _w, inviter_name: _i })
@@ -106,6 +95,7 @@ export default defineRoutes(
     summary: 'Accept an invitation: as a new user with password and name, or as an existing user with their bearer token',
     tag: 'workspace administration',
     auth: 'none',
+    limitedPerAddress: true,
     body: AcceptBody,
     response: TokenBodySchema,
     errors: [401, 403, 409, 422],

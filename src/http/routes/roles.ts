@@ -16,9 +16,9 @@ const RoleSchema = Type.Object({
 })
 
 const fields = {
-  name: Type.String({ pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'lower-case letters, digits and _' }),
+  name: Type.String({ maxLength: 63, pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'lower-case letters, digits and _' }),
   is_admin: Type.Boolean({ description: 'admins manage members, roles, teams, invitations and webhooks' }),
-  grants: Type.Array(Type.String({ pattern: GRANT_PATTERN }), { maxItems: 18, description: 'resource:action:scope, e.g. deals:view:own' }),
+  grants: Type.Array(Type.String({ maxLength: 21, pattern: GRANT_PATTERN }), { maxItems: 18, description: 'resource:action:scope, e.g. deals:view:own' }),
 }
 const CreateBody = Type.Object({ name: fields.name, is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) }, { additionalProperties: false })
 const UpdateBody = Type.Object({ name: Type.Optional(fields.name), is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) }, { additionalProperties: false })

@@ -16,10 +16,13 @@ import { UUID_PATTERN } from '../../uuid.ts'
 
 const EXPIRY_CHOICES = [
   { days: 7, label: '7 days' },
+  { days: 14, label: '14 days' },
   { days: 30, label: '30 days' },
   { days: 90, label: '90 days' },
   { days: 365, label: '1 year' },
 ]
+/** A token's documented default lifetime (API.md section 3), the same in the UI as in the API. */
+const DEFAULT_EXPIRY_DAYS = 14
 
 type TokenRow = { id: string; kind: 'token' | 'session'; name: string; created_at: string; last_used_at: string | null; expires_at: string; current: boolean }
 const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolean(), recovery_codes_left: Type.Integer() })
@@ -101,7 +104,7 @@ ${
     <div class="field">
       <label for="token-expiry">Expires in</label>
       <select id="token-expiry" name="expires_in_days">
-        ${EXPIRY_CHOICES.map((choice) => html`<option value="${choice.days}"${choice.days === 30 ? html` selected` : ''}>${choice.label}</option>`)}
+        ${EXPIRY_CHOICES.map((choice) => html`<option value="${choice.days}"${choice.days === DEFAULT_EXPIRY_DAYS ? html` selected` : ''}>${choice.label}</option>`)}
       </select>
     </div>
     <div class="actions"><button type="submit">Create token</button></div>
