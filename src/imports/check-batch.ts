@@ -92,26 +92,21 @@ export async function typeRows(db: Queryable, batch: BatchMapping): Promise<void
       add column row integer, add column target_id uuid, add column target_owner uuid, add column repeat_of integer,
       add column custom_new jsonb, add column company_name text, add column unchanged boolean not null default false`)
   await execute(db, sql.fragment`create temp table import_problems (row integer not null, field text, message text not null, ordinal serial) on commit drop`)
+  // Each typed column with its value: the file's cast cells, the importing user as the owner when
+  // the file has no owner_id, the company that company_name names when no company_id cell does.
+  const assigned = fields.map((mapped) => ({ column: mapped.field.name, value: typedValue(mapped.field, sql.fragment`s.${ident(mapped.field.name)}`) }))
+  if (companyName) {
+    const companyId = assigned.find((pair) => pair.column === 'company_id')
+    if (companyId) companyId.value = sql.fragment`coalesce(${companyId.value}, n.id)`
+    else assigned.push({ column: 'company_id', value: sql.fragment`n.id` })
+  }
+  if (!batch.maps('owner_id')) assigned.unshift({ column: 'owner_id', value: sql.fragment`c.user_id` })
+  const repeatOf = keyField && batch.maps(keyField) ? sql.fragment`s.repeat_of` : sql.fragment`null::int`
   // Existing companies named by company_name are linked here, in the same pass (an UPDATE
   // afterwards rewrote every row of the batch). = any (array(...)): one probe of
   // companies_name_lower per distinct name; with "in (select ...)" the planner, still reading the
   // statistics of an empty companies table, joined every company with every row (measured: 170 ms
-  // a batch of 5,000 rows against 1,000 companies). A company_id cell, when mapped, wins.
-  const typedColumns = fields.map((mapped) => mapped.field.name)
-  const typedValues = fields.map((mapped) => typedValue(mapped.field, sql.fragment`s.${ident(mapped.field.name)}`))
-  if (companyName) {
-    const index = typedColumns.indexOf('company_id')
-    if (index >= 0) typedValues[index] = sql.fragment`coalesce(${typedValues[index]}, n.id)`
-    else {
-      typedColumns.push('company_id')
-      typedValues.push(sql.fragment`n.id`)
-    }
-  }
-  // The file's owner_id, when mapped, is one of the typed columns; otherwise the importing user.
-  const ownerDefault = batch.maps('owner_id') ? [] : [{ column: 'owner_id', value: sql.fragment`c.user_id` }]
-  const columns = [...ownerDefault.map((owner) => owner.column), ...typedColumns]
-  const values = [...ownerDefault.map((owner) => owner.value), ...typedValues]
-  const repeatOf = keyField && batch.maps(keyField) ? sql.fragment`s.repeat_of` : sql.fragment`null::int`
+  // a batch of 5,000 rows against 1,000 companies).
   const namedCompanies = companyName
     ? sql.fragment`with named as materialized (
       select distinct on (lower(c.name)) c.id, lower(c.name) as name
@@ -121,9 +116,9 @@ export async function typeRows(db: Queryable, batch: BatchMapping): Promise<void
        order by lower(c.name), c.created_at, c.id)`
     : sql.fragment``
   await execute(db, sql.fragment`
-    insert into import_typed (${commaList([sql.fragment`row, repeat_of, custom_new, custom_fields, company_name, workspace_id, created_by, updated_by`, ...columns.map((name) => sql.fragment`${ident(name)}`)])})
+    insert into import_typed (${commaList([sql.fragment`row, repeat_of, custom_new, custom_fields, company_name, workspace_id, created_by, updated_by`, ...assigned.map((pair) => sql.fragment`${ident(pair.column)}`)])})
     ${namedCompanies}
-    select ${commaList([sql.fragment`s.row, ${repeatOf}, s.custom_new, '{}'::jsonb || s.custom_new, s.company_name, c.workspace_id, c.user_id, c.user_id`, ...values])}
+    select ${commaList([sql.fragment`s.row, ${repeatOf}, s.custom_new, '{}'::jsonb || s.custom_new, s.company_name, c.workspace_id, c.user_id, c.user_id`, ...assigned.map((pair) => pair.value)])}
       from import_stage s
      cross join (select (select crm.current_workspace_id()) as workspace_id, (select crm.current_user_id()) as user_id offset 0) c
      ${companyName ? sql.fragment`left join named n on n.name = lower(s.company_name)` : sql.fragment``}`)
