@@ -137,12 +137,11 @@ const MatchedCount = rowSchema(Type.Object({ count: Type.Integer() }))
  * is skipped; RLS skips those the user may not update, and they are refused.
  */
 async function updateMatchedRecords(db: Queryable, batch: BatchMapping): Promise<{ updated: number; skipped: number; refused: number[] }> {
-  const result = { updated: 0, skipped: 0, refused: [] as number[] }
-  if (batch.plan.mode !== 'upsert') return result
+  if (batch.plan.mode !== 'upsert') return { updated: 0, skipped: 0, refused: [] }
   const set = batch.setColumns
   if (set.length === 0) {
     const { count } = await readOne(db, sql.type(MatchedCount)`select count(*)::int as count from import_typed t where t.target_id is not null and ${rowIsClean}`)
-    return { ...result, skipped: count }
+    return { updated: 0, skipped: count, refused: [] }
   }
   await execute(db, sql.fragment`
     update import_typed t
@@ -159,12 +158,11 @@ async function updateMatchedRecords(db: Queryable, batch: BatchMapping): Promise
     select t.row, t.unchanged, (c.id is not null) as landed
       from import_typed t left join changed c on c.id = t.target_id
      where t.target_id is not null and ${rowIsClean}`)
-  for (const row of rows) {
-    if (row.unchanged) result.skipped++
-    else if (row.landed) result.updated++
-    else result.refused.push(row.row)
+  return {
+    updated: rows.filter((row) => !row.unchanged && row.landed).length,
+    skipped: rows.filter((row) => row.unchanged).length,
+    refused: rows.filter((row) => !row.unchanged && !row.landed).map((row) => row.row),
   }
-  return result
 }
 
 /** The rows the database itself refused: a key taken by an invisible record, an update RLS skipped. */
