@@ -1906,6 +1906,29 @@ comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is 'CHECK for
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to crm_api;
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to public;
 
+CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
+ RETURNS uuid[]
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'public'
+AS $function$
+declare
+  v_covered uuid[];
+begin
+  if crm.grant_scope(p_resource, p_action) = 'all' then
+    return '{}';
+  end if;
+  v_covered := crm.scope_owner_ids(p_resource, p_action);
+  return array(select distinct o.owner_id
+                 from unnest(p_owner_ids) as o (owner_id)
+                where o.owner_id is not null and o.owner_id <> all (v_covered)
+                order by o.owner_id);
+end
+$function$;
+comment on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) is 'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not cover: none for all, every one without a grant.';
+grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to crm_api;
+grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to public;
+
 CREATE OR REPLACE FUNCTION crm.pause_webhook_subscription(p_subscription_id uuid)
  RETURNS void
  LANGUAGE plpgsql

@@ -11,9 +11,14 @@ import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import type { Submittable } from 'pg'
 import { from as copyFrom } from 'pg-copy-streams'
-import { readCsvRecords, CsvFileError, type Delimiter } from './csv-file.ts'
-import { landBatch, repeatKeyOf, type ImportPlan, type Queryable } from './land-batch.ts'
-import type { ImportType } from './suggest-mapping.ts'
+import Type, { type Static } from 'typebox'
+import { sql } from '../db/pool.ts'
+import { readCsvRecords, CsvFileError } from './csv-file.ts'
+import { readMaybeOne, readOne, type Queryable } from './batch-statements.ts'
+import { rowType } from '../db/typed-rows.ts'
+import { repeatKeyOf, type ImportPlan } from './import-plan.ts'
+import { landBatch } from './land-batch.ts'
+import { IMPORT_TYPES } from './suggest-mapping.ts'
 
 export type ImportJob = { workspace_id: string; import_id: string }
 
@@ -36,30 +41,25 @@ const FILE_SLICE_BYTES = 1024 * 1024
 /** A permanent refusal (grant gone, member suspended, broken file): the job fails without retrying. */
 export class ImportRefused extends Error {}
 
-type ImportRow = {
-  user_id: string
-  status: string
-  staged: boolean
-  delimiter: Delimiter
-  record_type: ImportType
-  columns: string[]
-  mapping: Record<string, string | null>
-  mode: 'create' | 'upsert'
-  match_on: 'email' | 'domain' | 'id'
-  dry_run: boolean
-  last_row_done: number
-  file_size: number
-  has_file: boolean
+const ImportRowFields = Type.Object({
+  user_id: Type.String(),
+  status: Type.String(),
+  staged: Type.Boolean(),
+  delimiter: Type.Union([Type.Literal(','), Type.Literal(';'), Type.Literal('\t')]),
+  file_size: Type.Number(),
+  has_file: Type.Boolean(),
+})
+const ImportRow = rowType(ImportRowFields)
+type ImportRow = Static<typeof ImportRowFields>
+
+async function readImport(client: Queryable, job: ImportJob) {
+  // file_size is a bigint; as float8 it reads as a number, exact far beyond any upload.
+  return readMaybeOne(client, sql.type(ImportRow)`
+    select user_id, status, staged, delimiter, file_size::float8 as file_size, file_bytes is not null as has_file
+      from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`)
 }
 
-async function readImport(client: Queryable, job: ImportJob): Promise<ImportRow | null> {
-  const { rows } = await client.query(
-    `select user_id, status, staged, delimiter, record_type, columns, mapping, mode, match_on, dry_run, last_row_done, file_size, file_bytes is not null as has_file
-       from crm.imports where workspace_id = $1 and id = $2`,
-    [job.workspace_id, job.import_id],
-  )
-  return rows[0] ?? null
-}
+const FileSlice = rowType(Type.Object({ slice: Type.String() }))
 
 /**
  * The stored file, read in slices so that neither the database nor the worker holds it whole.
@@ -67,13 +67,10 @@ async function readImport(client: Queryable, job: ImportJob): Promise<ImportRow 
  */
 async function* fileSlices(client: Queryable, job: ImportJob, size: number): AsyncGenerator<Buffer> {
   for (let offset = 0; offset < size; offset += FILE_SLICE_BYTES) {
-    const { rows } = await client.query(`select encode(substring(file_bytes from $3::int for $4::int), 'base64') as slice from crm.imports where workspace_id = $1 and id = $2`, [
-      job.workspace_id,
-      job.import_id,
-      offset + 1,
-      FILE_SLICE_BYTES,
-    ])
-    yield Buffer.from(rows[0].slice as string, 'base64')
+    const { slice } = await readOne(client, sql.type(FileSlice)`
+      select encode(substring(file_bytes from ${offset + 1}::int for ${FILE_SLICE_BYTES}::int), 'base64') as slice
+        from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`)
+    yield Buffer.from(slice, 'base64')
   }
 }
 
@@ -141,6 +138,18 @@ function isRefusal(error: unknown): boolean {
   return error instanceof ImportRefused || code === 'CR403' || code === 'CR404'
 }
 
+/** What crm.begin_import_batch answers: the import's options and progress (mapping, mode and match_on are set once it is queued). */
+const OpenedBatch = rowType(Type.Object({
+  status: Type.String(),
+  record_type: Type.Union(IMPORT_TYPES.map((type) => Type.Literal(type))),
+  columns: Type.Array(Type.String()),
+  mapping: Type.Union([Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()])), Type.Null()]),
+  mode: Type.Union([Type.Literal('create'), Type.Literal('upsert'), Type.Null()]),
+  match_on: Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id'), Type.Null()]),
+  dry_run: Type.Boolean(),
+  last_row_done: Type.Integer(),
+}))
+
 export async function markFailed(client: Queryable, job: ImportJob, message: string): Promise<void> {
   await client.query('select crm.complete_import($1, $2, $3, $4)', [job.workspace_id, job.import_id, 'failed', message.slice(0, 1000)])
 }
@@ -155,11 +164,12 @@ export async function processImport(client: ImportClient, job: ImportJob, option
     for (let batch = 1; ; batch++) {
       await client.query('begin')
       try {
-        const { rows: [current] } = await client.query('select * from crm.begin_import_batch($1, $2)', [job.workspace_id, job.import_id])
+        const current = await readOne(client, sql.type(OpenedBatch)`select * from crm.begin_import_batch(${job.workspace_id}, ${job.import_id})`)
         if (current.status !== 'processing') {
           await client.query('rollback')
           return false
         }
+        if (current.mapping === null || current.mode === null || current.match_on === null) throw new ImportRefused('the import was started without its options')
         const plan: ImportPlan = {
           importId: job.import_id,
           type: current.record_type,

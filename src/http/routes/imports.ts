@@ -4,7 +4,7 @@
 import Type from 'typebox'
 import { sql, type DatabaseTransactionConnection } from '../../db/pool.ts'
 import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
-import { keyFieldOf, matchOnAllowed } from '../../imports/land-batch.ts'
+import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
 import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
 import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
