@@ -36,9 +36,13 @@ export async function benchWorkspace(url: string) {
  * in which the connections stay open (pools). Linux only; null elsewhere or without the rights to
  * read data_directory.
  */
-export async function postgresCpuMeter(query: (text: string) => Promise<{ rows: { [key: string]: unknown }[] }>): Promise<(() => number) | null> {
+export async function postgresCpuMeter(
+  query: (text: string) => Promise<{ rows: { [key: string]: unknown }[] }>,
+): Promise<(() => number) | null> {
   try {
-    const { rows: [row] } = await query('show data_directory')
+    const {
+      rows: [row],
+    } = await query('show data_directory')
     const postmaster = Number(readFileSync(join(String(row.data_directory), 'postmaster.pid'), 'utf8').split('\n')[0])
     return () => {
       let ms = processCpuMs(postmaster) ?? 0
@@ -82,7 +86,9 @@ function procStat(pid: number): { ppid: number; cpuMs: number } | null {
 export function contactsFile(rows: number): string {
   const lines = ['First Name,Last Name,Email,Phone,Job Title,City,Country,Company']
   for (let i = 1; i <= rows; i++) {
-    lines.push(`Ann${i},"O'Neil, Jr.",ann${i}@example.com,+1 555 010 ${String(i % 10000).padStart(4, '0')},Engineer,Zürich,Switzerland,"Company ${i % 1000}, Inc."`)
+    lines.push(
+      `Ann${i},"O'Neil, Jr.",ann${i}@example.com,+1 555 010 ${String(i % 10000).padStart(4, '0')},Engineer,Zürich,Switzerland,"Company ${i % 1000}, Inc."`,
+    )
   }
   return lines.join('\n') + '\n'
 }

@@ -24,14 +24,27 @@ try {
   const bytes = Buffer.from(contactsFile(ROWS))
   const client = new pg.Client({ connectionString: database.url })
   await client.connect()
-  const { rows: [{ pid }] } = await client.query('select pg_backend_pid() as pid')
+  const {
+    rows: [{ pid }],
+  } = await client.query('select pg_backend_pid() as pid')
   const inspection = inspectCsv(bytes)
   const mapping = suggestMapping('contacts', inspection.columns, inspection.sampleRows)
-  const { rows: [created] } = await client.query(
+  const {
+    rows: [created],
+  } = await client.query(
     `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping,
                               status, mapping, mode, match_on, dry_run)
      values ($1, $2, 'contacts', 'contacts.csv', $3, $4, ',', $5, $6, $7, $8, 'queued', $8, 'create', 'email', false) returning id`,
-    [tenant.id, admin.id, bytes, bytes.length, inspection.columns, inspection.rowCount, JSON.stringify(inspection.sampleRows), JSON.stringify(mapping)],
+    [
+      tenant.id,
+      admin.id,
+      bytes,
+      bytes.length,
+      inspection.columns,
+      inspection.rowCount,
+      JSON.stringify(inspection.sampleRows),
+      JSON.stringify(mapping),
+    ],
   )
   const times = new Map<string, { ms: number; n: number }>()
   let stagedAt = 0
@@ -57,12 +70,18 @@ try {
   }
   let perf: ReturnType<typeof spawn> | null = null
   if (process.env.PERF) {
-    perf = spawn('perf', ['record', '-e', 'cpu-clock', ...(process.env.PERF_ARGS ?? '-g').split(' '), '-p', String(pid), '-o', process.env.PERF], { stdio: 'inherit' })
+    perf = spawn(
+      'perf',
+      ['record', '-e', 'cpu-clock', ...(process.env.PERF_ARGS ?? '-g').split(' '), '-p', String(pid), '-o', process.env.PERF],
+      { stdio: 'inherit' },
+    )
     await new Promise((resolve) => setTimeout(resolve, 500))
   }
   if (process.env.EXPLAIN) {
     await client.query(`load 'auto_explain'`)
-    await client.query(`set auto_explain.log_min_duration = ${Number(process.env.EXPLAIN)}; set auto_explain.log_analyze = on; set auto_explain.log_verbose = on; set auto_explain.log_nested_statements = on; set client_min_messages = log`)
+    await client.query(
+      `set auto_explain.log_min_duration = ${Number(process.env.EXPLAIN)}; set auto_explain.log_analyze = on; set auto_explain.log_verbose = on; set auto_explain.log_nested_statements = on; set client_min_messages = log`,
+    )
     client.on('notice', (notice: any) => console.log(notice.message))
   }
   const cpu0 = cpu(pid)
@@ -75,11 +94,20 @@ try {
     perf.kill('SIGINT')
     await new Promise((resolve) => perf!.on('exit', resolve))
   }
-  const { rows: [check] } = await original(`select (select count(*)::int from crm.contacts where workspace_id = $1) as contacts, (select count(*)::int from crm.events where workspace_id = $1) as events`, [tenant.id])
+  const {
+    rows: [check],
+  } = await original(
+    `select (select count(*)::int from crm.contacts where workspace_id = $1) as contacts, (select count(*)::int from crm.events where workspace_id = $1) as events`,
+    [tenant.id],
+  )
   await client.end()
   const sorted = [...times.entries()].sort((a, b) => b[1].ms - a[1].ms)
-  console.log(`staging (read, parse, COPY) ${(stagedAt - started).toFixed(0)} ms = ${(((stagedAt - started) * 1000) / ROWS).toFixed(1)} µs/row wall; node cpu ${((stagedCpu.node.user + stagedCpu.node.system) / ROWS).toFixed(1)} µs/row, backend cpu ${((stagedCpu.backend * 1000) / ROWS).toFixed(1)} µs/row`)
-  console.log(`rows ${ROWS} wall ${(wall / 1000).toFixed(2)} s = ${Math.round(ROWS / (wall / 1000))} rows/s; backend cpu ${cpu1 - cpu0} ms = ${(((cpu1 - cpu0) * 1000) / ROWS).toFixed(1)} µs/row; contacts ${check.contacts} events ${check.events}`)
+  console.log(
+    `staging (read, parse, COPY) ${(stagedAt - started).toFixed(0)} ms = ${(((stagedAt - started) * 1000) / ROWS).toFixed(1)} µs/row wall; node cpu ${((stagedCpu.node.user + stagedCpu.node.system) / ROWS).toFixed(1)} µs/row, backend cpu ${((stagedCpu.backend * 1000) / ROWS).toFixed(1)} µs/row`,
+  )
+  console.log(
+    `rows ${ROWS} wall ${(wall / 1000).toFixed(2)} s = ${Math.round(ROWS / (wall / 1000))} rows/s; backend cpu ${cpu1 - cpu0} ms = ${(((cpu1 - cpu0) * 1000) / ROWS).toFixed(1)} µs/row; contacts ${check.contacts} events ${check.events}`,
+  )
   for (const [key, { ms, n }] of sorted.slice(0, Number(process.env.TOP ?? 25))) {
     console.log(`${((ms * 1000) / ROWS).toFixed(1).padStart(7)} µs/row ${String(n).padStart(4)}x  ${key}`)
   }

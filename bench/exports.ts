@@ -66,12 +66,23 @@ async function main(): Promise<void> {
     const port = await freePort()
     child = spawn(process.execPath, ['bin/crm.js', 'serve', '--no-worker'], {
       cwd: ROOT,
-      env: { ...process.env, DATABASE_URL: database.url, PORT: String(port), HOST: '127.0.0.1', APP_SECRET, LOG_LEVEL: 'error', RATE_LIMIT_PER_MINUTE: '1000000' },
+      env: {
+        ...process.env,
+        DATABASE_URL: database.url,
+        PORT: String(port),
+        HOST: '127.0.0.1',
+        APP_SECRET,
+        LOG_LEVEL: 'error',
+        RATE_LIMIT_PER_MINUTE: '1000000',
+      },
       stdio: 'ignore',
     })
     const base = `http://127.0.0.1:${port}`
     for (let waited = 0; ; waited += 100) {
-      const ready = await fetch(`${base}/healthz`).then((response) => response.ok, () => false)
+      const ready = await fetch(`${base}/healthz`).then(
+        (response) => response.ok,
+        () => false,
+      )
       if (ready) break
       if (waited > 30_000) throw new Error('the API did not start')
       await new Promise((resolve) => setTimeout(resolve, 100))
@@ -102,12 +113,19 @@ async function main(): Promise<void> {
     const csvPeak = peakRssMiB(child.pid!)
     const ndjson = await exportOnce({ format: 'ndjson' })
     const peak = peakRssMiB(child.pid!)
-    if (csv.lines !== DEALS + 1 || ndjson.lines !== DEALS) throw new Error(`expected ${DEALS} rows: csv ${csv.lines - 1}, ndjson ${ndjson.lines}`)
+    if (csv.lines !== DEALS + 1 || ndjson.lines !== DEALS)
+      throw new Error(`expected ${DEALS} rows: csv ${csv.lines - 1}, ndjson ${ndjson.lines}`)
 
     // Baseline: the same rows and order through a bare server-side cursor, as the owner.
     const started = performance.now()
     let baselineRows = 0
-    const stream = client.query(new QueryStream('select crm.deal_json(t)::text as line from crm.deals t where t.workspace_id = $1 order by t.created_at, t.id', [tenant.id], { batchSize: 1000 }))
+    const stream = client.query(
+      new QueryStream(
+        'select crm.deal_json(t)::text as line from crm.deals t where t.workspace_id = $1 order by t.created_at, t.id',
+        [tenant.id],
+        { batchSize: 1000 },
+      ),
+    )
     for await (const _row of stream) baselineRows++
     const baselineSeconds = (performance.now() - started) / 1000
     await client.end()

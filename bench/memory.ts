@@ -8,8 +8,8 @@
 //   BENCH_MEMORY_SECONDS=300 node bench/memory.ts
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { benchWorkspace, provision } from './_database.ts'
 import { Load } from '../test/faults/load.ts'
+import { benchWorkspace, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const SECONDS = Number(process.env.BENCH_MEMORY_SECONDS ?? 120)
@@ -23,15 +23,36 @@ async function serve(databaseUrl: string): Promise<void> {
   const { loadConfig } = await import('../src/config.ts')
   const { createLogger } = await import('../src/log.ts')
   const { startService } = await import('../src/service.ts')
-  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', APP_SECRET, LOG_LEVEL: 'silent', RATE_LIMIT_PER_MINUTE: '1000000' })
-  const service = await startService({ config, logger: createLogger('silent'), worker: false, migrate: false, database: { url: databaseUrl, description: 'bench', stop: async () => {} } })
+  const config = loadConfig({
+    DATABASE_URL: databaseUrl,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    APP_SECRET,
+    LOG_LEVEL: 'silent',
+    RATE_LIMIT_PER_MINUTE: '1000000',
+  })
+  const service = await startService({
+    config,
+    logger: createLogger('silent'),
+    worker: false,
+    migrate: false,
+    database: { url: databaseUrl, description: 'bench', stop: async () => {} },
+  })
   const collect = (globalThis as { gc?: () => void }).gc
   if (!collect) throw new Error('run the child with --expose-gc')
   const started = Date.now()
   const report = () => {
     collect()
     const usage = process.memoryUsage()
-    process.stdout.write(JSON.stringify({ seconds: Math.round((Date.now() - started) / 1000), rss: usage.rss, heapUsed: usage.heapUsed, heapTotal: usage.heapTotal, external: usage.external }) + '\n')
+    process.stdout.write(
+      JSON.stringify({
+        seconds: Math.round((Date.now() - started) / 1000),
+        rss: usage.rss,
+        heapUsed: usage.heapUsed,
+        heapTotal: usage.heapTotal,
+        external: usage.external,
+      }) + '\n',
+    )
   }
   report()
   process.stdout.write(JSON.stringify({ url: service.url }) + '\n')
@@ -79,7 +100,10 @@ async function main(): Promise<string> {
       '',
       '| seconds | RSS MiB | heap used after GC MiB | heap reserved MiB | external MiB |',
       '|---:|---:|---:|---:|---:|',
-      ...samples.map((sample, index) => `| ${index < idle ? 'idle' : sample.seconds} | ${mib(sample.rss)} | ${mib(sample.heapUsed)} | ${mib(sample.heapTotal)} | ${mib(sample.external)} |`),
+      ...samples.map(
+        (sample, index) =>
+          `| ${index < idle ? 'idle' : sample.seconds} | ${mib(sample.rss)} | ${mib(sample.heapUsed)} | ${mib(sample.heapTotal)} | ${mib(sample.external)} |`,
+      ),
       '',
       `Heap used after GC from the first to the last loaded sample: ${mib(heapFirst)} → ${mib(heapLast)} MiB (${heapLast - heapFirst >= 0 ? '+' : ''}${mib(heapLast - heapFirst)} MiB over ${summary.requests.toLocaleString('en')} requests). RSS follows the heap V8 reserves under load, not what it keeps.`,
       '',

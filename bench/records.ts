@@ -7,17 +7,22 @@
 //   BENCH_DEALS=100000 BENCH_SECONDS=5 node bench/records.ts     a quicker run
 //
 // Each server runs in its own child process so neither shares an event loop with autocannon.
-import { spawn, type ChildProcess } from 'node:child_process'
+import { type ChildProcess, spawn } from 'node:child_process'
 import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
-import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { benchWorkspace, provision } from './_database.ts'
 
 // autocannon ships no types; this is the part of its API used here. Loaded only by the parent:
 // the server child processes must not carry the load generator.
-type AutocannonResult = { requests: { average: number }; latency: { p50: number; p99: number }; errors: number; timeouts: number; non2xx: number }
+type AutocannonResult = {
+  requests: { average: number }
+  latency: { p50: number; p99: number }
+  errors: number
+  timeouts: number
+  non2xx: number
+}
 const autocannon = (options: Record<string, unknown>) =>
   (createRequire(import.meta.url)('autocannon') as (options: Record<string, unknown>) => Promise<AutocannonResult>)(options)
 
@@ -32,7 +37,13 @@ type Scenario = { name: string; method: 'GET' | 'POST'; path: (ids: string[]) =>
 const SCENARIOS: Scenario[] = [
   { name: 'GET one deal', method: 'GET', path: (ids) => `/api/deals/${ids[Math.floor(Math.random() * ids.length)]}`, read: true },
   { name: 'list 50 deals, filter[stage]=won', method: 'GET', path: () => '/api/deals?filter[stage]=won&limit=50', read: true },
-  { name: 'create a deal', method: 'POST', path: () => '/api/deals', body: JSON.stringify({ name: 'Bench deal', amount: '1250.00' }), read: false },
+  {
+    name: 'create a deal',
+    method: 'POST',
+    path: () => '/api/deals',
+    body: JSON.stringify({ name: 'Bench deal', amount: '1250.00' }),
+    read: false,
+  },
 ]
 
 // ---------------------------------------------------------------------------------------------
@@ -41,8 +52,21 @@ async function serveApi(databaseUrl: string): Promise<void> {
   const { loadConfig } = await import('../src/config.ts')
   const { createLogger } = await import('../src/log.ts')
   const { startService } = await import('../src/service.ts')
-  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', APP_SECRET, LOG_LEVEL: 'silent', RATE_LIMIT_PER_MINUTE: '1000000' })
-  const service = await startService({ config, logger: createLogger('silent'), worker: false, migrate: false, database: { url: databaseUrl, description: 'bench', stop: async () => {} } })
+  const config = loadConfig({
+    DATABASE_URL: databaseUrl,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    APP_SECRET,
+    LOG_LEVEL: 'silent',
+    RATE_LIMIT_PER_MINUTE: '1000000',
+  })
+  const service = await startService({
+    config,
+    logger: createLogger('silent'),
+    worker: false,
+    migrate: false,
+    database: { url: databaseUrl, description: 'bench', stop: async () => {} },
+  })
   process.stdout.write(JSON.stringify({ url: service.url }) + '\n')
   process.on('SIGTERM', () => void service.stop().then(() => process.exit(0)))
 }
@@ -64,7 +88,10 @@ async function serveBaseline(databaseUrl: string, workspaceId: string, ownerId: 
         )
         body = { data: rows.slice(0, 50).map((row) => row.record), next_cursor: rows.length > 50 ? 'x' : null }
       } else if (req.method === 'GET' && url.pathname.startsWith('/api/deals/')) {
-        const { rows } = await pool.query('select crm.deal_json(t) as record from crm.deals t where t.workspace_id = $1 and t.id = $2', [workspaceId, url.pathname.slice(11)])
+        const { rows } = await pool.query('select crm.deal_json(t) as record from crm.deals t where t.workspace_id = $1 and t.id = $2', [
+          workspaceId,
+          url.pathname.slice(11),
+        ])
         body = { data: rows[0]?.record ?? null }
         if (!rows[0]) status = 404
       } else if (req.method === 'POST' && url.pathname === '/api/deals') {
@@ -125,12 +152,26 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
     connections: CONNECTIONS,
     duration: seconds,
     headers: { ...headers, ...(scenario.body ? { 'content-type': 'application/json' } : {}) },
-    requests: [{ method: scenario.method, setupRequest: (request: any) => ({ ...request, path: scenario.path(ids), body: scenario.body }) }],
+    requests: [
+      { method: scenario.method, setupRequest: (request: any) => ({ ...request, path: scenario.path(ids), body: scenario.body }) },
+    ],
   })
-  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.timeouts, non2xx: result.non2xx }
+  return {
+    rps: result.requests.average,
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    errors: result.errors + result.timeouts,
+    non2xx: result.non2xx,
+  }
 }
 
-async function seedDeals(client: pg.Client, workspaceId: string, ownerId: string, count: number, log: (line: string) => void): Promise<void> {
+async function seedDeals(
+  client: pg.Client,
+  workspaceId: string,
+  ownerId: string,
+  count: number,
+  log: (line: string) => void,
+): Promise<void> {
   // Bulk load as the owner without the outbox trigger: a million deal.created events would only
   // measure the loader. The API requests below keep every trigger.
   const chunk = 100_000
@@ -186,7 +227,9 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
     const loadStarted = Date.now()
     await seedDeals(client, tenant.id, admin.id, dealCount, log)
     const loadSeconds = Math.round((Date.now() - loadStarted) / 1000)
-    const { rows: sample } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
+    const { rows: sample } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [
+      tenant.id,
+    ])
     const ids = sample.map((row) => row.id as string)
 
     // The list query exactly as the API builds it, run as the admin through crm.act_as (RLS on).

@@ -17,7 +17,12 @@ let failed = 0
 for (const file of files) {
   console.log(`\n=== bench/${file}`)
   const started = Date.now()
-  const result = spawnSync(process.execPath, [`${here}${file}`], { stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf8', maxBuffer: 64 * 1024 * 1024, timeout: 30 * 60_000 })
+  const result = spawnSync(process.execPath, [`${here}${file}`], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+    encoding: 'utf8',
+    maxBuffer: 64 * 1024 * 1024,
+    timeout: 30 * 60_000,
+  })
   process.stdout.write(result.stdout ?? '')
   if (result.status !== 0) {
     failed++

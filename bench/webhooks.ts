@@ -17,14 +17,14 @@
 // and from it a ceiling: the rate the service would reach if its worker and receiver cost no more
 // per delivery than the faster loop's do per request, with PostgreSQL's share as measured and every
 // core busy. It shows how much of the gap to the loop is the database's work that logs each attempt.
-import { fork, type ChildProcess } from 'node:child_process'
+import { type ChildProcess, fork } from 'node:child_process'
 import { createHmac, createSecretKey } from 'node:crypto'
 import { createServer } from 'node:http'
-import { availableParallelism } from 'node:os'
 import type { AddressInfo } from 'node:net'
+import { availableParallelism } from 'node:os'
 import { fileURLToPath } from 'node:url'
+import { Logger, run } from 'graphile-worker'
 import pg from 'pg'
-import { run, Logger } from 'graphile-worker'
 import { Pool } from 'undici'
 import { postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
@@ -94,7 +94,12 @@ type CpuMeter = () => (count: number) => CpuPerRequest
  * The bare loop: `requests` signed POSTs of `body`, LOOP_CONCURRENCY at a time, after LOOP_WARM_UP
  * to warm up; requests per second and the CPU per request of the timed part alone.
  */
-async function signedPostLoop(port: number, body: Buffer, requests: number, startCpu: CpuMeter): Promise<{ rate: number; cpu: CpuPerRequest }> {
+async function signedPostLoop(
+  port: number,
+  body: Buffer,
+  requests: number,
+  startCpu: CpuMeter,
+): Promise<{ rate: number; cpu: CpuPerRequest }> {
   const key = createSecretKey(Buffer.from(WEBHOOK_SECRET, 'utf8'))
   const pool = new Pool(`http://127.0.0.1:${port}`, { connections: LOOP_CONCURRENCY })
   const loop = async (count: number) => {
@@ -105,7 +110,12 @@ async function signedPostLoop(port: number, body: Buffer, requests: number, star
           sent++
           const t = Math.floor(Date.now() / 1000)
           const signature = createHmac('sha256', key).update(`${t}.`).update(body).digest('hex')
-          const answer = await pool.request({ method: 'POST', path: '/hook', headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${signature}` }, body })
+          const answer = await pool.request({
+            method: 'POST',
+            path: '/hook',
+            headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${signature}` },
+            body,
+          })
           await answer.body.dump()
         }
       }),
@@ -125,7 +135,9 @@ async function signedPostLoop(port: number, body: Buffer, requests: number, star
 
 // A contact as a CRM holds one: every field set, and a few custom fields.
 const CONTACT_COLUMNS = `email, first_name, last_name, phone, job_title, city, country, custom_fields`
-const contactValues = (email: string) => `${email}, 'Bench', 'Marker-Holloway', '+44 20 7946 0958', 'Head of Procurement and Vendor Management', 'Manchester', 'United Kingdom',
+const contactValues = (
+  email: string,
+) => `${email}, 'Bench', 'Marker-Holloway', '+44 20 7946 0958', 'Head of Procurement and Vendor Management', 'Manchester', 'United Kingdom',
   jsonb_build_object('account_tier', 'enterprise', 'lead_source', 'partner webinar', 'renewal_month', 'september', 'seats_licensed', 250,
                      'nps', 9, 'newsletter', true, 'region', 'EMEA north', 'account_manager', 'Priya Raman-Whitfield',
                      'billing_address', 'Unit 4, Riverside Business Park, 18 Ordsall Lane, Salford, Greater Manchester M5 4SN',
@@ -154,31 +166,64 @@ async function main(): Promise<void> {
       WEBHOOK_ALLOW_HTTP: 'true',
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8',
       ...(process.env.WORKER_CONCURRENCY ? { WORKER_CONCURRENCY: process.env.WORKER_CONCURRENCY } : {}),
-      ...(process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION ? { WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION: process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION } : {}),
+      ...(process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION
+        ? { WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION: process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION }
+        : {}),
     })
     const rows: string[][] = []
 
     // Baseline 1: graphile-worker's bare job rate with the service's preset.
-    await owner.query(`select graphile_worker.add_jobs(array(select row('bench_noop', '{}'::json, null, null, 1, null, null, null)::graphile_worker.job_spec from generate_series(1, $1)))`, [EVENTS])
+    await owner.query(
+      `select graphile_worker.add_jobs(array(select row('bench_noop', '{}'::json, null, null, 1, null, null, null)::graphile_worker.job_spec from generate_series(1, $1)))`,
+      [EVENTS],
+    )
     const bareStarted = performance.now()
     const bare = await run({
       taskList: { bench_noop: async () => {} },
       noHandleSignals: true,
       logger: new Logger(() => () => {}),
-      preset: { worker: { connectionString: db.url, concurrentJobs: config.workerConcurrency, maxPoolSize: config.workerConcurrency + 2, pollInterval: 1000, localQueue: { size: 100 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
+      preset: {
+        worker: {
+          connectionString: db.url,
+          concurrentJobs: config.workerConcurrency,
+          maxPoolSize: config.workerConcurrency + 2,
+          pollInterval: 1000,
+          localQueue: { size: 100 },
+          completeJobBatchDelay: 0,
+          failJobBatchDelay: 0,
+        },
+      },
     })
-    await until(async () => (await owner.query(`select count(*)::int as n from graphile_worker.jobs`)).rows[0].n === 0, 300_000, 'bare jobs')
+    await until(
+      async () => (await owner.query(`select count(*)::int as n from graphile_worker.jobs`)).rows[0].n === 0,
+      300_000,
+      'bare jobs',
+    )
     const bareMs = performance.now() - bareStarted
     await bare.stop()
-    rows.push(['graphile-worker bare no-op jobs (baseline)', `${formatted(rate(EVENTS, bareMs))} jobs/s`, `${formatted(EVENTS)} jobs, concurrency ${config.workerConcurrency}`])
+    rows.push([
+      'graphile-worker bare no-op jobs (baseline)',
+      `${formatted(rate(EVENTS, bareMs))} jobs/s`,
+      `${formatted(EVENTS)} jobs, concurrency ${config.workerConcurrency}`,
+    ])
 
     // The service: one pro workspace, one subscription to the receiver, the real worker.
     const { sealWebhookSecret, webhookSecretKey } = await import('../src/webhooks/secret-store.ts')
-    const { rows: [ws] } = await owner.query(`insert into crm.workspaces (slug, name, plan) values ('bench-hooks', 'Bench', 'pro') returning id`)
-    const { rows: [user] } = await owner.query(`insert into crm.users (email, name) values ('bench@hooks.test', 'Bench') returning id`)
-    await owner.query(`insert into crm.memberships (workspace_id, user_id, role_id) select $1, $2, id from crm.roles where workspace_id = $1 and name = 'admin'`, [ws.id, user.id])
+    const {
+      rows: [ws],
+    } = await owner.query(`insert into crm.workspaces (slug, name, plan) values ('bench-hooks', 'Bench', 'pro') returning id`)
+    const {
+      rows: [user],
+    } = await owner.query(`insert into crm.users (email, name) values ('bench@hooks.test', 'Bench') returning id`)
+    await owner.query(
+      `insert into crm.memberships (workspace_id, user_id, role_id) select $1, $2, id from crm.roles where workspace_id = $1 and name = 'admin'`,
+      [ws.id, user.id],
+    )
     const sealed = sealWebhookSecret(webhookSecretKey(APP_SECRET), WEBHOOK_SECRET, ws.id)
-    await owner.query(`insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4) values ($1, 'bench', $2, '{contact.*}', $3, 'last')`, [ws.id, receiverUrl, sealed])
+    await owner.query(
+      `insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4) values ($1, 'bench', $2, '{contact.*}', $3, 'last')`,
+      [ws.id, receiverUrl, sealed],
+    )
     const { createLogger } = await import('../src/log.ts')
     const { startWorker } = await import('../src/worker.ts')
 
@@ -187,13 +232,17 @@ async function main(): Promise<void> {
       try {
         await client.query('begin')
         await client.query(`select crm.act_as('bench@hooks.test', 'bench-hooks')`)
-        await client.query(`insert into crm.contacts (${CONTACT_COLUMNS}) select ${contactValues(`$1 || g || '@example.com'`)} from generate_series($2::int, $3::int) g`, [prefix, from, from + count - 1])
+        await client.query(
+          `insert into crm.contacts (${CONTACT_COLUMNS}) select ${contactValues(`$1 || g || '@example.com'`)} from generate_series($2::int, $3::int) g`,
+          [prefix, from, from + count - 1],
+        )
         await client.query('commit')
       } finally {
         client.release()
       }
     }
-    const deliveredCount = async () => (await owner.query(`select count(*)::int as n from crm.webhook_deliveries where status = 'delivered'`)).rows[0].n as number
+    const deliveredCount = async () =>
+      (await owner.query(`select count(*)::int as n from crm.webhook_deliveries where status = 'delivered'`)).rows[0].n as number
 
     // EVENTS contacts committed first (statements of 100 rows, one fan_out_event job each), with
     // the worker stopped.
@@ -204,19 +253,29 @@ async function main(): Promise<void> {
     // Baseline 2, before the service: the loop's body is one of these deliveries' bodies exactly
     // as the worker builds it (only delivered_at differs from one attempt to the next).
     const { deliveryBody } = await import('../src/webhooks/delivery-body.ts')
-    const { rows: [sample] } = await owner.query(
+    const {
+      rows: [sample],
+    } = await owner.query(
       `select body_head, body_tail from crm.webhook_first_attempts_to_send(array(select id from crm.events order by id limit 1))`,
     )
     const loopBody = deliveryBody(sample, new Date())
     // CPU per request of each process, so the ratio can be explained and not only stated.
     const postgresCpu = await postgresCpuMeter((text) => owner.query(text))
-    const cpuNow = () => ({ self: process.cpuUsage(), receiver: processCpuMs(child.pid!) ?? Number.NaN, postgres: postgresCpu?.() ?? Number.NaN })
+    const cpuNow = () => ({
+      self: process.cpuUsage(),
+      receiver: processCpuMs(child.pid!) ?? Number.NaN,
+      postgres: postgresCpu?.() ?? Number.NaN,
+    })
     const startCpu: CpuMeter = () => {
       const from = cpuNow()
       return (count) => {
         const to = cpuNow()
         const self = (to.self.user + to.self.system - from.self.user - from.self.system) / 1000
-        return { self: (self * 1000) / count, receiver: ((to.receiver - from.receiver) * 1000) / count, postgres: ((to.postgres - from.postgres) * 1000) / count }
+        return {
+          self: (self * 1000) / count,
+          receiver: ((to.receiver - from.receiver) * 1000) / count,
+          postgres: ((to.postgres - from.postgres) * 1000) / count,
+        }
       }
     }
     const loopBefore = await signedPostLoop(port, loopBody, EVENTS, startCpu)
@@ -231,11 +290,15 @@ async function main(): Promise<void> {
     // The receiver's count over time, for the steady rate: from the 10th to the 90th percentile of
     // arrivals, leaving out the worker's start (connections, first plans) and the tail.
     const arrivalsOverTime: { at: number; count: number }[] = []
-    await until(async () => {
-      const received = (await ask<ReceiverStats>(child, 'stats')).count - before.count
-      arrivalsOverTime.push({ at: performance.now(), count: received })
-      return received >= EVENTS
-    }, 600_000, 'deliveries received')
+    await until(
+      async () => {
+        const received = (await ask<ReceiverStats>(child, 'stats')).count - before.count
+        arrivalsOverTime.push({ at: performance.now(), count: received })
+        return received >= EVENTS
+      },
+      600_000,
+      'deliveries received',
+    )
     const firstPast = (share: number) => arrivalsOverTime.find((sample) => sample.count >= EVENTS * share)!
     const [steadyFrom, steadyTo] = [firstPast(0.1), firstPast(0.9)]
     const steadyRate = rate(steadyTo.count - steadyFrom.count, steadyTo.at - steadyFrom.at)
@@ -243,7 +306,9 @@ async function main(): Promise<void> {
     const deliveredMs = performance.now() - started
     const deliveryCpu = deliveryCpuSince(EVENTS)
     const after = await ask<ReceiverStats>(child, 'stats')
-    const { rows: [attempts] } = await owner.query(`select count(*)::int as n from crm.webhook_attempts`)
+    const {
+      rows: [attempts],
+    } = await owner.query(`select count(*)::int as n from crm.webhook_attempts`)
     const deliveryRate = rate(EVENTS, deliveredMs)
     const meanBodyBytes = Math.round((after.bytes - before.bytes) / (after.count - before.count))
 
@@ -269,9 +334,17 @@ async function main(): Promise<void> {
     const loopBest = fasterLoop.rate
 
     const loopNotes = `${formatted(EVENTS)} requests of ${formatted(loopBody.length)} bytes after ${formatted(LOOP_WARM_UP)} to warm up`
-    rows.push([`bare signed POST loop, undici, concurrency ${LOOP_CONCURRENCY}, KeyObject HMAC (baseline), before the service`, `${formatted(loopBefore.rate)} req/s`, loopNotes])
+    rows.push([
+      `bare signed POST loop, undici, concurrency ${LOOP_CONCURRENCY}, KeyObject HMAC (baseline), before the service`,
+      `${formatted(loopBefore.rate)} req/s`,
+      loopNotes,
+    ])
     rows.push([`the same loop after the service`, `${formatted(loopAfter.rate)} req/s`, loopNotes])
-    rows.push(['events committed through the outbox (100 rows a statement)', `${formatted(rate(EVENTS, insertedMs))} events/s`, `${formatted(EVENTS)} contacts, worker stopped`])
+    rows.push([
+      'events committed through the outbox (100 rows a statement)',
+      `${formatted(rate(EVENTS, insertedMs))} events/s`,
+      `${formatted(EVENTS)} contacts, worker stopped`,
+    ])
     rows.push([
       'deliveries delivered, every attempt logged',
       `${formatted(deliveryRate)} deliveries/s`,
@@ -282,25 +355,45 @@ async function main(): Promise<void> {
       `${formatted(steadyRate)} deliveries/s`,
       `**${Math.round((steadyRate / loopBest) * 100)}% of the faster loop**; between the 10th and the 90th percentile of arrivals at the receiver (worker start and tail left out)`,
     ])
-    rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p50`, `${percentile(latencies, 50)} ms`, `${formatted(latencies.length)} events over ${LATENCY_SECONDS} s`])
+    rows.push([
+      `commit to receipt at ${LATENCY_RATE} events/s, p50`,
+      `${percentile(latencies, 50)} ms`,
+      `${formatted(latencies.length)} events over ${LATENCY_SECONDS} s`,
+    ])
     rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p99`, `${percentile(latencies, 99)} ms`, ''])
 
     const micros = (n: number) => (Number.isNaN(n) ? 'n/a' : `${formatted(Math.round(n))} µs`)
-    const loopCpuRow = (label: string, cpu: CpuPerRequest) => [label, micros(cpu.self), micros(cpu.receiver), '—', micros(cpu.self + cpu.receiver)]
+    const loopCpuRow = (label: string, cpu: CpuPerRequest) => [
+      label,
+      micros(cpu.self),
+      micros(cpu.receiver),
+      '—',
+      micros(cpu.self + cpu.receiver),
+    ]
     const postgresPerDelivery = Number.isNaN(deliveryCpu.postgres) ? 0 : deliveryCpu.postgres
     const cpuRows = [
       loopCpuRow('bare loop before the service, per request', loopBefore.cpu),
       loopCpuRow('bare loop after the service, per request', loopAfter.cpu),
-      ['service, per delivery', micros(deliveryCpu.self), micros(deliveryCpu.receiver), micros(deliveryCpu.postgres), micros(deliveryCpu.self + deliveryCpu.receiver + postgresPerDelivery)],
+      [
+        'service, per delivery',
+        micros(deliveryCpu.self),
+        micros(deliveryCpu.receiver),
+        micros(deliveryCpu.postgres),
+        micros(deliveryCpu.self + deliveryCpu.receiver + postgresPerDelivery),
+      ],
     ]
     // What the ratio could be at best with PostgreSQL's share as measured: a worker and a receiver
     // costing no more per delivery than per request of the faster loop, and every core busy.
     const cores = availableParallelism()
     const ceiling = (cores * 1_000_000) / (fasterLoop.cpu.self + fasterLoop.cpu.receiver + postgresPerDelivery)
-    console.log(`## Webhooks\n\nOne worker process (concurrency ${config.workerConcurrency}, ${config.webhook.concurrencyPerSubscription} in flight per subscription), one subscription, a local receiver answering 200 at once; ${db.label}.\n`)
+    console.log(
+      `## Webhooks\n\nOne worker process (concurrency ${config.workerConcurrency}, ${config.webhook.concurrencyPerSubscription} in flight per subscription), one subscription, a local receiver answering 200 at once; ${db.label}.\n`,
+    )
     console.log('| measure | result | notes |\n|---|---|---|')
     for (const row of rows) console.log(`| ${row.join(' | ')} |`)
-    console.log(`\nCPU time per request (user + system, from /proc; a loop's figures are for its timed requests; the worker's include fan-out and the job queue):\n`)
+    console.log(
+      `\nCPU time per request (user + system, from /proc; a loop's figures are for its timed requests; the worker's include fan-out and the job queue):\n`,
+    )
     console.log('| | sender: loop or worker | receiver | PostgreSQL | total |\n|---|---:|---:|---:|---:|')
     for (const row of cpuRows) console.log(`| ${row.join(' | ')} |`)
     if (postgresPerDelivery > 0) {

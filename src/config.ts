@@ -4,7 +4,7 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
-import { parseCidrList, type CidrRange } from './webhooks/address-guard.ts'
+import { type CidrRange, parseCidrList } from './webhooks/address-guard.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
@@ -141,7 +141,9 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       problems.push('PUBLIC_BASE_URL: expected an absolute URL such as https://crm.example.com')
     }
   } else if (production) {
-    problems.push('PUBLIC_BASE_URL: required when NODE_ENV=production (the address users reach, such as https://crm.example.com; links in invitations are built from it)')
+    problems.push(
+      'PUBLIC_BASE_URL: required when NODE_ENV=production (the address users reach, such as https://crm.example.com; links in invitations are built from it)',
+    )
   }
 
   const smtpUrl = env.SMTP_URL || null

@@ -76,7 +76,9 @@ export function decodeCursor(text: string, sortText: string, columns: CursorColu
 export function nextLink(path: string, parameters: Map<string, string>, cursor: string): string {
   const next = new Map(parameters)
   next.set('cursor', cursor)
-  const query = [...next].map(([name, value]) => `${encodeURIComponent(name).replace(/%5B/g, '[').replace(/%5D/g, ']')}=${encodeURIComponent(value)}`).join('&')
+  const query = [...next]
+    .map(([name, value]) => `${encodeURIComponent(name).replace(/%5B/g, '[').replace(/%5D/g, ']')}=${encodeURIComponent(value)}`)
+    .join('&')
   return `<${path}?${query}>; rel="next"`
 }
 

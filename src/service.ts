@@ -1,18 +1,18 @@
 // Starts the whole service in one process: database (provisioned or given), migrations, the API
 // and the worker; and stops it in the reverse order, finishing in-flight work first.
 import type { AddressInfo } from 'node:net'
+import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
 import type { Config } from './config.ts'
-import { createDatabasePool, type DatabasePool } from './db/pool.ts'
-import { createStatementPool } from './db/statement-pool.ts'
 import { migrate } from './db/migrate.ts'
-import { provisionDatabase, type ProvisionedDatabase } from './db/provision.ts'
+import { createDatabasePool, type DatabasePool } from './db/pool.ts'
+import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
+import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
-import { startWorker, type WorkerHandle } from './worker.ts'
-import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
 import { registerPages } from './ui/routes.ts'
+import { startWorker, type WorkerHandle } from './worker.ts'
 
 export type RunningService = {
   url: string
@@ -33,7 +33,9 @@ export async function startService(options: {
   onQuery?: (text: string) => void
 }): Promise<RunningService> {
   const { config, logger } = options
-  const database = options.database ?? (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
+  const database =
+    options.database ??
+    (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
   if (options.migrate !== false) {
     const result = await migrate(database.url, { log: (line) => logger.info(line) })
     logger.info('schema is current', { applied_now: result.applied.length })
@@ -58,7 +60,14 @@ export async function startService(options: {
   let url = ''
   let closeServer = async () => {}
   if (options.api !== false) {
-    const services = { config, pool, logger, worker, baseUrl: config.publicBaseUrl ?? '', addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute) }
+    const services = {
+      config,
+      pool,
+      logger,
+      worker,
+      baseUrl: config.publicBaseUrl ?? '',
+      addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
+    }
     const routes = allRoutes()
     const app = createApp(services, routes, createAuthenticator(config), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),

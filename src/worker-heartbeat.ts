@@ -6,8 +6,8 @@
 // STALE_AFTER + BEAT_INTERVAL. Each job must tolerate running twice: deliver_webhook re-reads its
 // delivery by id and generation, so at worst a delivery is sent twice (receivers deduplicate).
 import { hostname } from 'node:os'
-import pg from 'pg'
 import type { WorkerEvents } from 'graphile-worker'
+import pg from 'pg'
 import type { Logger } from './log.ts'
 
 export const BEAT_INTERVAL_MS = 5_000
@@ -33,7 +33,11 @@ export function startWorkerHeartbeat(options: {
 
   const beat = async (workerId: string) => {
     try {
-      const { rows } = await pool.query<{ unlocked: string[] }>('select crm.worker_heartbeat($1, $2, $3::interval) as unlocked', [workerId, host, staleAfter])
+      const { rows } = await pool.query<{ unlocked: string[] }>('select crm.worker_heartbeat($1, $2, $3::interval) as unlocked', [
+        workerId,
+        host,
+        staleAfter,
+      ])
       if (rows[0].unlocked.length > 0) logger.warn('unlocked the jobs of stopped workers', { workers: rows[0].unlocked.join(',') })
     } catch (error) {
       logger.warn('worker heartbeat failed', { error: (error as Error).message })

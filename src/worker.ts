@@ -1,10 +1,10 @@
 // The graphile-worker runner. Tasks live in workers/, one file each, named after the task.
 import { EventEmitter } from 'node:events'
+import { Logger, type Runner, run, type WorkerEvents } from 'graphile-worker'
 import pg from 'pg'
-import { run, Logger, type Runner, type WorkerEvents } from 'graphile-worker'
+import { crontab, taskList } from '../workers/index.ts'
 import type { Config } from './config.ts'
 import type { Logger as AppLogger } from './log.ts'
-import { taskList, crontab } from '../workers/index.ts'
 import { startWorkerHeartbeat } from './worker-heartbeat.ts'
 
 export type WorkerHandle = { readonly runner: Runner; stop: () => Promise<void> }
@@ -51,7 +51,9 @@ export async function startWorker(options: { databaseUrl: string; config: Config
     // take the whole process down.
     const pgPool = new pg.Pool({ connectionString: options.databaseUrl, max: config.workerConcurrency + 2 })
     pgPool.on('error', (error) => logger.warn('worker database connection lost while idle', { error: error.message }))
-    pgPool.on('connect', (client) => client.on('error', (error) => logger.warn('worker database connection lost', { error: error.message })))
+    pgPool.on('connect', (client) =>
+      client.on('error', (error) => logger.warn('worker database connection lost', { error: error.message })),
+    )
     let launched: Runner
     try {
       launched = await run({
@@ -97,7 +99,9 @@ export async function startWorker(options: { databaseUrl: string; config: Config
       if (stopping) return
       const deadPools = [...poolIds]
       poolIds = new Set()
-      logger.error('the worker stopped unexpectedly (database connection lost?); restarting it when the database answers', { pools: deadPools.join(',') })
+      logger.error('the worker stopped unexpectedly (database connection lost?); restarting it when the database answers', {
+        pools: deadPools.join(','),
+      })
       for (let attempt = 0; ; attempt++) {
         await new Promise((resolve) => setTimeout(resolve, RESTART_DELAYS_MS[Math.min(attempt, RESTART_DELAYS_MS.length - 1)]))
         if (stopping) return
@@ -113,7 +117,9 @@ export async function startWorker(options: { databaseUrl: string; config: Config
         }
         logger.info('worker restarted')
         // The dead pools run nothing any more, but jobs they held may still be locked to them.
-        await releaseLocks(options.databaseUrl, deadPools).catch((error) => logger.warn('could not release the locks of the stopped pools', { error: (error as Error).message }))
+        await releaseLocks(options.databaseUrl, deadPools).catch((error) =>
+          logger.warn('could not release the locks of the stopped pools', { error: (error as Error).message }),
+        )
         break
       }
     }

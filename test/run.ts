@@ -7,21 +7,33 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import { migrate } from '../src/db/migrate.ts'
-import { redactUrl, startEmbeddedPostgres, type ProvisionedDatabase } from '../src/db/provision.ts'
+import { type ProvisionedDatabase, redactUrl, startEmbeddedPostgres } from '../src/db/provision.ts'
 
 const TEMPLATE = 'crm_test_template'
 
 async function provision(): Promise<ProvisionedDatabase & { label: string }> {
   if (process.env.DATABASE_URL) {
-    return { url: process.env.DATABASE_URL, description: '', stop: async () => {}, label: `DATABASE_URL (${redactUrl(process.env.DATABASE_URL)})` }
+    return {
+      url: process.env.DATABASE_URL,
+      description: '',
+      stop: async () => {},
+      label: `DATABASE_URL (${redactUrl(process.env.DATABASE_URL)})`,
+    }
   }
   if (process.env.TEST_DATABASE === 'testcontainers') {
     try {
       const { PostgreSqlContainer } = await import('@testcontainers/postgresql')
       const container = await new PostgreSqlContainer('postgres:18').start()
-      return { url: container.getConnectionUri(), description: '', stop: async () => void (await container.stop()), label: 'a PostgreSQL container (testcontainers)' }
+      return {
+        url: container.getConnectionUri(),
+        description: '',
+        stop: async () => void (await container.stop()),
+        label: 'a PostgreSQL container (testcontainers)',
+      }
     } catch (error) {
-      console.log(`TEST_DATABASE=testcontainers: no container runtime answered (${(error as Error).message.split('\n')[0]}); using the embedded PostgreSQL instead`)
+      console.log(
+        `TEST_DATABASE=testcontainers: no container runtime answered (${(error as Error).message.split('\n')[0]}); using the embedded PostgreSQL instead`,
+      )
     }
   }
   const baseDir = mkdtempSync(join(tmpdir(), 'crm-test-'))

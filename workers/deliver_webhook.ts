@@ -11,7 +11,7 @@ import type { Task } from 'graphile-worker'
 import Type, { type Static } from 'typebox'
 import { Compile } from 'typebox/compile'
 import type { Config } from '../src/config.ts'
-import { WAIT_FOR_SLOT_MS, type DeliveryToSend, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
+import { type DeliveryToSend, WAIT_FOR_SLOT_MS, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 export { USER_AGENT } from '../src/webhooks/batch-sender.ts'
 
@@ -59,14 +59,26 @@ export function deliverWebhook(config: Config, sender: WebhookBatchSender): Task
 
     let rows: DeliveryToSend[]
     try {
-      rows = (await sender.query<DeliveryToSend>(helpers, 'select * from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [payload.w, subscriptionId, ids, generations])).rows
+      rows = (
+        await sender.query<DeliveryToSend>(helpers, 'select * from crm.webhook_deliveries_to_send($1, $2, $3::uuid[], $4::int[])', [
+          payload.w,
+          subscriptionId,
+          ids,
+          generations,
+        ])
+      ).rows
     } catch (error) {
       if (holdsSlot) limiter.release(subscriptionId)
       throw error
     }
     const rest = await sender.sendAndRecord(helpers, payload.w, subscriptionId, rows, { holdsSlot, ordered: payload.o })
     // Not attempted (a slow endpoint, or the batch's time budget): a job of its own.
-    if (rest.length > 0) await later(rest.map((row) => row.delivery_id), rest.map((row) => row.generation!), DEFER_MS)
+    if (rest.length > 0)
+      await later(
+        rest.map((row) => row.delivery_id),
+        rest.map((row) => row.generation!),
+        DEFER_MS,
+      )
     // Stale job, final delivery, or now held: a release goes on with its next delivery either way.
     if (payload.o) await sender.query(helpers, 'select crm.continue_webhook_release($1, $2)', [payload.w, subscriptionId])
   }

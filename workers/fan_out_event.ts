@@ -14,7 +14,7 @@
 import type { JobHelpers, Task } from 'graphile-worker'
 import Type from 'typebox'
 import { Compile } from 'typebox/compile'
-import { WAIT_FOR_SLOT_MS, type DeliveryToSend, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
+import { type DeliveryToSend, WAIT_FOR_SLOT_MS, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 type Row = DeliveryToSend & { workspace_id: string; subscription_id: string }
 
@@ -32,7 +32,8 @@ export function fanOutEvent(sender: WebhookBatchSender): Task {
     const batches: Row[][] = []
     for (const row of rows) {
       const batch = batches.at(-1)
-      if (batch !== undefined && batch[0].subscription_id === row.subscription_id && batch[0].workspace_id === row.workspace_id) batch.push(row)
+      if (batch !== undefined && batch[0].subscription_id === row.subscription_id && batch[0].workspace_id === row.workspace_id)
+        batch.push(row)
       else batches.push([row])
     }
     const outcomes = await Promise.allSettled(batches.map((batch) => firstAttempts(sender, helpers, batch)))

@@ -1,11 +1,11 @@
 // The task list: every background task, named after what it does.
 import type { TaskList } from 'graphile-worker'
 import type { Config } from '../src/config.ts'
+import { WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
+import { deliverWebhook } from './deliver_webhook.ts'
+import { fanOutEvent } from './fan_out_event.ts'
 import { housekeeping } from './housekeeping.ts'
 import { processImportTask } from './process_import.ts'
-import { fanOutEvent } from './fan_out_event.ts'
-import { deliverWebhook } from './deliver_webhook.ts'
-import { WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 export function taskList(config: Config): TaskList {
   const webhookSender = new WebhookBatchSender(config)

@@ -3,7 +3,7 @@
 // error is retried by graphile-worker, and the retry resumes after the last committed batch.
 import type { Task } from 'graphile-worker'
 import type { Config } from '../src/config.ts'
-import { markFailed, processImport, type ImportJob } from '../src/imports/process-import.ts'
+import { type ImportJob, markFailed, processImport } from '../src/imports/process-import.ts'
 
 export function processImportTask(_config: Config): Task {
   return async (payload, helpers) => {
@@ -12,7 +12,8 @@ export function processImportTask(_config: Config): Task {
       try {
         await processImport(client, job, { log: (line) => helpers.logger.debug(line) })
       } catch (error) {
-        if (helpers.job.attempts >= helpers.job.max_attempts) await markFailed(client, job, `the import stopped after ${helpers.job.attempts} attempts: ${(error as Error).message}`)
+        if (helpers.job.attempts >= helpers.job.max_attempts)
+          await markFailed(client, job, `the import stopped after ${helpers.job.attempts} attempts: ${(error as Error).message}`)
         throw error
       }
     })

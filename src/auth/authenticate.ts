@@ -2,12 +2,12 @@
 // chooses the workspace, counts the rate limit, and sets the proven request context; the same
 // statement switches the transaction to crm_api, so everything after it obeys row-level security.
 import type { IncomingMessage } from 'node:http'
-import type { Config } from '../config.ts'
 import Type, { type Static, type TSchema } from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import type { Config } from '../config.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { hashToken, TOKEN_PATTERN } from './tokens.ts'
 import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
+import { hashToken, TOKEN_PATTERN } from './tokens.ts'
 
 /** Who is calling, as decided by crm.authenticate in the request transaction. */
 export type Caller = {
@@ -75,7 +75,9 @@ export function bearerCredential(req: IncomingMessage): Credential | null {
  * Refuses a request without a well-formed credential (401) from its headers alone, so an
  * anonymous client never gets its body read, parsed or validated.
  */
-export function createCredentialCheck(credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): (req: IncomingMessage) => void {
+export function createCredentialCheck(
+  credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential,
+): (req: IncomingMessage) => void {
   return (req) => {
     const credential = credentialOf(req)
     if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
@@ -92,7 +94,8 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
   const slugHeader = req.headers['x-tenant-slug']
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
-  if (slug !== null && !SLUG_PATTERN.test(slug)) throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
+  if (slug !== null && !SLUG_PATTERN.test(slug))
+    throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
 }
 
@@ -106,9 +109,14 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
   const resetSeconds = row.rate_reset_seconds ?? 60
   const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
   if (row.failure === 'rate_limited') {
-    throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, { limit, remaining: 0, resetSeconds })
+    throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, {
+      limit,
+      remaining: 0,
+      resetSeconds,
+    })
   }
-  if (row.failure === 'workspace_not_found') throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
+  if (row.failure === 'workspace_not_found')
+    throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   if (row.failure !== null) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
   return {
     userId: row.user_id,
@@ -122,7 +130,10 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
   }
 }
 
-export function createAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): Authenticator {
+export function createAuthenticator(
+  config: Config,
+  credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential,
+): Authenticator {
   return async (db, req) => {
     const attempt = attemptOf(config, credentialOf, req)
     const row = await db.one(sql.type(AUTH_ROW)`
@@ -151,7 +162,10 @@ const AUTH_SELECT = sql.fragment`case when r.auth_row_number is null or r.auth_r
  * authentication fails the query does not run at all. Were the order ever different, the policy
  * helpers would find no context and the query would see nothing: it fails closed.
  */
-export function createStatementAuthenticator(config: Config, credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential): StatementAuthenticator {
+export function createStatementAuthenticator(
+  config: Config,
+  credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential,
+): StatementAuthenticator {
   return (req) => {
     const attempt = attemptOf(config, credentialOf, req)
     return {

@@ -1,13 +1,14 @@
 // The password and two-factor steps of sign-in. These run before there is a user to act as, so
 // they use the owner connection, and only through the pre-authentication SQL functions.
-import type { Config } from '../config.ts'
+
 import Type from 'typebox'
-import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import type { Config } from '../config.ts'
+import { type CommonQueryMethods, sql } from '../db/pool.ts'
 import { Bytes, NullableString, rowType } from '../db/typed-rows.ts'
+import { AuthenticationError, RateLimitedError } from '../errors.ts'
 import { verifyPassword } from './passwords.ts'
 import { hashToken, newToken } from './tokens.ts'
 import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChallenge, signChallenge, totpStep } from './two-factor.ts'
-import { AuthenticationError, RateLimitedError } from '../errors.ts'
 
 export type TokenBody = { token: string; token_type: 'Bearer'; token_id: string; expires_at: string }
 export type ChallengeBody = { two_factor: true; challenge_token: string; expires_at: string }
@@ -17,12 +18,25 @@ const MAX_FAILURES = 5
 const IssuedRow = rowType(Type.Object({ id: Type.String(), expires_at: Type.String() }))
 const ThrottleRow = rowType(Type.Object({ failures: Type.Integer(), retry_after_seconds: Type.Integer() }))
 const UserRow = rowType(
-  Type.Object({ id: Type.String(), password_hash: NullableString, suspended_at: NullableString, api_access: Type.Boolean(), two_factor: Type.Boolean() }),
+  Type.Object({
+    id: Type.String(),
+    password_hash: NullableString,
+    suspended_at: NullableString,
+    api_access: Type.Boolean(),
+    two_factor: Type.Boolean(),
+  }),
 )
 const ChallengeRow = rowType(Type.Object({ user_id: Type.String(), device_name: Type.String(), attempts: Type.Integer() }))
 const SealedSecretRow = rowType(Type.Object({ secret_encrypted: Bytes }))
 
-export async function issueToken(db: CommonQueryMethods, config: Config, userId: string, kind: 'token' | 'session', name: string, ttlDays = config.tokenTtlDays): Promise<TokenBody> {
+export async function issueToken(
+  db: CommonQueryMethods,
+  config: Config,
+  userId: string,
+  kind: 'token' | 'session',
+  name: string,
+  ttlDays = config.tokenTtlDays,
+): Promise<TokenBody> {
   const token = newToken()
   const row = await db.one(sql.type(IssuedRow)`
     select id, expires_at from crm.issue_token(${userId}, ${kind}, ${name}, ${sql.binary(hashToken(token))}, make_interval(days => ${ttlDays}))
@@ -31,7 +45,11 @@ export async function issueToken(db: CommonQueryMethods, config: Config, userId:
 }
 
 function tooManyAttempts(retryAfterSeconds: number): RateLimitedError {
-  return new RateLimitedError(Math.max(1, retryAfterSeconds), 'too_many_attempts', 'Too many failed sign-ins for this email; try again later')
+  return new RateLimitedError(
+    Math.max(1, retryAfterSeconds),
+    'too_many_attempts',
+    'Too many failed sign-ins for this email; try again later',
+  )
 }
 
 const invalidCredentials = () => new AuthenticationError('invalid_credentials', 'The email or password is wrong')
@@ -66,7 +84,11 @@ export async function signInWithPassword(
       values (${user.id}, ${input.device_name}, now() + make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
       returning id, expires_at
     `)
-    return { two_factor: true, challenge_token: await signChallenge(config.appSecret, challenge.id, new Date(challenge.expires_at)), expires_at: challenge.expires_at }
+    return {
+      two_factor: true,
+      challenge_token: await signChallenge(config.appSecret, challenge.id, new Date(challenge.expires_at)),
+      expires_at: challenge.expires_at,
+    }
   }
   return issueToken(db, config, user.id, kind, input.device_name)
 }
@@ -92,26 +114,37 @@ export async function completeTwoFactor(
 
   let accepted = false
   if (input.code !== undefined) {
-    const sealed = await db.maybeOneFirst(sql.type(SealedSecretRow)`select secret_encrypted from crm.user_totp where user_id = ${challenge.user_id} and confirmed_at is not null`)
+    const sealed = await db.maybeOneFirst(
+      sql.type(
+        SealedSecretRow,
+      )`select secret_encrypted from crm.user_totp where user_id = ${challenge.user_id} and confirmed_at is not null`,
+    )
     const step = sealed === null ? null : totpStep(config.appSecret, sealed, input.code.trim())
     // A code signs in once: its step must come after the last accepted one (the database refuses
     // anything else; see crm.tg_user_totp__steps_only_forward).
-    accepted = step !== null && null !== await db.maybeOne(sql.unsafe`
+    accepted =
+      step !== null &&
+      null !==
+        (await db.maybeOne(sql.unsafe`
       update crm.user_totp set last_used_step = ${step}
       where user_id = ${challenge.user_id} and confirmed_at is not null and (last_used_step is null or last_used_step < ${step})
       returning 1
-    `)
+    `))
   } else if (input.recovery_code !== undefined) {
-    accepted = null !== await db.maybeOne(sql.unsafe`
+    accepted =
+      null !==
+      (await db.maybeOne(sql.unsafe`
       update crm.recovery_codes set used_at = now()
       where user_id = ${challenge.user_id} and code_hash = ${sql.binary(hashRecoveryCode(input.recovery_code))} and used_at is null
       returning 1
-    `)
+    `))
   }
   if (!accepted) throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
-  const completed = null !== await db.maybeOne(sql.unsafe`
+  const completed =
+    null !==
+    (await db.maybeOne(sql.unsafe`
     update crm.two_factor_challenges set completed_at = now() where id = ${challengeId} and completed_at is null returning 1
-  `)
+  `))
   if (!completed) throw expired()
   return issueToken(db, config, challenge.user_id, kind, challenge.device_name)
 }

@@ -2,7 +2,7 @@
 // codes. The challenge token handed out after the password step is a short-lived JWT naming a
 // crm.two_factor_challenges row, which counts the tries.
 import { createHash, randomBytes } from 'node:crypto'
-import { SignJWT, jwtVerify } from 'jose'
+import { jwtVerify, SignJWT } from 'jose'
 import { generateSecret, generateURI, verifySync } from 'otplib'
 import { deriveKey, open, seal } from './secret-box.ts'
 

@@ -1,7 +1,7 @@
 // `crm <command>`: the operator's entry point. Every command accepts --json (then prints exactly
 // one JSON object) and exits non-zero with a one-line reason on error.
-import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { ConfigError, loadConfig, type Config } from '../config.ts'
+import { type ParseArgsConfig, parseArgs } from 'node:util'
+import { type Config, ConfigError, loadConfig } from '../config.ts'
 import { createLogger } from '../log.ts'
 import { commands as operatorCommands } from './operator.ts'
 
@@ -32,7 +32,10 @@ const serviceCommands: Record<string, Command> = {
       const database = await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
       try {
         const result = await migrate(database.url, { log: context.json ? undefined : (line) => console.log(line) })
-        context.print(result.applied.length ? `applied ${result.applied.length} migration(s)` : 'schema is current: nothing to apply', result)
+        context.print(
+          result.applied.length ? `applied ${result.applied.length} migration(s)` : 'schema is current: nothing to apply',
+          result,
+        )
       } finally {
         await database.stop()
       }
@@ -57,7 +60,8 @@ async function runService(context: CliContext, parts: { api: boolean; worker: bo
   const { startService } = await import('../service.ts')
   const service = await startService({ config, logger, ...parts })
   const where = config.databaseUrl ? 'the database at DATABASE_URL' : `the embedded PostgreSQL, data in ${config.dataDir}`
-  if (parts.api) logger.info(`CRM API listening on ${service.url} (${parts.worker ? 'with the worker' : 'without the worker'}), using ${where}`)
+  if (parts.api)
+    logger.info(`CRM API listening on ${service.url} (${parts.worker ? 'with the worker' : 'without the worker'}), using ${where}`)
   else logger.info(`CRM worker running, using ${where}`)
   return new Promise<number>((resolve) => {
     const shutdown = (signal: string) => {
@@ -98,8 +102,17 @@ export async function main(argv: string[]): Promise<number> {
     return 0
   }
   // Commands are one to three words (`migrate`, `user create`, `user totp enable`): longest first.
-  const words = [3, 2, 1].find((count) => argv.slice(0, count).every((word) => !word.startsWith('-')) && allCommands[argv.slice(0, count).join(' ')])
-  if (!words) return fail(`unknown command "${argv.filter((word) => !word.startsWith('-')).slice(0, 2).join(' ')}"; run crm help`, 2)
+  const words = [3, 2, 1].find(
+    (count) => argv.slice(0, count).every((word) => !word.startsWith('-')) && allCommands[argv.slice(0, count).join(' ')],
+  )
+  if (!words)
+    return fail(
+      `unknown command "${argv
+        .filter((word) => !word.startsWith('-'))
+        .slice(0, 2)
+        .join(' ')}"; run crm help`,
+      2,
+    )
   const command = allCommands[argv.slice(0, words).join(' ')]
   const rest = argv.slice(words)
   let parsed

@@ -3,8 +3,8 @@
 import pg from 'pg'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
-import { provisionDatabase } from '../db/provision.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
+import { provisionDatabase } from '../db/provision.ts'
 import type { CliContext, Command } from './main.ts'
 
 async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => Promise<T>): Promise<T> {
@@ -64,7 +64,11 @@ async function roleId(client: pg.Client, workspace: string, role: string): Promi
 }
 
 async function addMembership(client: pg.Client, workspace: string, userId: string, role: string, team?: string): Promise<void> {
-  await client.query('insert into crm.memberships (workspace_id, user_id, role_id) values ($1, $2, $3)', [workspace, userId, await roleId(client, workspace, role)])
+  await client.query('insert into crm.memberships (workspace_id, user_id, role_id) values ($1, $2, $3)', [
+    workspace,
+    userId,
+    await roleId(client, workspace, role),
+  ])
   if (team) {
     const { rows } = await client.query(
       `insert into crm.teams (workspace_id, name) values ($1, $2) on conflict (workspace_id, name) do update set name = excluded.name returning id`,
@@ -80,7 +84,13 @@ export const commands: Record<string, Command> = {
   'workspace create': {
     usage: 'workspace create --slug S --name N [--plan free|pro] [--trial-days N] [--seats N]',
     summary: 'create a workspace (trial 14 days unless told; 0 for none)',
-    options: { slug: { type: 'string' }, name: { type: 'string' }, plan: { type: 'string' }, 'trial-days': { type: 'string' }, seats: { type: 'string' } },
+    options: {
+      slug: { type: 'string' },
+      name: { type: 'string' },
+      plan: { type: 'string' },
+      'trial-days': { type: 'string' },
+      seats: { type: 'string' },
+    },
     run: async (context, values) => {
       required(values, 'slug', 'name')
       const plan = values.plan ?? 'free'
@@ -107,7 +117,10 @@ export const commands: Record<string, Command> = {
       required(values, 'slug', 'plan')
       if (values.plan !== 'free' && values.plan !== 'pro') throw new Error('--plan must be free or pro')
       const row = await withDatabase(context, async (client) => {
-        const { rows } = await client.query(`update crm.workspaces set plan = $2 where slug = $1 returning id, slug, plan`, [values.slug, values.plan])
+        const { rows } = await client.query(`update crm.workspaces set plan = $2 where slug = $1 returning id, slug, plan`, [
+          values.slug,
+          values.plan,
+        ])
         if (!rows[0]) throw new Error(`no workspace with slug "${values.slug}"`)
         return rows[0]
       })
@@ -117,7 +130,14 @@ export const commands: Record<string, Command> = {
   'user create': {
     usage: 'user create --email E --name N --password P [--workspace S --role R] [--team T]',
     summary: 'create a user, optionally as a member of a workspace',
-    options: { email: { type: 'string' }, name: { type: 'string' }, password: { type: 'string' }, workspace: { type: 'string' }, role: { type: 'string' }, team: { type: 'string' } },
+    options: {
+      email: { type: 'string' },
+      name: { type: 'string' },
+      password: { type: 'string' },
+      workspace: { type: 'string' },
+      role: { type: 'string' },
+      team: { type: 'string' },
+    },
     run: async (context, values) => {
       required(values, 'email', 'name', 'password')
       const problem = passwordProblem(values.password, values.email)
@@ -128,7 +148,8 @@ export const commands: Record<string, Command> = {
           `insert into crm.users (email, name, password_hash) values (lower($1), $2, $3) returning id, email, name, api_access, ${timeSql('created_at')}`,
           [values.email, values.name, passwordHash],
         )
-        if (values.workspace) await addMembership(client, await workspaceId(client, values.workspace), rows[0].id, values.role ?? 'member', values.team)
+        if (values.workspace)
+          await addMembership(client, await workspaceId(client, values.workspace), rows[0].id, values.role ?? 'member', values.team)
         return { ...rows[0], workspace: values.workspace ?? null, role: values.workspace ? (values.role ?? 'member') : null }
       })
       context.print(`created user ${row.email} (${row.id})`, row)
@@ -142,7 +163,10 @@ export const commands: Record<string, Command> = {
       required(values, 'email')
       if (Boolean(values.on) === Boolean(values.off)) throw new Error('give exactly one of --on or --off')
       const row = await withDatabase(context, async (client) => {
-        const { rows } = await client.query('update crm.users set api_access = $2 where email = lower($1) returning id, email, api_access', [values.email, Boolean(values.on)])
+        const { rows } = await client.query(
+          'update crm.users set api_access = $2 where email = lower($1) returning id, email, api_access',
+          [values.email, Boolean(values.on)],
+        )
         if (!rows[0]) throw new Error(`no user with email "${values.email}"`)
         return rows[0]
       })
@@ -168,11 +192,21 @@ export const commands: Record<string, Command> = {
           [user.id, sealTotpSecret(config.appSecret, secret)],
         )
         await client.query('delete from crm.recovery_codes where user_id = $1', [user.id])
-        for (const code of recoveryCodes) await client.query('insert into crm.recovery_codes (user_id, code_hash) values ($1, $2)', [user.id, hashRecoveryCode(code)])
+        for (const code of recoveryCodes)
+          await client.query('insert into crm.recovery_codes (user_id, code_hash) values ($1, $2)', [user.id, hashRecoveryCode(code)])
         return user
       })
       const result = { otpauth_uri: otpauthUri(user.email, secret), secret, recovery_codes: recoveryCodes }
-      context.print([`two-factor is on for ${user.email}`, `otpauth URI: ${result.otpauth_uri}`, `secret: ${secret}`, 'recovery codes (each works once):', ...recoveryCodes.map((code) => `  ${code}`)].join('\n'), result)
+      context.print(
+        [
+          `two-factor is on for ${user.email}`,
+          `otpauth URI: ${result.otpauth_uri}`,
+          `secret: ${secret}`,
+          'recovery codes (each works once):',
+          ...recoveryCodes.map((code) => `  ${code}`),
+        ].join('\n'),
+        result,
+      )
     },
   },
   'member add': {
@@ -206,10 +240,19 @@ export const commands: Record<string, Command> = {
       }
       const row = await withDatabase(context, async (client) => {
         const workspace = await workspaceId(client, values.workspace)
-        const { rows } = await client.query('insert into crm.roles (workspace_id, name) values ($1, $2) returning id, name, is_admin', [workspace, values.name])
+        const { rows } = await client.query('insert into crm.roles (workspace_id, name) values ($1, $2) returning id, name, is_admin', [
+          workspace,
+          values.name,
+        ])
         for (const grant of grants) {
           const [resource, action, scope] = grant.split(':')
-          await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [workspace, rows[0].id, resource, action, scope])
+          await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [
+            workspace,
+            rows[0].id,
+            resource,
+            action,
+            scope,
+          ])
         }
         return { ...rows[0], workspace: values.workspace, grants }
       })

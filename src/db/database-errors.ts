@@ -2,21 +2,21 @@
 // raises, the SQLSTATEs a request can provoke, and the failures that mean "the database is not
 // there". Constraint names become the JSON pointer of the field they protect, so an answer names
 // the offending field without ever echoing SQL. The HTTP layer's problem.ts turns the result into a status.
-import { ConnectionError, NotFoundError as SlonikNotFoundError, SlonikError } from 'slonik'
-import { MEMBER_CONSTRAINT_FIELDS } from '../members/constraints.ts'
-import { RECORD_CONSTRAINT_FIELDS } from '../records/constraints.ts'
+import { ConnectionError, SlonikError, NotFoundError as SlonikNotFoundError } from 'slonik'
 import {
   AuthenticationError,
   ConflictError,
+  type CrmError,
   DuplicateError,
+  type FieldProblem,
   ForbiddenError,
   NotFoundError,
   PlanRequiredError,
   UnavailableError,
   ValidationError,
-  type CrmError,
-  type FieldProblem,
 } from '../errors.ts'
+import { MEMBER_CONSTRAINT_FIELDS } from '../members/constraints.ts'
+import { RECORD_CONSTRAINT_FIELDS } from '../records/constraints.ts'
 
 export type DatabaseErrorFields = { code?: string; constraint?: string; column?: string; message?: string; hint?: string; detail?: string }
 
@@ -65,7 +65,10 @@ export function classifyDatabaseError(error: unknown, constraintFields: Constrai
       case '23505': // unique_violation: a unique value (email, domain, slug) is taken
         return new DuplicateError(`${name} is already taken`, problem('duplicate', 'is already taken'))
       case '23503': // foreign_key_violation: a referenced record is missing (or invisible to the caller)
-        return new ValidationError(`${name} refers to a record that does not exist`, problem('not_found', 'refers to a record that does not exist'))
+        return new ValidationError(
+          `${name} refers to a record that does not exist`,
+          problem('not_found', 'refers to a record that does not exist'),
+        )
       case '23514': // check_violation: a constraint on the value
       case '23502': // not_null_violation
       case '22001': // string_data_right_truncation: too long
@@ -85,7 +88,11 @@ export function classifyDatabaseError(error: unknown, constraintFields: Constrai
       case '57P02': // crash_shutdown
       case '57P03': // cannot_connect_now: starting up or in recovery
       case '53300': // too_many_connections
-      case '08000': case '08003': case '08006': case '08001': case '08004': // connection exceptions
+      case '08000':
+      case '08003':
+      case '08006':
+      case '08001':
+      case '08004': // connection exceptions
         return new UnavailableError(error)
     }
   }
@@ -104,7 +111,9 @@ function pointerOf(fields: DatabaseErrorFields, constraintFields: ConstraintFiel
 /** A `raise ... using errcode = 'CR<status>', hint = '<code>'[, detail = '/<pointer>']` of our SQL. */
 function raisedError(status: number, fields: DatabaseErrorFields): CrmError | null {
   const message = fields.message ?? 'Request refused'
-  const errors = fields.detail?.startsWith('/') ? [{ pointer: fields.detail, code: fields.hint ?? 'invalid', message: fields.message ?? '' }] : undefined
+  const errors = fields.detail?.startsWith('/')
+    ? [{ pointer: fields.detail, code: fields.hint ?? 'invalid', message: fields.message ?? '' }]
+    : undefined
   const code = fields.hint
   switch (status) {
     case 401: // a function found no signed-in user (crm.start_totp_enrollment): answered without a challenge

@@ -5,8 +5,8 @@ import { createHash } from 'node:crypto'
 import { readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import pg from 'pg'
 import { Logger, runMigrations as runWorkerMigrations } from 'graphile-worker'
+import pg from 'pg'
 
 export const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url))
 
@@ -63,7 +63,9 @@ function unknownLedgerEntry(name: string): MigrationError {
       `this database was migrated by the pre-release migration files (it records ${name}), which were folded into a new baseline; recreate it (\`make clean\` removes the embedded one under .data/)`,
     )
   }
-  return new MigrationError(`this database records migration ${name}, which is not in sql/: it was migrated by other migration files than these (a newer version?)`)
+  return new MigrationError(
+    `this database records migration ${name}, which is not in sql/: it was migrated by other migration files than these (a newer version?)`,
+  )
 }
 
 export type MigrateResult = { applied: string[]; alreadyApplied: number }
@@ -96,7 +98,11 @@ export async function migrate(databaseUrl: string, options: { dir?: string; log?
       await client.query('begin')
       try {
         // Recorded first: a concurrent migrator that slipped past the lock fails on the key at once.
-        await client.query('insert into crm.schema_migrations (number, name, checksum) values ($1, $2, $3)', [file.number, file.name, file.checksum])
+        await client.query('insert into crm.schema_migrations (number, name, checksum) values ($1, $2, $3)', [
+          file.number,
+          file.name,
+          file.checksum,
+        ])
         await client.query(file.sql)
         await client.query('commit')
       } catch (error) {

@@ -1,10 +1,11 @@
 // The slonik pool the API uses. Values come back as the API shows them: numeric as exact decimal
 // strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
-import { createPool, SchemaValidationError, type DatabasePool, type Interceptor, type QueryResultRow } from 'slonik'
-import { createPgDriverFactory } from '@slonik/pg-driver'
 
+import { createPgDriverFactory } from '@slonik/pg-driver'
+import { createPool, type DatabasePool, type Interceptor, type QueryResultRow, SchemaValidationError } from 'slonik'
+
+export type { CommonQueryMethods, DatabasePool, DatabaseTransactionConnection } from 'slonik'
 export { sql } from 'slonik'
-export type { DatabasePool, DatabaseTransactionConnection, CommonQueryMethods } from 'slonik'
 
 /** PostgreSQL prints timestamptz as `2026-11-22 03:00:21.123456+00`; the API wants `2026-11-22T03:00:21.123Z`. */
 export function toApiTime(text: string): string {
@@ -71,7 +72,9 @@ export async function createDatabasePool(
     idleInTransactionSessionTimeout: 60_000,
     interceptors: [
       ROW_SCHEMA_CHECK,
-      ...(options.onQuery ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) } satisfies Interceptor] : []),
+      ...(options.onQuery
+        ? [{ name: 'count-queries', beforeQueryExecution: (_context, query) => (options.onQuery?.(query.sql), null) } satisfies Interceptor]
+        : []),
     ],
     typeParsers: Object.entries(API_TYPE_PARSERS).map(([name, parse]) => ({ name, parse })),
   })

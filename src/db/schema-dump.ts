@@ -352,7 +352,9 @@ async function dumpTable(
     statements.push(...(await commentStatement(db, 'pg_class', index.oid, `index ${index.name}`)))
   }
   for (const constraint of constraints) {
-    statements.push(...(await commentStatement(db, 'pg_constraint', constraint.oid, `constraint ${quoteIdent(constraint.name)} on ${table.name}`)))
+    statements.push(
+      ...(await commentStatement(db, 'pg_constraint', constraint.oid, `constraint ${quoteIdent(constraint.name)} on ${table.name}`)),
+    )
   }
 
   const extendedStatistics = await rows<{ oid: number; definition: string; name: string }>(

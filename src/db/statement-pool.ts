@@ -18,7 +18,8 @@ const PARSERS = new Map<number, (value: string) => unknown>(
   Object.entries(API_TYPE_PARSERS).map(([name, parse]) => [OIDS[name as keyof typeof OIDS], parse]),
 )
 const types = {
-  getTypeParser: (oid: number, format?: 'text' | 'binary') => (format !== 'binary' && PARSERS.get(oid)) || pg.types.getTypeParser(oid, format as 'text'),
+  getTypeParser: (oid: number, format?: 'text' | 'binary') =>
+    (format !== 'binary' && PARSERS.get(oid)) || pg.types.getTypeParser(oid, format as 'text'),
 }
 
 /** A connection that refused or timed out while being taken: the API answers 503 for it. */
@@ -28,7 +29,13 @@ export class StatementPoolUnavailable extends Error {
 
 export function createStatementPool(
   url: string,
-  options: { maxPoolSize: number; connectionTimeoutMs?: number; sessionRole: string; onQuery?: (text: string) => void; onError?: (error: Error) => void },
+  options: {
+    maxPoolSize: number
+    connectionTimeoutMs?: number
+    sessionRole: string
+    onQuery?: (text: string) => void
+    onError?: (error: Error) => void
+  },
 ): StatementPool {
   const pool = new pg.Pool({
     connectionString: withSessionRole(url, options.sessionRole),
@@ -48,7 +55,11 @@ export function createStatementPool(
       try {
         result = await pool.query({ text, values: query.values as unknown[], name: query.name })
       } catch (error) {
-        if (error instanceof Error && !('code' in error) && /timeout exceeded when trying to connect|Connection terminated/i.test(error.message)) {
+        if (
+          error instanceof Error &&
+          !('code' in error) &&
+          /timeout exceeded when trying to connect|Connection terminated/i.test(error.message)
+        ) {
           throw Object.assign(new StatementPoolUnavailable(error.message), { cause: error })
         }
         throw error

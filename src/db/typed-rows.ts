@@ -19,7 +19,9 @@ export function rowType<T extends TSchema>(schema: T): RowType<T> {
       validate: (value) => {
         validator ??= Compile(schema)
         if (validator.Check(value)) return { value }
-        return { issues: validator.Errors(value).map((error) => ({ message: error.message, path: error.instancePath.split('/').slice(1) })) }
+        return {
+          issues: validator.Errors(value).map((error) => ({ message: error.message, path: error.instancePath.split('/').slice(1) })),
+        }
       },
     },
   }
@@ -29,7 +31,13 @@ export function rowType<T extends TSchema>(schema: T): RowType<T> {
 export const NullableString = Type.Union([Type.String(), Type.Null()])
 
 /** A bytea column: pg gives a Buffer. */
-export const Bytes = Type.Unsafe<Buffer>(Type.Refine(Type.Unknown(), (value) => Buffer.isBuffer(value), () => 'must be bytes'))
+export const Bytes = Type.Unsafe<Buffer>(
+  Type.Refine(
+    Type.Unknown(),
+    (value) => Buffer.isBuffer(value),
+    () => 'must be bytes',
+  ),
+)
 
 /** `returning id` and `select t.id`: one uuid (pg reads it as text). */
 export const IdRow = rowType(Type.Object({ id: Type.String() }))

@@ -8,12 +8,12 @@
 // record's JSON), so the API process only concatenates: the database does the formatting on its
 // own core, and the stream holds one fetch of lines at a time.
 import { sql } from '../db/pool.ts'
-import { csvTextCellSql } from './csv-text-cell.ts'
+import { type FieldProblem, InvalidParameterError, ValidationError } from '../errors.ts'
 import type { FieldSpec, RecordType } from '../records/fields.ts'
 import { parseListRequest } from '../records/list-parameters.ts'
 import { filterCondition, orderByClause, orderKeys } from '../records/list-query.ts'
+import { csvTextCellSql } from './csv-text-cell.ts'
 import { LineRow, type LinesQuery } from './stream-lines.ts'
-import { InvalidParameterError, ValidationError, type FieldProblem } from '../errors.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
@@ -26,14 +26,18 @@ export function filterParameters(filter: Record<string, unknown>): Map<string, s
   const scalar = (value: unknown, pointer: string): string => {
     if (typeof value === 'string') return value
     if (typeof value === 'number' || typeof value === 'boolean') return String(value)
-    throw new ValidationError(`${pointer.slice(1)} must be a string, a number or a boolean`, [{ pointer, code: 'type', message: 'must be a string, a number or a boolean' }])
+    throw new ValidationError(`${pointer.slice(1)} must be a string, a number or a boolean`, [
+      { pointer, code: 'type', message: 'must be a string, a number or a boolean' },
+    ])
   }
   for (const [field, condition] of Object.entries(filter)) {
     const pointer = `/filter/${field}`
     if (condition === null) parameters.set(`filter[${field}][is_null]`, 'true')
     else if (typeof condition === 'object' && !Array.isArray(condition)) {
       for (const [op, value] of Object.entries(condition as Record<string, unknown>)) {
-        const text = Array.isArray(value) ? value.map((item, index) => scalar(item, `${pointer}/${op}/${index}`)).join(',') : scalar(value, `${pointer}/${op}`)
+        const text = Array.isArray(value)
+          ? value.map((item, index) => scalar(item, `${pointer}/${op}/${index}`)).join(',')
+          : scalar(value, `${pointer}/${op}`)
         parameters.set(`filter[${field}][${op}]`, text)
       }
     } else if (Array.isArray(condition)) {
@@ -50,7 +54,8 @@ export function exportFields(type: RecordType, names: string[] | undefined): Fie
   names.forEach((name, index) => {
     const field = type.byName.get(name)
     if (!field) errors.push({ pointer: `/fields/${index}`, code: 'unknown_field', message: `${type.path} have no field ${name}` })
-    else if (fields.includes(field)) errors.push({ pointer: `/fields/${index}`, code: 'duplicate_field', message: `${name} is listed twice` })
+    else if (fields.includes(field))
+      errors.push({ pointer: `/fields/${index}`, code: 'duplicate_field', message: `${name} is listed twice` })
     else fields.push(field)
   })
   if (errors.length > 0) throw new ValidationError(`fields: ${errors[0].message}`, errors)
@@ -98,12 +103,17 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
   if (request.format === 'ndjson') {
     line = everyField
       ? sql.fragment`${type.jsonFunction}(t)::text`
-      : sql.fragment`json_build_object(${sql.join(fields.map((field) => sql.fragment`${field.name}::text, ${jsonValue(field)}`), sql.fragment`, `)})::text`
+      : sql.fragment`json_build_object(${sql.join(
+          fields.map((field) => sql.fragment`${field.name}::text, ${jsonValue(field)}`),
+          sql.fragment`, `,
+        )})::text`
   } else {
     // Only text and JSON can hold a quote, comma or line break, or start a formula; ids, numbers,
     // dates and times are written as stored (a numeric -5 stays -5).
     const cell = (field: FieldSpec) =>
-      field.kind === 'text' || field.kind === 'lowercase' || field.kind === 'json' ? csvTextCellSql(textValue(field)) : sql.fragment`coalesce(${textValue(field)}, '')`
+      field.kind === 'text' || field.kind === 'lowercase' || field.kind === 'json'
+        ? csvTextCellSql(textValue(field))
+        : sql.fragment`coalesce(${textValue(field)}, '')`
     line = sql.fragment`concat_ws(',', ${sql.join(fields.map(cell), sql.fragment`, `)})`
     header = fields.map((field) => field.name).join(',')
   }

@@ -16,7 +16,12 @@ const LineSchema = Type.Object({ line: Type.String() })
 export const LineRow = rowType(LineSchema)
 export type LinesQuery = QuerySqlToken<typeof LineRow>
 
-export async function streamLines(db: DatabaseTransactionConnection, query: LinesQuery, res: ServerResponse, newline: string): Promise<number> {
+export async function streamLines(
+  db: DatabaseTransactionConnection,
+  query: LinesQuery,
+  res: ServerResponse,
+  newline: string,
+): Promise<number> {
   let rows = 0
   let piping: Promise<void> | null = null
   await db.stream(query, (stream) => {

@@ -4,8 +4,8 @@
 // N × the limit a minute: a bound on guessing, not an exact quota (the per-email and per-user
 // counts in PostgreSQL are the exact ones).
 import type { IncomingMessage } from 'node:http'
-import { clientOf } from './client-address.ts'
 import { RateLimitedError } from '../errors.ts'
+import { clientOf } from './client-address.ts'
 
 export type AddressRateLimit = (req: IncomingMessage) => void
 
@@ -24,7 +24,11 @@ export function createAddressRateLimit(limitPerMinute: number, now: () => number
     const count = (counts.get(address) ?? 0) + 1
     counts.set(address, count)
     if (count > limitPerMinute) {
-      throw new RateLimitedError(Math.max(1, Math.ceil(((minute + 1) * 60_000 - time) / 1000)), 'rate_limited', `More than ${limitPerMinute} attempts from this address in this minute`)
+      throw new RateLimitedError(
+        Math.max(1, Math.ceil(((minute + 1) * 60_000 - time) / 1000)),
+        'rate_limited',
+        `More than ${limitPerMinute} attempts from this address in this minute`,
+      )
     }
   }
 }

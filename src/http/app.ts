@@ -3,22 +3,34 @@
 import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
-import { readJsonObject } from './body.ts'
-import { createAdmissionGate } from './admission.ts'
-import { identifyClient } from './client-address.ts'
-import { ApiError, problemBody, toApiError } from './problem.ts'
-import { JsonText, validateBody, type RouteContext, type RouteDefinition, type Services } from './route.ts'
 import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
-import { sql, type DatabasePool, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { singleStatementConnection } from './single-statement.ts'
+import { sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
+import { createAdmissionGate } from './admission.ts'
+import { readJsonObject } from './body.ts'
+import { identifyClient } from './client-address.ts'
+import { type ApiError, problemBody, toApiError } from './problem.ts'
+import { JsonText, type RouteContext, type RouteDefinition, type Services, validateBody } from './route.ts'
+import { singleStatementConnection } from './single-statement.ts'
 
-const SANE_REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 
-type Request = IncomingMessage & { params: Record<string, string>; query: Record<string, string | string[]>; path: string; requestId: string; callerId?: string }
+type Request = IncomingMessage & {
+  params: Record<string, string>
+  query: Record<string, string | string[]>
+  path: string
+  requestId: string
+  callerId?: string
+}
 
-export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string | undefined> = {}, contentType = 'application/json; charset=utf-8'): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string | undefined> = {},
+  contentType = 'application/json; charset=utf-8',
+): void {
   if (res.headersSent) return
   const text = body === undefined ? '' : body instanceof JsonText ? body.text : JSON.stringify(body)
   res.statusCode = status
@@ -76,7 +88,8 @@ export function createApp(
 
   const app = polka({
     onError: (error: unknown, req: IncomingMessage, res: ServerResponse) => onError(error, req, res),
-    onNoMatch: (req: IncomingMessage, res: ServerResponse) => onError(new NotFoundError(`No route for ${req.method} ${(req as Request).path}`), req, res),
+    onNoMatch: (req: IncomingMessage, res: ServerResponse) =>
+      onError(new NotFoundError(`No route for ${req.method} ${(req as Request).path}`), req, res),
   })
 
   app.use((req: IncomingMessage, res: ServerResponse, next: () => void) => {
@@ -110,7 +123,7 @@ export function createApp(
     // is taken, so a slow client never holds one.
     if (definition.auth === 'required') extra.checkCredential?.(req)
     if (definition.limitedPerAddress) services.addressRateLimit(req)
-    let body: unknown = undefined
+    let body: unknown
     if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }
 
@@ -124,26 +137,36 @@ export function createApp(
     const result =
       definition.auth === 'none'
         ? await definition.handler(base as unknown as RouteContext)
-        : await admission.run(() => {
-            if (definition.singleStatement && statements) {
-              const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
-              return definition.handler({ ...base, db: db.connection, get caller() { return db.caller() } } as RouteContext).catch(async (error: unknown) => {
-                await db.authenticateIfNotSent()
-                throw error
+        : await admission
+            .run(() => {
+              if (definition.singleStatement && statements) {
+                const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
+                return definition
+                  .handler({
+                    ...base,
+                    db: db.connection,
+                    get caller() {
+                      return db.caller()
+                    },
+                  } as RouteContext)
+                  .catch(async (error: unknown) => {
+                    await db.authenticateIfNotSent()
+                    throw error
+                  })
+              }
+              return pool.transaction(async (db) => {
+                const caller = await authenticate(db, req, req.requestId)
+                authenticated(caller)
+                return definition.handler({ ...base, db, caller } as RouteContext)
               })
-            }
-            return pool.transaction(async (db) => {
-              const caller = await authenticate(db, req, req.requestId)
-              authenticated(caller)
-              return definition.handler({ ...base, db, caller } as RouteContext)
             })
-          }).catch(async (error: unknown) => {
-            // The rollback took the rate-limit count with it: count the request again, outside.
-            if (req.callerId && !(error instanceof RateLimitedError)) {
-              await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
-            }
-            throw error
-          })
+            .catch(async (error: unknown) => {
+              // The rollback took the rate-limit count with it: count the request again, outside.
+              if (req.callerId && !(error instanceof RateLimitedError)) {
+                await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+              }
+              throw error
+            })
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200
     sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)

@@ -2,7 +2,7 @@
 // belongs to a trusted proxy (TRUST_PROXY), what that proxy says in X-Forwarded-For and
 // X-Forwarded-Proto. Anyone else's forwarding headers are ignored: a client could write anything.
 import type { IncomingMessage } from 'node:http'
-import { isInCidrList, type CidrRange } from '../webhooks/address-guard.ts'
+import { type CidrRange, isInCidrList } from '../webhooks/address-guard.ts'
 
 export type Client = { address: string; secure: boolean }
 
@@ -20,7 +20,10 @@ export function identifyClient(req: IncomingMessage, trustedProxies: readonly Ci
   if (trustedProxies.length > 0 && isInCidrList(socketAddress, trustedProxies)) {
     // From the right: each trusted hop vouches for the one before it; the first untrusted hop is
     // the client. Hops a client wrote itself sit to its left and are never reached.
-    const hops = headerText(req.headers['x-forwarded-for']).split(',').map((hop) => hop.trim()).filter((hop) => hop !== '')
+    const hops = headerText(req.headers['x-forwarded-for'])
+      .split(',')
+      .map((hop) => hop.trim())
+      .filter((hop) => hop !== '')
     let address = socketAddress
     for (let index = hops.length - 1; index >= 0; index--) {
       address = hops[index]

@@ -70,13 +70,37 @@ const RECORD_ITEM = /^\/api\/(contacts|companies|deals)\/:id$/
 /** Request headers the records routes read, which the route definitions do not declare. */
 function headerParameters(route: RouteDefinition): JsonObject[] {
   if (route.method === 'POST' && RECORD_COLLECTION.test(route.path)) {
-    return [{ name: 'Idempotency-Key', in: 'header', required: false, description: 'Up to 255 characters; the same POST again within 24 hours gets the first answer (Idempotent-Replayed: true)', schema: { type: 'string', maxLength: 255 } }]
+    return [
+      {
+        name: 'Idempotency-Key',
+        in: 'header',
+        required: false,
+        description: 'Up to 255 characters; the same POST again within 24 hours gets the first answer (Idempotent-Replayed: true)',
+        schema: { type: 'string', maxLength: 255 },
+      },
+    ]
   }
   if ((route.method === 'PUT' || route.method === 'PATCH') && RECORD_ITEM.test(route.path)) {
-    return [{ name: 'If-Match', in: 'header', required: false, description: 'The ETag of the version you read; 412 when the record changed since', schema: { type: 'string' } }]
+    return [
+      {
+        name: 'If-Match',
+        in: 'header',
+        required: false,
+        description: 'The ETag of the version you read; 412 when the record changed since',
+        schema: { type: 'string' },
+      },
+    ]
   }
   if (route.method === 'GET' && RECORD_ITEM.test(route.path)) {
-    return [{ name: 'If-None-Match', in: 'header', required: false, description: 'An ETag; 304 when the record still has it', schema: { type: 'string' } }]
+    return [
+      {
+        name: 'If-None-Match',
+        in: 'header',
+        required: false,
+        description: 'An ETag; 304 when the record still has it',
+        schema: { type: 'string' },
+      },
+    ]
   }
   return []
 }
@@ -85,7 +109,10 @@ function responseHeaders(route: RouteDefinition, status: number): JsonObject | u
   const headers: JsonObject = {}
   if (status === 201 && RECORD_COLLECTION.test(route.path)) {
     headers.Location = { description: 'The URL of the new record', schema: { type: 'string' } }
-    headers['Idempotent-Replayed'] = { description: 'true when this is the stored answer to an earlier request with the same Idempotency-Key', schema: { type: 'string' } }
+    headers['Idempotent-Replayed'] = {
+      description: 'true when this is the stored answer to an earlier request with the same Idempotency-Key',
+      schema: { type: 'string' },
+    }
   }
   if (RECORD_ITEM.test(route.path) || (status === 201 && RECORD_COLLECTION.test(route.path))) {
     if (route.method !== 'DELETE') headers.ETag = { description: 'The version of the record (for If-Match)', schema: { type: 'string' } }
@@ -115,7 +142,10 @@ function operation(route: RouteDefinition): JsonObject {
   const success: JsonObject = { description: STATUS_TEXT[status] ?? 'Success' }
   if (status !== 204 && route.response) {
     success.content = {
-      'application/json': { schema: plainSchema(route.response), ...(route.example?.response !== undefined ? { example: route.example.response } : {}) },
+      'application/json': {
+        schema: plainSchema(route.response),
+        ...(route.example?.response !== undefined ? { example: route.example.response } : {}),
+      },
     }
   }
   const headers = responseHeaders(route, status)
@@ -136,7 +166,12 @@ function operation(route: RouteDefinition): JsonObject {
   if (route.body && route.bodyKind !== 'raw') {
     result.requestBody = {
       required: true,
-      content: { 'application/json': { schema: plainSchema(route.body), ...(route.example?.request !== undefined ? { example: route.example.request } : {}) } },
+      content: {
+        'application/json': {
+          schema: plainSchema(route.body),
+          ...(route.example?.request !== undefined ? { example: route.example.request } : {}),
+        },
+      },
     }
   }
   return result
@@ -161,13 +196,16 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
       },
     ]),
   )
-  const tags = [...new Set(routes.filter((route) => route.path.startsWith('/api/')).map((route) => route.tag))].sort().map((name) => ({ name }))
+  const tags = [...new Set(routes.filter((route) => route.path.startsWith('/api/')).map((route) => route.tag))]
+    .sort()
+    .map((name) => ({ name }))
   return {
     openapi: '3.1.0',
     info: {
       title: 'CRM API',
       version: VERSION,
-      description: 'Multi-tenant CRM: contacts, companies, deals, associations, search, import/export and signed webhooks. Errors are RFC 9457 problem details.',
+      description:
+        'Multi-tenant CRM: contacts, companies, deals, associations, search, import/export and signed webhooks. Errors are RFC 9457 problem details.',
     },
     servers: [{ url: options.serverUrl ?? '/' }],
     tags,

@@ -7,6 +7,7 @@ import {
   ConflictError,
   CrmError,
   DuplicateError,
+  type FieldProblem,
   ForbiddenError,
   InvalidJsonError,
   InvalidParameterError,
@@ -18,7 +19,6 @@ import {
   UnavailableError,
   UnsupportedMediaTypeError,
   ValidationError,
-  type FieldProblem,
 } from '../errors.ts'
 
 export type { FieldProblem }
@@ -30,7 +30,13 @@ export class ApiError extends Error {
   readonly title: string
   readonly errors?: FieldProblem[]
   readonly headers?: Record<string, string>
-  constructor(status: number, code: string, title: string, detail?: string, options: { errors?: FieldProblem[]; headers?: Record<string, string>; cause?: unknown } = {}) {
+  constructor(
+    status: number,
+    code: string,
+    title: string,
+    detail?: string,
+    options: { errors?: FieldProblem[]; headers?: Record<string, string>; cause?: unknown } = {},
+  ) {
     super(detail ?? title, { cause: options.cause })
     this.name = 'ApiError'
     this.status = status
@@ -65,7 +71,12 @@ function headersOf(error: CrmError): Record<string, string> | undefined {
   if (error instanceof AuthenticationError) return error.invalidToken ? INVALID_TOKEN : undefined
   if (error instanceof RateLimitedError && error.quota) {
     const { limit, remaining, resetSeconds } = error.quota
-    return { 'Retry-After': String(error.retryAfterSeconds), 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': String(remaining), 'RateLimit-Reset': String(resetSeconds) }
+    return {
+      'Retry-After': String(error.retryAfterSeconds),
+      'RateLimit-Limit': String(limit),
+      'RateLimit-Remaining': String(remaining),
+      'RateLimit-Reset': String(resetSeconds),
+    }
   }
   if (error instanceof RateLimitedError || error instanceof UnavailableError) return { 'Retry-After': String(error.retryAfterSeconds) }
   return undefined
@@ -86,7 +97,13 @@ export function toApiError(error: unknown): ApiError {
 }
 
 export function internalError(cause?: unknown): ApiError {
-  return new ApiError(500, 'internal_error', 'Internal error', 'Something went wrong on our side; quote the request_id when you report it', { cause })
+  return new ApiError(
+    500,
+    'internal_error',
+    'Internal error',
+    'Something went wrong on our side; quote the request_id when you report it',
+    { cause },
+  )
 }
 
 export function problemBody(error: ApiError, requestId: string): Record<string, unknown> {

@@ -3,12 +3,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { TSchema } from 'typebox'
 import { Compile } from 'typebox/compile'
+import type { Caller } from '../auth/authenticate.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
+import { type FieldProblem, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit } from './address-rate-limit.ts'
-import type { Caller } from '../auth/authenticate.ts'
-import { ValidationError, type FieldProblem } from '../errors.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
 
@@ -137,13 +137,15 @@ function pointerSegment(name: string): string {
 function unstorableStrings(value: unknown, pointer: string, found: FieldProblem[]): void {
   if (found.length >= 50) return
   if (typeof value === 'string') {
-    if (!isStorableString(value)) found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
+    if (!isStorableString(value))
+      found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
   } else if (Array.isArray(value)) {
-    value.forEach((item, index) => unstorableStrings(item, `${pointer}/${index}`, found))
+    for (const [index, item] of value.entries()) unstorableStrings(item, `${pointer}/${index}`, found)
   } else if (value !== null && typeof value === 'object') {
     for (const [name, item] of Object.entries(value)) {
       const at = `${pointer}/${pointerSegment(name)}`
-      if (!isStorableString(name)) found.push({ pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' })
+      if (!isStorableString(name))
+        found.push({ pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' })
       else unstorableStrings(item, at, found)
     }
   }
@@ -186,5 +188,8 @@ export function defineRoutes(...definitions: (RouteDefinition | RouteDefinition[
 
 /** One partial update served under both PATCH and PUT (API.md: PUT is a partial update too). */
 export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteDefinition[] {
-  return [{ ...definition, method: 'PATCH' }, { ...definition, method: 'PUT' }]
+  return [
+    { ...definition, method: 'PATCH' },
+    { ...definition, method: 'PUT' },
+  ]
 }

@@ -4,9 +4,9 @@
 // statement's implicit transaction and without the caller's context.
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
+import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 
 type Query = Parameters<DatabasePool['any']>[0]
 type Row = Record<string, unknown>
@@ -32,7 +32,11 @@ function named<T extends { sql: string }>(query: T): T {
   return Object.freeze({ ...query, name })
 }
 
-export function singleStatementConnection(pool: StatementPool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
+export function singleStatementConnection(
+  pool: StatementPool,
+  authentication: ReturnType<StatementAuthenticator>,
+  onCaller: (caller: Caller) => void,
+) {
   let caller: Caller | null = null
   let sent = false
 

@@ -21,7 +21,7 @@
 import { isUtf8 } from 'node:buffer'
 import { Readable } from 'node:stream'
 import { setImmediate } from 'node:timers/promises'
-import { parse as parseStream, CsvError, type Options } from 'csv-parse'
+import { CsvError, type Options, parse as parseStream } from 'csv-parse'
 import { parse as parseSync } from 'csv-parse/sync'
 
 export type Delimiter = ',' | ';' | '\t'
@@ -120,7 +120,11 @@ export async function* readCsvRecords(input: Buffer | AsyncIterable<Uint8Array>,
   yield* streamRecords(input, delimiter, new RecordNumbering())
 }
 
-async function* streamRecords(input: Buffer | AsyncIterable<Uint8Array>, delimiter: Delimiter, numbering: RecordNumbering): AsyncGenerator<CsvRecord> {
+async function* streamRecords(
+  input: Buffer | AsyncIterable<Uint8Array>,
+  delimiter: Delimiter,
+  numbering: RecordNumbering,
+): AsyncGenerator<CsvRecord> {
   // Numbered as parsed, not as consumed: a parse error discards the records still buffered, and
   // its row number must not depend on how far the consumer got.
   const options: Options<CsvRecord, string[]> = {
@@ -228,7 +232,11 @@ async function* decodeUtf8(chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Arr
     } catch {
       throw new CsvFileError('invalid_encoding', `The file is not UTF-8 text (on or after line ${completeLines + 1}). ${SAVE_AS_UTF8}`)
     }
-    if (text.includes('\0')) throw new CsvFileError('invalid_encoding', `The file contains NUL characters (on or after line ${completeLines + 1}). ${SAVE_AS_UTF8}`)
+    if (text.includes('\0'))
+      throw new CsvFileError(
+        'invalid_encoding',
+        `The file contains NUL characters (on or after line ${completeLines + 1}). ${SAVE_AS_UTF8}`,
+      )
     for (let index = text.indexOf('\n'); index !== -1; index = text.indexOf('\n', index + 1)) completeLines++
     return text
   }
@@ -275,7 +283,11 @@ function headerNames(values: string[]): string[] {
   for (const name of names) (seen.has(name) ? duplicates : seen).add(name)
   if (duplicates.size > 0) {
     const list = [...duplicates].map((name) => `"${name}"`).join(', ')
-    throw new CsvFileError('duplicate_columns', `Column names must be unique; the header repeats ${list}. Rename the repeated columns and upload again.`, 0)
+    throw new CsvFileError(
+      'duplicate_columns',
+      `Column names must be unique; the header repeats ${list}. Rename the repeated columns and upload again.`,
+      0,
+    )
   }
   return names
 }

@@ -27,7 +27,9 @@ export function keyFieldOf(plan: Pick<ImportPlan, 'type' | 'mode' | 'matchOn' | 
  * The cell whose value repeated within the file makes a row a duplicate, and how it is compared
  * (crm.import_key): null when the key field is not mapped to a column.
  */
-export function repeatKeyOf(plan: Pick<ImportPlan, 'type' | 'mode' | 'matchOn' | 'mapping' | 'columns'>): { kind: string; column: number } | null {
+export function repeatKeyOf(
+  plan: Pick<ImportPlan, 'type' | 'mode' | 'matchOn' | 'mapping' | 'columns'>,
+): { kind: string; column: number } | null {
   const keyField = keyFieldOf(plan)
   if (!keyField) return null
   for (const [column, target] of Object.entries(plan.mapping)) {

@@ -9,7 +9,7 @@
 import Type from 'typebox'
 import { sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { commaList, execute, ident, readOne, readRows, rowIsClean, workspace, type Queryable } from './batch-statements.ts'
+import { commaList, execute, ident, type Queryable, readOne, readRows, rowIsClean, workspace } from './batch-statements.ts'
 import {
   checkCompanyCreation,
   checkReferencesAndScope,
@@ -20,7 +20,7 @@ import {
   stageRows,
   typeRows,
 } from './check-batch.ts'
-import { batchMappingOf, type BatchMapping, type ImportPlan } from './import-plan.ts'
+import { type BatchMapping, batchMappingOf, type ImportPlan } from './import-plan.ts'
 
 export type RowProblem = { row: number; column_name: string | null; field: string | null; message: string }
 export type BatchCounts = { created: number; updated: number; skipped: number; failed: number; companies_created: number }
@@ -30,7 +30,8 @@ export type BatchOutcome = { rows: number; lastRow: number; counts: BatchCounts;
 export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: number, limit: number): Promise<BatchOutcome> {
   const batch = batchMappingOf(plan)
   const staged = await stageRows(db, batch, afterRow, limit)
-  if (staged.rows === 0) return { rows: 0, lastRow: afterRow, counts: { created: 0, updated: 0, skipped: 0, failed: 0, companies_created: 0 }, errors: [] }
+  if (staged.rows === 0)
+    return { rows: 0, lastRow: afterRow, counts: { created: 0, updated: 0, skipped: 0, failed: 0, companies_created: 0 }, errors: [] }
 
   await typeRows(db, batch)
   await checkRowRules(db, batch)
@@ -65,7 +66,9 @@ const CreatedCompany = rowType(Type.Object({ row: Type.Integer(), id: Type.Strin
 /** The companies named by company_name that do not exist yet, one per name; answers how many. */
 async function createNamedCompanies(db: Queryable, batch: BatchMapping): Promise<number> {
   if (!batch.companyName) return 0
-  const linked = await readRows(db, sql.type(CreatedCompany)`
+  const linked = await readRows(
+    db,
+    sql.type(CreatedCompany)`
     with wanted as (
       select distinct on (lower(t.company_name)) t.company_name from import_typed t
        where t.company_name is not null and t.company_id is null and ${rowIsClean}
@@ -76,7 +79,8 @@ async function createNamedCompanies(db: Queryable, batch: BatchMapping): Promise
         from wanted w, (select (select crm.current_workspace_id()) as workspace_id, (select crm.current_user_id()) as user_id offset 0) c
        order by w.company_name returning id, name)
     update import_typed t set company_id = i.id from inserted i where lower(t.company_name) = lower(i.name) and t.company_id is null
-    returning t.row, i.id`)
+    returning t.row, i.id`,
+  )
   return new Set(linked.map((row) => row.id)).size
 }
 
@@ -87,9 +91,12 @@ async function createNamedCompanies(db: Queryable, batch: BatchMapping): Promise
  */
 async function setFirstStage(db: Queryable, batch: BatchMapping): Promise<boolean> {
   if (batch.plan.type !== 'deals' || batch.maps('stage')) return false
-  await execute(db, sql.fragment`
+  await execute(
+    db,
+    sql.fragment`
     update import_typed t set stage = (select ds.key from crm.deal_stages ds where ds.workspace_id = ${workspace} order by ds.position limit 1)
-     where t.target_id is null`)
+     where t.target_id is null`,
+  )
   return true
 }
 
@@ -104,7 +111,16 @@ const InsertedRow = rowType(Type.Object({ row: Type.Integer(), landed: Type.Bool
  */
 async function insertNewRecords(db: Queryable, batch: BatchMapping, withStage: boolean): Promise<{ created: number; conflicts: number[] }> {
   const fromFile = batch.setColumns.filter((name) => name !== 'owner_id' && name !== 'custom_fields')
-  const columns = ['workspace_id', 'id', 'owner_id', 'custom_fields', 'created_by', 'updated_by', ...fromFile, ...(withStage ? ['stage'] : [])]
+  const columns = [
+    'workspace_id',
+    'id',
+    'owner_id',
+    'custom_fields',
+    'created_by',
+    'updated_by',
+    ...fromFile,
+    ...(withStage ? ['stage'] : []),
+  ]
   const insertInto = sql.fragment`insert into ${batch.type.table} (${commaList(columns.map((name) => sql.fragment`${ident(name)}`))})
       select ${commaList(columns.map((name) => sql.fragment`t.${ident(name)}`))}
         from import_typed t where t.target_id is null and ${rowIsClean}
@@ -118,14 +134,17 @@ async function insertNewRecords(db: Queryable, batch: BatchMapping, withStage: b
     if ((error as { code?: string }).code !== '23505') throw error
     await execute(db, sql.fragment`rollback to savepoint import_insert`)
   }
-  const rows = await readRows(db, sql.type(InsertedRow)`
+  const rows = await readRows(
+    db,
+    sql.type(InsertedRow)`
     with inserted as (
       ${insertInto}
       on conflict do nothing
       returning id)
     select t.row, (i.id is not null) as landed
       from import_typed t left join inserted i on i.id = t.id
-     where t.target_id is null and ${rowIsClean}`)
+     where t.target_id is null and ${rowIsClean}`,
+  )
   const conflicts = rows.filter((row) => !row.landed).map((row) => row.row)
   return { created: rows.length - conflicts.length, conflicts }
 }
@@ -141,15 +160,23 @@ async function updateMatchedRecords(db: Queryable, batch: BatchMapping): Promise
   if (batch.plan.mode !== 'upsert') return { updated: 0, skipped: 0, refused: [] }
   const set = batch.setColumns
   if (set.length === 0) {
-    const { count } = await readOne(db, sql.type(MatchedCount)`select count(*)::int as count from import_typed t where t.target_id is not null and ${rowIsClean}`)
+    const { count } = await readOne(
+      db,
+      sql.type(MatchedCount)`select count(*)::int as count from import_typed t where t.target_id is not null and ${rowIsClean}`,
+    )
     return { updated: 0, skipped: count, refused: [] }
   }
-  await execute(db, sql.fragment`
+  await execute(
+    db,
+    sql.fragment`
     update import_typed t
        set unchanged = (${commaList(set.map((name) => sql.fragment`r.${ident(name)}`))}, null) is not distinct from (${commaList(set.map((name) => sql.fragment`t.${ident(name)}`))}, null)
       from ${batch.type.table} r
-     where r.workspace_id = ${workspace} and r.id = t.target_id`)
-  const rows = await readRows(db, sql.type(MatchedRow)`
+     where r.workspace_id = ${workspace} and r.id = t.target_id`,
+  )
+  const rows = await readRows(
+    db,
+    sql.type(MatchedRow)`
     with changed as (
       update ${batch.type.table} r
          set ${commaList(set.map((name) => sql.fragment`${ident(name)} = t.${ident(name)}`))}
@@ -158,7 +185,8 @@ async function updateMatchedRecords(db: Queryable, batch: BatchMapping): Promise
       returning r.id)
     select t.row, t.unchanged, (c.id is not null) as landed
       from import_typed t left join changed c on c.id = t.target_id
-     where t.target_id is not null and ${rowIsClean}`)
+     where t.target_id is not null and ${rowIsClean}`,
+  )
   return {
     updated: rows.filter((row) => !row.unchanged && row.landed).length,
     skipped: rows.filter((row) => row.unchanged).length,
@@ -171,15 +199,21 @@ async function reportRefusedWrites(db: Queryable, batch: BatchMapping, conflicts
   const { keyField } = batch
   const label = batch.type.label
   if (conflicts.length > 0) {
-    await execute(db, sql.fragment`
+    await execute(
+      db,
+      sql.fragment`
       insert into import_problems (row, field, message)
       select unnest(${sql.array(conflicts, 'int4')}), ${keyField}::text,
-             ${`duplicate: ${keyField ? `this ${keyField}` : 'a unique value'} is already taken by a ${label} you cannot see`}::text`)
+             ${`duplicate: ${keyField ? `this ${keyField}` : 'a unique value'} is already taken by a ${label} you cannot see`}::text`,
+    )
   }
   if (refused.length > 0) {
-    await execute(db, sql.fragment`
+    await execute(
+      db,
+      sql.fragment`
       insert into import_problems (row, field, message)
-      select unnest(${sql.array(refused, 'int4')}), null::text, ${`your role may not update this ${label}`}::text`)
+      select unnest(${sql.array(refused, 'int4')}), null::text, ${`your role may not update this ${label}`}::text`,
+    )
   }
 }
 
@@ -190,5 +224,10 @@ async function readProblems(db: Queryable, plan: ImportPlan): Promise<RowProblem
   const problems = await readRows(db, sql.type(Problem)`select row, field, message from import_problems order by row, ordinal`)
   const columnOfField = new Map<string, string>()
   for (const [column, target] of Object.entries(plan.mapping)) if (typeof target === 'string') columnOfField.set(target, column)
-  return problems.map(({ row, field, message }) => ({ row, column_name: field ? (columnOfField.get(field) ?? null) : null, field, message }))
+  return problems.map(({ row, field, message }) => ({
+    row,
+    column_name: field ? (columnOfField.get(field) ?? null) : null,
+    field,
+    message,
+  }))
 }

@@ -11,7 +11,12 @@ import { Busboy, type BusboyInstance } from '@fastify/busboy'
 
 export type UploadedFile = { fileName: string | null; bytes: Buffer }
 
-export type UploadErrorCode = 'unsupported_media_type' | 'payload_too_large' | 'missing_boundary' | 'malformed_multipart' | 'missing_file_part'
+export type UploadErrorCode =
+  | 'unsupported_media_type'
+  | 'payload_too_large'
+  | 'missing_boundary'
+  | 'malformed_multipart'
+  | 'missing_file_part'
 
 export class UploadError extends Error {
   readonly code: UploadErrorCode
@@ -34,7 +39,11 @@ const UTF8_CHARSETS = new Set(['utf-8', 'utf8', 'us-ascii'])
 // RFC 2046 section 5.1.1.
 const MAX_BOUNDARY_LENGTH = 70
 
-type BodyOutcome = { kind: 'file'; file: UploadedFile } | { kind: 'too_large' } | { kind: 'no_file_part' } | { kind: 'malformed'; reason: string }
+type BodyOutcome =
+  | { kind: 'file'; file: UploadedFile }
+  | { kind: 'too_large' }
+  | { kind: 'no_file_part' }
+  | { kind: 'malformed'; reason: string }
 
 /** Reads the uploaded file from the request body, up to `limit` bytes of body. Throws UploadError. */
 export async function uploadFromRequest({ headers, body }: UploadRequest, limit: number): Promise<UploadedFile> {
@@ -46,7 +55,8 @@ export async function uploadFromRequest({ headers, body }: UploadRequest, limit:
   if (Number.isFinite(declaredLength) && declaredLength > limit) outcome = { kind: 'too_large' }
   else if (mediaType === 'multipart/form-data') {
     const boundary = headerParameter(contentType, 'boundary')
-    if (!boundary || boundary.length > MAX_BOUNDARY_LENGTH) throw new UploadError('missing_boundary', 'The multipart/form-data Content-Type has no valid boundary parameter')
+    if (!boundary || boundary.length > MAX_BOUNDARY_LENGTH)
+      throw new UploadError('missing_boundary', 'The multipart/form-data Content-Type has no valid boundary parameter')
     outcome = await readFilePart(contentType, body, limit)
   } else if (RAW_CSV_MEDIA_TYPES.has(mediaType)) {
     const charset = headerParameter(contentType, 'charset')?.toLowerCase()

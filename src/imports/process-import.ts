@@ -13,10 +13,10 @@ import type { Submittable } from 'pg'
 import { from as copyFrom } from 'pg-copy-streams'
 import Type, { type Static } from 'typebox'
 import { sql } from '../db/pool.ts'
-import { readCsvRecords, CsvFileError } from './csv-file.ts'
-import { readMaybeOne, readOne, type Queryable } from './batch-statements.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { repeatKeyOf, type ImportPlan } from './import-plan.ts'
+import { type Queryable, readMaybeOne, readOne } from './batch-statements.ts'
+import { CsvFileError, readCsvRecords } from './csv-file.ts'
+import { type ImportPlan, repeatKeyOf } from './import-plan.ts'
 import { landBatch } from './land-batch.ts'
 import { IMPORT_TYPES } from './suggest-mapping.ts'
 
@@ -54,9 +54,12 @@ type ImportRow = Static<typeof ImportRowFields>
 
 async function readImport(client: Queryable, job: ImportJob) {
   // file_size is a bigint; as float8 it reads as a number, exact far beyond any upload.
-  return readMaybeOne(client, sql.type(ImportRow)`
+  return readMaybeOne(
+    client,
+    sql.type(ImportRow)`
     select user_id, status, staged, delimiter, file_size::float8 as file_size, file_bytes is not null as has_file
-      from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`)
+      from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`,
+  )
 }
 
 const FileSlice = rowType(Type.Object({ slice: Type.String() }))
@@ -67,9 +70,12 @@ const FileSlice = rowType(Type.Object({ slice: Type.String() }))
  */
 async function* fileSlices(client: Queryable, job: ImportJob, size: number): AsyncGenerator<Buffer> {
   for (let offset = 0; offset < size; offset += FILE_SLICE_BYTES) {
-    const { slice } = await readOne(client, sql.type(FileSlice)`
+    const { slice } = await readOne(
+      client,
+      sql.type(FileSlice)`
       select encode(substring(file_bytes from ${offset + 1}::int for ${FILE_SLICE_BYTES}::int), 'base64') as slice
-        from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`)
+        from crm.imports where workspace_id = ${job.workspace_id} and id = ${job.import_id}`,
+    )
     yield Buffer.from(slice, 'base64')
   }
 }
@@ -85,7 +91,8 @@ export function cellsField(values: string[]): string {
   let field = '"{'
   for (let index = 0; index < values.length; index++) {
     const value = values[index]
-    field += (index === 0 ? '""' : ',""') + (ARRAY_SPECIAL.test(value) ? value.replaceAll('\\', '\\\\').replaceAll('"', '\\""') : value) + '""'
+    field +=
+      (index === 0 ? '""' : ',""') + (ARRAY_SPECIAL.test(value) ? value.replaceAll('\\', '\\\\').replaceAll('"', '\\""') : value) + '""'
   }
   return field + '}"'
 }
@@ -119,7 +126,10 @@ async function stage(client: ImportClient, job: ImportJob, row: ImportRow): Prom
     let copying: Promise<void> | null = null
     for await (const chunk of stagedLines(client, job, row)) {
       await copying
-      copying = pipeline(Readable.from([chunk]), client.query(copyFrom('copy crm.import_rows (workspace_id, import_id, row, user_id, cells) from stdin with (format csv)')))
+      copying = pipeline(
+        Readable.from([chunk]),
+        client.query(copyFrom('copy crm.import_rows (workspace_id, import_id, row, user_id, cells) from stdin with (format csv)')),
+      )
       // Handled when awaited (next chunk, end of file); until then a failure must not count as unhandled.
       copying.catch(() => {})
     }
@@ -139,16 +149,18 @@ function isRefusal(error: unknown): boolean {
 }
 
 /** What crm.begin_import_batch answers: the import's options and progress (mapping, mode and match_on are set once it is queued). */
-const OpenedBatch = rowType(Type.Object({
-  status: Type.String(),
-  record_type: Type.Union(IMPORT_TYPES.map((type) => Type.Literal(type))),
-  columns: Type.Array(Type.String()),
-  mapping: Type.Union([Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()])), Type.Null()]),
-  mode: Type.Union([Type.Literal('create'), Type.Literal('upsert'), Type.Null()]),
-  match_on: Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id'), Type.Null()]),
-  dry_run: Type.Boolean(),
-  last_row_done: Type.Integer(),
-}))
+const OpenedBatch = rowType(
+  Type.Object({
+    status: Type.String(),
+    record_type: Type.Union(IMPORT_TYPES.map((type) => Type.Literal(type))),
+    columns: Type.Array(Type.String()),
+    mapping: Type.Union([Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()])), Type.Null()]),
+    mode: Type.Union([Type.Literal('create'), Type.Literal('upsert'), Type.Null()]),
+    match_on: Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id'), Type.Null()]),
+    dry_run: Type.Boolean(),
+    last_row_done: Type.Integer(),
+  }),
+)
 
 export async function markFailed(client: Queryable, job: ImportJob, message: string): Promise<void> {
   await client.query('select crm.complete_import($1, $2, $3, $4)', [job.workspace_id, job.import_id, 'failed', message.slice(0, 1000)])
@@ -164,12 +176,16 @@ export async function processImport(client: ImportClient, job: ImportJob, option
     for (let batch = 1; ; batch++) {
       await client.query('begin')
       try {
-        const current = await readOne(client, sql.type(OpenedBatch)`select * from crm.begin_import_batch(${job.workspace_id}, ${job.import_id})`)
+        const current = await readOne(
+          client,
+          sql.type(OpenedBatch)`select * from crm.begin_import_batch(${job.workspace_id}, ${job.import_id})`,
+        )
         if (current.status !== 'processing') {
           await client.query('rollback')
           return false
         }
-        if (current.mapping === null || current.mode === null || current.match_on === null) throw new ImportRefused('the import was started without its options')
+        if (current.mapping === null || current.mode === null || current.match_on === null)
+          throw new ImportRefused('the import was started without its options')
         const plan: ImportPlan = {
           importId: job.import_id,
           type: current.record_type,
@@ -183,7 +199,12 @@ export async function processImport(client: ImportClient, job: ImportJob, option
         // with that batch; every batch of the run then reads its rows' marks.
         if (current.last_row_done === 0) {
           const key = repeatKeyOf(plan)
-          await client.query('select crm.mark_import_repeats($1, $2, $3, $4)', [job.workspace_id, job.import_id, key?.kind ?? null, key?.column ?? null])
+          await client.query('select crm.mark_import_repeats($1, $2, $3, $4)', [
+            job.workspace_id,
+            job.import_id,
+            key?.kind ?? null,
+            key?.column ?? null,
+          ])
         }
         await client.query(`select set_config('role', 'crm_api', true)`)
         const outcome = await landBatch(client, plan, current.last_row_done, batchSize)

@@ -21,14 +21,36 @@ export type ImportType = (typeof IMPORT_TYPES)[number]
 /** Fields a column may map to (besides `custom_fields.<key>`); company_name is a pseudo-field. */
 export const IMPORTABLE_FIELDS: Readonly<Record<ImportType, readonly string[]>> = {
   contacts: ['first_name', 'last_name', 'email', 'phone', 'job_title', 'city', 'country', 'company_id', 'owner_id', 'id', 'company_name'],
-  companies: ['name', 'domain', 'website', 'industry', 'phone', 'city', 'country', 'employee_count', 'annual_revenue', 'description', 'owner_id', 'id'],
+  companies: [
+    'name',
+    'domain',
+    'website',
+    'industry',
+    'phone',
+    'city',
+    'country',
+    'employee_count',
+    'annual_revenue',
+    'description',
+    'owner_id',
+    'id',
+  ],
   deals: ['name', 'amount', 'currency', 'stage', 'close_date', 'company_id', 'owner_id', 'id', 'company_name'],
 }
 
 export const CUSTOM_FIELD_PREFIX = 'custom_fields.'
 export const CUSTOM_FIELD_KEY = /^[a-z][a-z0-9_]{0,62}$/
 
-const COMPANY_REFERENCE = ['company', 'companyname', 'organization', 'organisation', 'organizationname', 'organisationname', 'account', 'accountname']
+const COMPANY_REFERENCE = [
+  'company',
+  'companyname',
+  'organization',
+  'organisation',
+  'organizationname',
+  'organisationname',
+  'account',
+  'accountname',
+]
 const PHONE = ['phone', 'phonenumber', 'telephone', 'telephonenumber', 'tel']
 const CITY = ['city', 'town']
 const COUNTRY = ['country', 'countryregion', 'countryname']
@@ -140,11 +162,17 @@ export function validateMapping(type: ImportType, columns: string[], mapping: Re
     if (target.startsWith(CUSTOM_FIELD_PREFIX)) {
       const key = target.slice(CUSTOM_FIELD_PREFIX.length)
       if (!CUSTOM_FIELD_KEY.test(key)) {
-        problem('invalid_custom_field_key', `"${key}" is not a valid custom field key: use 1 to 63 lower-case letters, digits or _, starting with a letter`)
+        problem(
+          'invalid_custom_field_key',
+          `"${key}" is not a valid custom field key: use 1 to 63 lower-case letters, digits or _, starting with a letter`,
+        )
         continue
       }
     } else if (!IMPORTABLE_FIELDS[type].includes(target)) {
-      problem('unknown_field', `${type} have no field "${target}"; use one of ${IMPORTABLE_FIELDS[type].join(', ')} or ${CUSTOM_FIELD_PREFIX}<key>`)
+      problem(
+        'unknown_field',
+        `${type} have no field "${target}"; use one of ${IMPORTABLE_FIELDS[type].join(', ')} or ${CUSTOM_FIELD_PREFIX}<key>`,
+      )
       continue
     }
     const earlierColumn = columnByTarget.get(target)

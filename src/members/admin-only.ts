@@ -13,7 +13,6 @@ export function requireAdmin(actor: Actor): void {
   if (!actor.isAdmin) throw new ForbiddenError('Only workspace admins may do this')
 }
 
-
 export function isUuid(value: string): boolean {
   return UUID_PATTERN.test(value)
 }

@@ -2,16 +2,16 @@
 // accepts with the single-use secret from accept_url, either as a new user (password and name) or
 // as an existing user proving their email with a bearer token. Only the secret's SHA-256 is stored.
 import { randomBytes } from 'node:crypto'
-import type { Config } from '../config.ts'
+import Type, { type Static } from 'typebox'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { issueToken, type TokenBody } from '../auth/sign-in.ts'
 import { hashToken, TOKEN_PATTERN } from '../auth/tokens.ts'
-import Type, { type Static } from 'typebox'
-import { sql, type CommonQueryMethods, type DatabasePool } from '../db/pool.ts'
+import type { Config } from '../config.ts'
+import { type CommonQueryMethods, type DatabasePool, sql } from '../db/pool.ts'
 import { IdRow, NullableString, rowType } from '../db/typed-rows.ts'
-import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
+import { AuthenticationError, DuplicateError, type FieldProblem, ForbiddenError, NotFoundError, ValidationError } from '../errors.ts'
+import { type Actor, isUuid, requireAdmin } from './admin-only.ts'
 import { resolveRole, resolveTeams } from './references.ts'
-import { AuthenticationError, DuplicateError, ForbiddenError, NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
 export const INVITATION_TTL_DAYS = 7
 
@@ -66,7 +66,11 @@ export async function listInvitations(db: CommonQueryMethods, actor: Actor): Pro
 export async function getInvitation(db: CommonQueryMethods, actor: Actor, id: string): Promise<Invitation> {
   requireAdmin(actor)
   const invitation = isUuid(id)
-    ? await db.maybeOne(sql.type(INVITATION)`select ${invitationColumns} from ${invitationSource} where i.workspace_id = ${actor.workspaceId} and i.accepted_at is null and i.id = ${id}`)
+    ? await db.maybeOne(
+        sql.type(
+          INVITATION,
+        )`select ${invitationColumns} from ${invitationSource} where i.workspace_id = ${actor.workspaceId} and i.accepted_at is null and i.id = ${id}`,
+      )
     : null
   if (!invitation) throw new NotFoundError('No such invitation')
   return invitation
@@ -79,16 +83,26 @@ export function acceptUrl(baseUrl: string, secret: string): string {
 export type InvitationInput = { email: string; role: string; teams?: string[] }
 
 /** Inviting an address again replaces its pending invitation (the old link stops working). */
-export async function createInvitation(db: CommonQueryMethods, actor: Actor, input: InvitationInput, baseUrl: string): Promise<NewInvitation> {
+export async function createInvitation(
+  db: CommonQueryMethods,
+  actor: Actor,
+  input: InvitationInput,
+  baseUrl: string,
+): Promise<NewInvitation> {
   requireAdmin(actor)
   const email = input.email.trim().toLowerCase()
   const member = await db.maybeOneFirst(sql.unsafe`
     select 1 from crm.memberships m join crm.users u on u.id = m.user_id where m.workspace_id = ${actor.workspaceId} and u.email = ${email}
   `)
-  if (member !== null) throw new DuplicateError(`${email} is already a member of this workspace`, [{ pointer: '/email', code: 'duplicate', message: 'is already a member of this workspace' }])
+  if (member !== null)
+    throw new DuplicateError(`${email} is already a member of this workspace`, [
+      { pointer: '/email', code: 'duplicate', message: 'is already a member of this workspace' },
+    ])
   const role = await resolveRole(db, actor.workspaceId, input.role)
   const teamIds = await resolveTeams(db, actor.workspaceId, input.teams ?? [])
-  await db.query(sql.unsafe`delete from crm.invitations where workspace_id = ${actor.workspaceId} and email = ${email} and accepted_at is null`)
+  await db.query(
+    sql.unsafe`delete from crm.invitations where workspace_id = ${actor.workspaceId} and email = ${email} and accepted_at is null`,
+  )
 
   const secret = `inv_${randomBytes(32).toString('base64url')}`
   const id = await db.oneFirst(sql.type(IdRow)`
@@ -121,12 +135,21 @@ const invalidInvitation = (message: string) => new ValidationError(`token ${mess
  * owner role in one transaction: the invitee is nobody in the workspace yet, so no policy could
  * let them in. The seat trigger answers 422 seat_limit_reached when the workspace is full.
  */
-export async function acceptInvitation(pool: DatabasePool, config: Config, input: AcceptInput, bearerToken: string | null): Promise<TokenBody> {
+export async function acceptInvitation(
+  pool: DatabasePool,
+  config: Config,
+  input: AcceptInput,
+  bearerToken: string | null,
+): Promise<TokenBody> {
   let passwordHash: string | null = null
   if (bearerToken === null) {
     const missing: FieldProblem[] = (['password', 'name'] as const)
       .filter((name) => input[name] === undefined)
-      .map((name) => ({ pointer: `/${name}`, code: 'required', message: 'is required (or accept as a signed-in user with Authorization: Bearer)' }))
+      .map((name) => ({
+        pointer: `/${name}`,
+        code: 'required',
+        message: 'is required (or accept as a signed-in user with Authorization: Bearer)',
+      }))
     if (missing.length) throw new ValidationError(`${missing[0].pointer.slice(1)} is required`, missing)
     // Hashing is slow on purpose: done before the transaction so no connection waits on it.
     passwordHash = await hashPassword(input.password as string)
@@ -148,7 +171,8 @@ export async function acceptInvitation(pool: DatabasePool, config: Config, input
     let userId: string
     if (bearerToken !== null) {
       const proof = await db.one(sql.type(TokenUser)`select failure, user_id from crm.token_user(${sql.binary(hashToken(bearerToken))})`)
-      if (proof.failure || proof.user_id === null) throw new AuthenticationError(proof.failure ?? 'token_invalid', 'The bearer token cannot be used')
+      if (proof.failure || proof.user_id === null)
+        throw new AuthenticationError(proof.failure ?? 'token_invalid', 'The bearer token cannot be used')
       const email = await db.oneFirst(sql.unsafe`select email from crm.users where id = ${proof.user_id}`)
       if (email !== invitation.email) throw new ForbiddenError('This invitation was sent to another email address')
       userId = proof.user_id
@@ -157,24 +181,31 @@ export async function acceptInvitation(pool: DatabasePool, config: Config, input
       if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
       const existing = await db.maybeOneFirst(sql.unsafe`select id from crm.users where email = ${invitation.email}`)
       if (existing !== null) {
-        throw new DuplicateError(`${invitation.email} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`)
+        throw new DuplicateError(
+          `${invitation.email} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`,
+        )
       }
       userId = await db.oneFirst(sql.type(IdRow)`
         insert into crm.users (email, name, password_hash) values (${invitation.email}, ${(input.name as string).trim()}, ${passwordHash}) returning id
       `)
     }
 
-    const already = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${invitation.workspace_id} and user_id = ${userId}`)
+    const already = await db.maybeOneFirst(
+      sql.unsafe`select 1 from crm.memberships where workspace_id = ${invitation.workspace_id} and user_id = ${userId}`,
+    )
     if (already !== null) throw new DuplicateError('You are already a member of this workspace')
-    await db.query(sql.unsafe`insert into crm.memberships (workspace_id, user_id, role_id) values (${invitation.workspace_id}, ${userId}, ${invitation.role_id})`)
+    await db.query(
+      sql.unsafe`insert into crm.memberships (workspace_id, user_id, role_id) values (${invitation.workspace_id}, ${userId}, ${invitation.role_id})`,
+    )
     await db.query(sql.unsafe`
       insert into crm.team_members (workspace_id, team_id, user_id)
       select workspace_id, team_id, ${userId} from crm.invitation_teams where workspace_id = ${invitation.workspace_id} and invitation_id = ${invitation.id}
     `)
-    await db.query(sql.unsafe`update crm.invitations set accepted_at = now(), accepted_by = ${userId} where workspace_id = ${invitation.workspace_id} and id = ${invitation.id}`)
+    await db.query(
+      sql.unsafe`update crm.invitations set accepted_at = now(), accepted_by = ${userId} where workspace_id = ${invitation.workspace_id} and id = ${invitation.id}`,
+    )
     // The workspace just joined becomes the default for requests without X-Tenant-Slug.
     await db.query(sql.unsafe`update crm.users set last_workspace_id = ${invitation.workspace_id} where id = ${userId}`)
     return issueToken(db, config, userId, 'token', `invitation to ${invitation.slug}`)
   })
 }
-

@@ -2,12 +2,12 @@
 // unsuspend, remove. The rules live in SQL: admin-only write policies, the seat trigger (unsuspend
 // needs a free seat) and the last-admin trigger (422) of 000002. Non-admins read only themselves.
 import Type, { type Static } from 'typebox'
-import { sql, type CommonQueryMethods } from '../db/pool.ts'
-import { NullableString, rowType } from '../db/typed-rows.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
-import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
-import { resolveRole, resolveTeams } from './references.ts'
+import { type CommonQueryMethods, sql } from '../db/pool.ts'
+import { NullableString, rowType } from '../db/typed-rows.ts'
 import { ConflictError, InvalidParameterError, NotFoundError } from '../errors.ts'
+import { type Actor, isUuid, requireAdmin } from './admin-only.ts'
+import { resolveRole, resolveTeams } from './references.ts'
 
 const MemberRow = Type.Object({
   user_id: Type.String(),
@@ -40,7 +40,9 @@ const visibleToActor = (actor: Actor) => sql.fragment`
   m.workspace_id = ${actor.workspaceId} and ((select crm.is_admin()) or m.user_id = (select crm.current_user_id()))`
 
 export async function listMembers(db: CommonQueryMethods, actor: Actor): Promise<{ data: readonly Member[]; seats: Seats }> {
-  const data = await db.any(sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} order by m.joined_at, m.user_id`)
+  const data = await db.any(
+    sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} order by m.joined_at, m.user_id`,
+  )
   return { data, seats: await seatUsage(db, actor) }
 }
 
@@ -54,7 +56,9 @@ export async function seatUsage(db: CommonQueryMethods, actor: Actor): Promise<S
 
 export async function getMember(db: CommonQueryMethods, actor: Actor, userId: string): Promise<Member> {
   const member = isUuid(userId)
-    ? await db.maybeOne(sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`)
+    ? await db.maybeOne(
+        sql.type(MEMBER)`select ${memberColumns} from ${memberSource} where ${visibleToActor(actor)} and m.user_id = ${userId}`,
+      )
     : null
   if (!member) throw new NotFoundError('No such member')
   return member
@@ -68,7 +72,9 @@ export async function updateMember(db: CommonQueryMethods, actor: Actor, userId:
   await getMember(db, actor, userId)
   if (change.role !== undefined) {
     const role = await resolveRole(db, actor.workspaceId, change.role)
-    await db.query(sql.unsafe`update crm.memberships set role_id = ${role.id} where workspace_id = ${actor.workspaceId} and user_id = ${userId}`)
+    await db.query(
+      sql.unsafe`update crm.memberships set role_id = ${role.id} where workspace_id = ${actor.workspaceId} and user_id = ${userId}`,
+    )
   }
   if (change.teams !== undefined) await setTeams(db, actor.workspaceId, userId, await resolveTeams(db, actor.workspaceId, change.teams))
   return getMember(db, actor, userId)
@@ -106,11 +112,16 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   requireAdmin(actor)
   await getMember(db, actor, userId)
   if (reassignTo !== undefined) {
-    if (reassignTo === userId || !isUuid(reassignTo)) throw new InvalidParameterError('reassign_to must name another member of this workspace')
-    const heir = await db.maybeOneFirst(sql.unsafe`select 1 from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${reassignTo}`)
+    if (reassignTo === userId || !isUuid(reassignTo))
+      throw new InvalidParameterError('reassign_to must name another member of this workspace')
+    const heir = await db.maybeOneFirst(
+      sql.unsafe`select 1 from crm.memberships where workspace_id = ${actor.workspaceId} and user_id = ${reassignTo}`,
+    )
     if (heir === null) throw new InvalidParameterError('reassign_to must name another member of this workspace')
     for (const table of [sql.identifier(['crm', 'contacts']), sql.identifier(['crm', 'companies']), sql.identifier(['crm', 'deals'])]) {
-      await db.query(sql.unsafe`update ${table} set owner_id = ${reassignTo} where workspace_id = ${actor.workspaceId} and owner_id = ${userId}`)
+      await db.query(
+        sql.unsafe`update ${table} set owner_id = ${reassignTo} where workspace_id = ${actor.workspaceId} and owner_id = ${userId}`,
+      )
     }
   }
   try {
@@ -118,7 +129,10 @@ export async function removeMember(db: CommonQueryMethods, actor: Actor, userId:
   } catch (error) {
     const fields = databaseErrorOf(error)
     if (fields?.code === '23503' && /_owner_fkey$/.test(fields.constraint ?? '')) {
-      throw new ConflictError('member_owns_records', 'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead')
+      throw new ConflictError(
+        'member_owns_records',
+        'This member still owns records: pass ?reassign_to=<user_id> to hand them over, or suspend the member instead',
+      )
     }
     throw error
   }

@@ -2,10 +2,10 @@
 // in 000002 refuses changes); a role held by a member or a pending invitation is not deleted (409,
 // trigger in 000004). Non-admins read only their own role; other roles read as absent.
 import Type, { type Static } from 'typebox'
-import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import { type CommonQueryMethods, sql } from '../db/pool.ts'
 import { IdRow, rowType } from '../db/typed-rows.ts'
-import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
 import { NotFoundError, ValidationError } from '../errors.ts'
+import { type Actor, isUuid, requireAdmin } from './admin-only.ts'
 
 export const GRANT_PATTERN = '^(contacts|companies|deals):(view|create|update|delete|import|export):(own|team|all)$'
 
@@ -35,11 +35,15 @@ const visibleToActor = (actor: Actor) => sql.fragment`
        or r.id = (select m.role_id from crm.memberships m where m.workspace_id = ${actor.workspaceId} and m.user_id = (select crm.current_user_id())))`
 
 export async function listRoles(db: CommonQueryMethods, actor: Actor): Promise<readonly Role[]> {
-  return db.any(sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} order by r.is_builtin desc, r.created_at, r.name`)
+  return db.any(
+    sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} order by r.is_builtin desc, r.created_at, r.name`,
+  )
 }
 
 export async function getRole(db: CommonQueryMethods, actor: Actor, id: string): Promise<Role> {
-  const role = isUuid(id) ? await db.maybeOne(sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`) : null
+  const role = isUuid(id)
+    ? await db.maybeOne(sql.type(ROLE)`select ${roleColumns} from crm.roles r where ${visibleToActor(actor)} and r.id = ${id}`)
+    : null
   if (!role) throw new NotFoundError('No such role')
   return role
 }
@@ -67,7 +71,16 @@ async function replaceGrants(db: CommonQueryMethods, workspaceId: string, roleId
   await db.query(sql.unsafe`
     insert into crm.role_grants (workspace_id, role_id, resource, action, scope)
     select ${workspaceId}, ${roleId}, g.resource, g.action, g.scope
-    from unnest(${sql.array(rows.map((row) => row.resource), 'text')}::text[], ${sql.array(rows.map((row) => row.action), 'text')}::text[], ${sql.array(rows.map((row) => row.scope), 'text')}::text[]) as g (resource, action, scope)
+    from unnest(${sql.array(
+      rows.map((row) => row.resource),
+      'text',
+    )}::text[], ${sql.array(
+      rows.map((row) => row.action),
+      'text',
+    )}::text[], ${sql.array(
+      rows.map((row) => row.scope),
+      'text',
+    )}::text[]) as g (resource, action, scope)
   `)
 }
 

@@ -1,12 +1,13 @@
 // Sign-up (API.md section 3): a new user and a new workspace whose admin they are, trial starting
 // now, answered with a bearer token. Runs as the owner role: there is no caller yet.
-import type { Config } from '../config.ts'
+
+import Type from 'typebox'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { issueToken, type TokenBody } from '../auth/sign-in.ts'
-import Type from 'typebox'
-import { sql, type DatabasePool } from '../db/pool.ts'
-import { IdRow, rowType } from '../db/typed-rows.ts'
+import type { Config } from '../config.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
+import { type DatabasePool, sql } from '../db/pool.ts'
+import { IdRow, rowType } from '../db/typed-rows.ts'
 import { ValidationError } from '../errors.ts'
 
 export const TRIAL_DAYS = 14
@@ -49,7 +50,10 @@ export async function signUp(pool: DatabasePool, config: Config, input: SignUpIn
 const WorkspaceRow = rowType(Type.Object({ id: Type.String(), slug: Type.String() }))
 
 /** Takes the first free slug; two sign-ups racing for the same one retry inside a savepoint. */
-async function createWorkspace(db: Parameters<Parameters<DatabasePool['transaction']>[0]>[0], name: string): Promise<{ id: string; slug: string }> {
+async function createWorkspace(
+  db: Parameters<Parameters<DatabasePool['transaction']>[0]>[0],
+  name: string,
+): Promise<{ id: string; slug: string }> {
   const base = slugBase(name)
   for (let attempt = 1; ; attempt++) {
     try {

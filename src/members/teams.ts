@@ -1,10 +1,10 @@
 // Teams (API.md section 3): admins create, rename and delete them; members join them through
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import Type, { type Static } from 'typebox'
-import { sql, type CommonQueryMethods } from '../db/pool.ts'
+import { type CommonQueryMethods, sql } from '../db/pool.ts'
 import { IdRow, rowType } from '../db/typed-rows.ts'
-import { isUuid, requireAdmin, type Actor } from './admin-only.ts'
 import { NotFoundError } from '../errors.ts'
+import { type Actor, isUuid, requireAdmin } from './admin-only.ts'
 
 const TeamRow = Type.Object({ id: Type.String(), name: Type.String(), members: Type.Array(Type.String()), created_at: Type.String() })
 export type Team = Static<typeof TeamRow>
@@ -27,21 +27,26 @@ export async function listTeams(db: CommonQueryMethods, actor: Actor): Promise<r
 }
 
 export async function getTeam(db: CommonQueryMethods, actor: Actor, id: string): Promise<Team> {
-  const team = isUuid(id) ? await db.maybeOne(sql.type(TEAM)`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`) : null
+  const team = isUuid(id)
+    ? await db.maybeOne(sql.type(TEAM)`select ${teamColumns} from crm.teams t where ${visibleToActor(actor)} and t.id = ${id}`)
+    : null
   if (!team) throw new NotFoundError('No such team')
   return team
 }
 
 export async function createTeam(db: CommonQueryMethods, actor: Actor, input: { name: string }): Promise<Team> {
   requireAdmin(actor)
-  const id = await db.oneFirst(sql.type(IdRow)`insert into crm.teams (workspace_id, name) values (${actor.workspaceId}, ${input.name.trim()}) returning id`)
+  const id = await db.oneFirst(
+    sql.type(IdRow)`insert into crm.teams (workspace_id, name) values (${actor.workspaceId}, ${input.name.trim()}) returning id`,
+  )
   return getTeam(db, actor, id)
 }
 
 export async function updateTeam(db: CommonQueryMethods, actor: Actor, id: string, input: { name?: string }): Promise<Team> {
   requireAdmin(actor)
   await getTeam(db, actor, id)
-  if (input.name !== undefined) await db.query(sql.unsafe`update crm.teams set name = ${input.name.trim()} where workspace_id = ${actor.workspaceId} and id = ${id}`)
+  if (input.name !== undefined)
+    await db.query(sql.unsafe`update crm.teams set name = ${input.name.trim()} where workspace_id = ${actor.workspaceId} and id = ${id}`)
   return getTeam(db, actor, id)
 }
 

@@ -2,12 +2,12 @@
 // contact_id, company_id, deal_id per row). PUT replaces, per key sent, the set of *visible* linked
 // records: links to records the caller cannot see are neither shown nor removed.
 import Type from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { ExistsRow, IdRow } from '../db/typed-rows.ts'
-import { RECORD_TYPES, type RecordType } from './fields.ts'
+import { type FieldProblem, NotFoundError, ValidationError } from '../errors.ts'
 import { Uuid } from '../uuid.ts'
+import { RECORD_TYPES, type RecordType } from './fields.ts'
 import { refuseWrite } from './operations.ts'
-import { NotFoundError, ValidationError, type FieldProblem } from '../errors.ts'
 
 export const MAX_ASSOCIATION_IDS = 1000
 
@@ -22,7 +22,9 @@ const IdList = Type.Array(Uuid, { maxItems: MAX_ASSOCIATION_IDS })
 export function associationsBodySchema(type: RecordType) {
   return Type.Object(Object.fromEntries(otherTypes(type).map((other) => [other.path, Type.Optional(IdList)])), {
     additionalProperties: false,
-    description: `The ${otherTypes(type).map((other) => other.path).join(' and/or ')} linked to this ${type.label}; each key sent replaces that set`,
+    description: `The ${otherTypes(type)
+      .map((other) => other.path)
+      .join(' and/or ')} linked to this ${type.label}; each key sent replaces that set`,
   })
 }
 
@@ -53,7 +55,12 @@ export async function readAssociations(db: DatabaseTransactionConnection, subjec
   return result
 }
 
-export async function replaceAssociations(db: DatabaseTransactionConnection, subject: RecordType, id: string, body: Associations): Promise<Associations> {
+export async function replaceAssociations(
+  db: DatabaseTransactionConnection,
+  subject: RecordType,
+  id: string,
+  body: Associations,
+): Promise<Associations> {
   // Needs update on the addressed record: the no-op UPDATE checks it through RLS and locks the
   // record, so concurrent PUTs on one record apply one after the other.
   const locked = await db.maybeOneFirst(sql.type(IdRow)`
@@ -73,7 +80,8 @@ export async function replaceAssociations(db: DatabaseTransactionConnection, sub
          where t.workspace_id = (select crm.current_workspace_id()) and t.id = any(${sql.array(ids, 'uuid')})`),
     )
     body[other.path]!.forEach((value, index) => {
-      if (!visible.has(value.toLowerCase())) problemsFound.push({ pointer: `/${other.path}/${index}`, code: 'not_found', message: `is not a ${other.label} you can see` })
+      if (!visible.has(value.toLowerCase()))
+        problemsFound.push({ pointer: `/${other.path}/${index}`, code: 'not_found', message: `is not a ${other.label} you can see` })
     })
     desired.set(other, ids)
   }

@@ -61,11 +61,21 @@ type FieldOptions = Partial<Omit<FieldSpec, 'name' | 'kind'>>
 
 /** A writable, nullable field, filterable and sortable unless it is JSON; options override. */
 function field(name: string, kind: FieldKind, options: FieldOptions = {}): FieldSpec {
-  return { name, kind, writable: true, nullable: true, filledByDatabase: false, filterable: kind !== 'json', sortable: kind !== 'json', ...options }
+  return {
+    name,
+    kind,
+    writable: true,
+    nullable: true,
+    filledByDatabase: false,
+    filterable: kind !== 'json',
+    sortable: kind !== 'json',
+    ...options,
+  }
 }
 
 /** Kept by the database alone: ids, times and authors. */
-const readOnly = (name: string, kind: FieldKind, nullable = false) => field(name, kind, { writable: false, nullable, filledByDatabase: true })
+const readOnly = (name: string, kind: FieldKind, nullable = false) =>
+  field(name, kind, { writable: false, nullable, filledByDatabase: true })
 
 /** A text of 1 to maxLength characters. */
 const text = (name: string, maxLength: number, options: FieldOptions = {}) => field(name, 'text', { minLength: 1, maxLength, ...options })
@@ -96,39 +106,70 @@ function recordType(name: RecordTypeName, path: RecordPath, label: string, field
   }
 }
 
-export const COMPANY = recordType('company', 'companies', 'company', common([
-  text('name', 255, { nullable: false }),
-  field('domain', 'lowercase', { maxLength: 254, pattern: DOMAIN_PATTERN, description: 'Host name, stored lower-case; unique in the workspace' }),
-  field('website', 'text', { maxLength: 2048, pattern: WEBSITE_PATTERN, format: 'uri' }),
-  text('industry', 100),
-  field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
-  text('city', 100),
-  text('country', 100),
-  field('employee_count', 'integer', { minimum: 0, maximum: 2_147_483_647 }),
-  field('annual_revenue', 'numeric', { description: 'Annual revenue' }),
-  field('description', 'text', { maxLength: 10_000 }),
-]))
+export const COMPANY = recordType(
+  'company',
+  'companies',
+  'company',
+  common([
+    text('name', 255, { nullable: false }),
+    field('domain', 'lowercase', {
+      maxLength: 254,
+      pattern: DOMAIN_PATTERN,
+      description: 'Host name, stored lower-case; unique in the workspace',
+    }),
+    field('website', 'text', { maxLength: 2048, pattern: WEBSITE_PATTERN, format: 'uri' }),
+    text('industry', 100),
+    field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
+    text('city', 100),
+    text('country', 100),
+    field('employee_count', 'integer', { minimum: 0, maximum: 2_147_483_647 }),
+    field('annual_revenue', 'numeric', { description: 'Annual revenue' }),
+    field('description', 'text', { maxLength: 10_000 }),
+  ]),
+)
 
-export const CONTACT = recordType('contact', 'contacts', 'contact', common([
-  text('first_name', 100),
-  text('last_name', 100),
-  field('email', 'lowercase', { maxLength: 254, pattern: EMAIL_PATTERN, description: 'Stored lower-case; unique in the workspace' }),
-  field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
-  text('job_title', 200),
-  text('city', 100),
-  text('country', 100),
-  field('company_id', 'uuid'),
-]))
+export const CONTACT = recordType(
+  'contact',
+  'contacts',
+  'contact',
+  common([
+    text('first_name', 100),
+    text('last_name', 100),
+    field('email', 'lowercase', { maxLength: 254, pattern: EMAIL_PATTERN, description: 'Stored lower-case; unique in the workspace' }),
+    field('phone', 'text', { maxLength: 50, pattern: PHONE_PATTERN }),
+    text('job_title', 200),
+    text('city', 100),
+    text('country', 100),
+    field('company_id', 'uuid'),
+  ]),
+)
 
-export const DEAL = recordType('deal', 'deals', 'deal', common([
-  text('name', 255, { nullable: false }),
-  field('amount', 'numeric', { description: 'Amount' }),
-  field('currency', 'text', { nullable: false, filledByDatabase: true, maxLength: 3, pattern: '^[A-Z]{3}$', description: 'ISO 4217 code; default USD' }),
-  field('stage', 'text', { nullable: false, filledByDatabase: true, maxLength: 63, pattern: KEY_PATTERN, description: 'A key of GET /api/deal-stages; default the first stage' }),
-  readOnly('stage_changed_at', 'timestamp'),
-  field('close_date', 'date'),
-  field('company_id', 'uuid'),
-]))
+export const DEAL = recordType(
+  'deal',
+  'deals',
+  'deal',
+  common([
+    text('name', 255, { nullable: false }),
+    field('amount', 'numeric', { description: 'Amount' }),
+    field('currency', 'text', {
+      nullable: false,
+      filledByDatabase: true,
+      maxLength: 3,
+      pattern: '^[A-Z]{3}$',
+      description: 'ISO 4217 code; default USD',
+    }),
+    field('stage', 'text', {
+      nullable: false,
+      filledByDatabase: true,
+      maxLength: 63,
+      pattern: KEY_PATTERN,
+      description: 'A key of GET /api/deal-stages; default the first stage',
+    }),
+    readOnly('stage_changed_at', 'timestamp'),
+    field('close_date', 'date'),
+    field('company_id', 'uuid'),
+  ]),
+)
 
 export const RECORD_TYPES: RecordType[] = [CONTACT, COMPANY, DEAL]
 
@@ -140,4 +181,3 @@ export function requiredOnCreate(field: FieldSpec): boolean {
 export function recordTypeByPath(path: string): RecordType | undefined {
   return RECORD_TYPES.find((type) => type.path === path)
 }
-

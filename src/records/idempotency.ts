@@ -4,7 +4,7 @@
 // else, so only successful answers are remembered (a retry after a 422 runs again).
 import { createHash } from 'node:crypto'
 import Type from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { ConflictError, InvalidParameterError } from '../errors.ts'
 
@@ -50,7 +50,9 @@ export async function withIdempotency(
   create: () => Promise<StoredResponse>,
 ): Promise<StoredResponse> {
   if (key === null) return create()
-  const hash = createHash('sha256').update(`${request.method} ${request.path}\n${canonicalJson(request.body)}`).digest('hex')
+  const hash = createHash('sha256')
+    .update(`${request.method} ${request.path}\n${canonicalJson(request.body)}`)
+    .digest('hex')
   const claimed = await db.maybeOneFirst(sql.unsafe`
     insert into crm.idempotency_keys as k (key, request_hash) values (${key}, ${hash})
     on conflict (workspace_id, user_id, key) do update

@@ -2,11 +2,12 @@
 //   filter[field]=v, filter[field][op]=v, filter[custom_fields.key]=v, updated_since=<time>,
 //   sort=-amount,name (id always the last tie-breaker), limit=1..200, cursor=<opaque>, q=<search>.
 // Every value is checked for its field's kind here, so the SQL built from it cannot fail on a cast.
-import { ID_FIELD, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
-import { decodeCursor, DEFAULT_LIMIT, limitOf, type Cursor, type CursorColumn } from '../paging.ts'
-import { UUID_PATTERN } from '../uuid.ts'
-import { safeName } from './query-string.ts'
+
 import { InvalidParameterError } from '../errors.ts'
+import { type Cursor, type CursorColumn, DEFAULT_LIMIT, decodeCursor, limitOf } from '../paging.ts'
+import { UUID_PATTERN } from '../uuid.ts'
+import { type FieldKind, type FieldSpec, ID_FIELD, type RecordType } from './fields.ts'
+import { safeName } from './query-string.ts'
 
 export type FilterOperator = 'eq' | 'ne' | 'lt' | 'lte' | 'gt' | 'gte' | 'in' | 'contains' | 'starts_with' | 'is_null'
 
@@ -47,7 +48,7 @@ export const MAX_FILTERS = 20
 export const MAX_Q_LENGTH = 200
 
 const CUSTOM_KEY = /^[a-z][a-z0-9_]{0,62}$/
-const FILTER_NAME = /^filter\[([^\[\]]{1,80})\](?:\[([^\[\]]{1,40})\])?$/
+const FILTER_NAME = /^filter\[([^[\]]{1,80})\](?:\[([^[\]]{1,40})\])?$/
 
 export type ParseOptions = { search?: boolean; extraParameters?: string[] }
 
@@ -85,14 +86,21 @@ export function parseListRequest(type: RecordType, parameters: Map<string, strin
 
 function addFilter(filters: Filter[], seen: Set<string>, filter: Filter): void {
   const key = filter.kind === 'custom' ? `custom_fields.${filter.key}:eq` : `${filter.field.name}:${filter.op}`
-  if (seen.has(key)) throw new InvalidParameterError(`The filter on ${key.replace(':', ' ')} is given more than once (updated_since is filter[updated_at][gte])`)
+  if (seen.has(key))
+    throw new InvalidParameterError(
+      `The filter on ${key.replace(':', ' ')} is given more than once (updated_since is filter[updated_at][gte])`,
+    )
   seen.add(key)
   filters.push(filter)
 }
 
 /** What each value of a cursor for this sort holds; score-ordered search (no keys) is score, then id. */
 export function cursorColumns(sort: SortKey[]): CursorColumn[] {
-  if (sort.length === 0) return [{ kind: 'score', nullable: false }, { kind: 'uuid', nullable: false }]
+  if (sort.length === 0)
+    return [
+      { kind: 'score', nullable: false },
+      { kind: 'uuid', nullable: false },
+    ]
   return sort.map((key) => ({ kind: key.field.kind, nullable: key.field.nullable }))
 }
 
@@ -112,13 +120,16 @@ function parseFilter(type: RecordType, fieldName: string, op: string, value: str
     return { kind: 'custom', key, value }
   }
   const field = type.byName.get(fieldName)
-  if (!field?.filterable) throw new InvalidParameterError(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
+  if (!field?.filterable)
+    throw new InvalidParameterError(`${safeName(parameter)}: ${type.path} have no filterable field ${safeName(fieldName)}`)
   if (!(OPERATORS as string[]).includes(op)) {
     throw new InvalidParameterError(`${safeName(parameter)}: unknown operator ${safeName(op)} (use one of ${OPERATORS.join(', ')})`)
   }
   const operator = op as FilterOperator
   if (!OPERATORS_BY_KIND[field.kind].includes(operator)) {
-    throw new InvalidParameterError(`${safeName(parameter)}: ${field.name} does not support ${operator} (use one of ${OPERATORS_BY_KIND[field.kind].join(', ')})`)
+    throw new InvalidParameterError(
+      `${safeName(parameter)}: ${field.name} does not support ${operator} (use one of ${OPERATORS_BY_KIND[field.kind].join(', ')})`,
+    )
   }
   if (operator === 'is_null') {
     if (value !== 'true' && value !== 'false') throw new InvalidParameterError(`${safeName(parameter)} must be true or false`)
@@ -173,9 +184,11 @@ export function checkValue(kind: FieldKind, value: string, parameter: string): s
       return value
     case 'timestamp': {
       const match = TIMESTAMP.exec(value)
-      if (!match || !isValidDate(match[1])) throw new InvalidParameterError(`${name} must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z`)
+      if (!match || !isValidDate(match[1]))
+        throw new InvalidParameterError(`${name} must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z`)
       const [hour, minute, second] = [Number(match[2] ?? 0), Number(match[3] ?? 0), Number(match[4] ?? 0)]
-      if (hour > 23 || minute > 59 || second > 59) throw new InvalidParameterError(`${name} must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z`)
+      if (hour > 23 || minute > 59 || second > 59)
+        throw new InvalidParameterError(`${name} must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z`)
       const zone = match[6] ? '' : match[2] ? 'Z' : 'T00:00:00Z'
       return value + zone
     }
@@ -193,7 +206,9 @@ function parseSort(type: RecordType, text: string | null, search: boolean): Sort
     ]
   }
   if (text.length > 200 || !/^-?[a-z_]{1,40}(,-?[a-z_]{1,40})*$/.test(text)) {
-    throw new InvalidParameterError('sort must be a comma-separated list of field names, each optionally prefixed with - (e.g. sort=-amount,name)')
+    throw new InvalidParameterError(
+      'sort must be a comma-separated list of field names, each optionally prefixed with - (e.g. sort=-amount,name)',
+    )
   }
   const keys: SortKey[] = []
   for (const part of text.split(',')) {
@@ -202,7 +217,8 @@ function parseSort(type: RecordType, text: string | null, search: boolean): Sort
     const field = type.byName.get(name)
     if (!field?.sortable) throw new InvalidParameterError(`sort: ${type.path} cannot be sorted by ${safeName(name)}`)
     if (keys.some((key) => key.field.name === name)) throw new InvalidParameterError(`sort: ${name} is given twice`)
-    if (keys.some((key) => key.field.name === 'id')) throw new InvalidParameterError('sort: id is the last tie-breaker; nothing can follow it')
+    if (keys.some((key) => key.field.name === 'id'))
+      throw new InvalidParameterError('sort: id is the last tie-breaker; nothing can follow it')
     keys.push({ field, descending })
   }
   if (keys.length > MAX_SORT_KEYS) throw new InvalidParameterError(`sort: at most ${MAX_SORT_KEYS} fields`)

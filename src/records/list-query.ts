@@ -2,10 +2,10 @@
 // Identifiers come only from the whitelist in fields.ts; values are bound parameters, each cast to
 // its field's type. Row-level security adds the workspace and the caller's scope by itself.
 import Type from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { encodeCursor, type Cursor } from '../paging.ts'
-import { ID_FIELD, type FieldKind, type FieldSpec, type RecordType } from './fields.ts'
+import { type Cursor, encodeCursor } from '../paging.ts'
+import { type FieldKind, type FieldSpec, ID_FIELD, type RecordType } from './fields.ts'
 import type { Filter, ListRequest, SortKey } from './list-parameters.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -116,7 +116,13 @@ export function orderKeys(request: ListRequest, score: Fragment | null): OrderKe
   // Search without an explicit sort: best score first, then id.
   const scoreExpression = score ?? sql.fragment`0::float8`
   return [
-    { expression: scoreExpression, descending: true, nullable: false, asText: sql.fragment`(${scoreExpression})::text`, fromText: (value) => sql.fragment`${value}::float8` },
+    {
+      expression: scoreExpression,
+      descending: true,
+      nullable: false,
+      asText: sql.fragment`(${scoreExpression})::text`,
+      fromText: (value) => sql.fragment`${value}::float8`,
+    },
     orderKey({ field: ID_FIELD, descending: false }),
   ]
 }
@@ -130,8 +136,14 @@ export function keysetCondition(keys: OrderKey[], cursor: Cursor): Fragment {
   const values = cursor.values
   const sameDirection = keys.every((key) => key.descending === keys[0].descending)
   if (sameDirection && keys.every((key, index) => !key.nullable && values[index] !== null)) {
-    const left = sql.join(keys.map((key) => key.expression), sql.fragment`, `)
-    const right = sql.join(keys.map((key, index) => key.fromText(values[index] as string)), sql.fragment`, `)
+    const left = sql.join(
+      keys.map((key) => key.expression),
+      sql.fragment`, `,
+    )
+    const right = sql.join(
+      keys.map((key, index) => key.fromText(values[index] as string)),
+      sql.fragment`, `,
+    )
     return keys[0].descending ? sql.fragment`((${left}) < (${right}))` : sql.fragment`((${left}) > (${right}))`
   }
   const alternatives: Fragment[] = []
@@ -139,10 +151,16 @@ export function keysetCondition(keys: OrderKey[], cursor: Cursor): Fragment {
     const value = values[i]
     if (value === null) continue // nothing sorts after null in this key; ties are handled by later keys
     const key = keys[i]
-    const after = key.descending ? sql.fragment`${key.expression} < ${key.fromText(value)}` : sql.fragment`${key.expression} > ${key.fromText(value)}`
-    const conditions: Fragment[] = keys.slice(0, i).map((previous, j) =>
-      values[j] === null ? sql.fragment`${previous.expression} is null` : sql.fragment`${previous.expression} = ${previous.fromText(values[j] as string)}`,
-    )
+    const after = key.descending
+      ? sql.fragment`${key.expression} < ${key.fromText(value)}`
+      : sql.fragment`${key.expression} > ${key.fromText(value)}`
+    const conditions: Fragment[] = keys
+      .slice(0, i)
+      .map((previous, j) =>
+        values[j] === null
+          ? sql.fragment`${previous.expression} is null`
+          : sql.fragment`${previous.expression} = ${previous.fromText(values[j] as string)}`,
+      )
     conditions.push(key.nullable ? sql.fragment`(${after} or ${key.expression} is null)` : after)
     alternatives.push(sql.fragment`(${sql.join(conditions, sql.fragment` and `)})`)
   }
@@ -166,7 +184,10 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
   return sql.fragment`
     select ${type.jsonFunction}(t)::text as record,
-           json_build_array(${sql.join(keys.map((key) => key.asText), sql.fragment`, `)}) as cursor
+           json_build_array(${sql.join(
+             keys.map((key) => key.asText),
+             sql.fragment`, `,
+           )}) as cursor
       from ${type.table} as t
      where ${where}
      order by ${orderByClause(keys)}
@@ -191,7 +212,12 @@ export type Page = { records: string[]; next_cursor: string | null }
 /** A list row: the record's JSON text and its sort keys' values as text (for the next cursor). */
 const ListRow = rowType(Type.Object({ record: Type.String(), cursor: Type.Array(Type.Union([Type.String(), Type.Null()])) }))
 
-export async function runList(db: DatabaseTransactionConnection, type: RecordType, request: ListRequest, search: SearchPart | null = null): Promise<Page> {
+export async function runList(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  request: ListRequest,
+  search: SearchPart | null = null,
+): Promise<Page> {
   const rows = await db.any(sql.type(ListRow)`${listQuery(type, request, search)}`)
   const more = rows.length > request.limit
   const page = more ? rows.slice(0, request.limit) : rows

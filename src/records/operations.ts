@@ -5,13 +5,13 @@
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
 import { createHash } from 'node:crypto'
 import Type, { type Static } from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
-import type { RecordType } from './fields.ts'
+import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
 import { UUID_PATTERN } from '../uuid.ts'
+import type { RecordType } from './fields.ts'
 import { isValidDate } from './list-parameters.ts'
 import { MONEY_PATTERN } from './schemas.ts'
-import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
@@ -68,26 +68,41 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
     if (field.kind === 'numeric' && typeof raw === 'number') {
       value = String(raw)
       if (!new RegExp(MONEY_PATTERN).test(value as string)) {
-        throw new ValidationError(`${name} must have at most two decimal places`, [{ pointer: `/${name}`, code: 'format', message: 'must be a decimal with at most two places' }])
+        throw new ValidationError(`${name} must have at most two decimal places`, [
+          { pointer: `/${name}`, code: 'format', message: 'must be a decimal with at most two places' },
+        ])
       }
     }
     if (field.kind === 'date' && typeof raw === 'string' && !isValidDate(raw)) {
       throw new ValidationError(`${name} must be a date`, [{ pointer: `/${name}`, code: 'format', message: 'must be a date (YYYY-MM-DD)' }])
     }
     if (field.kind === 'uuid' && typeof raw === 'string') value = raw.toLowerCase()
-    const fragment = field.kind === 'json' ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}` : sql.fragment`${value as string | number | null}`
+    const fragment =
+      field.kind === 'json'
+        ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}`
+        : sql.fragment`${value as string | number | null}`
     pairs.push({ column: sql.fragment`${sql.identifier([name])}`, value: fragment })
   }
   return pairs
 }
 
-export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<RecordJson> {
+export async function createRecord(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  body: Record<string, unknown>,
+): Promise<RecordJson> {
   const pairs = assignments(type, body)
   const query =
     pairs.length === 0
       ? sql.type(RecordRow)`insert into ${type.table} as t default values returning ${type.jsonFunction}(t) as record`
-      : sql.type(RecordRow)`insert into ${type.table} as t (${sql.join(pairs.map((pair) => pair.column), sql.fragment`, `)})
-                   values (${sql.join(pairs.map((pair) => pair.value), sql.fragment`, `)})
+      : sql.type(RecordRow)`insert into ${type.table} as t (${sql.join(
+          pairs.map((pair) => pair.column),
+          sql.fragment`, `,
+        )})
+                   values (${sql.join(
+                     pairs.map((pair) => pair.value),
+                     sql.fragment`, `,
+                   )})
                    returning ${type.jsonFunction}(t) as record`
   return db.oneFirst(query)
 }
@@ -96,7 +111,13 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
  * Partial update. With If-Match the row is locked first and its current ETag compared (412 on a
  * mismatch), so two clients cannot both win a read-modify-write race.
  */
-export async function updateRecord(db: DatabaseTransactionConnection, type: RecordType, id: string, body: Record<string, unknown>, ifMatch: string | undefined): Promise<RecordJson> {
+export async function updateRecord(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  id: string,
+  body: Record<string, unknown>,
+  ifMatch: string | undefined,
+): Promise<RecordJson> {
   if (ifMatch !== undefined) {
     const current = await db.maybeOneFirst(sql.type(RecordRow)`
       select ${type.jsonFunction}(t) as record from ${type.table} as t
@@ -116,7 +137,10 @@ export async function updateRecord(db: DatabaseTransactionConnection, type: Reco
   }
   const updated = await db.maybeOneFirst(sql.type(RecordRow)`
     update ${type.table} as t
-       set ${sql.join(pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`), sql.fragment`, `)}
+       set ${sql.join(
+         pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`),
+         sql.fragment`, `,
+       )}
      where t.id = ${id}
     returning ${type.jsonFunction}(t) as record`)
   return updated ?? refuseWrite(db, type, id, 'update')

@@ -41,7 +41,8 @@ export function parseQueryString(url: string | undefined): Map<string, string> {
     if (name.length > MAX_NAME_LENGTH) throw new InvalidParameterError('A query parameter name is too long')
     if (rawValue.length > MAX_VALUE_LENGTH * 3) throw new InvalidParameterError(`${safeName(name)} is too long`)
     const value = decode(rawValue, safeName(name))
-    if (value.length > MAX_VALUE_LENGTH) throw new InvalidParameterError(`${safeName(name)} is too long (at most ${MAX_VALUE_LENGTH} characters)`)
+    if (value.length > MAX_VALUE_LENGTH)
+      throw new InvalidParameterError(`${safeName(name)} is too long (at most ${MAX_VALUE_LENGTH} characters)`)
     if (parameters.has(name)) throw new InvalidParameterError(`${safeName(name)} is given more than once`)
     parameters.set(name, value)
   }

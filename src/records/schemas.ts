@@ -3,8 +3,8 @@
 // /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
-import { COMPANY, CONTACT, DEAL, requiredOnCreate, type FieldSpec, type RecordType } from './fields.ts'
 import { Uuid } from '../uuid.ts'
+import { COMPANY, CONTACT, DEAL, type FieldSpec, type RecordType, requiredOnCreate } from './fields.ts'
 
 const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
 
@@ -14,7 +14,7 @@ export const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]\\S*$'
 
 /** Money in requests: numeric(18, 2), so at most 16 digits before the point and 2 after. */
 const Money = (description: string) =>
-  Type.Union([Type.String({ maxLength: 19, pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 9_999_999_999_999_999 })], {
+  Type.Union([Type.String({ maxLength: 19, pattern: MONEY_PATTERN }), Type.Number({ minimum: 0, maximum: 10_000_000_000_000_000 })], {
     description: `${description}: a decimal string with at most two places ("12500.00"); a JSON number is accepted too`,
   })
 const DateOnly = Type.String({ format: 'date', maxLength: 10, pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
@@ -23,7 +23,11 @@ const Time = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, mil
 export const CustomFields = Type.Record(
   Type.String({ pattern: '^[a-z][a-z0-9_]{0,62}$' }),
   Type.Union([Type.String({ maxLength: 10_000 }), Type.Number(), Type.Boolean(), Type.Null()]),
-  { maxProperties: 50, additionalProperties: false, description: 'At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null' },
+  {
+    maxProperties: 50,
+    additionalProperties: false,
+    description: 'At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null',
+  },
 )
 
 /** The field's own rules as JSON Schema keywords, in a fixed order and without the ones it does not set. */
@@ -85,7 +89,9 @@ function bodySchema(type: RecordType, mode: 'create' | 'update', description: st
   const required = (field: FieldSpec) => mode === 'create' && requiredOnCreate(field)
   return Type.Object(
     {
-      ...Object.fromEntries(writable.map((field) => [field.name, required(field) ? inputSchema(field) : Type.Optional(inputSchema(field))])),
+      ...Object.fromEntries(
+        writable.map((field) => [field.name, required(field) ? inputSchema(field) : Type.Optional(inputSchema(field))]),
+      ),
       ...Object.fromEntries(type.fields.filter((field) => !field.writable).map((field) => [field.name, readOnlyInput()])),
     },
     { additionalProperties: false, description },
@@ -100,12 +106,24 @@ export const CompanySchema = recordSchema(COMPANY)
 export const ContactSchema = recordSchema(CONTACT)
 export const DealSchema = recordSchema(DEAL)
 
-export type RecordSchemas = { create: TSchema; update: TSchema; record: TSchema; example: Record<string, unknown>; exampleRecord: Record<string, unknown> }
+export type RecordSchemas = {
+  create: TSchema
+  update: TSchema
+  record: TSchema
+  example: Record<string, unknown>
+  exampleRecord: Record<string, unknown>
+}
 
 const UPDATE_DESCRIPTION = 'The fields to change; the others stay as they are'
 const EXAMPLE_TIMES = { created_at: '2026-11-22T03:00:21.123Z', updated_at: '2026-11-22T03:00:21.123Z' }
 const EXAMPLE_USER = '01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11'
-const EXAMPLE_AUDIT = { owner_id: EXAMPLE_USER, custom_fields: { tier: 'gold' }, ...EXAMPLE_TIMES, created_by: EXAMPLE_USER, updated_by: EXAMPLE_USER }
+const EXAMPLE_AUDIT = {
+  owner_id: EXAMPLE_USER,
+  custom_fields: { tier: 'gold' },
+  ...EXAMPLE_TIMES,
+  created_by: EXAMPLE_USER,
+  updated_by: EXAMPLE_USER,
+}
 
 export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
   company: {
@@ -114,8 +132,18 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     record: CompanySchema,
     example: { name: 'Globex', domain: 'globex.com', employee_count: 120, annual_revenue: '2500000.00', custom_fields: { tier: 'gold' } },
     exampleRecord: {
-      id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', name: 'Globex', domain: 'globex.com', website: 'https://globex.com', industry: 'Manufacturing',
-      phone: '+1 555 010 0199', city: 'Springfield', country: 'US', employee_count: 120, annual_revenue: '2500000.00', description: null, ...EXAMPLE_AUDIT,
+      id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a',
+      name: 'Globex',
+      domain: 'globex.com',
+      website: 'https://globex.com',
+      industry: 'Manufacturing',
+      phone: '+1 555 010 0199',
+      city: 'Springfield',
+      country: 'US',
+      employee_count: 120,
+      annual_revenue: '2500000.00',
+      description: null,
+      ...EXAMPLE_AUDIT,
     },
   },
   contact: {
@@ -124,8 +152,16 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     record: ContactSchema,
     example: { first_name: 'Ann', last_name: 'Lee', email: 'ann@globex.com', job_title: 'CTO' },
     exampleRecord: {
-      id: '01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d', first_name: 'Ann', last_name: 'Lee', email: 'ann@globex.com', phone: null, job_title: 'CTO',
-      city: null, country: null, company_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', ...EXAMPLE_AUDIT,
+      id: '01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d',
+      first_name: 'Ann',
+      last_name: 'Lee',
+      email: 'ann@globex.com',
+      phone: null,
+      job_title: 'CTO',
+      city: null,
+      country: null,
+      company_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a',
+      ...EXAMPLE_AUDIT,
     },
   },
   deal: {
@@ -134,8 +170,15 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     record: DealSchema,
     example: { name: 'Globex renewal', amount: '12500.00', currency: 'USD', stage: 'proposal', close_date: '2026-12-31' },
     exampleRecord: {
-      id: '01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e', name: 'Globex renewal', amount: '12500.00', currency: 'USD', stage: 'proposal',
-      stage_changed_at: '2026-11-22T03:00:21.123Z', close_date: '2026-12-31', company_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', ...EXAMPLE_AUDIT,
+      id: '01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e',
+      name: 'Globex renewal',
+      amount: '12500.00',
+      currency: 'USD',
+      stage: 'proposal',
+      stage_changed_at: '2026-11-22T03:00:21.123Z',
+      close_date: '2026-12-31',
+      company_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a',
+      ...EXAMPLE_AUDIT,
     },
   },
 }
@@ -150,4 +193,7 @@ export const DealStageSchema = Type.Object({
 
 export const one = (schema: TSchema) => Type.Object({ data: schema })
 export const page = (schema: TSchema) =>
-  Type.Object({ data: Type.Array(schema), next_cursor: nullable(Type.String({ description: 'Pass as cursor= for the next page; null on the last page' })) })
+  Type.Object({
+    data: Type.Array(schema),
+    next_cursor: nullable(Type.String({ description: 'Pass as cursor= for the next page; null on the last page' })),
+  })

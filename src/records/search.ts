@@ -3,7 +3,7 @@
 // score ranks exact matches (3 + similarity) above word-prefix matches (2 + ...) above the rest
 // (1 + ...), so "ann" finds Ann before Joanna, and a typo still finds something.
 import Type from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import type { RecordType } from './fields.ts'
 import { escapeLike, type SearchPart } from './list-query.ts'
@@ -53,10 +53,7 @@ export function searchPart(type: RecordType, q: string): SearchPart {
   const digits = phoneDigits(q)
   const document = searchDocument(type)
   const words = prefixQuery(q)
-  const candidates: Fragment[] = [
-    sql.fragment`${document} like ${`%${escapeLike(text)}%`}`,
-    sql.fragment`${text}::text <% ${document}`,
-  ]
+  const candidates: Fragment[] = [sql.fragment`${document} like ${`%${escapeLike(text)}%`}`, sql.fragment`${text}::text <% ${document}`]
   if (words) candidates.push(sql.fragment`to_tsvector('simple'::regconfig, ${document}) @@ to_tsquery('simple'::regconfig, ${words})`)
   if (digits) candidates.push(sql.fragment`${document} like ${`%${digits}%`}`)
   const prefix: Fragment[] = [sql.fragment`(' ' || ${document}) like ${`% ${escapeLike(text)}%`}`]
@@ -89,11 +86,16 @@ export function describe(type: RecordType, record: Record<string, any>): { title
   switch (type.name) {
     case 'contact': {
       const name = [record.first_name, record.last_name].filter(Boolean).join(' ')
-      return name ? { title: name, subtitle: record.email ?? record.job_title ?? null } : { title: record.email, subtitle: record.job_title ?? null }
+      return name
+        ? { title: name, subtitle: record.email ?? record.job_title ?? null }
+        : { title: record.email, subtitle: record.job_title ?? null }
     }
     case 'company':
       return { title: record.name, subtitle: record.domain ?? record.industry ?? null }
     case 'deal':
-      return { title: record.name, subtitle: record.amount === null ? record.stage : `${record.stage} · ${record.amount} ${record.currency}` }
+      return {
+        title: record.name,
+        subtitle: record.amount === null ? record.stage : `${record.stage} · ${record.amount} ${record.currency}`,
+      }
   }
 }

@@ -1,22 +1,44 @@
 // The UI runs the API's own route handlers in its request transaction, so a form and its API route
 // share validation, the address guard, plan gates and SQL: the screen cannot drift from the API.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { DatabaseTransactionConnection } from '../db/pool.ts'
-import { JsonText, validateBody, type HttpMethod, type RouteDefinition, type Services } from '../http/route.ts'
 import type { Caller } from '../auth/authenticate.ts'
+import type { DatabaseTransactionConnection } from '../db/pool.ts'
+import { type HttpMethod, JsonText, type RouteDefinition, type Services, validateBody } from '../http/route.ts'
 
-export type ApiCall = <T = any>(method: HttpMethod, path: string, options?: { params?: Record<string, string>; body?: unknown; query?: string }) => Promise<T>
+export type ApiCall = <T = any>(
+  method: HttpMethod,
+  path: string,
+  options?: { params?: Record<string, string>; body?: unknown; query?: string },
+) => Promise<T>
 
-export function apiCaller(definitions: RouteDefinition[], services: Services, db: DatabaseTransactionConnection, caller: Caller, req: IncomingMessage, res: ServerResponse, requestId: string): ApiCall {
+export function apiCaller(
+  definitions: RouteDefinition[],
+  services: Services,
+  db: DatabaseTransactionConnection,
+  caller: Caller,
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+): ApiCall {
   return async (method, path, options = {}) => {
     const definition = definitions.find((candidate) => candidate.method === method && candidate.path === path)
     if (!definition) throw new Error(`ui: no API route ${method} ${path}`)
     const body = definition.body ? validateBody(definition.body, options.body ?? {}) : undefined
     // Handlers that read the query string parse req.url: give them one of their own.
     const request = Object.create(req, { url: { value: `${path}${options.query ? `?${options.query}` : ''}` } }) as IncomingMessage
-    const result = await definition.handler({ req: request, res, requestId, params: options.params ?? {}, query: {}, body, services, db, caller })
+    const result = await definition.handler({
+      req: request,
+      res,
+      requestId,
+      params: options.params ?? {},
+      query: {},
+      body,
+      services,
+      db,
+      caller,
+    })
     // A body already rendered as JSON text (record lists) is read back for the page's templates.
     const answer = result?.body
-    return (answer instanceof JsonText ? JSON.parse(answer.text) : answer ?? undefined) as never
+    return (answer instanceof JsonText ? JSON.parse(answer.text) : (answer ?? undefined)) as never
   }
 }

@@ -56,7 +56,7 @@ const NOT_IN_A_PATH = /[\u0000-\u001f\u007f\\]/
  * percent-decoded form would leave it (%2F%2F, %5C, encoded line breaks).
  */
 export function safeReturnPath(value: string | undefined | null, fallback = '/'): string {
-  if (!value || !value.startsWith('/') || value.startsWith('//') || NOT_IN_A_PATH.test(value)) return fallback
+  if (!value?.startsWith('/') || value.startsWith('//') || NOT_IN_A_PATH.test(value)) return fallback
   let url: URL
   let decodedPath: string
   try {

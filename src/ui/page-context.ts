@@ -3,14 +3,14 @@
 // suspension and the rate limit apply as for API tokens) and runs the page as crm_api.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Authenticator, Caller } from '../auth/authenticate.ts'
-import { ApiError, toApiError } from '../http/problem.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { RateLimitedError } from '../errors.ts'
+import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
-import { apiCaller, type ApiCall } from './api-calls.ts'
-import { readForm, type Form } from './form.ts'
+import { type ApiCall, apiCaller } from './api-calls.ts'
+import { type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
-import { appPage, redirect, requestPath, sendHtml, signedOutPage, type Frame, type Workspace } from './layout.ts'
+import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
 import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookies, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
 
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: ApiError }
@@ -38,9 +38,16 @@ type Request = IncomingMessage & { params?: Record<string, string>; requestId?: 
 const EMPTY_FORM: Form = { get: () => '', has: () => false }
 
 export function errorPage(res: ServerResponse, status: number, message: string): void {
-  sendHtml(res, status, signedOutPage('Something went wrong', html`<h1>${status === 404 ? 'Not found' : 'Something went wrong'}</h1>
+  sendHtml(
+    res,
+    status,
+    signedOutPage(
+      'Something went wrong',
+      html`<h1>${status === 404 ? 'Not found' : 'Something went wrong'}</h1>
 <div class="notice error" role="alert">${message}</div>
-<p><a href="/">Back to the start page</a></p>`))
+<p><a href="/">Back to the start page</a></p>`,
+    ),
+  )
 }
 
 export function signedInPage(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, handler: PageHandler) {
@@ -57,10 +64,13 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
           return errorPage(res, 403, 'This form has expired. Reload the page and try again.')
         }
       }
-      if (!hasSessionCookie(req)) return redirect(res, req.method === 'GET' ? `/sign-in?next=${encodeURIComponent(req.url ?? '/')}` : '/sign-in')
+      if (!hasSessionCookie(req))
+        return redirect(res, req.method === 'GET' ? `/sign-in?next=${encodeURIComponent(req.url ?? '/')}` : '/sign-in')
 
       const slug = readCookies(req).get(WORKSPACE_COOKIE)
-      const authRequest = { headers: { cookie: req.headers.cookie, ...(slug ? { 'x-tenant-slug': slug } : {}) } } as unknown as IncomingMessage
+      const authRequest = {
+        headers: { cookie: req.headers.cookie, ...(slug ? { 'x-tenant-slug': slug } : {}) },
+      } as unknown as IncomingMessage
       const result = await services.pool
         .transaction(async (db) => {
           const caller = await authenticate(db, authRequest, requestId)
@@ -68,10 +78,24 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
           const api = apiCaller(definitions, services, db, caller, req, res, requestId)
           const me = (await api('GET', '/api/me')).data as { user: { email: string; name: string }; role: { is_admin: boolean } }
           const workspaces = (await api('GET', '/api/workspaces')).data as Workspace[]
-          const frame: Frame = { title: '', csrf: csrfToken(services.config.appSecret, req), path, user: me.user, isAdmin: me.role.is_admin, workspaces }
-          const attempt = async <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>): Promise<Attempt<T>> => {
+          const frame: Frame = {
+            title: '',
+            csrf: csrfToken(services.config.appSecret, req),
+            path,
+            user: me.user,
+            isAdmin: me.role.is_admin,
+            workspaces,
+          }
+          const attempt = async <T>(
+            fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>,
+          ): Promise<Attempt<T>> => {
             try {
-              return { ok: true, value: await db.transaction(async (savepoint) => fn({ db: savepoint, api: apiCaller(definitions, services, savepoint, caller, req, res, requestId) })) }
+              return {
+                ok: true,
+                value: await db.transaction(async (savepoint) =>
+                  fn({ db: savepoint, api: apiCaller(definitions, services, savepoint, caller, req, res, requestId) }),
+                ),
+              }
             } catch (error) {
               const apiError = toApiError(error)
               if (apiError.status >= 500) throw error
@@ -106,7 +130,12 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
       }
       if (apiError.status >= 500) {
         const cause = apiError.cause ?? error
-        services.logger.error('page failed', { request_id: requestId, path, error: cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause), stack: cause instanceof Error ? cause.stack : undefined })
+        services.logger.error('page failed', {
+          request_id: requestId,
+          path,
+          error: cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause),
+          stack: cause instanceof Error ? cause.stack : undefined,
+        })
         return errorPage(res, apiError.status, `Something went wrong on our side. Quote this reference if you report it: ${requestId}`)
       }
       return errorPage(res, apiError.status, apiError.message)
@@ -116,7 +145,9 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
 
 /** Field problems of a refused API call, named by the form's labels, in plain words. */
 export function describeRefusal(error: ApiError, labels: Record<string, string>): string {
-  const fields = (error.errors ?? []).map((problem) => labels[problem.pointer.split('/')[1] ?? ''] ?? null).filter((label): label is string => label !== null)
+  const fields = (error.errors ?? [])
+    .map((problem) => labels[problem.pointer.split('/')[1] ?? ''] ?? null)
+    .filter((label): label is string => label !== null)
   if (error.code === 'validation_failed' && fields.length > 0) return `Check ${[...new Set(fields)].join(' and ')}: ${error.message}.`
   return error.message.endsWith('.') ? error.message : `${error.message}.`
 }

@@ -6,17 +6,27 @@ import type polka from 'polka'
 import { createAuthenticator } from '../auth/authenticate.ts'
 import { toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
-import { requestPath, safeReturnPath, SECURITY_HEADERS } from './layout.ts'
-import { errorPage, signedInPage, type PageHandler } from './page-context.ts'
-import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
-import { confirmTwoFactor, createToken, disableTwoFactor, revokeAll, revokeToken, showRecoveryCodes, showSecurity, showTwoFactor, startTwoFactor } from './pages/security.ts'
+import { requestPath, SECURITY_HEADERS, safeReturnPath } from './layout.ts'
+import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
+import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { createRole, deleteRole, showRole, showRoles, updateRole } from './pages/roles.ts'
+import {
+  confirmTwoFactor,
+  createToken,
+  disableTwoFactor,
+  revokeAll,
+  revokeToken,
+  showRecoveryCodes,
+  showSecurity,
+  showTwoFactor,
+  startTwoFactor,
+} from './pages/security.ts'
 import { signInPages } from './pages/sign-in.ts'
 import { signUpPages } from './pages/sign-up.ts'
 import { createTeam, deleteTeam, renameTeam, showTeams, teamMembership } from './pages/teams.ts'
 import { changeWebhook, createWebhook, showWebhooks } from './pages/webhooks.ts'
-import { clearCookie, sessionCredential, SESSION_COOKIE, setCookie, WORKSPACE_COOKIE } from './session.ts'
+import { clearCookie, SESSION_COOKIE, sessionCredential, setCookie, WORKSPACE_COOKIE } from './session.ts'
 
 type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void>
 
@@ -52,22 +62,27 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   const authenticate = createAuthenticator(services.config, sessionCredential)
   const page = (handler: PageHandler) => signedInPage(services, definitions, authenticate, handler)
   // Handlers outside a signed-in page still answer in HTML, never with a problem+json.
-  const guard = (handler: Handler): Handler => async (req, res) => {
-    try {
-      await handler(req, res)
-    } catch (error) {
-      const apiError = toApiError(error)
-      // The path without its query: an invitation link's query is its secret.
-      if (apiError.status >= 500) services.logger.error('page failed', { path: requestPath(req), error: error instanceof Error ? error.message : String(error) })
-      if (apiError.status === 429 && apiError.headers?.['Retry-After']) res.setHeader('Retry-After', apiError.headers['Retry-After'])
-      errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
+  const guard =
+    (handler: Handler): Handler =>
+    async (req, res) => {
+      try {
+        await handler(req, res)
+      } catch (error) {
+        const apiError = toApiError(error)
+        // The path without its query: an invitation link's query is its secret.
+        if (apiError.status >= 500)
+          services.logger.error('page failed', { path: requestPath(req), error: error instanceof Error ? error.message : String(error) })
+        if (apiError.status === 429 && apiError.headers?.['Retry-After']) res.setHeader('Retry-After', apiError.headers['Retry-After'])
+        errorPage(res, apiError.status, apiError.status >= 500 ? 'Something went wrong on our side. Try again shortly.' : apiError.message)
+      }
     }
-  }
   // Pages that check a password, a code or an invitation's secret count against the per-address limit.
-  const limited = (handler: Handler): Handler => async (req, res) => {
-    services.addressRateLimit(req)
-    await handler(req, res)
-  }
+  const limited =
+    (handler: Handler): Handler =>
+    async (req, res) => {
+      services.addressRateLimit(req)
+      await handler(req, res)
+    }
   const signIn = signInPages(services)
   const signUp = signUpPages(services, definitions)
 

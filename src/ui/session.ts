@@ -121,7 +121,12 @@ export function takeFlash<T>(appSecret: string, req: IncomingMessage, res: Serve
   if (!sealed) return null
   clearCookie(req, res, FLASH_COOKIE)
   try {
-    const payload = JSON.parse(open(deriveKey(appSecret, 'ui-flash'), Buffer.from(sealed, 'base64url'))) as { kind: string; data: T; session: string; expires: number }
+    const payload = JSON.parse(open(deriveKey(appSecret, 'ui-flash'), Buffer.from(sealed, 'base64url'))) as {
+      kind: string
+      data: T
+      session: string
+      expires: number
+    }
     if (payload.kind !== kind || payload.session !== sessionHash(req) || payload.expires < Date.now()) return null
     return payload.data
   } catch {

@@ -61,7 +61,11 @@ export async function checkWebhookUrl(urlText: string, policy: AddressPolicy): P
     resolvedTexts = await (policy.resolve ?? resolveWithOperatingSystem)(host)
   } catch (error) {
     const code = (error as { code?: unknown }).code
-    return { ok: false, code: 'dns_failed', reason: `host name ${host} could not be resolved${typeof code === 'string' ? ` (${code})` : ''}` }
+    return {
+      ok: false,
+      code: 'dns_failed',
+      reason: `host name ${host} could not be resolved${typeof code === 'string' ? ` (${code})` : ''}`,
+    }
   }
   const unique = [...new Set(resolvedTexts)]
   if (unique.length === 0) return { ok: false, code: 'dns_failed', reason: `host name ${host} resolved to no addresses` }
@@ -172,7 +176,8 @@ function nonGlobalReason(ip: IpBytes): string | null {
   if (ip.family === 4) return IPV4_REFUSED.find(([range]) => inRange(ip, range))?.[1] ?? null
 
   // These forms reach an IPv4 host, so that host decides.
-  const embeddedAt = hasPrefix(ip.bytes, IPV4_MAPPED) || hasPrefix(ip.bytes, NAT64_WELL_KNOWN) ? 12 : hasPrefix(ip.bytes, SIX_TO_FOUR) ? 2 : null
+  const embeddedAt =
+    hasPrefix(ip.bytes, IPV4_MAPPED) || hasPrefix(ip.bytes, NAT64_WELL_KNOWN) ? 12 : hasPrefix(ip.bytes, SIX_TO_FOUR) ? 2 : null
   if (embeddedAt !== null) {
     const embedded = ipv4At(ip.bytes, embeddedAt)
     const reason = nonGlobalReason(embedded)

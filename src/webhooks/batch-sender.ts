@@ -9,21 +9,24 @@
 // rule. A worker killed mid-batch leaves its job locked;
 // the heartbeat unlocks it and the job runs again, sending what was not recorded (at least once;
 // receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
-import { readFileSync } from 'node:fs'
+
 import type { KeyObject } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
 import Type from 'typebox'
 import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
-import { parseCidrList, type AddressPolicy } from './address-guard.ts'
+import { type AddressPolicy, parseCidrList } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
 import { openWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
 import { webhookSigningKey } from './signature.ts'
 import { SubscriptionLimiter } from './subscription-limiter.ts'
 
-const VERSION = Compile(Type.Object({ version: Type.String() })).Parse(JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'))).version
+const VERSION = Compile(Type.Object({ version: Type.String() })).Parse(
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')),
+).version
 export const USER_AGENT = `crm-webhooks/${VERSION}`
 
 /** How long a batch waits for a slot of its subscription before it gives its worker slot back. */
@@ -234,11 +237,12 @@ export class WebhookBatchSender {
   /** Records a batch of attempts (crm.record_webhook_attempts), in one statement. */
   async #record(helpers: JobHelpers, workspaceId: string, subscriptionId: string, results: AttemptResult[]): Promise<void> {
     if (results.length === 0) return
-    await this.query(
-      helpers,
-      'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[])',
-      [workspaceId, subscriptionId, results.map(attemptResultRecord), this.#retryDelays],
-    )
+    await this.query(helpers, 'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[])', [
+      workspaceId,
+      subscriptionId,
+      results.map(attemptResultRecord),
+      this.#retryDelays,
+    ])
   }
 
   #signingKey(sealed: Buffer, workspaceId: string): KeyObject {

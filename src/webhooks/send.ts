@@ -7,7 +7,7 @@ import type { KeyObject } from 'node:crypto'
 import { isIP, type LookupFunction } from 'node:net'
 import type { Readable } from 'node:stream'
 import { Pool } from 'undici'
-import { checkWebhookUrl, type AddressPolicy, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
+import { type AddressPolicy, checkWebhookUrl, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
 import { signatureHeader } from './signature.ts'
 
 export type WebhookAttemptError =
@@ -84,7 +84,13 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
     if (status >= 200 && status < 300) return { status, error: null, durationMs: elapsed(), bodyExcerpt, detail: null }
     if (status >= 300 && status < 400) {
       const location = String(response.headers.location ?? '(no Location header)').slice(0, 200)
-      return { status, error: 'redirect', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status} redirect to ${location} was not followed` }
+      return {
+        status,
+        error: 'redirect',
+        durationMs: elapsed(),
+        bodyExcerpt,
+        detail: `HTTP ${status} redirect to ${location} was not followed`,
+      }
     }
     return { status, error: 'http_status', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status}` }
   } catch (error) {
@@ -214,7 +220,8 @@ class ExcerptReader {
   }
 }
 
-const TLS_ERROR_CODE = /^(ERR_TLS_|ERR_SSL_|ERR_OSSL_|CERT_|EPROTO$|DEPTH_ZERO_SELF_SIGNED_CERT$|SELF_SIGNED_CERT_IN_CHAIN$|UNABLE_TO_|HOSTNAME_MISMATCH$)/
+const TLS_ERROR_CODE =
+  /^(ERR_TLS_|ERR_SSL_|ERR_OSSL_|CERT_|EPROTO$|DEPTH_ZERO_SELF_SIGNED_CERT$|SELF_SIGNED_CERT_IN_CHAIN$|UNABLE_TO_|HOSTNAME_MISMATCH$)/
 const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'ETIMEDOUT'])
 const DNS_CODES = new Set(['ENOTFOUND', 'EAI_AGAIN', 'EAI_FAIL', 'EAI_NODATA'])
 

@@ -1,6 +1,6 @@
 // Signing follows the public API contract: X-Service-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>]
 // where each v1 is HMAC-SHA256 over "<t>.<raw body bytes>" keyed by the whole secret string.
-import { createHmac, createSecretKey, randomBytes, timingSafeEqual, type KeyObject } from 'node:crypto'
+import { createHmac, createSecretKey, type KeyObject, randomBytes, timingSafeEqual } from 'node:crypto'
 
 export const SIGNATURE_HEADER = 'X-Service-Signature'
 export const DEFAULT_TOLERANCE_SECONDS = 300

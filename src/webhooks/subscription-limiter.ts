@@ -30,7 +30,12 @@ export class SubscriptionLimiter {
     if (this.tryAcquire(subscriptionId)) return Promise.resolve(true)
     return new Promise((resolve) => {
       const waiters = this.#waiting.get(subscriptionId) ?? []
-      const waiter = { grant: () => { clearTimeout(timer); resolve(true) } }
+      const waiter = {
+        grant: () => {
+          clearTimeout(timer)
+          resolve(true)
+        },
+      }
       const timer = setTimeout(() => {
         const list = this.#waiting.get(subscriptionId)
         const at = list?.indexOf(waiter) ?? -1

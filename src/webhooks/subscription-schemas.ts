@@ -10,10 +10,13 @@ export const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'h
 
 const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
 const Time = Type.String({ format: 'date-time' })
-const Events = Type.Array(Type.String({ maxLength: 15, pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }), {
-  minItems: 1,
-  maxItems: 20,
-})
+const Events = Type.Array(
+  Type.String({ maxLength: 15, pattern: EVENT_PATTERN, description: 'An event name, contact.*, company.*, deal.* or *' }),
+  {
+    minItems: 1,
+    maxItems: 20,
+  },
+)
 const Name = Type.String({ minLength: 1, maxLength: 255, pattern: '\\S' })
 const Url = Type.String({ minLength: 1, maxLength: 2048, description: 'https only; must resolve to public addresses' })
 
@@ -35,7 +38,10 @@ export const Subscription = Type.Object({
     last_delivery_at: nullable(Time),
   }),
 })
-export const CreatedSubscription = Type.Object({ ...Subscription.properties, secret: Type.String({ description: 'whsec_...: shown only in this answer' }) })
+export const CreatedSubscription = Type.Object({
+  ...Subscription.properties,
+  secret: Type.String({ description: 'whsec_...: shown only in this answer' }),
+})
 
 export const Attempt = Type.Object({
   attempt: Type.Integer(),
@@ -73,7 +79,10 @@ export const UpdateBody = Type.Object(
   },
   { additionalProperties: false },
 )
-export const RotateBody = Type.Object({ grace_period_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 86_400 })) }, { additionalProperties: false })
+export const RotateBody = Type.Object(
+  { grace_period_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 86_400 })) },
+  { additionalProperties: false },
+)
 
 export const one = <T extends TSchema>(schema: T) => Type.Object({ data: schema })
 export const page = <T extends TSchema>(schema: T) => Type.Object({ data: Type.Array(schema), next_cursor: nullable(Type.String()) })

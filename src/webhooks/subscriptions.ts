@@ -5,12 +5,12 @@
 import type { Static } from 'typebox'
 import Type from 'typebox'
 import type { Config } from '../config.ts'
-import { sql, type DatabaseTransactionConnection } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { InvalidParameterError, NotFoundError, ValidationError } from '../errors.ts'
 import { decodeCursor, encodeCursor, limitOf } from '../paging.ts'
 import { UUID_PATTERN } from '../uuid.ts'
-import { checkWebhookUrl, parseCidrList, type AddressPolicy } from './address-guard.ts'
+import { type AddressPolicy, checkWebhookUrl, parseCidrList } from './address-guard.ts'
 import { sealWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { newWebhookSecret } from './signature.ts'
 import { DELIVERY_STATUSES, Delivery, EVENT_NAME, Subscription } from './subscription-schemas.ts'
@@ -70,7 +70,11 @@ function policyOf(config: Config): AddressPolicy {
 async function checkUrl(config: Config, url: string): Promise<void> {
   const check = await checkWebhookUrl(url, policyOf(config))
   if (!check.ok) {
-    throw new ValidationError(`url is not allowed: ${check.reason}`, [{ pointer: '/url', code: 'url_not_allowed', message: check.reason }], 'url_not_allowed')
+    throw new ValidationError(
+      `url is not allowed: ${check.reason}`,
+      [{ pointer: '/url', code: 'url_not_allowed', message: check.reason }],
+      'url_not_allowed',
+    )
   }
 }
 
@@ -130,14 +134,26 @@ export async function deleteSubscription(db: DatabaseTransactionConnection, path
 }
 
 /** Pause (held until resume) or resume (held deliveries go out in order); the functions check access themselves. */
-export async function setSubscriptionPaused(db: DatabaseTransactionConnection, pathId: string | undefined, paused: boolean): Promise<SubscriptionJson> {
+export async function setSubscriptionPaused(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  paused: boolean,
+): Promise<SubscriptionJson> {
   const id = idOf(pathId, 'webhook subscription')
-  await db.query(paused ? sql.unsafe`select crm.pause_webhook_subscription(${id})` : sql.unsafe`select crm.resume_webhook_subscription(${id})`)
+  await db.query(
+    paused ? sql.unsafe`select crm.pause_webhook_subscription(${id})` : sql.unsafe`select crm.resume_webhook_subscription(${id})`,
+  )
   return readSubscription(db, id)
 }
 
 /** A new signing secret; the old one keeps signing for `graceSeconds`. */
-export async function rotateSecret(db: DatabaseTransactionConnection, config: Config, workspaceId: string, pathId: string | undefined, graceSeconds: number) {
+export async function rotateSecret(
+  db: DatabaseTransactionConnection,
+  config: Config,
+  workspaceId: string,
+  pathId: string | undefined,
+  graceSeconds: number,
+) {
   await requireWebhookAccess(db)
   const id = idOf(pathId, 'webhook subscription')
   const secret = newWebhookSecret()
@@ -153,7 +169,10 @@ function pageOf<T>(rows: readonly T[], limit: number, order: string, key: (row: 
 }
 
 /** The workspace's subscriptions, oldest first, a page at a time (`limit`, `cursor`). */
-export async function listSubscriptions(db: DatabaseTransactionConnection, parameters: Map<string, string>): Promise<Page<SubscriptionJson>> {
+export async function listSubscriptions(
+  db: DatabaseTransactionConnection,
+  parameters: Map<string, string>,
+): Promise<Page<SubscriptionJson>> {
   await requireWebhookAccess(db)
   const limit = limitOf(parameters.get('limit'))
   const cursor = parameters.get('cursor')
@@ -162,13 +181,22 @@ export async function listSubscriptions(db: DatabaseTransactionConnection, param
     select crm.webhook_subscription_json(s.workspace_id, s.id) as subscription from crm.webhook_subscriptions s
      where s.workspace_id = (select crm.current_workspace_id()) ${after ? sql.fragment`and s.id > ${after}` : sql.fragment``}
      order by s.id limit ${limit + 1}`)
-  return pageOf(rows.map((row) => row.subscription), limit, SUBSCRIPTION_ORDER, (subscription) => subscription.id)
+  return pageOf(
+    rows.map((row) => row.subscription),
+    limit,
+    SUBSCRIPTION_ORDER,
+    (subscription) => subscription.id,
+  )
 }
 
 const DELIVERY_PARAMETERS = ['status', 'event', 'limit', 'cursor']
 
 /** A subscription's deliveries, newest first, filtered by `status` and `event`, a page at a time. */
-export async function listDeliveries(db: DatabaseTransactionConnection, pathId: string | undefined, parameters: Map<string, string>): Promise<Page<DeliveryJson>> {
+export async function listDeliveries(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  parameters: Map<string, string>,
+): Promise<Page<DeliveryJson>> {
   await requireWebhookAccess(db)
   const id = idOf(pathId, 'webhook subscription')
   for (const name of parameters.keys()) {
@@ -176,7 +204,8 @@ export async function listDeliveries(db: DatabaseTransactionConnection, pathId: 
   }
   const limit = limitOf(parameters.get('limit'))
   const status = parameters.get('status')
-  if (status !== undefined && !DELIVERY_STATUSES.includes(status)) throw new InvalidParameterError(`status must be one of ${DELIVERY_STATUSES.join(', ')}`)
+  if (status !== undefined && !DELIVERY_STATUSES.includes(status))
+    throw new InvalidParameterError(`status must be one of ${DELIVERY_STATUSES.join(', ')}`)
   const event = parameters.get('event')
   if (event !== undefined && !EVENT_NAME.test(event)) throw new InvalidParameterError('event must be an event name such as deal.updated')
   const cursor = parameters.get('cursor')
@@ -193,7 +222,11 @@ export async function listDeliveries(db: DatabaseTransactionConnection, pathId: 
 }
 
 /** One delivery with all its attempts. */
-export async function readDelivery(db: DatabaseTransactionConnection, pathId: string | undefined, pathDeliveryId: string | undefined): Promise<DeliveryJson> {
+export async function readDelivery(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  pathDeliveryId: string | undefined,
+): Promise<DeliveryJson> {
   await requireWebhookAccess(db)
   const id = idOf(pathId, 'webhook subscription')
   const deliveryId = idOf(pathDeliveryId, 'delivery')
@@ -211,7 +244,11 @@ export async function readDelivery(db: DatabaseTransactionConnection, pathId: st
 }
 
 /** A fresh cycle of attempts for a delivery, the first at once (the function checks access itself). */
-export async function redeliver(db: DatabaseTransactionConnection, pathId: string | undefined, pathDeliveryId: string | undefined): Promise<DeliveryJson> {
+export async function redeliver(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  pathDeliveryId: string | undefined,
+): Promise<DeliveryJson> {
   const id = idOf(pathId, 'webhook subscription')
   const deliveryId = idOf(pathDeliveryId, 'delivery')
   await db.query(sql.unsafe`select crm.redeliver_webhook(${id}, ${deliveryId})`)

@@ -8,22 +8,47 @@ const server = await startTestServer(t)
 const url = server.databaseUrl
 const tenant = await createTenant(url, {
   slug: 'matrix',
-  members: { 'admin@m.test': 'admin', 'member@m.test': 'member', 'reader@m.test': 'read_only', 'custom@m.test': 'read_only', 'other@m.test': 'member' },
+  members: {
+    'admin@m.test': 'admin',
+    'member@m.test': 'member',
+    'reader@m.test': 'read_only',
+    'custom@m.test': 'read_only',
+    'other@m.test': 'member',
+  },
 })
 await withOwner(url, async (client) => {
-  const { rows: [role] } = await client.query("insert into crm.roles (workspace_id, name) values ($1, 'erp_sync') returning id", [tenant.id])
+  const {
+    rows: [role],
+  } = await client.query("insert into crm.roles (workspace_id, name) values ($1, 'erp_sync') returning id", [tenant.id])
   for (const grant of ['deals:view:own', 'deals:update:own', 'contacts:create:all', 'companies:delete:all', 'companies:view:all']) {
     const [resource, action, scope] = grant.split(':')
-    await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [tenant.id, role.id, resource, action, scope])
+    await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [
+      tenant.id,
+      role.id,
+      resource,
+      action,
+      scope,
+    ])
   }
   await client.query('update crm.memberships set role_id = $2 where user_id = $1', [tenant.members['custom@m.test'].id, role.id])
 })
-const matrix = await withOwner(url, async (client) =>
-  (await client.query("select m.email, p.resource, p.action, p.scope from crm.member_access m join crm.permission_matrix p on p.workspace = m.workspace and p.role = m.role and p.resource = m.resource and p.action = m.action where m.workspace = 'matrix'")).rows,
+const matrix = await withOwner(
+  url,
+  async (client) =>
+    (
+      await client.query(
+        "select m.email, p.resource, p.action, p.scope from crm.member_access m join crm.permission_matrix p on p.workspace = m.workspace and p.role = m.role and p.resource = m.resource and p.action = m.action where m.workspace = 'matrix'",
+      )
+    ).rows,
 )
-const scopeOf = (email: string, resource: string, action: string) => matrix.find((row) => row.email === email && row.resource === resource && row.action === action)?.scope ?? null
+const scopeOf = (email: string, resource: string, action: string) =>
+  matrix.find((row) => row.email === email && row.resource === resource && row.action === action)?.scope ?? null
 
-const BODIES: Record<string, Record<string, unknown>> = { contacts: { first_name: 'Matrix' }, companies: { name: 'Matrix Co' }, deals: { name: 'Matrix deal' } }
+const BODIES: Record<string, Record<string, unknown>> = {
+  contacts: { first_name: 'Matrix' },
+  companies: { name: 'Matrix Co' },
+  deals: { name: 'Matrix deal' },
+}
 const admin = tenant.members['admin@m.test'].token
 const otherId = tenant.members['other@m.test'].id
 
@@ -38,7 +63,10 @@ for (const email of Object.keys(tenant.members).filter((email) => email !== 'oth
       t.equal(mine.status, 201)
       const view = scopeOf(email, resource, 'view')
       const expectVisible = (scope: string | null, own: boolean) => scope === 'all' || (scope !== null && own)
-      for (const [record, own] of [[mine.body.data, true], [theirs.body.data, false]] as const) {
+      for (const [record, own] of [
+        [mine.body.data, true],
+        [theirs.body.data, false],
+      ] as const) {
         const read = await server.request('GET', `/api/${resource}/${record.id}`, { token: member.token })
         t.equal(read.status, expectVisible(view, own) ? 200 : 404, `view ${own ? 'own' : 'other'} (${view})`)
         const update = await server.request('PATCH', `/api/${resource}/${record.id}`, { token: member.token, body: BODIES[resource] })

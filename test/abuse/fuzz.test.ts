@@ -17,19 +17,54 @@ for (const name of ['Acme', 'Ünïcode Ltd', "O'Brien & Sons"]) {
 }
 let inputs = 0
 
-const FIELDS = ['name', 'amount', 'stage', 'created_at', 'updated_at', 'id', 'owner_id', 'email', 'custom_fields.x', 'custom_fields', 'nope', '', "name'--", 'name;drop']
+const FIELDS = [
+  'name',
+  'amount',
+  'stage',
+  'created_at',
+  'updated_at',
+  'id',
+  'owner_id',
+  'email',
+  'custom_fields.x',
+  'custom_fields',
+  'nope',
+  '',
+  "name'--",
+  'name;drop',
+]
 const OPERATORS = ['eq', 'ne', 'lt', 'lte', 'gt', 'gte', 'in', 'contains', 'starts_with', 'is_null', 'like', '', 'eq]', '[eq']
 const hostileText = fc.oneof(
   fc.string({ maxLength: 40 }),
   fc.string({ unit: 'binary', maxLength: 40 }),
-  fc.constantFrom("' or 1=1 --", '%00', '%ff%fe', '\u0000', '%', '_', '\\', '1e309', '-0', 'NaN', '2026-13-45', '9'.repeat(400), 'a'.repeat(5000), '{}', '[]', 'null', 'true', ',,,'),
+  fc.constantFrom(
+    "' or 1=1 --",
+    '%00',
+    '%ff%fe',
+    '\u0000',
+    '%',
+    '_',
+    '\\',
+    '1e309',
+    '-0',
+    'NaN',
+    '2026-13-45',
+    '9'.repeat(400),
+    'a'.repeat(5000),
+    '{}',
+    '[]',
+    'null',
+    'true',
+    ',,,',
+  ),
 )
 
 async function expectNo500(path: string, method = 'GET', body?: unknown): Promise<void> {
   inputs++
   const response = await server.request(method, path, { token, body })
   if (response.status >= 500) throw new Error(`${method} ${path} answered ${response.status}: ${response.text.slice(0, 300)}`)
-  if (response.status >= 400 && response.headers.get('content-type') !== 'application/problem+json') throw new Error(`${path}: a ${response.status} without a problem body`)
+  if (response.status >= 400 && response.headers.get('content-type') !== 'application/problem+json')
+    throw new Error(`${path}: a ${response.status} without a problem body`)
 }
 
 t.test('list filters, sort, limit and cursor', async () => {
@@ -41,7 +76,9 @@ t.test('list filters, sort, limit and cursor', async () => {
       fc.option(fc.oneof(fc.integer({ min: -5, max: 500 }).map(String), hostileText)),
       fc.option(hostileText),
       async (type, filters, sort, limit, cursor) => {
-        const parts = filters.map(([field, op, value]) => `${encodeURIComponent(`filter[${field}]${op ? `[${op}]` : ''}`)}=${encodeURIComponent(value)}`)
+        const parts = filters.map(
+          ([field, op, value]) => `${encodeURIComponent(`filter[${field}]${op ? `[${op}]` : ''}`)}=${encodeURIComponent(value)}`,
+        )
         if (sort) parts.push(`sort=${encodeURIComponent(sort.map(([desc, field]) => (desc ? '-' : '') + field).join(','))}`)
         if (limit !== null) parts.push(`limit=${encodeURIComponent(limit)}`)
         if (cursor !== null) parts.push(`cursor=${encodeURIComponent(cursor)}`)
@@ -54,19 +91,23 @@ t.test('list filters, sort, limit and cursor', async () => {
 
 t.test('raw, badly encoded query strings', async () => {
   await fc.assert(
-    fc.asyncProperty(fc.constantFrom('contacts', 'deals', 'search', 'deals/search'), fc.string({ unit: 'binary', maxLength: 60 }), async (path, raw) => {
-      // Percent-encode only what would break the HTTP request line itself; lone surrogates become
-      // an invalid UTF-8 byte, so the server also meets bad encodings.
-      const query = Array.from(raw, (char) => {
-        if (!/[\s#\u0000-\u001f\u007f-\u{10ffff}]/u.test(char)) return char
-        try {
-          return encodeURIComponent(char)
-        } catch {
-          return '%ff'
-        }
-      }).join('')
-      await expectNo500(`/api/${path}?${query}`)
-    }),
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'deals', 'search', 'deals/search'),
+      fc.string({ unit: 'binary', maxLength: 60 }),
+      async (path, raw) => {
+        // Percent-encode only what would break the HTTP request line itself; lone surrogates become
+        // an invalid UTF-8 byte, so the server also meets bad encodings.
+        const query = Array.from(raw, (char) => {
+          if (!/[\s#\u0000-\u001f\u007f-\u{10ffff}]/u.test(char)) return char
+          try {
+            return encodeURIComponent(char)
+          } catch {
+            return '%ff'
+          }
+        }).join('')
+        await expectNo500(`/api/${path}?${query}`)
+      },
+    ),
     { numRuns: RUNS },
   )
 })
@@ -84,27 +125,40 @@ t.test('search terms', async () => {
 t.test('JSON bodies for create and update', async () => {
   const { body: created } = await server.request('POST', '/api/deals', { token, body: { name: 'fuzz target' } })
   await fc.assert(
-    fc.asyncProperty(fc.constantFrom('contacts', 'companies', 'deals'), fc.object({ maxDepth: 2, values: [fc.jsonValue(), hostileText] }), async (type, body) => {
-      await expectNo500(`/api/${type}`, 'POST', body)
-      await expectNo500(`/api/deals/${created.data.id}`, 'PATCH', body)
-    }),
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'companies', 'deals'),
+      fc.object({ maxDepth: 2, values: [fc.jsonValue(), hostileText] }),
+      async (type, body) => {
+        await expectNo500(`/api/${type}`, 'POST', body)
+        await expectNo500(`/api/deals/${created.data.id}`, 'PATCH', body)
+      },
+    ),
     { numRuns: RUNS },
   )
 })
 
 t.test('CSV uploads', async () => {
-  const csvCell = fc.oneof(fc.string({ maxLength: 12 }), fc.constantFrom('"', '""', '"a,b"', '\r\n', ';', '\t', '\uFEFF', '\u0000', 'é', '😀'))
+  const csvCell = fc.oneof(
+    fc.string({ maxLength: 12 }),
+    fc.constantFrom('"', '""', '"a,b"', '\r\n', ';', '\t', '\uFEFF', '\u0000', 'é', '😀'),
+  )
   await fc.assert(
     fc.asyncProperty(
       fc.constantFrom('contacts', 'companies', 'deals'),
       fc.oneof(
-        fc.array(fc.array(csvCell, { maxLength: 5 }), { maxLength: 6 }).map((rows) => Buffer.from(rows.map((row) => row.join(',')).join('\n'))),
+        fc
+          .array(fc.array(csvCell, { maxLength: 5 }), { maxLength: 6 })
+          .map((rows) => Buffer.from(rows.map((row) => row.join(',')).join('\n'))),
         fc.uint8Array({ maxLength: 300 }).map((bytes) => Buffer.from(bytes)),
       ),
       fc.constantFrom('text/csv', 'multipart/form-data; boundary=x', 'application/octet-stream'),
       async (type, bytes, contentType) => {
         inputs++
-        const response = await server.request('POST', `/api/${type}/import/upload`, { token, raw: bytes, headers: { 'content-type': contentType } })
+        const response = await server.request('POST', `/api/${type}/import/upload`, {
+          token,
+          raw: bytes,
+          headers: { 'content-type': contentType },
+        })
         if (response.status >= 500) throw new Error(`upload answered ${response.status}: ${response.text.slice(0, 300)}`)
       },
     ),

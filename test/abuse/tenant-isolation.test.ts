@@ -26,13 +26,21 @@ ids.deal = await createIn('/api/deals', { name: 'A deal', amount: '10.00' })
 ids.role = await createIn('/api/roles', { name: 'a_role', grants: ['deals:view:own'] })
 ids.team = await createIn('/api/teams', { name: 'A team' })
 ids.invitation = await createIn('/api/invitations', { email: 'new@a.test', role: 'member', teams: [] })
-const upload = await server.request('POST', '/api/contacts/import/upload', { token: tokenA, raw: 'First Name,Email\nAda,ada@a.test\n', headers: { 'content-type': 'text/csv' } })
+const upload = await server.request('POST', '/api/contacts/import/upload', {
+  token: tokenA,
+  raw: 'First Name,Email\nAda,ada@a.test\n',
+  headers: { 'content-type': 'text/csv' },
+})
 ids.import = upload.body.data.id
 ids.token = (await server.request('GET', '/api/tokens', { token: tokenA })).body.data[0].id
 ids.member = a.members['bob@a.test'].id
 // The worker fans the deal's events out to the subscription: wait for a delivery.
 for (let i = 0; i < 100 && !ids.delivery; i++) {
-  ids.delivery = await withOwner(url, async (client) => (await client.query('select id from crm.webhook_deliveries where subscription_id = $1 limit 1', [ids.subscription])).rows[0]?.id)
+  ids.delivery = await withOwner(
+    url,
+    async (client) =>
+      (await client.query('select id from crm.webhook_deliveries where subscription_id = $1 limit 1', [ids.subscription])).rows[0]?.id,
+  )
   if (!ids.delivery) await new Promise((resolve) => setTimeout(resolve, 100))
 }
 t.ok(ids.delivery, 'a delivery exists in workspace A')
@@ -43,8 +51,14 @@ function idFor(path: string, param: string): string {
   const area = /^\/api\/(?:associations\/)?([a-z-]+)/.exec(path)![1]
   if (path.includes('/import/')) return ids.import
   const byArea: Record<string, string> = {
-    contacts: ids.contact, companies: ids.company, deals: ids.deal, 'webhook-subscriptions': ids.subscription,
-    roles: ids.role, teams: ids.team, invitations: ids.invitation, tokens: ids.token,
+    contacts: ids.contact,
+    companies: ids.company,
+    deals: ids.deal,
+    'webhook-subscriptions': ids.subscription,
+    roles: ids.role,
+    teams: ids.team,
+    invitations: ids.invitation,
+    tokens: ids.token,
   }
   return byArea[area]
 }
@@ -62,7 +76,14 @@ for (const route of allRoutes().filter((definition) => definition.path.includes(
 }
 
 t.test('workspace A is untouched', async (t) => {
-  for (const [path, id] of [['deals', ids.deal], ['contacts', ids.contact], ['companies', ids.company], ['webhook-subscriptions', ids.subscription], ['roles', ids.role], ['teams', ids.team]]) {
+  for (const [path, id] of [
+    ['deals', ids.deal],
+    ['contacts', ids.contact],
+    ['companies', ids.company],
+    ['webhook-subscriptions', ids.subscription],
+    ['roles', ids.role],
+    ['teams', ids.team],
+  ]) {
     t.equal((await server.request('GET', `/api/${path}/${id}`, { token: tokenA })).status, 200, `${path} still there`)
   }
   t.equal((await server.request('GET', '/api/me', { token: tokenA })).status, 200, "A's token still works")

@@ -47,15 +47,30 @@ t.test('GET /api/me', async (t) => {
 
 t.test('workspace choice: header, else last used, else oldest joined', async (t) => {
   const workspaces = await server.request('GET', '/api/workspaces', { token: ada.token })
-  t.same(workspaces.body.data.map((w: { slug: string; role: string }) => [w.slug, w.role]), [['acme', 'admin'], ['globex', 'read_only']])
+  t.same(
+    workspaces.body.data.map((w: { slug: string; role: string }) => [w.slug, w.role]),
+    [
+      ['acme', 'admin'],
+      ['globex', 'read_only'],
+    ],
+  )
   t.equal((await server.request('GET', '/api/me', { token: ada.token })).body.data.workspace.slug, 'acme', 'oldest joined first')
-  t.equal((await server.request('GET', '/api/me', { token: ada.token, headers: { 'X-Tenant-Slug': 'globex' } })).body.data.workspace.slug, 'globex')
+  t.equal(
+    (await server.request('GET', '/api/me', { token: ada.token, headers: { 'X-Tenant-Slug': 'globex' } })).body.data.workspace.slug,
+    'globex',
+  )
   t.equal((await server.request('GET', '/api/me', { token: ada.token })).body.data.workspace.slug, 'globex', 'then the last used')
   const foreign = await server.request('GET', '/api/me', { token: bob.token, headers: { 'X-Tenant-Slug': 'globex' } })
   t.equal(foreign.status, 404)
   t.equal(foreign.body.code, 'workspace_not_found')
-  t.equal((await server.request('GET', '/api/me', { token: bob.token, headers: { 'X-Tenant-Slug': 'no-such' } })).body.code, 'workspace_not_found')
-  t.equal((await server.request('GET', '/api/me', { token: bob.token, headers: { 'X-Tenant-Slug': "x'; drop table crm.users; --" } })).body.code, 'workspace_not_found')
+  t.equal(
+    (await server.request('GET', '/api/me', { token: bob.token, headers: { 'X-Tenant-Slug': 'no-such' } })).body.code,
+    'workspace_not_found',
+  )
+  t.equal(
+    (await server.request('GET', '/api/me', { token: bob.token, headers: { 'X-Tenant-Slug': "x'; drop table crm.users; --" } })).body.code,
+    'workspace_not_found',
+  )
 })
 
 t.test('tokens: list, revoke one, revoke all', async (t) => {
@@ -70,18 +85,24 @@ t.test('tokens: list, revoke one, revoke all', async (t) => {
   t.equal((await server.request('GET', '/api/me', { token: bob.token })).body.code, 'token_revoked', 'stops at once')
   t.equal((await server.request('DELETE', `/api/tokens/${other.id}`, { token: second })).status, 404)
   const adaTokens = await server.request('GET', '/api/tokens', { token: ada.token })
-  t.equal((await server.request('DELETE', `/api/tokens/${adaTokens.body.data[0].id}`, { token: second })).status, 404, "someone else's token is not found")
+  t.equal(
+    (await server.request('DELETE', `/api/tokens/${adaTokens.body.data[0].id}`, { token: second })).status,
+    404,
+    "someone else's token is not found",
+  )
   t.equal((await server.request('DELETE', '/api/tokens/not-a-uuid', { token: second })).status, 404)
   const third = await withOwner(url, (client) => mintToken(client, bob.id, { kind: 'session' }))
   t.equal((await server.request('GET', '/api/me', { token: third })).body.code, 'token_invalid', 'a UI session is not an API token')
   t.equal((await server.request('DELETE', '/api/tokens', { token: second })).status, 204)
   t.equal((await server.request('GET', '/api/me', { token: second })).body.code, 'token_revoked', 'the calling token too')
-  const revoked = await withOwner(url, (client) => client.query('select revoked_at from crm.tokens where token_hash = $1', [hashToken(third)]))
+  const revoked = await withOwner(url, (client) =>
+    client.query('select revoked_at from crm.tokens where token_hash = $1', [hashToken(third)]),
+  )
   t.ok(revoked.rows[0].revoked_at, 'sessions too')
 })
 
 t.test('a token stops at once on expiry, suspension and API access off', async (t) => {
-  const carol = (await createTenant(url, { members: { 'carol@x.test': 'member', 'admin@x.test': 'admin' } }))
+  const carol = await createTenant(url, { members: { 'carol@x.test': 'member', 'admin@x.test': 'admin' } })
   const token = carol.members['carol@x.test'].token
   const userId = carol.members['carol@x.test'].id
   t.equal((await server.request('GET', '/api/me', { token })).status, 200)
@@ -108,7 +129,10 @@ t.test('a token stops at once on expiry, suspension and API access off', async (
 })
 
 t.test('authentication is one statement per request', async (t) => {
-  const before = await withOwner(url, async (client) => (await client.query('select count(*)::int as n from crm.tokens where last_used_at is not null')).rows[0].n)
+  const before = await withOwner(
+    url,
+    async (client) => (await client.query('select count(*)::int as n from crm.tokens where last_used_at is not null')).rows[0].n,
+  )
   const counted = await startTestServer(t, { databaseUrl: url, countQueries: true })
   counted.queries.length = 0
   const response = await counted.request('GET', '/api/workspaces', { token: ada.token })
@@ -121,7 +145,11 @@ t.test('authentication is one statement per request', async (t) => {
 t.test('reads that are one query send one statement: authentication and the query together', async (t) => {
   const counted = await startTestServer(t, { databaseUrl: url, countQueries: true })
   const acmeHeader = { 'x-tenant-slug': 'acme' }
-  const created = await counted.request('POST', '/api/contacts', { token: ada.token, headers: acmeHeader, body: { first_name: 'Single', email: 'single@statement.test' } })
+  const created = await counted.request('POST', '/api/contacts', {
+    token: ada.token,
+    headers: acmeHeader,
+    body: { first_name: 'Single', email: 'single@statement.test' },
+  })
   t.equal(created.status, 201)
   for (const path of [`/api/contacts/${created.body.data.id}`, '/api/contacts?limit=5', '/api/contacts/search?q=single']) {
     counted.queries.length = 0
@@ -133,12 +161,19 @@ t.test('reads that are one query send one statement: authentication and the quer
   }
   const one = await counted.request('GET', `/api/contacts/${created.body.data.id}`, { token: ada.token, headers: acmeHeader })
   t.equal(one.body.data.email, 'single@statement.test')
-  const refused = await counted.request('GET', `/api/contacts/${created.body.data.id}`, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })
+  const refused = await counted.request('GET', `/api/contacts/${created.body.data.id}`, {
+    token: 'crm_' + 'x'.repeat(43),
+    headers: acmeHeader,
+  })
   t.equal(refused.status, 401, 'a wrong token is refused, and the record is not sent')
   t.notOk(refused.body.data)
   // A request the route refuses before its query (malformed id, bad filter) is still authenticated first.
   for (const path of ['/api/contacts/not-a-uuid', '/api/contacts?filter[nope]=1']) {
-    t.equal((await counted.request('GET', path, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })).status, 401, `${path} with a wrong token: 401`)
+    t.equal(
+      (await counted.request('GET', path, { token: 'crm_' + 'x'.repeat(43), headers: acmeHeader })).status,
+      401,
+      `${path} with a wrong token: 401`,
+    )
     const valid = await counted.request('GET', path, { token: ada.token, headers: acmeHeader })
     t.ok(valid.status === 404 || valid.status === 400, `${path} with a good token: the route's own answer (${valid.status})`)
     t.ok(Number(valid.headers.get('ratelimit-remaining')) > 0, `${path}: counted, with rate-limit headers`)

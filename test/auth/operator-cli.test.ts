@@ -16,7 +16,13 @@ t.test('workspaces', async (t) => {
   t.ok(trialDays > 13.9 && trialDays <= 14)
   const noTrial = crm(url, ['workspace', 'create', '--slug', 'beta', '--name', 'Beta', '--plan', 'pro', '--trial-days', '0', '--json'])
   t.match(noTrial.json, { plan: 'pro', trial_ends_at: null })
-  const roles = await withOwner(url, async (client) => (await client.query("select r.name from crm.roles r join crm.workspaces w on w.id = r.workspace_id where w.slug = 'acme' order by r.name")).rows.map((row) => row.name))
+  const roles = await withOwner(url, async (client) =>
+    (
+      await client.query(
+        "select r.name from crm.roles r join crm.workspaces w on w.id = r.workspace_id where w.slug = 'acme' order by r.name",
+      )
+    ).rows.map((row) => row.name),
+  )
   t.same(roles, ['admin', 'member', 'read_only'], 'built-in roles come from the database')
   t.match(crm(url, ['workspace', 'set-plan', '--slug', 'acme', '--plan', 'pro', '--json']).json, { slug: 'acme', plan: 'pro' })
   const taken = crm(url, ['workspace', 'create', '--slug', 'acme', '--name', 'Again'])
@@ -29,18 +35,60 @@ t.test('workspaces', async (t) => {
 })
 
 t.test('users, members and seats', async (t) => {
-  t.equal(crm(url, ['user', 'create', '--email', 'ada@acme.test', '--name', 'Ada', '--password', PASSWORD, '--workspace', 'acme', '--role', 'admin', '--team', 'sales', '--json']).status, 0)
-  const bob = crm(url, ['user', 'create', '--email', 'bob@acme.test', '--name', 'Bob', '--password', PASSWORD, '--workspace', 'acme', '--json'])
+  t.equal(
+    crm(url, [
+      'user',
+      'create',
+      '--email',
+      'ada@acme.test',
+      '--name',
+      'Ada',
+      '--password',
+      PASSWORD,
+      '--workspace',
+      'acme',
+      '--role',
+      'admin',
+      '--team',
+      'sales',
+      '--json',
+    ]).status,
+    0,
+  )
+  const bob = crm(url, [
+    'user',
+    'create',
+    '--email',
+    'bob@acme.test',
+    '--name',
+    'Bob',
+    '--password',
+    PASSWORD,
+    '--workspace',
+    'acme',
+    '--json',
+  ])
   t.match(bob.json, { email: 'bob@acme.test', role: 'member', workspace: 'acme' })
-  t.match(crm(url, ['user', 'create', '--email', 'c@acme.test', '--name', 'C', '--password', 'short']).stderr, /--password must be at least 10 characters/)
-  t.match(crm(url, ['user', 'create', '--email', 'carol@acme.test', '--name', 'C', '--password', 'carol@acme.test']).stderr, /must not be the email/)
+  t.match(
+    crm(url, ['user', 'create', '--email', 'c@acme.test', '--name', 'C', '--password', 'short']).stderr,
+    /--password must be at least 10 characters/,
+  )
+  t.match(
+    crm(url, ['user', 'create', '--email', 'carol@acme.test', '--name', 'C', '--password', 'carol@acme.test']).stderr,
+    /must not be the email/,
+  )
   t.equal(crm(url, ['user', 'create', '--email', 'carol@acme.test', '--name', 'Carol', '--password', PASSWORD, '--json']).status, 0)
 
   const full = crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'carol@acme.test'])
   t.equal(full.status, 1)
   t.match(full.stderr, /no seat left: 2 of 2 seats are in use/)
-  t.match(crm(url, ['member', 'suspend', '--workspace', 'acme', '--email', 'bob@acme.test', '--json']).json, { email: 'bob@acme.test', suspended_at: /Z$/ })
-  t.match(crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'carol@acme.test', '--role', 'read_only', '--json']).json, { role: 'read_only' })
+  t.match(crm(url, ['member', 'suspend', '--workspace', 'acme', '--email', 'bob@acme.test', '--json']).json, {
+    email: 'bob@acme.test',
+    suspended_at: /Z$/,
+  })
+  t.match(crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'carol@acme.test', '--role', 'read_only', '--json']).json, {
+    role: 'read_only',
+  })
   const unsuspend = crm(url, ['member', 'unsuspend', '--workspace', 'acme', '--email', 'bob@acme.test'])
   t.match(unsuspend.stderr, /no seat left/, 'unsuspend needs a free seat')
   t.match(crm(url, ['member', 'suspend', '--workspace', 'acme', '--email', 'ada@acme.test']).stderr, /last admin/, 'the last admin stays')
@@ -48,15 +96,34 @@ t.test('users, members and seats', async (t) => {
 })
 
 t.test('roles, API access and platform suspension', async (t) => {
-  const role = crm(url, ['role', 'create', '--workspace', 'acme', '--name', 'erp_sync', '--grant', 'deals:view:own', '--grant', 'deals:update:own', '--json'])
+  const role = crm(url, [
+    'role',
+    'create',
+    '--workspace',
+    'acme',
+    '--name',
+    'erp_sync',
+    '--grant',
+    'deals:view:own',
+    '--grant',
+    'deals:update:own',
+    '--json',
+  ])
   t.match(role.json, { name: 'erp_sync', is_admin: false, grants: ['deals:view:own', 'deals:update:own'] })
-  t.match(crm(url, ['role', 'create', '--workspace', 'acme', '--name', 'x', '--grant', 'deals:fly:all']).stderr, /is not resource:action:scope/)
+  t.match(
+    crm(url, ['role', 'create', '--workspace', 'acme', '--name', 'x', '--grant', 'deals:fly:all']).stderr,
+    /is not resource:action:scope/,
+  )
   t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test', '--off', '--json']).json, { api_access: false })
   t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test', '--on', '--json']).json, { api_access: true })
   t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test']).stderr, /exactly one of --on or --off/)
   t.match(crm(url, ['user', 'suspend', '--email', 'carol@acme.test', '--json']).json, { suspended_at: /Z$/ })
   t.match(crm(url, ['user', 'unsuspend', '--email', 'carol@acme.test', '--json']).json, { suspended_at: null })
   const built = await withOwner(url, async (client) =>
-    client.query("update crm.roles set name = 'boss' where name = 'admin'").then(() => 'changed', (error) => error.message))
+    client.query("update crm.roles set name = 'boss' where name = 'admin'").then(
+      () => 'changed',
+      (error) => error.message,
+    ),
+  )
   t.match(built, /built-in role admin cannot be changed/)
 })

@@ -1,8 +1,8 @@
 // The settings policies trust: set transaction-locally with bound values, gone after commit on the
 // same pooled connection, and worthless when set by hand without the proof.
 import t from 'tap'
-import { sql, createDatabasePool } from '../../src/db/pool.ts'
 import { hashToken } from '../../src/auth/tokens.ts'
+import { createDatabasePool, sql } from '../../src/db/pool.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 
@@ -14,7 +14,9 @@ t.test('request settings are transaction-local and gone after commit on the same
   const pool = await createDatabasePool(url, { maxPoolSize: 1 })
   t.teardown(() => pool.end())
   const inside = await pool.transaction(async (db) => {
-    await db.one(sql.unsafe`select a.*, set_config('role', 'crm_api', true) from crm.authenticate(${sql.binary(hashToken(ada.token))}, ${'acme'}, ${'api'}, ${600}) a`)
+    await db.one(
+      sql.unsafe`select a.*, set_config('role', 'crm_api', true) from crm.authenticate(${sql.binary(hashToken(ada.token))}, ${'acme'}, ${'api'}, ${600}) a`,
+    )
     return (await db.one(sql.unsafe`
       select current_user as role, current_setting('crm.user_id') as user_id, current_setting('crm.workspace_id') as workspace_id,
              current_setting('crm.via') as via, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<string, unknown>
@@ -33,7 +35,10 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   const client = await ownerClient(t, url)
   await client.query('begin')
   await client.query("select set_config('role', 'crm_api', true)")
-  await client.query("select set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true), set_config('crm.context_proof', 'forged', true)", [ada.id, tenant.id])
+  await client.query(
+    "select set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true), set_config('crm.context_proof', 'forged', true)",
+    [ada.id, tenant.id],
+  )
   const { rows } = await client.query(`select crm.current_user_id() as user_id,
     (select count(*)::int from crm.memberships) as memberships, (select count(*)::int from crm.tokens) as tokens,
     (select count(*)::int from crm.roles) as roles, (select count(*)::int from crm.workspaces) as workspaces`)
@@ -50,7 +55,10 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
     `insert into crm.teams (workspace_id, name) values ('${tenant.id}', 'intruders')`,
   ]) {
     await client.query('savepoint probe')
-    const error = await client.query(statement).then(() => null, (caught) => caught)
+    const error = await client.query(statement).then(
+      () => null,
+      (caught) => caught,
+    )
     t.ok(error, `refused: ${statement.slice(0, 50)}`)
     await client.query('rollback to savepoint probe')
   }
@@ -60,32 +68,56 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
 t.test('crm.act_as shows a DBA exactly what the member sees', async (t) => {
   const client = await ownerClient(t, url)
   await client.query('begin')
-  const { rows: [said] } = await client.query("select crm.act_as('BOB@acme.test', 'acme') as said")
+  const {
+    rows: [said],
+  } = await client.query("select crm.act_as('BOB@acme.test', 'acme') as said")
   t.match(said.said, /acting as bob@acme\.test in acme/)
   const { rows } = await client.query(`select current_user as role, crm.current_user_id() as user_id, crm.is_admin() as admin,
     crm.grant_scope('deals', 'update') as deals_update, crm.grant_scope('deals', 'export') as deals_export,
     (select count(*)::int from crm.tokens) as own_tokens, (select count(*)::int from crm.memberships) as memberships`)
-  t.same(rows[0], { role: 'crm_api', user_id: tenant.members['bob@acme.test'].id, admin: false, deals_update: 'own', deals_export: null, own_tokens: 1, memberships: 2 })
+  t.same(rows[0], {
+    role: 'crm_api',
+    user_id: tenant.members['bob@acme.test'].id,
+    admin: false,
+    deals_update: 'own',
+    deals_export: null,
+    own_tokens: 1,
+    memberships: 2,
+  })
   await client.query('rollback')
-  const error = await client.query("select crm.act_as('nobody@acme.test', 'acme')").then(() => null, (caught) => caught)
+  const error = await client.query("select crm.act_as('nobody@acme.test', 'acme')").then(
+    () => null,
+    (caught) => caught,
+  )
   t.match(error?.message, /is not a member of workspace acme/)
 })
 
 t.test('crm.authenticate records the last use of a token at most once a minute, and the last workspace', async (t) => {
   const client = await ownerClient(t, url)
-  await client.query("update crm.tokens set last_used_at = null where user_id = $1", [ada.id])
+  await client.query('update crm.tokens set last_used_at = null where user_id = $1', [ada.id])
   await client.query('update crm.users set last_workspace_id = null where id = $1', [ada.id])
   const call = () => client.query("select a.failure from crm.authenticate($1, 'acme', 'api', 600) a", [hashToken(ada.token)])
   t.equal((await call()).rows[0].failure, null)
-  const first = (await client.query('select t.last_used_at, u.last_workspace_id from crm.tokens t join crm.users u on u.id = t.user_id where t.token_hash = $1', [hashToken(ada.token)])).rows[0]
+  const first = (
+    await client.query(
+      'select t.last_used_at, u.last_workspace_id from crm.tokens t join crm.users u on u.id = t.user_id where t.token_hash = $1',
+      [hashToken(ada.token)],
+    )
+  ).rows[0]
   t.ok(first.last_used_at, 'last use recorded')
   t.equal(first.last_workspace_id, tenant.id, 'last workspace recorded')
   await client.query("update crm.tokens set last_used_at = now() - interval '30 seconds' where token_hash = $1", [hashToken(ada.token)])
-  const before = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at
+  const before = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0]
+    .last_used_at
   await call()
-  t.same((await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at, before, 'not rewritten within the minute')
+  t.same(
+    (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at,
+    before,
+    'not rewritten within the minute',
+  )
   await client.query("update crm.tokens set last_used_at = now() - interval '2 minutes' where token_hash = $1", [hashToken(ada.token)])
   await call()
-  const after = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0].last_used_at
+  const after = (await client.query('select last_used_at from crm.tokens where token_hash = $1', [hashToken(ada.token)])).rows[0]
+    .last_used_at
   t.ok(after > before, 'rewritten after a minute')
 })

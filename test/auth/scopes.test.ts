@@ -28,19 +28,38 @@ type Resource = keyof typeof RESOURCES
 async function seed(): Promise<void> {
   for (const [resource, { column }] of Object.entries(RESOURCES)) {
     await client.query(`delete from crm.${resource}`)
-    for (const [owner, label] of [[ann, 'ann'], [ben, 'ben'], [cat, 'cat']]) {
-      await client.query(`insert into crm.${resource} (workspace_id, owner_id, ${column}) values ($1, $2, $3)`, [tenant.id, owner, `${label}'s`])
+    for (const [owner, label] of [
+      [ann, 'ann'],
+      [ben, 'ben'],
+      [cat, 'cat'],
+    ]) {
+      await client.query(`insert into crm.${resource} (workspace_id, owner_id, ${column}) values ($1, $2, $3)`, [
+        tenant.id,
+        owner,
+        `${label}'s`,
+      ])
     }
-    await client.query(`insert into crm.${resource} (workspace_id, owner_id, ${column}) values ($1, $2, 'foreign')`, [other.id, other.members['gus@globex.test'].id])
+    await client.query(`insert into crm.${resource} (workspace_id, owner_id, ${column}) values ($1, $2, 'foreign')`, [
+      other.id,
+      other.members['gus@globex.test'].id,
+    ])
   }
 }
 
 async function giveAnn(grants: string[]): Promise<void> {
   const name = `r_${Math.random().toString(36).slice(2, 10)}`
-  const { rows: [role] } = await client.query('insert into crm.roles (workspace_id, name) values ($1, $2) returning id', [tenant.id, name])
+  const {
+    rows: [role],
+  } = await client.query('insert into crm.roles (workspace_id, name) values ($1, $2) returning id', [tenant.id, name])
   for (const grant of grants) {
     const [resource, action, scope] = grant.split(':')
-    await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [tenant.id, role.id, resource, action, scope])
+    await client.query('insert into crm.role_grants (workspace_id, role_id, resource, action, scope) values ($1, $2, $3, $4, $5)', [
+      tenant.id,
+      role.id,
+      resource,
+      action,
+      scope,
+    ])
   }
   await client.query('update crm.memberships set role_id = $3 where workspace_id = $1 and user_id = $2', [tenant.id, ann, role.id])
 }
@@ -76,8 +95,16 @@ for (const resource of Object.keys(RESOURCES) as Resource[]) {
       t.equal(await asAnn(`update crm.${resource} set ${column} = ${column} || '!'`), want.update, 'update')
       t.equal(await asAnn(`delete from crm.${resource}`), want.delete, 'delete')
       t.equal(await asAnn(`insert into crm.${resource} (owner_id, ${column}) values ($1, 'new')`, [ann]), 1, 'create own')
-      t.equal(await asAnn(`insert into crm.${resource} (owner_id, ${column}) values ($1, 'new')`, [ben]), want.createForBen, 'create for a team mate')
-      t.equal(await asAnn(`insert into crm.${resource} (owner_id, ${column}) values ($1, 'new')`, [cat]), want.createForCat, 'create for someone outside the team')
+      t.equal(
+        await asAnn(`insert into crm.${resource} (owner_id, ${column}) values ($1, 'new')`, [ben]),
+        want.createForBen,
+        'create for a team mate',
+      )
+      t.equal(
+        await asAnn(`insert into crm.${resource} (owner_id, ${column}) values ($1, 'new')`, [cat]),
+        want.createForCat,
+        'create for someone outside the team',
+      )
       if (scope !== 'all') {
         t.equal(await asAnn(`update crm.${resource} set owner_id = $1`, [cat]), '42501', 'an owner change must stay within the scope')
       }
@@ -109,9 +136,11 @@ t.test('the views show the same rules', async (t) => {
     { resource: 'deals', action: 'update', scope: 'own' },
     { resource: 'deals', action: 'view', scope: 'team' },
   ])
-  const { rows: matrix } = await client.query("select count(*)::int as n from crm.permission_matrix where workspace = 'acme' and role = 'admin'")
+  const { rows: matrix } = await client.query(
+    "select count(*)::int as n from crm.permission_matrix where workspace = 'acme' and role = 'admin'",
+  )
   t.equal(matrix[0].n, 18, 'admin: 3 resources × 6 actions, all')
-  await client.query("update crm.memberships set suspended_at = now() where user_id = $1", [ann])
+  await client.query('update crm.memberships set suspended_at = now() where user_id = $1', [ann])
   const { rows: suspended } = await client.query("select count(*)::int as n from crm.member_access where email = 'ann@acme.test'")
   t.equal(suspended[0].n, 0, 'a suspended member has no access')
   t.equal(await asAnn('select count(*)::int as n from crm.deals'), 0, 'and sees nothing')

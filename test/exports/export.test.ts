@@ -4,8 +4,8 @@ import t from 'tap'
 import { pgQueryText } from '../../src/db/pool.ts'
 import { exportQuery } from '../../src/exports/export-query.ts'
 import { CONTACT } from '../../src/records/fields.ts'
-import { createTenant } from '../helpers/fixtures.ts'
 import { ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { importCsv } from '../imports/helpers.ts'
 
@@ -37,27 +37,54 @@ t.test('export streams what the caller may export, and re-importing it changes n
   // The exported file, uploaded again, suggests id (UUIDs) and updates nothing.
   const roundTrip = await importCsv(server, admin.token, 'contacts', csv.text, { mode: 'upsert', match_on: 'id' })
   t.equal(roundTrip.upload.suggested_mapping.id, 'id')
-  t.same(roundTrip.job.counts, { total: 3, created: 0, updated: 0, skipped: 3, failed: 0, companies_created: 0 }, JSON.stringify(roundTrip.job.errors))
-  const { rows: [events] } = await db.query(`select count(*)::int as n from crm.events where workspace_id = $1 and event = 'contact.updated'`, [tenant.id])
+  t.same(
+    roundTrip.job.counts,
+    { total: 3, created: 0, updated: 0, skipped: 3, failed: 0, companies_created: 0 },
+    JSON.stringify(roundTrip.job.errors),
+  )
+  const {
+    rows: [events],
+  } = await db.query(`select count(*)::int as n from crm.events where workspace_id = $1 and event = 'contact.updated'`, [tenant.id])
   t.equal(events.n, 0, 'no record changed')
 
   const ndjson = await server.request('POST', '/api/contacts/export', {
     token: admin.token,
-    body: { format: 'ndjson', fields: ['email', 'city'], filter: { email: { in: ['zoe@example.com', 'jose@example.com'] } }, sort: '-email' },
+    body: {
+      format: 'ndjson',
+      fields: ['email', 'city'],
+      filter: { email: { in: ['zoe@example.com', 'jose@example.com'] } },
+      sort: '-email',
+    },
   })
   t.equal(ndjson.status, 200)
   t.equal(ndjson.headers.get('content-type'), 'application/x-ndjson')
-  t.same(ndjson.text.trim().split('\n').map((line) => JSON.parse(line)), [
-    { email: 'zoe@example.com', city: 'Zürich' },
-    { email: 'jose@example.com', city: 'Line one\nline two' },
-  ])
-  const full = await server.request('POST', '/api/contacts/export', { token: admin.token, body: { format: 'ndjson', filter: { city: 'Oslo' } } })
-  t.same(Object.keys(JSON.parse(full.text)), CONTACT.fields.map((field) => field.name), 'the whole record, as the API shows it')
+  t.same(
+    ndjson.text
+      .trim()
+      .split('\n')
+      .map((line) => JSON.parse(line)),
+    [
+      { email: 'zoe@example.com', city: 'Zürich' },
+      { email: 'jose@example.com', city: 'Line one\nline two' },
+    ],
+  )
+  const full = await server.request('POST', '/api/contacts/export', {
+    token: admin.token,
+    body: { format: 'ndjson', filter: { city: 'Oslo' } },
+  })
+  t.same(
+    Object.keys(JSON.parse(full.text)),
+    CONTACT.fields.map((field) => field.name),
+    'the whole record, as the API shows it',
+  )
 
   const unknown = await server.request('POST', '/api/contacts/export', { token: admin.token, body: { fields: ['nope'] } })
   t.equal(unknown.status, 422)
   t.equal(unknown.body.errors[0].pointer, '/fields/0')
-  const badFilter = await server.request('POST', '/api/contacts/export', { token: admin.token, body: { filter: { created_at: { gte: 'yesterday' } } } })
+  const badFilter = await server.request('POST', '/api/contacts/export', {
+    token: admin.token,
+    body: { filter: { created_at: { gte: 'yesterday' } } },
+  })
   t.equal(badFilter.status, 422)
   t.equal(badFilter.headers.get('content-type'), 'application/problem+json')
   const extra = await server.request('POST', '/api/contacts/export', { token: admin.token, body: { format: 'xml' } })
@@ -69,7 +96,9 @@ t.test('export streams what the caller may export, and re-importing it changes n
   const { query } = exportQuery(CONTACT, {})
   await db.query('begin')
   await db.query(`select crm.act_as('bob@a.test', $1)`, [tenant.slug])
-  const { rows: [visible] } = await db.query('select count(*)::int as n from crm.contacts')
+  const {
+    rows: [visible],
+  } = await db.query('select count(*)::int as n from crm.contacts')
   const { rows: exported } = await db.query(pgQueryText(query.sql), query.values as unknown[])
   await db.query('rollback')
   t.equal(visible.n, 3, 'bob can view the contacts')
@@ -79,8 +108,13 @@ t.test('export streams what the caller may export, and re-importing it changes n
   await db.query(`insert into crm.roles (workspace_id, name) values ($1, 'exporter')`, [tenant.id])
   await db.query(
     `insert into crm.role_grants (workspace_id, role_id, resource, action, scope)
-     select $1, r.id, 'contacts', a, s from crm.roles r, (values ('view', 'all'), ('export', 'own'), ('create', 'own')) g(a, s) where r.workspace_id = $1 and r.name = 'exporter'`, [tenant.id])
-  await db.query(`update crm.memberships set role_id = (select id from crm.roles where workspace_id = $1 and name = 'exporter') where workspace_id = $1 and user_id = $2`, [tenant.id, bob.id])
+     select $1, r.id, 'contacts', a, s from crm.roles r, (values ('view', 'all'), ('export', 'own'), ('create', 'own')) g(a, s) where r.workspace_id = $1 and r.name = 'exporter'`,
+    [tenant.id],
+  )
+  await db.query(
+    `update crm.memberships set role_id = (select id from crm.roles where workspace_id = $1 and name = 'exporter') where workspace_id = $1 and user_id = $2`,
+    [tenant.id, bob.id],
+  )
   t.equal((await server.request('POST', '/api/contacts', { token: bob.token, body: { email: 'bobs@example.com' } })).status, 201)
   const own = await server.request('POST', '/api/contacts/export', { token: bob.token, body: { fields: ['email'] } })
   t.equal(own.text, 'email\r\nbobs@example.com\r\n', 'export:own gives only his own records')

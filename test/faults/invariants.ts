@@ -2,24 +2,37 @@
 // no lost committed write, no record written twice for one Idempotency-Key, every committed
 // change has its crm.events row, and (with a subscription) every event reached the receiver.
 import type { Test } from 'tap'
-import type { Receiver } from '../webhooks/receiver.ts'
 import { eventually, ownerQuery } from '../helpers/processes.ts'
+import type { Receiver } from '../webhooks/receiver.ts'
 import type { Load } from './load.ts'
 
 type Assert = Pick<Test, 'equal' | 'same' | 'ok'>
 
 export async function checkNoLostWrites(t: Assert, databaseUrl: string, workspaceId: string, load: Load): Promise<void> {
   const ids = [...load.confirmed.values()]
-  const [found] = await ownerQuery(databaseUrl, `select count(*)::int as n from crm.contacts where workspace_id = $1 and id = any($2::uuid[])`, [workspaceId, ids])
-  t.equal(found.n, ids.length, `every confirmed create is in the database (${ids.length} confirmed, ${load.retriedCreates} retries with the same key)`)
+  const [found] = await ownerQuery(
+    databaseUrl,
+    `select count(*)::int as n from crm.contacts where workspace_id = $1 and id = any($2::uuid[])`,
+    [workspaceId, ids],
+  )
+  t.equal(
+    found.n,
+    ids.length,
+    `every confirmed create is in the database (${ids.length} confirmed, ${load.retriedCreates} retries with the same key)`,
+  )
 
   // last_name is the Idempotency-Key: one row per key, and the confirmed id is that row.
-  const rows = await ownerQuery(databaseUrl, `select last_name, array_agg(id::text) as ids from crm.contacts where workspace_id = $1 and last_name like $2 group by last_name`, [
-    workspaceId,
-    `${load.options.tag}-%`,
-  ])
+  const rows = await ownerQuery(
+    databaseUrl,
+    `select last_name, array_agg(id::text) as ids from crm.contacts where workspace_id = $1 and last_name like $2 group by last_name`,
+    [workspaceId, `${load.options.tag}-%`],
+  )
   const twice = rows.filter((row) => row.ids.length > 1)
-  t.same(twice.map((row) => row.last_name), [], 'no Idempotency-Key wrote its record twice')
+  t.same(
+    twice.map((row) => row.last_name),
+    [],
+    'no Idempotency-Key wrote its record twice',
+  )
   const byKey = new Map(rows.map((row) => [row.last_name as string, row.ids[0] as string]))
   const mismatched = [...load.confirmed].filter(([key, id]) => byKey.get(key) !== id)
   t.same(mismatched, [], 'each key maps to the record the service confirmed')
@@ -64,7 +77,13 @@ export async function checkEvents(t: Assert, databaseUrl: string, workspaceId: s
 }
 
 /** Waits until every event of the workspace reached the receiver at least once; returns how many did. */
-export async function checkEveryEventDelivered(t: Assert, databaseUrl: string, workspaceId: string, receivers: Receiver[], timeoutMs = 90_000): Promise<number> {
+export async function checkEveryEventDelivered(
+  t: Assert,
+  databaseUrl: string,
+  workspaceId: string,
+  receivers: Receiver[],
+  timeoutMs = 90_000,
+): Promise<number> {
   const events = await ownerQuery(databaseUrl, `select id::text as id from crm.events where workspace_id = $1`, [workspaceId])
   const wanted = events.map((row) => row.id as string)
   const missing = () => {
@@ -89,10 +108,14 @@ export async function checkEveryEventDelivered(t: Assert, databaseUrl: string, w
     return row as { events: number; open: number }
   }
   let last = await state()
-  await eventually('every event has a delivery row and every delivery is delivered', async () => {
-    last = await state()
-    return last.events === wanted.length && last.open === 0
-  }, 60_000).catch(() => {})
+  await eventually(
+    'every event has a delivery row and every delivery is delivered',
+    async () => {
+      last = await state()
+      return last.events === wanted.length && last.open === 0
+    },
+    60_000,
+  ).catch(() => {})
   t.equal(last.events, wanted.length, 'every event has its delivery row')
   t.equal(last.open, 0, 'every delivery is marked delivered')
   return wanted.length - left.length

@@ -57,10 +57,17 @@ t.test('kill -9 the API and the worker under load, restart them: nothing lost, n
 
   const summary = load.summary()
   const connectionErrors = Object.values(load.summary().byKind).reduce(
-    (sum, kind) => sum + Object.entries(kind.statuses).filter(([label]) => label.startsWith('error:')).reduce((n, [, count]) => n + count, 0),
+    (sum, kind) =>
+      sum +
+      Object.entries(kind.statuses)
+        .filter(([label]) => label.startsWith('error:'))
+        .reduce((n, [, count]) => n + count, 0),
     0,
   )
-  t.ok(load.confirmed.size > beforeApiKill, `creates went on after the restarts (${beforeApiKill} before the first kill, ${load.confirmed.size} in all)`)
+  t.ok(
+    load.confirmed.size > beforeApiKill,
+    `creates went on after the restarts (${beforeApiKill} before the first kill, ${load.confirmed.size} in all)`,
+  )
   t.ok(connectionErrors > 0, `the kills hit requests in flight (${connectionErrors} connection errors seen by clients)`)
   t.same(load.unexpected, [], 'no 500 and no unexpected status')
   t.equal(load.hangs, 0, 'no request hung')
@@ -70,7 +77,15 @@ t.test('kill -9 the API and the worker under load, restart them: nothing lost, n
   await checkEvents(t, databaseUrl, tenant.id, load)
   const events = await checkEveryEventDelivered(t, databaseUrl, tenant.id, [receiver])
   const uniqueDeliveries = new Set(receiver.received.map((r) => r.headers['x-service-delivery-id'])).size
-  t.same(api.errorLines().concat(worker.errorLines()).filter((line) => !/heartbeat/.test(line)).slice(0, 5), [], 'no error logged by the restarted processes')
+  t.same(
+    api
+      .errorLines()
+      .concat(worker.errorLines())
+      .filter((line) => !/heartbeat/.test(line))
+      .slice(0, 5),
+    [],
+    'no error logged by the restarted processes',
+  )
   // stderr: tap passes it through to the terminal (stdout is the TAP stream).
   console.error(
     `# faults: ${faults.join('; ')}. ${summary.requests} requests in ${loadSeconds.toFixed(1)} s (${connectionErrors} connection errors during kills), ` +

@@ -66,7 +66,12 @@ export class Load {
     return urls[this.next++ % urls.length]
   }
 
-  async request(kind: string, method: string, path: string, init: { body?: unknown; raw?: Buffer; headers?: Record<string, string> } = {}): Promise<Outcome> {
+  async request(
+    kind: string,
+    method: string,
+    path: string,
+    init: { body?: unknown; raw?: Buffer; headers?: Record<string, string> } = {},
+  ): Promise<Outcome> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...init.headers }
     let body: string | Buffer | undefined = init.raw
     if (init.body !== undefined) {
@@ -76,7 +81,12 @@ export class Load {
     const started = performance.now()
     let outcome: Outcome
     try {
-      const response = await fetch(this.url() + path, { method, headers, body: body as BodyInit | undefined, signal: AbortSignal.timeout(this.options.requestTimeoutMs) })
+      const response = await fetch(this.url() + path, {
+        method,
+        headers,
+        body: body as BodyInit | undefined,
+        signal: AbortSignal.timeout(this.options.requestTimeoutMs),
+      })
       const text = await response.text()
       let parsed: any = null
       try {
@@ -113,7 +123,8 @@ export class Load {
       const outcome = await this.request('create', 'POST', '/api/contacts', { body, headers: { 'idempotency-key': key } })
       if (outcome.status === 201 || outcome.status === 200) {
         const previous = this.confirmed.get(key)
-        if (previous && previous !== outcome.body.data.id) this.unexpected.push(`key ${key} answered two ids: ${previous} and ${outcome.body.data.id}`)
+        if (previous && previous !== outcome.body.data.id)
+          this.unexpected.push(`key ${key} answered two ids: ${previous} and ${outcome.body.data.id}`)
         this.confirmed.set(key, outcome.body.data.id)
         return
       }
@@ -142,28 +153,38 @@ export class Load {
     const value = `t-${++this.counter}`
     const outcome = await this.request('update', 'PATCH', `/api/contacts/${id}`, { body: { job_title: value } })
     if (outcome.status === 200) this.updates.push({ id, value })
-    else if (outcome.error === null && outcome.status !== 503) this.unexpected.push(`update ${id} → ${outcome.status} ${JSON.stringify(outcome.body)?.slice(0, 300)}`)
+    else if (outcome.error === null && outcome.status !== 503)
+      this.unexpected.push(`update ${id} → ${outcome.status} ${JSON.stringify(outcome.body)?.slice(0, 300)}`)
   }
 
   async read(): Promise<void> {
     const id = this.pick()
-    const outcome = id && Math.random() < 0.5
-      ? await this.request('read', 'GET', `/api/contacts/${id}`)
-      : await this.request('read', 'GET', `/api/contacts?limit=20&sort=-created_at`)
-    if (outcome.error === null && outcome.status !== 200 && outcome.status !== 503) this.unexpected.push(`read → ${outcome.status} ${JSON.stringify(outcome.body)?.slice(0, 300)}`)
+    const outcome =
+      id && Math.random() < 0.5
+        ? await this.request('read', 'GET', `/api/contacts/${id}`)
+        : await this.request('read', 'GET', `/api/contacts?limit=20&sort=-created_at`)
+    if (outcome.error === null && outcome.status !== 200 && outcome.status !== 503)
+      this.unexpected.push(`read → ${outcome.status} ${JSON.stringify(outcome.body)?.slice(0, 300)}`)
   }
 
   /** Upload a CSV of new contacts and start its import (the worker lands it). */
   async importOnce(): Promise<void> {
     const n = ++this.counter
     const emails = Array.from({ length: this.options.importRows }, (_, i) => `imp-${this.options.tag}-${n}-${i}@example.com`)
-    const csv = ['First Name,Last Name,Email', ...emails.map((email, i) => `Imported,imp-${this.options.tag}-${n}-${i},${email}`)].join('\n') + '\n'
-    const uploaded = await this.request('import-upload', 'POST', '/api/contacts/import/upload', { raw: Buffer.from(csv), headers: { 'content-type': 'text/csv' } })
+    const csv =
+      ['First Name,Last Name,Email', ...emails.map((email, i) => `Imported,imp-${this.options.tag}-${n}-${i},${email}`)].join('\n') + '\n'
+    const uploaded = await this.request('import-upload', 'POST', '/api/contacts/import/upload', {
+      raw: Buffer.from(csv),
+      headers: { 'content-type': 'text/csv' },
+    })
     if (uploaded.status !== 201) {
-      if (uploaded.error === null) this.unexpected.push(`import upload → ${uploaded.status} ${JSON.stringify(uploaded.body)?.slice(0, 300)}`)
+      if (uploaded.error === null)
+        this.unexpected.push(`import upload → ${uploaded.status} ${JSON.stringify(uploaded.body)?.slice(0, 300)}`)
       return
     }
-    const started = await this.request('import-start', 'POST', `/api/contacts/import/${uploaded.body.data.id}`, { body: { mode: 'create' } })
+    const started = await this.request('import-start', 'POST', `/api/contacts/import/${uploaded.body.data.id}`, {
+      body: { mode: 'create' },
+    })
     if (started.status === 202) this.imports.push({ id: uploaded.body.data.id, emails })
     else if (started.error === null) this.unexpected.push(`import start → ${started.status} ${JSON.stringify(started.body)?.slice(0, 300)}`)
   }
@@ -198,14 +219,25 @@ export class Load {
   }
 
   /** Requests answered (any status) and latency percentiles over every answered request. */
-  summary(): { requests: number; answered: number; p50: number; p99: number; byKind: Record<string, { count: number; p50: number; p99: number; statuses: Record<string, number> }> } {
+  summary(): {
+    requests: number
+    answered: number
+    p50: number
+    p99: number
+    byKind: Record<string, { count: number; p50: number; p99: number; statuses: Record<string, number> }>
+  } {
     const all: number[] = []
     const byKind: Record<string, { count: number; p50: number; p99: number; statuses: Record<string, number> }> = {}
     let requests = 0
     for (const [kind, stats] of this.stats) {
       requests += stats.count
       all.push(...stats.latencies)
-      byKind[kind] = { count: stats.count, p50: percentile(stats.latencies, 50), p99: percentile(stats.latencies, 99), statuses: stats.statuses }
+      byKind[kind] = {
+        count: stats.count,
+        p50: percentile(stats.latencies, 50),
+        p99: percentile(stats.latencies, 99),
+        statuses: stats.statuses,
+      }
     }
     return { requests, answered: all.length, p50: percentile(all, 50), p99: percentile(all, 99), byKind }
   }

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
-import { startEmbeddedPostgres, type ProvisionedDatabase } from '../../src/db/provision.ts'
+import { type ProvisionedDatabase, startEmbeddedPostgres } from '../../src/db/provision.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { eventually, sleep, startCrm } from '../helpers/processes.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
@@ -64,7 +64,13 @@ t.test('restart PostgreSQL under load: 503 with Retry-After meanwhile, then reco
         signal: AbortSignal.timeout(20_000),
       })
       const body = (await response.json().catch(() => null)) as { code?: string } | null
-      probes.push({ what, status: response.status, code: body?.code, retryAfter: response.headers.get('retry-after'), ms: Date.now() - started })
+      probes.push({
+        what,
+        status: response.status,
+        code: body?.code,
+        retryAfter: response.headers.get('retry-after'),
+        ms: Date.now() - started,
+      })
     }
     await sleep(200)
   }
@@ -82,18 +88,31 @@ t.test('restart PostgreSQL under load: 503 with Retry-After meanwhile, then reco
 
   database = await startEmbeddedPostgres({ baseDir, database: 'crm', durability: 'none', port })
   const upAt = Date.now()
-  await eventually('the API answers 200 again', async () => {
-    const response = await fetch(`${api.url}/api/me`, { headers: { authorization: `Bearer ${token}` }, signal: AbortSignal.timeout(20_000) })
-    await response.arrayBuffer()
-    return response.status === 200
-  }, 30_000, 200)
+  await eventually(
+    'the API answers 200 again',
+    async () => {
+      const response = await fetch(`${api.url}/api/me`, {
+        headers: { authorization: `Bearer ${token}` },
+        signal: AbortSignal.timeout(20_000),
+      })
+      await response.arrayBuffer()
+      return response.status === 200
+    },
+    30_000,
+    200,
+  )
   const recoveredMs = Date.now() - upAt
   t.pass(`the API recovered by itself ${recoveredMs} ms after PostgreSQL came back`)
-  const readyAgain = await eventually('/readyz 200', async () => {
-    const response = await fetch(`${api.url}/readyz`)
-    await response.arrayBuffer()
-    return response.status === 200
-  }, 30_000, 200)
+  const readyAgain = await eventually(
+    '/readyz 200',
+    async () => {
+      const response = await fetch(`${api.url}/readyz`)
+      await response.arrayBuffer()
+      return response.status === 200
+    },
+    30_000,
+    200,
+  )
   t.ok(readyAgain, '/readyz says 200 again')
 
   const confirmedAtRestart = load.confirmed.size

@@ -55,7 +55,10 @@ async function scenario(t: Test, badUrl: () => Promise<string>, expect: 'timeout
   const fast = await startReceiver(t)
   const url = await badUrl()
   const bad = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'bad', url, events: ['contact.created'] } })
-  const good = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'good', url: fast.url, events: ['contact.created'] } })
+  const good = await server.request('POST', '/api/webhook-subscriptions', {
+    token,
+    body: { name: 'good', url: fast.url, events: ['contact.created'] },
+  })
   t.equal(bad.status, 201, 'bad endpoint subscribed')
   t.equal(good.status, 201, 'good endpoint subscribed')
   const db = await ownerClient(t, server.databaseUrl)
@@ -64,50 +67,83 @@ async function scenario(t: Test, badUrl: () => Promise<string>, expect: 'timeout
   for (let i = 0; i < EVENTS; i++) await server.request('POST', '/api/contacts', { token, body: { first_name: `Slow ${i}` } })
   await fast.waitFor((all) => new Set(all.map((r) => r.body.id)).size === EVENTS, 60_000)
   const fastDoneMs = Date.now() - started
-  const { rows: [atFastDone] } = await db.query(`select count(*)::int as n from crm.webhook_attempts a join crm.webhook_deliveries d on d.workspace_id = a.workspace_id and d.id = a.delivery_id where d.subscription_id = $1`, [bad.body.data.id])
+  const {
+    rows: [atFastDone],
+  } = await db.query(
+    `select count(*)::int as n from crm.webhook_attempts a join crm.webhook_deliveries d on d.workspace_id = a.workspace_id and d.id = a.delivery_id where d.subscription_id = $1`,
+    [bad.body.data.id],
+  )
   if (expect === 'timeout') {
     // The bad endpoint can finish at most 10 (per-subscription cap) attempts per deadline.
-    t.ok(atFastDone.n < EVENTS, `all ${EVENTS} deliveries of the other subscription arrived (${fastDoneMs} ms) while the bad endpoint had finished only ${atFastDone.n} of its ${EVENTS} first attempts`)
+    t.ok(
+      atFastDone.n < EVENTS,
+      `all ${EVENTS} deliveries of the other subscription arrived (${fastDoneMs} ms) while the bad endpoint had finished only ${atFastDone.n} of its ${EVENTS} first attempts`,
+    )
   } else {
-    t.pass(`all ${EVENTS} deliveries of the other subscription arrived in ${fastDoneMs} ms (the slow endpoint had finished ${atFastDone.n})`)
+    t.pass(
+      `all ${EVENTS} deliveries of the other subscription arrived in ${fastDoneMs} ms (the slow endpoint had finished ${atFastDone.n})`,
+    )
   }
 
-  const attempts = await waitUntil(async () => {
-    const { rows } = await db.query(
-      `select a.error, a.duration_ms, a.response_status from crm.webhook_attempts a join crm.webhook_deliveries d on d.workspace_id = a.workspace_id and d.id = a.delivery_id where d.subscription_id = $1`,
-      [bad.body.data.id],
-    )
-    return rows.length >= EVENTS ? rows : null
-  }, 60_000, `${EVENTS} attempts of the bad endpoint`)
+  const attempts = await waitUntil(
+    async () => {
+      const { rows } = await db.query(
+        `select a.error, a.duration_ms, a.response_status from crm.webhook_attempts a join crm.webhook_deliveries d on d.workspace_id = a.workspace_id and d.id = a.delivery_id where d.subscription_id = $1`,
+        [bad.body.data.id],
+      )
+      return rows.length >= EVENTS ? rows : null
+    },
+    60_000,
+    `${EVENTS} attempts of the bad endpoint`,
+  )
   const longest = Math.max(...attempts.map((a) => a.duration_ms))
   if (expect === 'timeout') {
     t.same([...new Set(attempts.map((a) => a.error))], ['timeout'], 'every attempt ended as a timeout')
-    t.ok(attempts.every((a) => a.duration_ms >= TIMEOUT_MS - 50), 'no attempt gave up before the deadline')
+    t.ok(
+      attempts.every((a) => a.duration_ms >= TIMEOUT_MS - 50),
+      'no attempt gave up before the deadline',
+    )
     t.ok(longest < TIMEOUT_MS + 10_000, `the deadline held: the longest attempt took ${longest} ms (deadline ${TIMEOUT_MS} ms)`)
-    const { rows: [states] } = await db.query(`select count(*) filter (where status = 'retrying')::int as retrying from crm.webhook_deliveries where subscription_id = $1`, [bad.body.data.id])
+    const {
+      rows: [states],
+    } = await db.query(
+      `select count(*) filter (where status = 'retrying')::int as retrying from crm.webhook_deliveries where subscription_id = $1`,
+      [bad.body.data.id],
+    )
     t.equal(states.retrying, EVENTS, 'each failed delivery is scheduled for its retry')
   } else {
     t.same([...new Set(attempts.map((a) => a.error))], [null], 'every slow answer within the deadline counts as delivered')
-    t.ok(attempts.every((a) => a.response_status === 200), 'each answered 200')
+    t.ok(
+      attempts.every((a) => a.response_status === 200),
+      'each answered 200',
+    )
   }
   return { fastDoneMs, longest }
 }
 
 t.test('a receiver that never answers: attempts time out, the other subscription is not held up', async (t) => {
   const { fastDoneMs, longest } = await scenario(t, async () => (await startBadEndpoint(t, 'hang')).url, 'timeout')
-  console.error(`# hanging receiver: other subscription done in ${fastDoneMs} ms; longest timed-out attempt ${longest} ms (deadline ${TIMEOUT_MS})`)
+  console.error(
+    `# hanging receiver: other subscription done in ${fastDoneMs} ms; longest timed-out attempt ${longest} ms (deadline ${TIMEOUT_MS})`,
+  )
 })
 
 t.test('a receiver that sends headers then trickles its body forever: the whole-answer deadline holds', async (t) => {
   const { fastDoneMs, longest } = await scenario(t, async () => (await startBadEndpoint(t, 'trickle')).url, 'timeout')
-  console.error(`# trickling receiver: other subscription done in ${fastDoneMs} ms; longest timed-out attempt ${longest} ms (deadline ${TIMEOUT_MS})`)
+  console.error(
+    `# trickling receiver: other subscription done in ${fastDoneMs} ms; longest timed-out attempt ${longest} ms (deadline ${TIMEOUT_MS})`,
+  )
 })
 
 t.test('a receiver that answers slowly within the deadline: delivered, the other subscription unaffected', async (t) => {
-  const { fastDoneMs, longest } = await scenario(t, async () => {
-    const slow = await startReceiver(t)
-    slow.answer = () => ({ status: 200, delayMs: 1000 })
-    return slow.url
-  }, 'delivered')
+  const { fastDoneMs, longest } = await scenario(
+    t,
+    async () => {
+      const slow = await startReceiver(t)
+      slow.answer = () => ({ status: 200, delayMs: 1000 })
+      return slow.url
+    },
+    'delivered',
+  )
   console.error(`# slow receiver (1 s): other subscription done in ${fastDoneMs} ms; longest attempt ${longest} ms`)
 })

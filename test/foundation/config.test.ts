@@ -57,12 +57,21 @@ t.test('each bad value yields one line naming its variable', async (t) => {
 t.test('production requires APP_SECRET', async (t) => {
   const error = t.throws(() => loadConfig({ NODE_ENV: 'production' }, { dataDir: dataDir() })) as unknown as ConfigError
   t.match(error.problems, [/^APP_SECRET: required when NODE_ENV=production/])
-  t.equal(loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40), PUBLIC_BASE_URL: 'https://crm.example.com' }, { dataDir: dataDir() }).production, true)
+  t.equal(
+    loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40), PUBLIC_BASE_URL: 'https://crm.example.com' }, { dataDir: dataDir() })
+      .production,
+    true,
+  )
 })
 
 t.test('test knobs', async (t) => {
   const config = loadConfig(
-    { WEBHOOK_RETRY_SCHEDULE: '10ms,20ms,1s,1m,1h,1d', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8,::1/128', DATABASE_URL: 'postgres://a@b/c' },
+    {
+      WEBHOOK_RETRY_SCHEDULE: '10ms,20ms,1s,1m,1h,1d',
+      WEBHOOK_ALLOW_HTTP: 'true',
+      WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8,::1/128',
+      DATABASE_URL: 'postgres://a@b/c',
+    },
     { dataDir: dataDir() },
   )
   t.same(config.webhook.retryScheduleMs, [10, 20, 1000, 60_000, 3_600_000, 86_400_000])

@@ -1,7 +1,8 @@
 // The one table from SQLSTATE to API problem, checked against errors PostgreSQL really raises.
-import t from 'tap'
+
 import pg from 'pg'
-import { classifyDatabaseError, composeConstraintFields, CONSTRAINT_FIELDS } from '../../src/db/database-errors.ts'
+import t from 'tap'
+import { CONSTRAINT_FIELDS, classifyDatabaseError, composeConstraintFields } from '../../src/db/database-errors.ts'
 import { ApiError, toApiError as answerOf } from '../../src/http/problem.ts'
 import { MEMBER_CONSTRAINT_FIELDS } from '../../src/members/constraints.ts'
 import { RECORD_CONSTRAINT_FIELDS } from '../../src/records/constraints.ts'
@@ -22,7 +23,10 @@ function toApiError(error: unknown): ApiError {
 }
 
 async function errorOf(statement: string): Promise<unknown> {
-  return client.query(statement).then(() => null, (error) => error)
+  return client.query(statement).then(
+    () => null,
+    (error) => error,
+  )
 }
 
 const cases: [string, string, number, string][] = [
@@ -32,14 +36,19 @@ const cases: [string, string, number, string][] = [
   ['foreign key', `insert into crm.error_probe (id, ref) values (4, 999)`, 422, 'validation_failed'],
   ['bad uuid text', `select 'nope'::uuid`, 422, 'validation_failed'],
   ['insufficient privilege', `select 1 from crm.internal_secrets`, 403, 'forbidden'],
-  ['our own CR code', `do $$ begin raise exception 'no seat left' using errcode = 'CR422', hint = 'seat_limit_reached'; end $$`, 422, 'seat_limit_reached'],
+  [
+    'our own CR code',
+    `do $$ begin raise exception 'no seat left' using errcode = 'CR422', hint = 'seat_limit_reached'; end $$`,
+    422,
+    'seat_limit_reached',
+  ],
   ['statement timeout', `set statement_timeout = 1; select pg_sleep(1)`, 503, 'unavailable'],
   ['a bug', `select * from no_such_table`, 500, 'internal_error'],
 ]
 
 for (const [name, statement, status, code] of cases) {
   t.test(name, async (t) => {
-    if (name === 'insufficient privilege') await client.query("set role crm_api")
+    if (name === 'insufficient privilege') await client.query('set role crm_api')
     const error = await errorOf(statement)
     if (name === 'insufficient privilege') await client.query('reset role')
     if (name === 'statement timeout') await client.query('reset statement_timeout')
@@ -59,14 +68,17 @@ t.test('field pointers come from constraint names', async (t) => {
 
 t.test('connection failures are 503', async (t) => {
   const refused = new pg.Client({ connectionString: 'postgres://x@127.0.0.1:1/none', connectionTimeoutMillis: 500 })
-  const error = await refused.connect().then(() => null, (caught) => caught)
+  const error = await refused.connect().then(
+    () => null,
+    (caught) => caught,
+  )
   t.equal(toApiError(error).status, 503)
 })
 
-t.test('the constraint map is every area\'s list, and cannot be changed', async (t) => {
+t.test("the constraint map is every area's list, and cannot be changed", async (t) => {
   t.equal(CONSTRAINT_FIELDS.size, Object.keys(RECORD_CONSTRAINT_FIELDS).length + Object.keys(MEMBER_CONSTRAINT_FIELDS).length)
   t.equal(CONSTRAINT_FIELDS.get('contacts_email_unique'), '/email')
   t.equal(CONSTRAINT_FIELDS.get('teams_name_key'), '/name')
-  t.throws(() => (RECORD_CONSTRAINT_FIELDS as Record<string, string>).contacts_email_unique = '/other')
+  t.throws(() => ((RECORD_CONSTRAINT_FIELDS as Record<string, string>).contacts_email_unique = '/other'))
   t.throws(() => composeConstraintFields({ a_key: '/a' }, { a_key: '/b' }), /a_key/)
 })

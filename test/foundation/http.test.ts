@@ -1,7 +1,7 @@
 // The HTTP skeleton: problem+json for every failure, body limits, request ids, health.
 import t from 'tap'
-import { startTestServer } from '../helpers/server.ts'
 import { createTenant } from '../helpers/fixtures.ts'
+import { startTestServer } from '../helpers/server.ts'
 
 const server = await startTestServer(t)
 const { members } = await createTenant(server.databaseUrl, { members: { 'ada@acme.test': 'admin' } })
@@ -26,7 +26,10 @@ t.test('bodies: invalid JSON, wrong type, too large, not an object', async (t) =
   const json = { 'content-type': 'application/json' }
   t.equal((await server.request('POST', '/api/token', { raw: '{', headers: json })).body.code, 'invalid_json')
   t.equal((await server.request('POST', '/api/token', { raw: '[1,2]', headers: json })).body.code, 'invalid_json')
-  t.equal((await server.request('POST', '/api/token', { raw: Buffer.from([0x7b, 0xff, 0xfe, 0x7d]), headers: json })).body.code, 'invalid_json')
+  t.equal(
+    (await server.request('POST', '/api/token', { raw: Buffer.from([0x7b, 0xff, 0xfe, 0x7d]), headers: json })).body.code,
+    'invalid_json',
+  )
   const large = await server.request('POST', '/api/token', { raw: JSON.stringify({ email: 'x'.repeat(1024 * 1024 + 10) }), headers: json })
   t.equal(large.status, 413)
   t.equal(large.body.code, 'payload_too_large')

@@ -1,9 +1,9 @@
-import { cpSync, mkdtempSync, writeFileSync, appendFileSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
+import { appendFileSync, cpSync, mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
-import { migrate, MigrationError, readMigrationFiles, SQL_DIR } from '../../src/db/migrate.ts'
+import { MigrationError, migrate, readMigrationFiles, SQL_DIR } from '../../src/db/migrate.ts'
 import { adminQuery, databaseUrl, ownerClient } from '../helpers/database.ts'
 
 async function emptyDatabase(t: { teardown: (fn: () => unknown) => void }): Promise<string> {
@@ -26,9 +26,17 @@ t.test('two migrators at once both succeed and the schema is applied once', asyn
   t.equal(a.applied.length + b.applied.length, files.length, 'every file applied exactly once between them')
   const client = await ownerClient(t, url)
   const { rows } = await client.query('select number, checksum from crm.schema_migrations order by number')
-  t.same(rows.map((row) => row.number), files.map((file) => file.number))
-  t.same(rows.map((row) => row.checksum), files.map((file) => file.checksum))
-  const { rows: worker } = await client.query("select count(*)::int as n from information_schema.schemata where schema_name = 'graphile_worker'")
+  t.same(
+    rows.map((row) => row.number),
+    files.map((file) => file.number),
+  )
+  t.same(
+    rows.map((row) => row.checksum),
+    files.map((file) => file.checksum),
+  )
+  const { rows: worker } = await client.query(
+    "select count(*)::int as n from information_schema.schemata where schema_name = 'graphile_worker'",
+  )
   t.equal(worker[0].n, 1, 'graphile-worker schema installed by the same command')
   const again = await migrate(url)
   t.same(again.applied, [], 'running it again is a no-op')
@@ -69,7 +77,10 @@ t.test('a database migrated by the pre-release files is told to be recreated, no
       (1, '000001_foundation.sql', 'a pre-release checksum'), (15, '000015_webhook_plans_without_statistics.sql', 'another')`)
   const error = await migrate(url).catch((caught) => caught)
   t.type(error, MigrationError)
-  t.match(error.message, /migrated by the pre-release migration files \(it records 000015_webhook_plans_without_statistics\.sql\), which were folded into a new baseline; recreate it \(`make clean` removes/)
+  t.match(
+    error.message,
+    /migrated by the pre-release migration files \(it records 000015_webhook_plans_without_statistics\.sql\), which were folded into a new baseline; recreate it \(`make clean` removes/,
+  )
   t.notMatch(error.message, /changed after it was applied/)
   const { rows } = await client.query('select count(*)::int as n from crm.schema_migrations')
   t.equal(rows[0].n, 2, 'nothing was applied')

@@ -27,7 +27,9 @@ t.test('sql/schema.sql is the dump of a freshly migrated database', async (t) =>
     t.pass('sql/schema.sql matches the migrations')
     return
   }
-  t.fail(`sql/schema.sql differs from what the migrations make: run \`make schema\` and commit the result\n${firstDifference(committed, fresh)}`)
+  t.fail(
+    `sql/schema.sql differs from what the migrations make: run \`make schema\` and commit the result\n${firstDifference(committed, fresh)}`,
+  )
 })
 
 t.test('the dump is the same when taken twice', async (t) => {
@@ -43,6 +45,9 @@ t.test('the dump shows a table with its policies and a function with its grants'
   const policy = dump.indexOf('create policy deals_select_scoped on crm.deals as permissive for select to crm_api', deals)
   const nextTable = dump.indexOf('\ncreate table ', deals + 1)
   t.ok(policy > deals && policy < nextTable, 'its policies follow it, before the next table')
-  t.match(dump, /CREATE OR REPLACE FUNCTION crm\.authenticate\(p_token_hash bytea[^]*?SECURITY DEFINER[^]*?\ngrant execute on function crm\.authenticate\(/)
+  t.match(
+    dump,
+    /CREATE OR REPLACE FUNCTION crm\.authenticate\(p_token_hash bytea[\s\S]*?SECURITY DEFINER[\s\S]*?\ngrant execute on function crm\.authenticate\(/,
+  )
   t.notMatch(dump, /OWNER TO/i, 'no ownership')
 })

@@ -25,10 +25,14 @@ t.test('a request in flight when SIGTERM arrives still gets its answer', async (
   // Send the headers now and the body after SIGTERM: the request is in flight during shutdown.
   const body = JSON.stringify({ email: 'nobody@example.com', password: 'not the password', device_name: 'x' })
   const answer = new Promise<number>((resolve, reject) => {
-    const req = request(`${listening}/api/token`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-      res.resume()
-      res.on('end', () => resolve(res.statusCode ?? 0))
-    })
+    const req = request(
+      `${listening}/api/token`,
+      { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        res.resume()
+        res.on('end', () => resolve(res.statusCode ?? 0))
+      },
+    )
     req.on('error', reject)
     req.write(body.slice(0, 10))
     setTimeout(() => {
@@ -40,6 +44,9 @@ t.test('a request in flight when SIGTERM arrives still gets its answer', async (
   t.equal(await exited, 0, 'exit code 0')
   t.match(output, /SIGTERM: finishing in-flight work and stopping/)
   t.match(output, /stopped cleanly/)
-  const refused = await fetch(`${listening}/healthz`).then(() => 'answered', () => 'refused')
+  const refused = await fetch(`${listening}/healthz`).then(
+    () => 'answered',
+    () => 'refused',
+  )
   t.equal(refused, 'refused', 'no longer accepting')
 })

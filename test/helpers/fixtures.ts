@@ -28,11 +28,20 @@ export async function withOwner<T>(url: string, fn: (client: pg.Client) => Promi
  */
 export async function createTenant(
   url: string,
-  options: { slug?: string; plan?: 'free' | 'pro'; trialDays?: number; seats?: number | null; members: Record<string, string>; teams?: Record<string, string[]> },
+  options: {
+    slug?: string
+    plan?: 'free' | 'pro'
+    trialDays?: number
+    seats?: number | null
+    members: Record<string, string>
+    teams?: Record<string, string[]>
+  },
 ): Promise<Tenant> {
   return withOwner(url, async (client) => {
     const slug = options.slug ?? `ws-${Math.random().toString(36).slice(2, 10)}`
-    const { rows: [workspace] } = await client.query(
+    const {
+      rows: [workspace],
+    } = await client.query(
       `insert into crm.workspaces (slug, name, plan, trial_ends_at, seat_limit) values ($1, $2, $3, now() + make_interval(days => $4), $5) returning id`,
       [slug, slug, options.plan ?? 'free', options.trialDays ?? 14, options.seats ?? null],
     )
@@ -42,9 +51,15 @@ export async function createTenant(
       members[email] = member
     }
     for (const [team, emails] of Object.entries(options.teams ?? {})) {
-      const { rows: [row] } = await client.query('insert into crm.teams (workspace_id, name) values ($1, $2) returning id', [workspace.id, team])
+      const {
+        rows: [row],
+      } = await client.query('insert into crm.teams (workspace_id, name) values ($1, $2) returning id', [workspace.id, team])
       for (const email of emails) {
-        await client.query('insert into crm.team_members (workspace_id, team_id, user_id) values ($1, $2, $3)', [workspace.id, row.id, members[email].id])
+        await client.query('insert into crm.team_members (workspace_id, team_id, user_id) values ($1, $2, $3)', [
+          workspace.id,
+          row.id,
+          members[email].id,
+        ])
       }
     }
     return { id: workspace.id, slug, members }
@@ -52,7 +67,9 @@ export async function createTenant(
 }
 
 export async function addMember(client: pg.Client, workspaceId: string, email: string, role: string): Promise<Member> {
-  const { rows: [user] } = await client.query(
+  const {
+    rows: [user],
+  } = await client.query(
     `insert into crm.users (email, name) values (lower($1), $1) on conflict (email) do update set name = excluded.name returning id`,
     [email],
   )
@@ -65,14 +82,16 @@ export async function addMember(client: pg.Client, workspaceId: string, email: s
   return { id: user.id, email: email.toLowerCase(), token, role }
 }
 
-export async function mintToken(client: pg.Client, userId: string, options: { kind?: 'token' | 'session'; ttl?: string } = {}): Promise<string> {
+export async function mintToken(
+  client: pg.Client,
+  userId: string,
+  options: { kind?: 'token' | 'session'; ttl?: string } = {},
+): Promise<string> {
   const token = newToken()
-  await client.query(`insert into crm.tokens (user_id, kind, name, token_hash, expires_at) values ($1, $2, 'test', $3, now() + $4::interval)`, [
-    userId,
-    options.kind ?? 'token',
-    hashToken(token),
-    options.ttl ?? '1 day',
-  ])
+  await client.query(
+    `insert into crm.tokens (user_id, kind, name, token_hash, expires_at) values ($1, $2, 'test', $3, now() + $4::interval)`,
+    [userId, options.kind ?? 'token', hashToken(token), options.ttl ?? '1 day'],
+  )
   return token
 }
 

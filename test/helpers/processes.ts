@@ -1,7 +1,7 @@
 // Real `crm serve --no-worker` and `crm worker` child processes for the reliability tests: start
 // one, wait until it is ready, kill it with SIGKILL, start it again on the same port. Every line a
 // child prints goes to CRM_TEST_LOG_DIR too, so test/run.ts scans it for secrets like the others.
-import { spawn, type ChildProcess } from 'node:child_process'
+import { type ChildProcess, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { appendFileSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -58,7 +58,9 @@ export async function startCrm(
     PORT: String(port),
     HOST: '127.0.0.1',
   }
-  const logFile = process.env.CRM_TEST_LOG_DIR ? join(process.env.CRM_TEST_LOG_DIR, `${process.pid}-${kind}-${randomBytes(4).toString('hex')}.log`) : null
+  const logFile = process.env.CRM_TEST_LOG_DIR
+    ? join(process.env.CRM_TEST_LOG_DIR, `${process.pid}-${kind}-${randomBytes(4).toString('hex')}.log`)
+    : null
   const lines: string[] = []
   const errors: string[] = []
   let child: ChildProcess | null = null
@@ -98,10 +100,13 @@ export async function startCrm(
     const deadline = Date.now() + (options.readyTimeoutMs ?? 30_000)
     for (;;) {
       if (spawned.exitCode !== null || spawned.signalCode !== null) {
-        throw new Error(`crm ${args.join(' ')} exited (${spawned.exitCode ?? spawned.signalCode}) before it was ready:\n${lines.slice(-20).join('\n')}`)
+        throw new Error(
+          `crm ${args.join(' ')} exited (${spawned.exitCode ?? spawned.signalCode}) before it was ready:\n${lines.slice(-20).join('\n')}`,
+        )
       }
       if (kind === 'worker' ? readyLines > readyBefore : await healthy(url)) return
-      if (Date.now() > deadline) throw new Error(`crm ${args.join(' ')} not ready within ${options.readyTimeoutMs ?? 30_000} ms:\n${lines.slice(-20).join('\n')}`)
+      if (Date.now() > deadline)
+        throw new Error(`crm ${args.join(' ')} not ready within ${options.readyTimeoutMs ?? 30_000} ms:\n${lines.slice(-20).join('\n')}`)
       await sleep(50)
     }
   }
@@ -158,7 +163,12 @@ async function healthy(url: string): Promise<boolean> {
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
 /** Polls `fn` until it returns something truthy; throws after `timeoutMs` naming `what`. */
-export async function eventually<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 30_000, everyMs = 100): Promise<T> {
+export async function eventually<T>(
+  what: string,
+  fn: () => Promise<T | null | undefined | false>,
+  timeoutMs = 30_000,
+  everyMs = 100,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs
   for (;;) {
     const value = await fn().catch(() => null)

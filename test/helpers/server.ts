@@ -2,9 +2,9 @@
 import { randomBytes } from 'node:crypto'
 import { appendFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { loadConfig, type Config } from '../../src/config.ts'
+import { type Config, loadConfig } from '../../src/config.ts'
 import { createLogger } from '../../src/log.ts'
-import { startService, type RunningService } from '../../src/service.ts'
+import { type RunningService, startService } from '../../src/service.ts'
 import { createTestDatabase } from './database.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
@@ -16,18 +16,34 @@ export type TestServer = RunningService & {
   logLines: string[]
   /** Every SQL text the API's pool ran, when started with countQueries. */
   queries: string[]
-  request: (method: string, path: string, options?: { body?: unknown; token?: string; headers?: Record<string, string>; raw?: string | Buffer }) => Promise<TestResponse>
+  request: (
+    method: string,
+    path: string,
+    options?: { body?: unknown; token?: string; headers?: Record<string, string>; raw?: string | Buffer },
+  ) => Promise<TestResponse>
 }
 
 export const TEST_APP_SECRET = 'test-app-secret-that-is-long-enough-0123456789'
 
-export async function startTestServer(t: Teardown, options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string; countQueries?: boolean } = {}): Promise<TestServer> {
+export async function startTestServer(
+  t: Teardown,
+  options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string; countQueries?: boolean } = {},
+): Promise<TestServer> {
   const url = options.databaseUrl ?? (await createTestDatabase(t))
   // Tests sign in far more often than a person would: the per-address limit has its own test.
-  const config = loadConfig({ PORT: '0', APP_SECRET: TEST_APP_SECRET, LOG_LEVEL: 'info', DATABASE_URL: url, UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: '1000000', ...options.env })
+  const config = loadConfig({
+    PORT: '0',
+    APP_SECRET: TEST_APP_SECRET,
+    LOG_LEVEL: 'info',
+    DATABASE_URL: url,
+    UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: '1000000',
+    ...options.env,
+  })
   const logLines: string[] = []
   // test/run.ts scans every server's log after the run for secrets (tokens, passwords, webhook secrets).
-  const logFile = process.env.CRM_TEST_LOG_DIR ? join(process.env.CRM_TEST_LOG_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.log`) : null
+  const logFile = process.env.CRM_TEST_LOG_DIR
+    ? join(process.env.CRM_TEST_LOG_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.log`)
+    : null
   const logger = createLogger(config.logLevel, (line) => {
     logLines.push(line)
     if (logFile) appendFileSync(logFile, line + '\n')

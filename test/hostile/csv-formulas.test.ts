@@ -2,8 +2,8 @@
 // =, +, -, @, a tab or a carriage return gets a leading ', in exports and in an import's
 // errors.csv; numbers, dates and NDJSON are written as stored.
 import t from 'tap'
-import { createTenant } from '../helpers/fixtures.ts'
 import { ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { importCsv } from '../imports/helpers.ts'
 
@@ -17,7 +17,10 @@ const token = tenant.members['admin@formula.test'].token
 
 t.test('exports guard formula text cells and keep numbers, dates and NDJSON as stored', async (t) => {
   for (const [index, name] of FORMULAS.entries()) {
-    const created = await server.request('POST', '/api/deals', { token, body: { name, amount: '5.00', close_date: '2026-12-31', custom_fields: { note: name } } })
+    const created = await server.request('POST', '/api/deals', {
+      token,
+      body: { name, amount: '5.00', close_date: '2026-12-31', custom_fields: { note: name } },
+    })
     t.equal(created.status, 201, created.text)
     if (index === 0) {
       // No API value makes a number negative; the throwaway database drops the rule to show a
@@ -27,15 +30,35 @@ t.test('exports guard formula text cells and keep numbers, dates and NDJSON as s
       await db.query('update crm.deals set amount = -5 where id = $1', [created.body.data.id])
     }
   }
-  const csv = await server.request('POST', '/api/deals/export', { token, body: { fields: ['name', 'amount', 'close_date'], sort: 'created_at' } })
+  const csv = await server.request('POST', '/api/deals/export', {
+    token,
+    body: { fields: ['name', 'amount', 'close_date'], sort: 'created_at' },
+  })
   t.equal(csv.status, 200)
   const rows = csv.text.split('\r\n').slice(1, -1)
-  t.same(rows, GUARDED.map((cell, index) => `${cell},${index === 0 ? '-5.00' : '5.00'},2026-12-31`), 'text cells guarded, numbers and dates as stored')
+  t.same(
+    rows,
+    GUARDED.map((cell, index) => `${cell},${index === 0 ? '-5.00' : '5.00'},2026-12-31`),
+    'text cells guarded, numbers and dates as stored',
+  )
 
-  const ndjson = await server.request('POST', '/api/deals/export', { token, body: { format: 'ndjson', fields: ['name', 'custom_fields'], sort: 'created_at' } })
-  const records = ndjson.text.trim().split('\n').map((line) => JSON.parse(line))
-  t.same(records.map((record) => record.name), FORMULAS, 'NDJSON as stored')
-  t.same(records.map((record) => record.custom_fields.note), FORMULAS)
+  const ndjson = await server.request('POST', '/api/deals/export', {
+    token,
+    body: { format: 'ndjson', fields: ['name', 'custom_fields'], sort: 'created_at' },
+  })
+  const records = ndjson.text
+    .trim()
+    .split('\n')
+    .map((line) => JSON.parse(line))
+  t.same(
+    records.map((record) => record.name),
+    FORMULAS,
+    'NDJSON as stored',
+  )
+  t.same(
+    records.map((record) => record.custom_fields.note),
+    FORMULAS,
+  )
 })
 
 t.test("an import's errors.csv guards the file's cells and its header", async (t) => {
@@ -48,6 +71,9 @@ t.test("an import's errors.csv guards the file's cells and its header", async (t
   const lines = errors.text.split('\r\n')
   t.equal(lines[0], "'=Header,Email,row,error", 'the header is guarded too')
   for (const [index, cell] of GUARDED.entries()) {
-    t.ok(lines.some((line) => line.startsWith(`${cell},not-an-email,${index + 1},`)), `row ${index + 1} starts with ${JSON.stringify(cell)}`)
+    t.ok(
+      lines.some((line) => line.startsWith(`${cell},not-an-email,${index + 1},`)),
+      `row ${index + 1} starts with ${JSON.stringify(cell)}`,
+    )
   }
 })

@@ -45,7 +45,8 @@ type StringField = { pointer: string; schema: JsonSchema; wrap: (value: string) 
 /** Every string a body schema accepts, with a function that puts a value at its place in a body. */
 function stringFields(schema: JsonSchema, pointer = '', wrap: (value: unknown) => unknown = (value) => value): StringField[] {
   const found: StringField[] = []
-  if (schema.type === 'string' && schema.const === undefined && schema.enum === undefined) found.push({ pointer: pointer || '/', schema, wrap: wrap as (value: string) => unknown })
+  if (schema.type === 'string' && schema.const === undefined && schema.enum === undefined)
+    found.push({ pointer: pointer || '/', schema, wrap: wrap as (value: string) => unknown })
   for (const variant of schema.anyOf ?? []) found.push(...stringFields(variant, pointer, wrap))
   for (const [name, property] of Object.entries<JsonSchema>(schema.properties ?? {})) {
     found.push(...stringFields(property, `${pointer}/${name}`, (value) => wrap({ [name]: value })))
@@ -65,7 +66,10 @@ function patternsOf(schema: JsonSchema, into: string[] = []): string[] {
   return into
 }
 
-const bodyRoutes = allRoutes().filter((route): route is RouteDefinition & { body: NonNullable<RouteDefinition['body']> } => route.body !== undefined && route.bodyKind !== 'raw')
+const bodyRoutes = allRoutes().filter(
+  (route): route is RouteDefinition & { body: NonNullable<RouteDefinition['body']> } =>
+    route.body !== undefined && route.bodyKind !== 'raw',
+)
 
 t.test('every pattern of a request schema is linear, and every string with a pattern or a format has a maxLength', async (t) => {
   for (const route of bodyRoutes) {
@@ -76,7 +80,8 @@ t.test('every pattern of a request schema is linear, and every string with a pat
     for (const field of stringFields(schema)) {
       if (field.schema.pattern === undefined && field.schema.format === undefined) continue
       t.type(field.schema.maxLength, 'number', `${route.method} ${route.path} ${field.pointer} has a maxLength`)
-      if (field.schema.format !== undefined) t.ok(CHECKED_FORMATS.has(field.schema.format), `${route.method} ${route.path} ${field.pointer}: format ${field.schema.format}`)
+      if (field.schema.format !== undefined)
+        t.ok(CHECKED_FORMATS.has(field.schema.format), `${route.method} ${route.path} ${field.pointer}: format ${field.schema.format}`)
     }
   }
 })
@@ -101,7 +106,11 @@ function concretePath(path: string): string {
 
 async function timed(method: string, path: string, body: unknown, withToken: boolean) {
   const started = performance.now()
-  const response = await server.request(method, concretePath(path), { raw: JSON.stringify(body), headers: { 'content-type': 'application/json' }, token: withToken ? token : undefined })
+  const response = await server.request(method, concretePath(path), {
+    raw: JSON.stringify(body),
+    headers: { 'content-type': 'application/json' },
+    token: withToken ? token : undefined,
+  })
   return { response, ms: performance.now() - started }
 }
 
@@ -128,7 +137,11 @@ t.test('a 1 MiB hostile string in any string field is a quick 4xx problem, with 
         if (route.auth === 'required' && index > 0) continue
         const anonymous = await timed(route.method, route.path, body, false)
         if (route.auth === 'required') t.equal(anonymous.response.status, 401, `${where} without a token`)
-        else t.ok(anonymous.response.status >= 400 && anonymous.response.status < 500, `${where} without a token: ${anonymous.response.status}`)
+        else
+          t.ok(
+            anonymous.response.status >= 400 && anonymous.response.status < 500,
+            `${where} without a token: ${anonymous.response.status}`,
+          )
         note(`${route.auth === 'required' ? 'authenticated' : 'open'} route, ${kind}, without a token`, anonymous.ms, where)
       }
     }
@@ -137,7 +150,14 @@ t.test('a 1 MiB hostile string in any string field is a quick 4xx problem, with 
 })
 
 t.test('without a well-formed bearer token the answer is 401 before the body is read', async (t) => {
-  for (const authorization of [undefined, 'Bearer', 'Bearer crm_short', `Bearer crm_${'a'.repeat(42)}!`, 'Basic YTpi', `Bearer ${'x'.repeat(43)}`]) {
+  for (const authorization of [
+    undefined,
+    'Bearer',
+    'Bearer crm_short',
+    `Bearer crm_${'a'.repeat(42)}!`,
+    'Basic YTpi',
+    `Bearer ${'x'.repeat(43)}`,
+  ]) {
     // A body that would be refused as invalid JSON, were it read.
     const response = await fetch(`${server.url}/api/contacts`, {
       method: 'POST',

@@ -13,7 +13,13 @@ function invite(server: TestServer, token: string, email: string, host: string):
   const url = new URL(server.url)
   return new Promise((resolve, reject) => {
     const req = httpRequest(
-      { host: url.hostname, port: url.port, path: '/api/invitations', method: 'POST', headers: { host, authorization: `Bearer ${token}`, 'content-type': 'application/json', 'x-forwarded-proto': 'https' } },
+      {
+        host: url.hostname,
+        port: url.port,
+        path: '/api/invitations',
+        method: 'POST',
+        headers: { host, authorization: `Bearer ${token}`, 'content-type': 'application/json', 'x-forwarded-proto': 'https' },
+      },
       (res) => {
         let text = ''
         res.on('data', (chunk) => (text += chunk))
@@ -42,11 +48,17 @@ t.test('with PUBLIC_BASE_URL the accept link uses it whatever the Host says', as
 })
 
 t.test('NODE_ENV=production without PUBLIC_BASE_URL refuses to start, in one line', async (t) => {
-  const error = t.throws(() => loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40) }, { dataDir: t.testdir() })) as unknown as ConfigError
+  const error = t.throws(() =>
+    loadConfig({ NODE_ENV: 'production', APP_SECRET: 'x'.repeat(40) }, { dataDir: t.testdir() }),
+  ) as unknown as ConfigError
   t.type(error, ConfigError)
   t.match(error.problems, [/^PUBLIC_BASE_URL: required when NODE_ENV=production/])
   t.equal(error.problems.length, 1)
-  const serve = crm('postgres://nobody@127.0.0.1:1/none', ['serve', '--no-worker'], { NODE_ENV: 'production', PORT: '0', CRM_DATA_DIR: t.testdir() })
+  const serve = crm('postgres://nobody@127.0.0.1:1/none', ['serve', '--no-worker'], {
+    NODE_ENV: 'production',
+    PORT: '0',
+    CRM_DATA_DIR: t.testdir(),
+  })
   t.not(serve.status, 0, 'a non-zero exit')
   const lines = serve.stderr.trim().split('\n')
   t.equal(lines.length, 1, serve.stderr)

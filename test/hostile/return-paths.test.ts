@@ -38,6 +38,9 @@ t.test('the sign-in page sends a signed-in browser only to a path of its own', a
     const response = await fetch(`${server.url}/sign-in?next=${encodeURIComponent(value)}`, { redirect: 'manual', headers: { cookie } })
     t.equal(response.headers.get('location'), '/', JSON.stringify(value))
   }
-  const good = await fetch(`${server.url}/sign-in?next=${encodeURIComponent('/webhooks?status=paused')}`, { redirect: 'manual', headers: { cookie } })
+  const good = await fetch(`${server.url}/sign-in?next=${encodeURIComponent('/webhooks?status=paused')}`, {
+    redirect: 'manual',
+    headers: { cookie },
+  })
   t.equal(good.headers.get('location'), '/webhooks?status=paused')
 })

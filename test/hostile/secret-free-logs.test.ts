@@ -11,6 +11,12 @@ t.test('a failing accept page does not log the invitation token', async (t) => {
   t.ok(response.status >= 500, `the page failed (${response.status})`)
   const failures = server.logLines.filter((line) => line.includes('page failed'))
   t.ok(failures.length > 0, 'the failure is logged')
-  t.notOk(server.logLines.some((line) => line.includes(secret)), 'the token is in no log line')
-  t.ok(failures.every((line) => JSON.parse(line).path === '/invitations/accept'), 'the path without its query')
+  t.notOk(
+    server.logLines.some((line) => line.includes(secret)),
+    'the token is in no log line',
+  )
+  t.ok(
+    failures.every((line) => JSON.parse(line).path === '/invitations/accept'),
+    'the path without its query',
+  )
 })

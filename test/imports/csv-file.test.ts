@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream'
 import t from 'tap'
-import { CsvFileError, detectDelimiter, inspectCsv, inspectCsvAsync, readCsvRecords, type CsvRecord } from '../../src/imports/csv-file.ts'
+import { CsvFileError, type CsvRecord, detectDelimiter, inspectCsv, inspectCsvAsync, readCsvRecords } from '../../src/imports/csv-file.ts'
 
 const csv = (text: string) => Buffer.from(text, 'utf8')
 
@@ -72,7 +72,14 @@ t.test('a quoted line break does not start a new record', async (t) => {
 t.test('CRLF, LF and CR line endings, even mixed, end records', async (t) => {
   const crlf = inspectCsv(csv('a,b\r\n1,2\r\n3,4\r\n'))
   t.equal(crlf.rowCount, 2)
-  t.same(crlf.sampleRows, [['1', '2'], ['3', '4']], 'no stray \\r is left in the last value')
+  t.same(
+    crlf.sampleRows,
+    [
+      ['1', '2'],
+      ['3', '4'],
+    ],
+    'no stray \\r is left in the last value',
+  )
   const mixed = inspectCsv(csv('a,b\r\n1,2\n3,4\r5,6'))
   t.equal(mixed.rowCount, 3)
   t.same(mixed.sampleRows[2], ['5', '6'], 'a last line without a line break is a record')
@@ -88,10 +95,14 @@ t.test('header only and blank records', async (t) => {
   const withBlanks = csv('\r\na,b\r\n1,2\r\n\r\n , \r\n3,4\r\n\r\n')
   const inspection = inspectCsv(withBlanks)
   t.equal(inspection.rowCount, 2, 'empty lines and all-empty records are not data')
-  t.same(await collect(readCsvRecords(withBlanks, ',')), [
-    { row: 1, values: ['1', '2'] },
-    { row: 4, values: ['3', '4'] },
-  ], 'blank records still take a row number, so numbers match the file')
+  t.same(
+    await collect(readCsvRecords(withBlanks, ',')),
+    [
+      { row: 1, values: ['1', '2'] },
+      { row: 4, values: ['3', '4'] },
+    ],
+    'blank records still take a row number, so numbers match the file',
+  )
 })
 
 t.test('only five sample rows are kept', async (t) => {
@@ -147,7 +158,11 @@ t.test('invalid UTF-8 is refused with the line it is on', async (t) => {
 
 t.test('a stream is checked for UTF-8 as it is read', async (t) => {
   const valid = [csv('Name,City\nRen'), Buffer.from([0xc3]), Buffer.from([0xa9]), csv(',Paris\n')]
-  t.same(await collect(readCsvRecords(Readable.from(valid), ',')), [{ row: 1, values: ['René', 'Paris'] }], 'a character split between chunks')
+  t.same(
+    await collect(readCsvRecords(Readable.from(valid), ',')),
+    [{ row: 1, values: ['René', 'Paris'] }],
+    'a character split between chunks',
+  )
 
   const invalid = await readingError(Readable.from([csv('Name,City\nAnn,Oslo\n'), Buffer.from([0xff, 0x0a])]))
   t.equal(invalid.error.code, 'invalid_encoding')
@@ -193,7 +208,11 @@ t.test('readCsvRecords numbers records, not lines, around a quoted line break', 
   ])
   const bytes = csv(text)
   const byteByByte = Readable.from(Array.from(bytes, (byte) => Buffer.from([byte])))
-  t.same((await collect(readCsvRecords(byteByByte, ','))).map((record) => record.row), [1, 2, 3], 'the same when every byte is its own chunk')
+  t.same(
+    (await collect(readCsvRecords(byteByByte, ','))).map((record) => record.row),
+    [1, 2, 3],
+    'the same when every byte is its own chunk',
+  )
 })
 
 t.test('readCsvRecords streams a large file and can be stopped early', async (t) => {

@@ -14,7 +14,11 @@ export async function upload(server: TestServer, token: string, type: string, cs
     Buffer.isBuffer(csv) ? csv : Buffer.from(csv),
     Buffer.from(`\r\n--${boundary}--\r\n`),
   ])
-  return server.request('POST', `/api/${type}/import/upload`, { token, raw: body, headers: { 'content-type': `multipart/form-data; boundary=${boundary}` } })
+  return server.request('POST', `/api/${type}/import/upload`, {
+    token,
+    raw: body,
+    headers: { 'content-type': `multipart/form-data; boundary=${boundary}` },
+  })
 }
 
 export async function waitForImport(server: TestServer, token: string, type: string, id: string, timeoutMs = 15_000) {
@@ -29,7 +33,13 @@ export async function waitForImport(server: TestServer, token: string, type: str
 }
 
 /** Upload, start with the given options (default: the suggested mapping, create), wait. */
-export async function importCsv(server: TestServer, token: string, type: string, csv: string | Buffer, options: Record<string, unknown> = {}) {
+export async function importCsv(
+  server: TestServer,
+  token: string,
+  type: string,
+  csv: string | Buffer,
+  options: Record<string, unknown> = {},
+) {
   const uploaded = await upload(server, token, type, csv)
   if (uploaded.status !== 201) throw new Error(`upload answered ${uploaded.status}: ${uploaded.text}`)
   const started = await server.request('POST', `/api/${type}/import/${uploaded.body.data.id}`, { token, body: options })

@@ -1,6 +1,6 @@
 import fc from 'fast-check'
 import t from 'tap'
-import { uploadFromRequest, UploadError } from '../../src/imports/multipart.ts'
+import { UploadError, uploadFromRequest } from '../../src/imports/multipart.ts'
 
 const BOUNDARY = '----WebKitFormBoundary7MA4YWxkTrZu0gW'
 const CONTENT_TYPE = `multipart/form-data; boundary=${BOUNDARY}`
@@ -25,7 +25,11 @@ async function* chunked(bytes: Buffer, chunkSize: number): AsyncGenerator<Buffer
   for (let start = 0; start < bytes.length; start += chunkSize) yield bytes.subarray(start, start + chunkSize)
 }
 
-function upload(contentType: string | undefined, body: Buffer | string, { chunkSize = 7, limit = 1024 * 1024, contentLength }: UploadOptions = {}) {
+function upload(
+  contentType: string | undefined,
+  body: Buffer | string,
+  { chunkSize = 7, limit = 1024 * 1024, contentLength }: UploadOptions = {},
+) {
   const headers = { 'content-type': contentType, 'content-length': contentLength }
   return uploadFromRequest({ headers, body: chunked(Buffer.from(body), chunkSize) }, limit)
 }
@@ -79,7 +83,7 @@ t.test('file names', async (t) => {
   t.equal(await nameOf('form-data; name="file"; filename="C:\\Users\\ann\\Desktop\\leads.csv"'), 'leads.csv', 'a full Windows path')
   t.equal(await nameOf('form-data; name="file"; filename="../../etc/passwd"'), 'passwd', 'no directories')
   t.equal(await nameOf('form-data; name="file"; filename="Société.csv"'), 'Société.csv', 'UTF-8 as browsers send it')
-  t.equal(await nameOf("form-data; name=\"file\"; filename*=UTF-8''na%C3%AFve%20list.csv"), 'naïve list.csv', 'RFC 5987 filename*')
+  t.equal(await nameOf('form-data; name="file"; filename*=UTF-8\'\'na%C3%AFve%20list.csv'), 'naïve list.csv', 'RFC 5987 filename*')
   t.equal(await nameOf('form-data; name=file; filename=plain.csv'), 'plain.csv', 'unquoted tokens')
   t.equal(await nameOf('form-data; name="file"'), null, 'no file name')
   t.equal(await nameOf('form-data; name="file"; filename=""'), null, 'an empty file name')
@@ -119,7 +123,11 @@ t.test('a missing file part', async (t) => {
 t.test('a missing or unusable boundary', async (t) => {
   t.equal((await uploadError(() => upload('multipart/form-data', ''))).code, 'missing_boundary')
   t.equal((await uploadError(() => upload('multipart/form-data; boundary=', ''))).code, 'missing_boundary')
-  t.equal((await uploadError(() => upload('multipart/form-data; charset; boundary', ''))).code, 'missing_boundary', 'parameters without values')
+  t.equal(
+    (await uploadError(() => upload('multipart/form-data; charset; boundary', ''))).code,
+    'missing_boundary',
+    'parameters without values',
+  )
   t.equal((await uploadError(() => upload(`multipart/form-data; boundary=${'x'.repeat(71)}`, ''))).code, 'missing_boundary')
 })
 
@@ -166,7 +174,11 @@ t.test('malformed bodies', async (t) => {
     'a body that stops after the boundary': `--${BOUNDARY}`,
   }
   for (const [label, body] of Object.entries(bodies)) {
-    t.match(await malformed(body), { code: 'malformed_multipart', message: /^The multipart\/form-data body is malformed: unexpected end/ }, label)
+    t.match(
+      await malformed(body),
+      { code: 'malformed_multipart', message: /^The multipart\/form-data body is malformed: unexpected end/ },
+      label,
+    )
   }
 })
 
@@ -178,7 +190,11 @@ t.test('the body limit counts every byte of the body, and reading stops at it', 
   ])
   t.equal((await extract(body, { limit: body.length })).bytes.toString(), file, 'a body of exactly the limit')
   const tooLarge = await uploadError(() => extract(body, { limit: body.length - 1 }))
-  t.match(tooLarge, { code: 'payload_too_large', message: `The body is larger than ${body.length - 1} bytes` }, 'the bytes past the limit are in another part')
+  t.match(
+    tooLarge,
+    { code: 'payload_too_large', message: `The body is larger than ${body.length - 1} bytes` },
+    'the bytes past the limit are in another part',
+  )
   t.equal((await uploadError(() => upload('text/csv', file, { limit: file.length - 1 }))).code, 'payload_too_large', 'a raw body')
 
   let chunksRead = 0
@@ -199,13 +215,23 @@ t.test('the body limit counts every byte of the body, and reading stops at it', 
   })
   for (const contentType of ['text/csv', CONTENT_TYPE]) {
     const declared = uploadFromRequest({ headers: { 'content-type': contentType, 'content-length': '10001' }, body: unread() }, 10_000)
-    t.equal((await uploadError(() => declared)).code, 'payload_too_large', `${contentType}: a declared Content-Length over the limit is refused unread`)
+    t.equal(
+      (await uploadError(() => declared)).code,
+      'payload_too_large',
+      `${contentType}: a declared Content-Length over the limit is refused unread`,
+    )
   }
 })
 
 t.test('uploadFromRequest', async (t) => {
   const csv = 'a,b\r\n1,2\r\n'
-  for (const contentType of ['text/csv', 'text/csv; charset=utf-8', 'application/csv', 'text/plain; charset="UTF-8"', 'TEXT/CSV; charset=us-ascii']) {
+  for (const contentType of [
+    'text/csv',
+    'text/csv; charset=utf-8',
+    'application/csv',
+    'text/plain; charset="UTF-8"',
+    'TEXT/CSV; charset=us-ascii',
+  ]) {
     const raw = await upload(contentType, csv)
     t.equal(raw.fileName, null, contentType)
     t.equal(raw.bytes.toString(), csv, `${contentType}: the body itself`)
@@ -218,6 +244,9 @@ t.test('uploadFromRequest', async (t) => {
     t.equal(error.code, 'unsupported_media_type', String(contentType))
   }
   t.match((await uploadError(() => upload(undefined, csv))).message, /got no Content-Type/)
-  t.match(await uploadError(() => upload('text/csv; charset=windows-1252', csv)), { code: 'unsupported_media_type', message: /charset=windows-1252/ })
+  t.match(await uploadError(() => upload('text/csv; charset=windows-1252', csv)), {
+    code: 'unsupported_media_type',
+    message: /charset=windows-1252/,
+  })
   t.equal((await uploadError(() => upload('multipart/form-data', body))).code, 'missing_boundary')
 })

@@ -14,34 +14,61 @@ t.test('normaliseHeader', async (t) => {
 })
 
 t.test('contacts', async (t) => {
-  t.same(suggestMapping('contacts', ['E-mail', 'Phone Number', 'Title', 'Company Name', 'Organization', 'Website', 'first_name', 'Surname', 'Mobile']), {
-    'E-mail': 'email',
-    'Phone Number': 'phone',
-    Title: 'job_title',
-    'Company Name': 'company_name',
-    Organization: null,
-    Website: null,
-    first_name: 'first_name',
-    Surname: 'last_name',
-    Mobile: null,
-  })
+  t.same(
+    suggestMapping('contacts', [
+      'E-mail',
+      'Phone Number',
+      'Title',
+      'Company Name',
+      'Organization',
+      'Website',
+      'first_name',
+      'Surname',
+      'Mobile',
+    ]),
+    {
+      'E-mail': 'email',
+      'Phone Number': 'phone',
+      Title: 'job_title',
+      'Company Name': 'company_name',
+      Organization: null,
+      Website: null,
+      first_name: 'first_name',
+      Surname: 'last_name',
+      Mobile: null,
+    },
+  )
 })
 
 t.test('companies', async (t) => {
-  t.same(suggestMapping('companies', ['Company name', 'Company Domain Name', 'Website URL', 'Number of Employees', 'Annual Revenue', 'Phone Number', 'City', 'Country/Region', 'About', 'Company']), {
-    'Company name': 'name',
-    'Company Domain Name': 'domain',
-    'Website URL': 'website',
-    'Number of Employees': 'employee_count',
-    'Annual Revenue': 'annual_revenue',
-    'Phone Number': 'phone',
-    City: 'city',
-    'Country/Region': 'country',
-    About: 'description',
-    Company: null,
-  })
-  t.equal(suggestMapping('companies', ['Employees'])['Employees'], 'employee_count')
-  t.equal(suggestMapping('companies', ['Organization'])['Organization'], 'name')
+  t.same(
+    suggestMapping('companies', [
+      'Company name',
+      'Company Domain Name',
+      'Website URL',
+      'Number of Employees',
+      'Annual Revenue',
+      'Phone Number',
+      'City',
+      'Country/Region',
+      'About',
+      'Company',
+    ]),
+    {
+      'Company name': 'name',
+      'Company Domain Name': 'domain',
+      'Website URL': 'website',
+      'Number of Employees': 'employee_count',
+      'Annual Revenue': 'annual_revenue',
+      'Phone Number': 'phone',
+      City: 'city',
+      'Country/Region': 'country',
+      About: 'description',
+      Company: null,
+    },
+  )
+  t.equal(suggestMapping('companies', ['Employees']).Employees, 'employee_count')
+  t.equal(suggestMapping('companies', ['Organization']).Organization, 'name')
 })
 
 t.test('deals', async (t) => {
@@ -64,26 +91,66 @@ t.test('id fields are suggested only for our own UUIDs', async (t) => {
   const foreign = [['DD37Cf93aecA6Dc', '5Cef8BFA16c5e3c', '42', 'Deal']]
   t.same(suggestMapping('deals', columns, foreign), { ID: null, 'Company ID': null, owner_id: null, Name: 'name' }, 'ids from another tool')
 
-  const ours = [[OUR_UUID, OUR_UUID.toUpperCase(), '', 'Deal'], [OUR_UUID, '', '', 'Other']]
-  t.same(suggestMapping('deals', columns, ours), { ID: 'id', 'Company ID': 'company_id', owner_id: null, Name: 'name' }, 'an all-empty column proves nothing')
+  const ours = [
+    [OUR_UUID, OUR_UUID.toUpperCase(), '', 'Deal'],
+    [OUR_UUID, '', '', 'Other'],
+  ]
+  t.same(
+    suggestMapping('deals', columns, ours),
+    { ID: 'id', 'Company ID': 'company_id', owner_id: null, Name: 'name' },
+    'an all-empty column proves nothing',
+  )
   t.equal(suggestMapping('companies', columns, ours)['Company ID'], null, 'companies have no company_id')
   t.equal(suggestMapping('contacts', ['Record ID'], [[OUR_UUID]])['Record ID'], 'id')
   t.equal(suggestMapping('contacts', ['Customer Id'], [[OUR_UUID]])['Customer Id'], null, 'another kind of id')
-  t.equal(suggestMapping('contacts', ['ID'], [[]])['ID'], null, 'a short row')
+  t.equal(suggestMapping('contacts', ['ID'], [[]]).ID, null, 'a short row')
 })
 
 t.test('every suggested field is importable for its type', async (t) => {
-  const headers = ['First Name', 'Last Name', 'Email', 'Phone', 'Job Title', 'City', 'Country', 'Company', 'Name', 'Domain', 'Website', 'Industry', 'Employees', 'Revenue', 'Description', 'Deal Name', 'Amount', 'Currency', 'Stage', 'Close Date']
+  const headers = [
+    'First Name',
+    'Last Name',
+    'Email',
+    'Phone',
+    'Job Title',
+    'City',
+    'Country',
+    'Company',
+    'Name',
+    'Domain',
+    'Website',
+    'Industry',
+    'Employees',
+    'Revenue',
+    'Description',
+    'Deal Name',
+    'Amount',
+    'Currency',
+    'Stage',
+    'Close Date',
+  ]
   for (const type of ['contacts', 'companies', 'deals'] as const) {
     const suggested = Object.values(suggestMapping(type, headers)).filter((field) => field !== null)
-    t.ok(suggested.every((field) => IMPORTABLE_FIELDS[type].includes(field!)), type)
+    t.ok(
+      suggested.every((field) => IMPORTABLE_FIELDS[type].includes(field!)),
+      type,
+    )
     t.equal(new Set(suggested).size, suggested.length, `${type}: no field twice`)
   }
 })
 
 t.test('validateMapping accepts a good mapping', async (t) => {
   const columns = ['First Name', 'Email', 'Company', 'Shoe size', 'Notes']
-  t.same(validateMapping('contacts', columns, { 'First Name': 'first_name', Email: 'email', Company: 'company_name', 'Shoe size': 'custom_fields.shoe_size', Notes: null }), [])
+  t.same(
+    validateMapping('contacts', columns, {
+      'First Name': 'first_name',
+      Email: 'email',
+      Company: 'company_name',
+      'Shoe size': 'custom_fields.shoe_size',
+      Notes: null,
+    }),
+    [],
+  )
   t.same(validateMapping('contacts', columns, { Email: 'email' }), [], 'columns left out are not imported')
 })
 
@@ -99,14 +166,17 @@ t.test('validateMapping problems', async (t) => {
     'a~b': 42,
     Missing: 'city',
   })
-  t.same(problems.map((problem) => [problem.pointer, problem.code]), [
-    ['/mapping/Email', 'unknown_field'],
-    ['/mapping/Email 2', 'duplicate_field'],
-    ['/mapping/Country~1Region', 'invalid_custom_field_key'],
-    ['/mapping/Other', 'duplicate_field'],
-    ['/mapping/a~0b', 'invalid_type'],
-    ['/mapping/Missing', 'unknown_column'],
-  ])
+  t.same(
+    problems.map((problem) => [problem.pointer, problem.code]),
+    [
+      ['/mapping/Email', 'unknown_field'],
+      ['/mapping/Email 2', 'duplicate_field'],
+      ['/mapping/Country~1Region', 'invalid_custom_field_key'],
+      ['/mapping/Other', 'duplicate_field'],
+      ['/mapping/a~0b', 'invalid_type'],
+      ['/mapping/Missing', 'unknown_column'],
+    ],
+  )
   t.match(problems[0].message, /companies have no field "email"/)
   t.match(problems[1].message, /already mapped from column "Name"/)
   t.match(problems[3].message, /from column "Size"/)
@@ -128,6 +198,11 @@ t.test('validateMapping: custom field keys', async (t) => {
 })
 
 t.test('validateMapping: a mapping that imports nothing', async (t) => {
-  t.same(validateMapping('contacts', ['Email'], { Email: null }), [{ pointer: '/mapping', code: 'no_fields_mapped', message: 'Map at least one column to a field' }])
-  t.same(validateMapping('contacts', ['Email'], {}).map((problem) => problem.code), ['no_fields_mapped'])
+  t.same(validateMapping('contacts', ['Email'], { Email: null }), [
+    { pointer: '/mapping', code: 'no_fields_mapped', message: 'Map at least one column to a field' },
+  ])
+  t.same(
+    validateMapping('contacts', ['Email'], {}).map((problem) => problem.code),
+    ['no_fields_mapped'],
+  )
 })

@@ -2,7 +2,7 @@
 // last-admin rules, and the database rules underneath (RLS backstop, audit views, crm.act_as).
 import t from 'tap'
 import { crm } from '../helpers/cli.ts'
-import { createTenant, mintToken, withOwner, type Tenant } from '../helpers/fixtures.ts'
+import { createTenant, mintToken, type Tenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 
 const server = await startTestServer(t)
@@ -20,7 +20,12 @@ const as = (tenant: Tenant, email: string) => {
 }
 
 t.test('members: list with seats, one member, and what a non-admin reads', async (t) => {
-  const tenant = await createTenant(url, { slug: 'm1', seats: 5, members: { 'admin@m1.test': 'admin', 'bob@m1.test': 'member' }, teams: { east: ['bob@m1.test'] } })
+  const tenant = await createTenant(url, {
+    slug: 'm1',
+    seats: 5,
+    members: { 'admin@m1.test': 'admin', 'bob@m1.test': 'member' },
+    teams: { east: ['bob@m1.test'] },
+  })
   const admin = as(tenant, 'admin@m1.test')
   const bob = as(tenant, 'bob@m1.test')
   const list = await admin.get('/api/members')
@@ -28,12 +33,24 @@ t.test('members: list with seats, one member, and what a non-admin reads', async
   t.same(list.body.seats, { used: 2, limit: 5 })
   t.equal(list.body.next_cursor, null)
   t.match(list.body.data, [
-    { user_id: tenant.members['admin@m1.test'].id, email: 'admin@m1.test', name: 'admin@m1.test', role: 'admin', teams: [], suspended_at: null, joined_at: /Z$/ },
+    {
+      user_id: tenant.members['admin@m1.test'].id,
+      email: 'admin@m1.test',
+      name: 'admin@m1.test',
+      role: 'admin',
+      teams: [],
+      suspended_at: null,
+      joined_at: /Z$/,
+    },
     { user_id: tenant.members['bob@m1.test'].id, email: 'bob@m1.test', role: 'member', teams: ['east'], suspended_at: null },
   ])
   const own = await bob.get('/api/members')
   t.equal(own.status, 200)
-  t.same(own.body.data.map((row: any) => row.email), ['bob@m1.test'], 'a non-admin reads only their own membership')
+  t.same(
+    own.body.data.map((row: any) => row.email),
+    ['bob@m1.test'],
+    'a non-admin reads only their own membership',
+  )
   t.equal((await bob.get(`/api/members/${tenant.members['bob@m1.test'].id}`)).status, 200)
   t.equal((await bob.get(`/api/members/${tenant.members['admin@m1.test'].id}`)).status, 404, 'others read as absent')
   t.equal((await admin.get(`/api/members/${tenant.members['bob@m1.test'].id}`)).body.data.email, 'bob@m1.test')
@@ -42,7 +59,11 @@ t.test('members: list with seats, one member, and what a non-admin reads', async
 })
 
 t.test('members: change role and teams; problems; admins only', async (t) => {
-  const tenant = await createTenant(url, { slug: 'm2', members: { 'admin@m2.test': 'admin', 'bob@m2.test': 'member' }, teams: { east: [], west: [] } })
+  const tenant = await createTenant(url, {
+    slug: 'm2',
+    members: { 'admin@m2.test': 'admin', 'bob@m2.test': 'member' },
+    teams: { east: [], west: [] },
+  })
   const admin = as(tenant, 'admin@m2.test')
   const bob = as(tenant, 'bob@m2.test')
   const bobId = tenant.members['bob@m2.test'].id
@@ -50,9 +71,18 @@ t.test('members: change role and teams; problems; admins only', async (t) => {
   const changed = await admin.patch(`/api/members/${bobId}`, { role: 'read_only', teams: ['east', 'west'] })
   t.equal(changed.status, 200, changed.text)
   t.match(changed.body.data, { role: 'read_only', teams: ['east', 'west'] })
-  t.match((await admin.patch(`/api/members/${bobId}`, { teams: ['west'] })).body.data, { role: 'read_only', teams: ['west'] }, 'teams replace the set')
+  t.match(
+    (await admin.patch(`/api/members/${bobId}`, { teams: ['west'] })).body.data,
+    { role: 'read_only', teams: ['west'] },
+    'teams replace the set',
+  )
   t.match((await admin.patch(`/api/members/${bobId}`, { teams: [] })).body.data, { teams: [] })
-  t.match((await server.request('PUT', `/api/members/${bobId}`, { token: tenant.members['admin@m2.test'].token, body: { role: 'member' } })).body.data, { role: 'member' }, 'PUT is an alias')
+  t.match(
+    (await server.request('PUT', `/api/members/${bobId}`, { token: tenant.members['admin@m2.test'].token, body: { role: 'member' } })).body
+      .data,
+    { role: 'member' },
+    'PUT is an alias',
+  )
 
   for (const [body, pointer, status] of [
     [{ role: 'boss' }, '/role', 422],
@@ -97,7 +127,10 @@ t.test('suspension stops tokens at once; unsuspend needs a free seat', async (t)
 
   await withOwner(url, async (client) => {
     const { rows } = await client.query(`insert into crm.users (email, name) values ('cat@m3.test', 'Cat') returning id`)
-    await client.query(`insert into crm.memberships (workspace_id, user_id, role_id) select $1, $2, id from crm.roles where workspace_id = $1 and name = 'member'`, [tenant.id, rows[0].id])
+    await client.query(
+      `insert into crm.memberships (workspace_id, user_id, role_id) select $1, $2, id from crm.roles where workspace_id = $1 and name = 'member'`,
+      [tenant.id, rows[0].id],
+    )
   })
   const full = await admin.post(`/api/members/${bobId}/unsuspend`)
   t.equal(full.status, 422, full.text)
@@ -111,7 +144,10 @@ t.test('suspension stops tokens at once; unsuspend needs a free seat', async (t)
 })
 
 t.test('removing a member: records are handed over or the removal is refused', async (t) => {
-  const tenant = await createTenant(url, { slug: 'm4', members: { 'admin@m4.test': 'admin', 'bob@m4.test': 'member', 'cat@m4.test': 'member' } })
+  const tenant = await createTenant(url, {
+    slug: 'm4',
+    members: { 'admin@m4.test': 'admin', 'bob@m4.test': 'member', 'cat@m4.test': 'member' },
+  })
   const admin = as(tenant, 'admin@m4.test')
   const bobId = tenant.members['bob@m4.test'].id
   const catId = tenant.members['cat@m4.test'].id
@@ -123,13 +159,20 @@ t.test('removing a member: records are handed over or the removal is refused', a
   t.equal((await admin.del(`/api/members/${bobId}?reassign_to=${bobId}`)).status, 400)
   t.equal((await admin.del(`/api/members/${bobId}?reassign_to=00000000-0000-7000-8000-000000000000`)).status, 400)
   t.equal((await admin.del(`/api/members/${bobId}?reassign_to=${tenant.members['admin@m4.test'].id}`)).status, 204)
-  t.equal((await admin.get(`/api/deals/${deal.body.data.id}`)).body.data.owner_id, tenant.members['admin@m4.test'].id, 'the deal changed hands')
+  t.equal(
+    (await admin.get(`/api/deals/${deal.body.data.id}`)).body.data.owner_id,
+    tenant.members['admin@m4.test'].id,
+    'the deal changed hands',
+  )
   const gone = await as(tenant, 'bob@m4.test').get('/api/me')
   t.equal(gone.status, 404, 'a removed member no longer reaches the workspace')
   t.equal(gone.body.code, 'workspace_not_found')
   t.equal((await admin.del(`/api/members/${catId}`)).status, 204, 'a member without records is simply removed')
   t.equal((await admin.del(`/api/members/${catId}`)).status, 404)
-  t.same((await admin.get('/api/members')).body.data.map((row: any) => row.email), ['admin@m4.test'])
+  t.same(
+    (await admin.get('/api/members')).body.data.map((row: any) => row.email),
+    ['admin@m4.test'],
+  )
 })
 
 t.test('roles: built-ins, custom roles, in use, problems', async (t) => {
@@ -138,13 +181,20 @@ t.test('roles: built-ins, custom roles, in use, problems', async (t) => {
   const bob = as(tenant, 'bob@r1.test')
   const list = await admin.get('/api/roles')
   t.equal(list.status, 200)
-  t.same(list.body.data.map((role: any) => [role.name, role.is_admin, role.is_builtin, role.grants.length]), [
-    ['admin', true, true, 18],
-    ['member', false, true, 12],
-    ['read_only', false, true, 3],
-  ])
+  t.same(
+    list.body.data.map((role: any) => [role.name, role.is_admin, role.is_builtin, role.grants.length]),
+    [
+      ['admin', true, true, 18],
+      ['member', false, true, 12],
+      ['read_only', false, true, 3],
+    ],
+  )
   t.same(list.body.data[2].grants, ['companies:view:all', 'contacts:view:all', 'deals:view:all'])
-  t.same((await bob.get('/api/roles')).body.data.map((role: any) => role.name), ['member'], 'a non-admin reads only their own role')
+  t.same(
+    (await bob.get('/api/roles')).body.data.map((role: any) => role.name),
+    ['member'],
+    'a non-admin reads only their own role',
+  )
   const builtin = list.body.data[1]
   t.equal((await bob.get(`/api/roles/${list.body.data[0].id}`)).status, 404)
 
@@ -154,7 +204,13 @@ t.test('roles: built-ins, custom roles, in use, problems', async (t) => {
 
   const created = await admin.post('/api/roles', { name: 'sales', grants: ['deals:view:team', 'contacts:view:all', 'deals:create:own'] })
   t.equal(created.status, 201, created.text)
-  t.match(created.body.data, { name: 'sales', is_admin: false, is_builtin: false, grants: ['contacts:view:all', 'deals:create:own', 'deals:view:team'], member_count: 0 })
+  t.match(created.body.data, {
+    name: 'sales',
+    is_admin: false,
+    is_builtin: false,
+    grants: ['contacts:view:all', 'deals:create:own', 'deals:view:team'],
+    member_count: 0,
+  })
   t.equal(created.headers.get('location'), `/api/roles/${created.body.data.id}`)
   const id = created.body.data.id
   t.same((await admin.get(`/api/roles/${id}`)).body.data, created.body.data)
@@ -201,7 +257,11 @@ t.test('roles: built-ins, custom roles, in use, problems', async (t) => {
 })
 
 t.test('teams: create, rename, delete; non-admins read their own', async (t) => {
-  const tenant = await createTenant(url, { slug: 't1', members: { 'admin@t1.test': 'admin', 'bob@t1.test': 'member' }, teams: { east: ['bob@t1.test'] } })
+  const tenant = await createTenant(url, {
+    slug: 't1',
+    members: { 'admin@t1.test': 'admin', 'bob@t1.test': 'member' },
+    teams: { east: ['bob@t1.test'] },
+  })
   const admin = as(tenant, 'admin@t1.test')
   const bob = as(tenant, 'bob@t1.test')
   const created = await admin.post('/api/teams', { name: '  West ' })
@@ -210,9 +270,16 @@ t.test('teams: create, rename, delete; non-admins read their own', async (t) => 
   t.equal((await admin.post('/api/teams', { name: 'West' })).status, 409)
   t.equal((await admin.post('/api/teams', { name: '' })).status, 422)
   t.equal((await admin.post('/api/teams', { name: 'x'.repeat(101) })).status, 422)
-  t.same((await admin.get('/api/teams')).body.data.map((team: any) => team.name), ['east', 'West'])
+  t.same(
+    (await admin.get('/api/teams')).body.data.map((team: any) => team.name),
+    ['east', 'West'],
+  )
   const east = (await bob.get('/api/teams')).body.data
-  t.same(east.map((team: any) => [team.name, team.members]), [['east', [tenant.members['bob@t1.test'].id]]], 'a member reads only their teams')
+  t.same(
+    east.map((team: any) => [team.name, team.members]),
+    [['east', [tenant.members['bob@t1.test'].id]]],
+    'a member reads only their teams',
+  )
   t.equal((await bob.get(`/api/teams/${created.body.data.id}`)).status, 404)
   t.equal((await bob.post('/api/teams', { name: 'Mine' })).status, 403)
   t.equal((await bob.patch(`/api/teams/${east[0].id}`, { name: 'Mine' })).status, 403)
@@ -251,7 +318,9 @@ t.test('an integration user with deals:view:own and deals:update:own, through th
   t.equal(role.status, 201)
   const invitation = await admin.post('/api/invitations', { email: 'erp@i1.test', role: 'integration' })
   const secret = new URL(invitation.body.data.accept_url).searchParams.get('token')
-  const accepted = await server.request('POST', '/api/invitations/accept', { body: { token: secret, password: 'a long erp password', name: 'ERP sync' } })
+  const accepted = await server.request('POST', '/api/invitations/accept', {
+    body: { token: secret, password: 'a long erp password', name: 'ERP sync' },
+  })
   t.equal(accepted.status, 200, accepted.text)
   const erpToken = accepted.body.token
   const erpId = (await server.request('GET', '/api/me', { token: erpToken })).body.data.user.id
@@ -260,7 +329,11 @@ t.test('an integration user with deals:view:own and deals:update:own, through th
   const mine = await admin.post('/api/deals', { name: 'ERP deal', owner_id: erpId })
   const theirs = await admin.post('/api/deals', { name: 'Bob deal', owner_id: tenant.members['bob@i1.test'].id })
   const erp = (method: string, path: string, body?: unknown) => server.request(method, path, { token: erpToken, body })
-  t.same((await erp('GET', '/api/deals')).body.data.map((deal: any) => deal.id), [mine.body.data.id], 'sees only its own deal')
+  t.same(
+    (await erp('GET', '/api/deals')).body.data.map((deal: any) => deal.id),
+    [mine.body.data.id],
+    'sees only its own deal',
+  )
   t.equal((await erp('PATCH', `/api/deals/${mine.body.data.id}`, { amount: '10.00' })).status, 200, 'updates its own deal')
   t.equal((await erp('GET', `/api/deals/${theirs.body.data.id}`)).status, 404)
   t.equal((await erp('PATCH', `/api/deals/${theirs.body.data.id}`, { amount: '10.00' })).status, 404, 'cannot touch what it cannot see')
@@ -274,16 +347,26 @@ t.test('an integration user with deals:view:own and deals:update:own, through th
     try {
       await client.query(`select crm.act_as('erp@i1.test', 'i1')`)
       const { rows } = await client.query(`select id from crm.deals`)
-      t.same(rows.map((row) => row.id), [mine.body.data.id], 'crm.act_as sees the same deal')
+      t.same(
+        rows.map((row) => row.id),
+        [mine.body.data.id],
+        'crm.act_as sees the same deal',
+      )
       const { rows: scopes } = await client.query(`
         select crm.grant_scope('deals', 'view') as view, crm.grant_scope('deals', 'update') as update,
                crm.grant_scope('deals', 'create') as create, crm.grant_scope('contacts', 'view') as contacts`)
       t.same(scopes[0], { view: 'own', update: 'own', create: null, contacts: null })
-      const updated = await client.query(`update crm.deals set amount = 1 where id = any($1::uuid[])`, [[mine.body.data.id, theirs.body.data.id]])
+      const updated = await client.query(`update crm.deals set amount = 1 where id = any($1::uuid[])`, [
+        [mine.body.data.id, theirs.body.data.id],
+      ])
       t.equal(updated.rowCount, 1, 'and updates only its own')
       await client.query('savepoint s')
-      await client.query(`insert into crm.memberships (workspace_id, user_id, role_id) select workspace_id, user_id, role_id from crm.memberships limit 0`)
-      const refused = await client.query(`insert into crm.teams (workspace_id, name) values ($1, 'sneaky')`, [tenant.id]).catch((error) => error)
+      await client.query(
+        `insert into crm.memberships (workspace_id, user_id, role_id) select workspace_id, user_id, role_id from crm.memberships limit 0`,
+      )
+      const refused = await client
+        .query(`insert into crm.teams (workspace_id, name) values ($1, 'sneaky')`, [tenant.id])
+        .catch((error) => error)
       t.equal(refused.code, '42501', 'RLS refuses admin-only writes to a non-admin')
     } finally {
       await client.query('rollback')
@@ -291,13 +374,36 @@ t.test('an integration user with deals:view:own and deals:update:own, through th
   })
 
   // Audit views reflect API changes at once.
-  const matrix = async () => withOwner(url, async (client) => (await client.query(`select resource || ':' || action || ':' || scope as grant from crm.permission_matrix where workspace = 'i1' and role = 'integration' order by 1`)).rows.map((row) => row.grant))
-  const access = async () => withOwner(url, async (client) => (await client.query(`select role, resource || ':' || action || ':' || scope as grant from crm.member_access where workspace = 'i1' and email = 'erp@i1.test' order by 2`)).rows)
+  const matrix = async () =>
+    withOwner(url, async (client) =>
+      (
+        await client.query(
+          `select resource || ':' || action || ':' || scope as grant from crm.permission_matrix where workspace = 'i1' and role = 'integration' order by 1`,
+        )
+      ).rows.map((row) => row.grant),
+    )
+  const access = async () =>
+    withOwner(
+      url,
+      async (client) =>
+        (
+          await client.query(
+            `select role, resource || ':' || action || ':' || scope as grant from crm.member_access where workspace = 'i1' and email = 'erp@i1.test' order by 2`,
+          )
+        ).rows,
+    )
   t.same(await matrix(), ['deals:update:own', 'deals:view:own'])
-  t.same(await access(), [{ role: 'integration', grant: 'deals:update:own' }, { role: 'integration', grant: 'deals:view:own' }])
+  t.same(await access(), [
+    { role: 'integration', grant: 'deals:update:own' },
+    { role: 'integration', grant: 'deals:view:own' },
+  ])
   await admin.patch(`/api/roles/${role.body.data.id}`, { grants: ['deals:view:own'] })
   t.same(await matrix(), ['deals:view:own'], 'permission_matrix follows PATCH /api/roles')
-  t.equal((await erp('PATCH', `/api/deals/${mine.body.data.id}`, { amount: '11.00' })).status, 403, 'the update grant is gone on the next request')
+  t.equal(
+    (await erp('PATCH', `/api/deals/${mine.body.data.id}`, { amount: '11.00' })).status,
+    403,
+    'the update grant is gone on the next request',
+  )
   await admin.post(`/api/members/${erpId}/suspend`)
   t.same(await access(), [], 'member_access drops a suspended member')
   t.equal((await erp('GET', '/api/deals')).status, 401)
@@ -317,5 +423,8 @@ t.test('the operator CLI keeps working beside the API', async (t) => {
     await mintToken(client, rows[0].id)
   })
   t.equal(crm(url, ['member', 'add', '--workspace', 'cli1', '--email', 'dan@cli1.test', '--role', 'auditor', '--json']).status, 0)
-  t.match((await admin.get('/api/members')).body.data.find((row: any) => row.email === 'dan@cli1.test'), { role: 'auditor' })
+  t.match(
+    (await admin.get('/api/members')).body.data.find((row: any) => row.email === 'dan@cli1.test'),
+    { role: 'auditor' },
+  )
 })

@@ -20,10 +20,16 @@ t.test('sign-up makes a user, a workspace they administer with a 14-day trial, a
   t.same(Object.keys(response.body).sort(), ['expires_at', 'token', 'token_id', 'token_type'], 'exactly the token body')
   const me = await server.request('GET', '/api/me', { token: response.body.token })
   t.equal(me.status, 200)
-  t.match(me.body.data, { user: { email: 'ada@example.com', name: 'Ada' }, workspace: { slug: 'acme', name: 'Acme', plan: 'free' }, role: { name: 'admin', is_admin: true } })
+  t.match(me.body.data, {
+    user: { email: 'ada@example.com', name: 'Ada' },
+    workspace: { slug: 'acme', name: 'Acme', plan: 'free' },
+    role: { name: 'admin', is_admin: true },
+  })
   const trialDays = (Date.parse(me.body.data.workspace.trial_ends_at) - Date.now()) / 86_400_000
   t.ok(trialDays > 13.99 && trialDays <= 14, `trial ends in 14 days (${trialDays})`)
-  const signIn = await server.request('POST', '/api/token', { body: { email: 'ada@example.com', password: PASSWORD, device_name: 'laptop' } })
+  const signIn = await server.request('POST', '/api/token', {
+    body: { email: 'ada@example.com', password: PASSWORD, device_name: 'laptop' },
+  })
   t.equal(signIn.status, 200, 'the password works for sign-in')
 
   const second = await signUp({ email: 'bo@example.com', password: PASSWORD, name: 'Bo', workspace_name: 'ACME' })
@@ -51,25 +57,44 @@ t.test('sign-up refuses bad input with problems', async (t) => {
   t.equal(badEmail.status, 422)
   t.match(badEmail.body.errors, [{ pointer: '/email' }])
   const missing = await signUp({ email: 'y@example.com', password: PASSWORD })
-  t.match(missing.body.errors, [{ pointer: '/name', code: 'required' }, { pointer: '/workspace_name', code: 'required' }])
+  t.match(missing.body.errors, [
+    { pointer: '/name', code: 'required' },
+    { pointer: '/workspace_name', code: 'required' },
+  ])
   const unknown = await signUp({ email: 'y@example.com', password: PASSWORD, name: 'Y', workspace_name: 'Y', plan: 'pro' })
   t.match(unknown.body.errors, [{ pointer: '/plan', code: 'unknown_field' }])
   const blank = await signUp({ email: 'y@example.com', password: PASSWORD, name: '   ', workspace_name: 'Y' })
   t.match(blank.body.errors, [{ pointer: '/name' }])
-  t.equal((await server.request('POST', '/api/signup', { raw: '{', headers: { 'content-type': 'application/json' } })).body.code, 'invalid_json')
+  t.equal(
+    (await server.request('POST', '/api/signup', { raw: '{', headers: { 'content-type': 'application/json' } })).body.code,
+    'invalid_json',
+  )
   await withOwner(url, async (client) => {
-    const { rows } = await client.query(`select count(*)::int as n from crm.users where email in ('x@example.com', 'y@example.com', 'longname@example.com')`)
+    const { rows } = await client.query(
+      `select count(*)::int as n from crm.users where email in ('x@example.com', 'y@example.com', 'longname@example.com')`,
+    )
     t.equal(rows[0].n, 0, 'nothing was created')
   })
 })
 
 t.test('invitations: create, list, withdraw; admins only', async (t) => {
-  const tenant = await createTenant(url, { slug: 'inv', members: { 'admin@inv.test': 'admin', 'mo@inv.test': 'member' }, teams: { east: [], west: [] } })
+  const tenant = await createTenant(url, {
+    slug: 'inv',
+    members: { 'admin@inv.test': 'admin', 'mo@inv.test': 'member' },
+    teams: { east: [], west: [] },
+  })
   const admin = tenant.members['admin@inv.test'].token
-  const created = await server.request('POST', '/api/invitations', { token: admin, body: { email: 'New@Example.com', role: 'read_only', teams: ['east'] } })
+  const created = await server.request('POST', '/api/invitations', {
+    token: admin,
+    body: { email: 'New@Example.com', role: 'read_only', teams: ['east'] },
+  })
   t.equal(created.status, 201, created.text)
   t.match(created.body.data, { id: /^[0-9a-f-]{36}$/, email: 'new@example.com', role: 'read_only', teams: ['east'], status: 'pending' })
-  t.match(created.body.data.accept_url, new RegExp(`^${server.url.replaceAll('.', '\\.')}/invitations/accept\\?token=inv_[A-Za-z0-9_-]{43}$`), 'without PUBLIC_BASE_URL the base URL is the listening address')
+  t.match(
+    created.body.data.accept_url,
+    new RegExp(`^${server.url.replaceAll('.', '\\.')}/invitations/accept\\?token=inv_[A-Za-z0-9_-]{43}$`),
+    'without PUBLIC_BASE_URL the base URL is the listening address',
+  )
   const validDays = (Date.parse(created.body.data.expires_at) - Date.now()) / 86_400_000
   t.ok(validDays > 6.99 && validDays <= 7, 'valid 7 days')
   const secret = new URL(created.body.data.accept_url).searchParams.get('token')!
@@ -85,14 +110,21 @@ t.test('invitations: create, list, withdraw; admins only', async (t) => {
 
   const list = await server.request('GET', '/api/invitations', { token: admin })
   t.equal(list.status, 200)
-  t.same(list.body.data.map((row: any) => row.email), ['new@example.com'])
+  t.same(
+    list.body.data.map((row: any) => row.email),
+    ['new@example.com'],
+  )
   t.notOk('accept_url' in list.body.data[0], 'the secret is never shown again')
   t.equal(list.body.next_cursor, null)
 
   const again = await server.request('POST', '/api/invitations', { token: admin, body: { email: 'new@example.com', role: 'member' } })
   t.equal(again.status, 201)
   const afterReinvite = await server.request('GET', '/api/invitations', { token: admin })
-  t.same(afterReinvite.body.data.map((row: any) => [row.email, row.role]), [['new@example.com', 'member']], 'inviting again replaces the pending invitation')
+  t.same(
+    afterReinvite.body.data.map((row: any) => [row.email, row.role]),
+    [['new@example.com', 'member']],
+    'inviting again replaces the pending invitation',
+  )
   const oldLink = await server.request('POST', '/api/invitations/accept', { body: { token: secret, password: PASSWORD, name: 'New' } })
   t.equal(oldLink.status, 422, 'the replaced link no longer works')
   t.match(oldLink.body.errors, [{ pointer: '/token' }])
@@ -116,7 +148,11 @@ t.test('invitations: create, list, withdraw; admins only', async (t) => {
     t.ok(response.status === 422 || response.status === 409, `${JSON.stringify(body)}: ${response.status}`)
     t.equal(response.body.errors?.[0]?.pointer, pointer)
   }
-  t.equal((await server.request('POST', '/api/invitations', { token: admin, body: { email: 'mo@inv.test', role: 'member' } })).status, 409, 'a member cannot be invited again')
+  t.equal(
+    (await server.request('POST', '/api/invitations', { token: admin, body: { email: 'mo@inv.test', role: 'member' } })).status,
+    409,
+    'a member cannot be invited again',
+  )
 
   t.equal((await server.request('DELETE', `/api/invitations/${again.body.data.id}`, { token: admin })).status, 204)
   t.equal((await server.request('DELETE', `/api/invitations/${again.body.data.id}`, { token: admin })).status, 404)
@@ -137,8 +173,13 @@ t.test('accepting as a new user: membership with role and teams, a token, single
 
   const missing = await server.request('POST', '/api/invitations/accept', { body: { token: secret } })
   t.equal(missing.status, 422)
-  t.match(missing.body.errors, [{ pointer: '/password', code: 'required' }, { pointer: '/name', code: 'required' }])
-  const weak = await server.request('POST', '/api/invitations/accept', { body: { token: secret, password: 'grace@example.com', name: 'Grace' } })
+  t.match(missing.body.errors, [
+    { pointer: '/password', code: 'required' },
+    { pointer: '/name', code: 'required' },
+  ])
+  const weak = await server.request('POST', '/api/invitations/accept', {
+    body: { token: secret, password: 'grace@example.com', name: 'Grace' },
+  })
   t.equal(weak.status, 422)
   t.match(weak.body.errors, [{ pointer: '/password' }])
   const wrong = await server.request('POST', '/api/invitations/accept', { body: { token: 'inv_nope', password: PASSWORD, name: 'Grace' } })
@@ -151,7 +192,10 @@ t.test('accepting as a new user: membership with role and teams, a token, single
   const me = await server.request('GET', '/api/me', { token: accepted.body.token })
   t.match(me.body.data, { user: { email: 'grace@example.com', name: 'Grace' }, workspace: { slug: 'acc' }, role: { name: 'read_only' } })
   const members = await server.request('GET', '/api/members', { token: admin })
-  t.match(members.body.data.find((row: any) => row.email === 'grace@example.com'), { role: 'read_only', teams: ['east'], suspended_at: null })
+  t.match(
+    members.body.data.find((row: any) => row.email === 'grace@example.com'),
+    { role: 'read_only', teams: ['east'], suspended_at: null },
+  )
 
   const reused = await server.request('POST', '/api/invitations/accept', { body: { token: secret, password: PASSWORD, name: 'Grace' } })
   t.equal(reused.status, 422, 'single use')
@@ -168,7 +212,10 @@ t.test('accepting as an existing user with their bearer token; the email must ma
   const newUserPath = await server.request('POST', '/api/invitations/accept', { body: { token: secret, password: PASSWORD, name: 'Hal' } })
   t.equal(newUserPath.status, 409, 'an existing account must accept with its token')
   t.equal(newUserPath.body.code, 'duplicate')
-  const otherUser = await server.request('POST', '/api/invitations/accept', { token: home.members['ida@example.com'].token, body: { token: secret } })
+  const otherUser = await server.request('POST', '/api/invitations/accept', {
+    token: home.members['ida@example.com'].token,
+    body: { token: secret },
+  })
   t.equal(otherUser.status, 403)
   const badBearer = await server.request('POST', '/api/invitations/accept', { token: 'crm_' + 'x'.repeat(43), body: { token: secret } })
   t.equal(badBearer.status, 401)
@@ -222,7 +269,10 @@ t.test('PUBLIC_BASE_URL sets the accept link; without SMTP_URL nothing is mailed
   const plain = await startTestServer(t, { databaseUrl: url, env: { PUBLIC_BASE_URL: 'https://crm.example.com/' } })
   const tenant = await createTenant(url, { slug: 'nomail', members: { 'admin@nomail.test': 'admin' } })
   const before = sink.messages.length
-  const created = await plain.request('POST', '/api/invitations', { token: tenant.members['admin@nomail.test'].token, body: { email: 'quiet@example.com', role: 'member' } })
+  const created = await plain.request('POST', '/api/invitations', {
+    token: tenant.members['admin@nomail.test'].token,
+    body: { email: 'quiet@example.com', role: 'member' },
+  })
   t.equal(created.status, 201)
   t.match(created.body.data.accept_url, /^https:\/\/crm\.example\.com\/invitations\/accept\?token=inv_/)
   await new Promise((resolve) => setTimeout(resolve, 300))

@@ -3,7 +3,12 @@
 import { createServer, type Server } from 'node:net'
 
 export type ReceivedMail = { from: string; to: string[]; data: string }
-export type SmtpSink = { url: string; messages: ReceivedMail[]; next: (timeoutMs?: number) => Promise<ReceivedMail>; close: () => Promise<void> }
+export type SmtpSink = {
+  url: string
+  messages: ReceivedMail[]
+  next: (timeoutMs?: number) => Promise<ReceivedMail>
+  close: () => Promise<void>
+}
 
 export async function startSmtpSink(): Promise<SmtpSink> {
   const messages: ReceivedMail[] = []
@@ -35,10 +40,10 @@ export async function startSmtpSink(): Promise<SmtpSink> {
         buffer = buffer.slice(newline + 2)
         const verb = line.slice(0, 4).toUpperCase()
         if (verb === 'EHLO' || verb === 'HELO') reply('250 sink')
-        else if (verb === 'MAIL') (current.from = line.replace(/^MAIL FROM:\s*/i, ''), reply('250 ok'))
-        else if (verb === 'RCPT') (current.to.push(line.replace(/^RCPT TO:\s*/i, '')), reply('250 ok'))
-        else if (verb === 'DATA') (inData = true, reply('354 go ahead'))
-        else if (verb === 'QUIT') (reply('221 bye'), socket.end())
+        else if (verb === 'MAIL') (current.from = line.replace(/^MAIL FROM:\s*/i, '')), reply('250 ok')
+        else if (verb === 'RCPT') current.to.push(line.replace(/^RCPT TO:\s*/i, '')), reply('250 ok')
+        else if (verb === 'DATA') (inData = true), reply('354 go ahead')
+        else if (verb === 'QUIT') reply('221 bye'), socket.end()
         else reply('250 ok')
       }
     })

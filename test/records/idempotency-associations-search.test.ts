@@ -31,12 +31,19 @@ t.test('Idempotency-Key', async (t) => {
   const retried = await ann.post('/api/contacts', { email: 'fixed@globex.com' }, { 'idempotency-key': 'bad-1' })
   t.equal(retried.status, 201, 'a failed request does not use up its key')
 
-  const parallel = await Promise.all(Array.from({ length: 5 }, () => ann.post('/api/deals', { name: 'Once' }, { 'idempotency-key': 'race' })))
-  t.same(parallel.map((response) => response.status), [201, 201, 201, 201, 201])
+  const parallel = await Promise.all(
+    Array.from({ length: 5 }, () => ann.post('/api/deals', { name: 'Once' }, { 'idempotency-key': 'race' })),
+  )
+  t.same(
+    parallel.map((response) => response.status),
+    [201, 201, 201, 201, 201],
+  )
   t.equal(new Set(parallel.map((response) => response.body.data.id)).size, 1, 'concurrent retries create one deal')
   t.equal(parallel.filter((response) => response.headers.get('idempotent-replayed') === 'true').length, 4)
 
-  await world.owner(`update crm.idempotency_keys set expires_at = now() - interval '1 second' where key = 'order-42' and user_id = $1`, [ann.member.id])
+  await world.owner(`update crm.idempotency_keys set expires_at = now() - interval '1 second' where key = 'order-42' and user_id = $1`, [
+    ann.member.id,
+  ])
   const { rows: pruned } = await world.owner(`select * from crm.housekeeping(30) where step = 'crm.prune_idempotency_keys'`)
   t.equal(Number(pruned[0].removed), 1, 'housekeeping removes expired keys')
   const afterExpiry = await ann.post('/api/contacts', { first_name: 'New', email: 'new@globex.com' }, key)
@@ -58,15 +65,29 @@ t.test('associations', async (t) => {
   const put = await ann.put(`/api/associations/deals/${deal.id}`, { contacts: [c1.id, c2.id], companies: [company.id] })
   t.equal(put.status, 200, put.text)
   t.same(put.body.data, { contacts: [c1.id, c2.id], companies: [company.id] })
-  t.same((await ann.get(`/api/associations/contacts/${c1.id}`)).body.data, { companies: [], deals: [deal.id] }, 'links work both ways; the record’s own type is absent')
+  t.same(
+    (await ann.get(`/api/associations/contacts/${c1.id}`)).body.data,
+    { companies: [], deals: [deal.id] },
+    'links work both ways; the record’s own type is absent',
+  )
 
   const replace = await ann.put(`/api/associations/deals/${deal.id}`, { contacts: [c2.id, c3.id] })
   t.same(replace.body.data, { contacts: [c2.id, c3.id], companies: [company.id] }, 'a key not sent stays as it is')
   t.same((await ann.put(`/api/associations/deals/${deal.id}`, { contacts: [c2.id, c3.id] })).status, 200)
 
   const { rows } = await world.owner(`select event, record_id, data from crm.events where data ? 'associations_changed' order by id`)
-  t.same(rows.map((row) => [row.event, row.record_id]), [['deal.updated', deal.id], ['deal.updated', deal.id]], 'one event per change, none for a no-op')
-  t.same(rows[0].data.associations_changed, { contacts: { added: [c1.id, c2.id], removed: [] }, companies: { added: [company.id], removed: [] } })
+  t.same(
+    rows.map((row) => [row.event, row.record_id]),
+    [
+      ['deal.updated', deal.id],
+      ['deal.updated', deal.id],
+    ],
+    'one event per change, none for a no-op',
+  )
+  t.same(rows[0].data.associations_changed, {
+    contacts: { added: [c1.id, c2.id], removed: [] },
+    companies: { added: [company.id], removed: [] },
+  })
   t.same(rows[1].data.associations_changed, { contacts: { added: [c3.id], removed: [c1.id] } })
   t.equal(rows[1].data.object.id, deal.id)
 
@@ -74,7 +95,11 @@ t.test('associations', async (t) => {
   t.equal(bad.status, 422)
   t.equal(bad.body.errors[0].pointer, '/contacts/1')
   t.equal((await ann.put(`/api/associations/deals/${deal.id}`, { deals: [deal.id] })).status, 422, 'the record’s own type is not a key')
-  t.equal((await ann.put(`/api/associations/deals/${deal.id}`, { contacts: Array.from({ length: 1001 }, () => c1.id) })).status, 422, 'at most 1,000 ids')
+  t.equal(
+    (await ann.put(`/api/associations/deals/${deal.id}`, { contacts: Array.from({ length: 1001 }, () => c1.id) })).status,
+    422,
+    'at most 1,000 ids',
+  )
   t.equal((await bob.put(`/api/associations/deals/${deal.id}`, { contacts: [] })).status, 403, 'needs update on the addressed record')
   t.equal((await ann.get('/api/associations/deals/01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a')).status, 404)
   t.equal((await ann.get(`/api/associations/users/${deal.id}`)).status, 404)
@@ -84,7 +109,10 @@ t.test('associations', async (t) => {
 })
 
 t.test('links to records the caller cannot see are neither shown nor removed', async (t) => {
-  const world = await startWorld(t, { roles: { own_viewer: ['deals:view:own', 'deals:update:own', 'contacts:view:own'] }, members: { 'olga@acme.test': 'own_viewer' } })
+  const world = await startWorld(t, {
+    roles: { own_viewer: ['deals:view:own', 'deals:update:own', 'contacts:view:own'] },
+    members: { 'olga@acme.test': 'own_viewer' },
+  })
   const admin = world.as('admin@acme.test')
   const olga = world.as('olga@acme.test')
   const olgaId = world.tenant.members['olga@acme.test'].id
@@ -130,11 +158,23 @@ t.test('search', async (t) => {
   t.equal(paged.body.data.length, 1)
   t.ok(paged.body.next_cursor)
   const rest = await ann.get(`/api/contacts/search?q=ann&limit=5&cursor=${paged.body.next_cursor}`)
-  t.same([...paged.body.data, ...rest.body.data].map((row: any) => row.first_name), firstNames, 'search pages like a list')
+  t.same(
+    [...paged.body.data, ...rest.body.data].map((row: any) => row.first_name),
+    firstNames,
+    'search pages like a list',
+  )
   const filtered = await ann.get('/api/contacts/search?q=ann&filter[email][contains]=example')
-  t.same(filtered.body.data.map((row: any) => row.first_name), ['Anneliese'], 'filters apply to search')
+  t.same(
+    filtered.body.data.map((row: any) => row.first_name),
+    ['Anneliese'],
+    'filters apply to search',
+  )
   const sorted = await ann.get('/api/contacts/search?q=ann&sort=-first_name')
-  t.same(sorted.body.data.map((row: any) => row.first_name), ['Joanna', 'Anneliese', 'Ann'], 'an explicit sort replaces the ranking')
+  t.same(
+    sorted.body.data.map((row: any) => row.first_name),
+    ['Joanna', 'Anneliese', 'Ann'],
+    'an explicit sort replaces the ranking',
+  )
 
   const global = await ann.get('/api/search?q=globex&limit=10')
   t.equal(global.status, 200)
@@ -143,9 +183,15 @@ t.test('search', async (t) => {
   const top = global.body.data[0]
   t.match(top, { type: 'company', title: 'Globex Corporation', subtitle: 'globex.com' })
   t.equal(top.record.domain, 'globex.com')
-  t.ok(global.body.data.every((hit: any, i: number, all: any[]) => i === 0 || all[i - 1].score >= hit.score), 'best first')
+  t.ok(
+    global.body.data.every((hit: any, i: number, all: any[]) => i === 0 || all[i - 1].score >= hit.score),
+    'best first',
+  )
   const onlyDeals = await ann.get('/api/search?q=globex&types=deals')
-  t.same(onlyDeals.body.data.map((hit: any) => hit.type), ['deal'])
+  t.same(
+    onlyDeals.body.data.map((hit: any) => hit.type),
+    ['deal'],
+  )
   t.equal((await ann.get('/api/search?q=an&limit=2')).body.data.length, 2, 'limit')
   t.same((await world.as('reader@acme.test').get('/api/search?q=zzzzqqq')).body.data, [])
 })

@@ -5,7 +5,7 @@ import { toApiError } from '../../src/http/problem.ts'
 import { decodeCursor, encodeCursor } from '../../src/paging.ts'
 import { CONTACT, DEAL } from '../../src/records/fields.ts'
 import { checkValue, cursorColumns, parseListRequest } from '../../src/records/list-parameters.ts'
-import { customFieldCandidates, escapeLike, filterCondition, keysetCondition, listQuery, orderKeys } from '../../src/records/list-query.ts'
+import { customFieldCandidates, escapeLike, keysetCondition, listQuery, orderKeys } from '../../src/records/list-query.ts'
 import { parseQueryString } from '../../src/records/query-string.ts'
 import { phoneDigits, prefixQuery, searchPart } from '../../src/records/search.ts'
 
@@ -14,7 +14,7 @@ function refuses400(t: Test, fn: () => unknown, message?: string) {
     fn()
     t.fail(`${message ?? 'call'} should throw`)
   } catch (error) {
-    t.equal(toApiError(error).status, 400, message ?? "400")
+    t.equal(toApiError(error).status, 400, message ?? '400')
   }
 }
 
@@ -36,10 +36,23 @@ function invalid(t: Test, query: string, pattern?: RegExp, search = false) {
 }
 
 t.test('query strings are decoded strictly', async (t) => {
-  t.same([...parseQueryString('/x?a=1&b=two+words&c=%C3%A9')], [['a', '1'], ['b', 'two words'], ['c', 'é']])
+  t.same(
+    [...parseQueryString('/x?a=1&b=two+words&c=%C3%A9')],
+    [
+      ['a', '1'],
+      ['b', 'two words'],
+      ['c', 'é'],
+    ],
+  )
   t.same([...parseQueryString('/x')], [])
   t.same([...parseQueryString('/x?')], [])
-  t.same([...parseQueryString('/x?&&a=&b')], [['a', ''], ['b', '']])
+  t.same(
+    [...parseQueryString('/x?&&a=&b')],
+    [
+      ['a', ''],
+      ['b', ''],
+    ],
+  )
   for (const bad of ['a=%ZZ', 'a=%', 'a=%C3', 'a=%FF%FE', 'a=%00', 'a=x%0Ay', 'a=1&a=2', `a=${'x'.repeat(5000)}`, '%E0%A4%A=1']) {
     refuses400(t, () => parseQueryString(`/x?${bad}`), bad.slice(0, 40))
   }
@@ -58,7 +71,8 @@ t.test('defaults', async (t) => {
 t.test('limit', async (t) => {
   t.equal(parse('limit=1').limit, 1)
   t.equal(parse('limit=200').limit, 200)
-  for (const bad of ['0', '201', '-1', '1.5', 'abc', '1e2', ' 5', '99999999999999999999']) invalid(t, `limit=${encodeURIComponent(bad)}`, /limit/)
+  for (const bad of ['0', '201', '-1', '1.5', 'abc', '1e2', ' 5', '99999999999999999999'])
+    invalid(t, `limit=${encodeURIComponent(bad)}`, /limit/)
 })
 
 t.test('filters: every operator, checked per kind', async (t) => {
@@ -69,10 +83,28 @@ t.test('filters: every operator, checked per kind', async (t) => {
   )
   t.equal(request.filters.length, 12)
   const byName = (name: string) => request.filters.filter((f) => f.kind === 'field' && f.field.name === name)
-  t.same(byName('amount').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)), [['gte', ['1000']], ['lt', ['5000.5']]])
-  t.same(byName('stage').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)), [['eq', ['won']], ['in', ['won', 'lost']]])
-  t.same(byName('updated_at').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)), [['gte', ['2026-11-01T00:00:00Z']]])
-  t.same(request.filters.find((f) => f.kind === 'custom'), { kind: 'custom', key: 'tier', value: 'gold' })
+  t.same(
+    byName('amount').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)),
+    [
+      ['gte', ['1000']],
+      ['lt', ['5000.5']],
+    ],
+  )
+  t.same(
+    byName('stage').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)),
+    [
+      ['eq', ['won']],
+      ['in', ['won', 'lost']],
+    ],
+  )
+  t.same(
+    byName('updated_at').map((f) => (f.kind === 'field' ? [f.op, f.values] : null)),
+    [['gte', ['2026-11-01T00:00:00Z']]],
+  )
+  t.same(
+    request.filters.find((f) => f.kind === 'custom'),
+    { kind: 'custom', key: 'tier', value: 'gold' },
+  )
   const isNull = byName('company_id')[0]
   t.equal(isNull.kind === 'field' && isNull.isNull, true)
 })
@@ -150,31 +182,60 @@ t.test('cursors round-trip and refuse tampering', async (t) => {
   const request = parse('sort=-amount,name')
   const text = encodeCursor(request.sortText, ['100.00', 'Acme', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])
   t.same(parse(`sort=-amount,name&cursor=${text}`).cursor, { values: ['100.00', 'Acme', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'] })
-  t.same(parse(`sort=-amount,name&cursor=${encodeCursor(request.sortText, [null, 'Acme', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`).cursor?.values[0], null, 'null for a nullable key')
+  t.same(
+    parse(`sort=-amount,name&cursor=${encodeCursor(request.sortText, [null, 'Acme', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`).cursor
+      ?.values[0],
+    null,
+    'null for a nullable key',
+  )
   invalid(t, `cursor=${text}`, /another sort/)
   invalid(t, 'cursor=!!!', /cursor is not valid/)
   invalid(t, `cursor=${Buffer.from('not json').toString('base64url')}`, /cursor is not valid/)
   invalid(t, `cursor=${Buffer.from('[1,2]').toString('base64url')}`, /cursor is not valid/)
-  for (const values of [['1; drop table x', 'a', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'], ['1', 'a'], ['1', 'a', 'nope'], ['1', null, '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'], [1, 'a', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a']]) {
-    invalid(t, `sort=-amount,name&cursor=${Buffer.from(JSON.stringify({ s: '-amount,name,id', k: values })).toString('base64url')}`, /cursor is not valid/)
+  for (const values of [
+    ['1; drop table x', 'a', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'],
+    ['1', 'a'],
+    ['1', 'a', 'nope'],
+    ['1', null, '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'],
+    [1, 'a', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'],
+  ]) {
+    invalid(
+      t,
+      `sort=-amount,name&cursor=${Buffer.from(JSON.stringify({ s: '-amount,name,id', k: values })).toString('base64url')}`,
+      /cursor is not valid/,
+    )
   }
   invalid(t, `cursor=${'A'.repeat(3000)}`, /cursor is not valid/)
   invalid(t, `cursor=${'A'.repeat(5000)}`, /cursor is too long/)
   const defaultSort = parse('')
-  invalid(t, `cursor=${encodeCursor(defaultSort.sortText, ['2026-01-01', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`, /cursor is not valid/, false)
-  t.same(decodeCursor(encodeCursor('score', ['3.25', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a']), 'score', cursorColumns([])).values[0], '3.25')
+  invalid(
+    t,
+    `cursor=${encodeCursor(defaultSort.sortText, ['2026-01-01', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`,
+    /cursor is not valid/,
+    false,
+  )
+  t.same(
+    decodeCursor(encodeCursor('score', ['3.25', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a']), 'score', cursorColumns([])).values[0],
+    '3.25',
+  )
   refuses400(t, () => decodeCursor(encodeCursor('score', ['NaN', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a']), 'score', cursorColumns([])))
 })
 
 t.test('the SQL: identifiers from the whitelist, values as parameters', async (t) => {
-  const request = parse(`filter[name][contains]=${encodeURIComponent("50%_off' or 1=1")}&filter[stage][in]=won,lost&sort=-amount&cursor=${encodeCursor('-amount,-id', ['10.00', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`)
+  const request = parse(
+    `filter[name][contains]=${encodeURIComponent("50%_off' or 1=1")}&filter[stage][in]=won,lost&sort=-amount&cursor=${encodeCursor('-amount,-id', ['10.00', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])}`,
+  )
   const query = listQuery(DEAL, request)
   t.notMatch(query.sql, /50%|or 1=1|won/, 'no value is spliced into the text')
   t.match(query.sql, /"t"\."name" ilike \$slonik_\d+/)
   t.match(query.sql, /"t"\."stage" = any\(\$slonik_\d+::"?text"?\[\]\)/)
   t.match(query.sql, /order by "t"\."amount" desc nulls last, "t"\."id" desc nulls last/)
-  t.match(query.sql, /limit '51'\s*$/, 'the page size (a validated integer) is in the text, so the prepared statement can keep a generic plan')
-  t.ok(query.values.includes('%50\\%\\_off\' or 1=1%'), 'LIKE wildcards are escaped')
+  t.match(
+    query.sql,
+    /limit '51'\s*$/,
+    'the page size (a validated integer) is in the text, so the prepared statement can keep a generic plan',
+  )
+  t.ok(query.values.includes("%50\\%\\_off' or 1=1%"), 'LIKE wildcards are escaped')
   t.equal(escapeLike('a\\b%c_d'), 'a\\\\b\\%c\\_d')
   t.same(customFieldCandidates('42'), ['42', 42])
   t.same(customFieldCandidates('true'), ['true', true])
@@ -186,7 +247,11 @@ t.test('keyset conditions', async (t) => {
   const id = '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'
   const byDefault = parse('')
   const fast = keysetCondition(orderKeys(byDefault, null), { values: ['1795278421123456', id] })
-  t.match(fast.sql, /\(\("t"\."created_at", "t"\."id"\) > \(\(timestamptz 'epoch' \+ \$slonik_\d+::bigint \* interval '1 microsecond'\), \$slonik_\d+::uuid\)\)/, 'a row comparison when nothing is nullable')
+  t.match(
+    fast.sql,
+    /\(\("t"\."created_at", "t"\."id"\) > \(\(timestamptz 'epoch' \+ \$slonik_\d+::bigint \* interval '1 microsecond'\), \$slonik_\d+::uuid\)\)/,
+    'a row comparison when nothing is nullable',
+  )
   const nullable = keysetCondition(orderKeys(parse('sort=-amount'), null), { values: ['10.00', id] })
   t.match(nullable.sql, /"t"\."amount" < \$slonik_\d+::numeric or "t"\."amount" is null/, 'nulls come last')
   const fromNull = keysetCondition(orderKeys(parse('sort=-amount'), null), { values: [null, id] })

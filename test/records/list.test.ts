@@ -1,7 +1,7 @@
 // Lists over HTTP: every filter operator against real rows, sorts, keyset paging that stays right
 // while rows are inserted and deleted between pages, Link headers, and hostile parameters.
 import t from 'tap'
-import { startWorld, type Client } from './helpers.ts'
+import { type Client, startWorld } from './helpers.ts'
 
 async function all(client: Client, path: string): Promise<any[]> {
   const rows: any[] = []
@@ -25,7 +25,14 @@ t.test('filters, one operator at a time', async (t) => {
   const company = (await ann.post('/api/companies', { name: 'Globex' })).body.data
   const seed = [
     { name: 'Alpha', amount: '100.00', stage: 'lead', close_date: '2026-01-15', custom_fields: { tier: 'gold', seats: 10, vip: true } },
-    { name: 'beta deal', amount: '250.50', stage: 'won', close_date: '2026-03-01', company_id: company.id, custom_fields: { tier: 'silver', seats: '10' } },
+    {
+      name: 'beta deal',
+      amount: '250.50',
+      stage: 'won',
+      close_date: '2026-03-01',
+      company_id: company.id,
+      custom_fields: { tier: 'silver', seats: '10' },
+    },
     { name: 'Gamma 50%_off', amount: null, stage: 'lost', currency: 'EUR', custom_fields: {} },
     { name: 'Delta', amount: '1000.00', stage: 'won', close_date: '2026-12-31', company_id: company.id, custom_fields: { tier: 'gold' } },
   ]
@@ -80,29 +87,51 @@ t.test('sorting and keyset paging', async (t) => {
   const ann = world.as('ann@acme.test')
   const amounts = ['5.00', null, '1.00', '5.00', '3.00', null, '2.00', '5.00', '4.00', '1.00']
   const created: any[] = []
-  for (const [index, amount] of amounts.entries()) created.push((await ann.post('/api/deals', { name: `Deal ${String.fromCharCode(106 - index)}`, amount })).body.data)
+  for (const [index, amount] of amounts.entries())
+    created.push((await ann.post('/api/deals', { name: `Deal ${String.fromCharCode(106 - index)}`, amount })).body.data)
 
   const byDefault = await all(ann, '/api/deals?limit=3')
-  t.same(byDefault.map((row) => row.id), created.map((row) => row.id), 'default order is created_at, id')
+  t.same(
+    byDefault.map((row) => row.id),
+    created.map((row) => row.id),
+    'default order is created_at, id',
+  )
 
   const byAmount = await all(ann, '/api/deals?sort=-amount,name&limit=2')
   const expected = [...created].sort((a, b) => {
     if (a.amount === null || b.amount === null) return a.amount === b.amount ? (a.name < b.name ? -1 : 1) : a.amount === null ? 1 : -1
     return Number(b.amount) - Number(a.amount) || (a.name < b.name ? -1 : 1)
   })
-  t.same(byAmount.map((row) => row.name), expected.map((row) => row.name), '-amount,name with nulls last, across pages of 2')
+  t.same(
+    byAmount.map((row) => row.name),
+    expected.map((row) => row.name),
+    '-amount,name with nulls last, across pages of 2',
+  )
   const ascending = await all(ann, '/api/deals?sort=amount&limit=3')
-  t.same(ascending.slice(-2).map((row) => row.amount), [null, null], 'nulls last ascending too')
+  t.same(
+    ascending.slice(-2).map((row) => row.amount),
+    [null, null],
+    'nulls last ascending too',
+  )
   t.same(ascending.length, 10)
-  t.same((await all(ann, '/api/deals?sort=-created_at&limit=4')).map((row) => row.id), created.map((row) => row.id).reverse())
-  t.same((await all(ann, '/api/deals?sort=name&limit=4')).map((row) => row.name), created.map((row) => row.name).sort())
+  t.same(
+    (await all(ann, '/api/deals?sort=-created_at&limit=4')).map((row) => row.id),
+    created.map((row) => row.id).reverse(),
+  )
+  t.same(
+    (await all(ann, '/api/deals?sort=name&limit=4')).map((row) => row.name),
+    created.map((row) => row.name).sort(),
+  )
 
   const first = await ann.get('/api/deals?limit=200')
   t.equal(first.body.data.length, 10)
   t.equal(first.body.next_cursor, null)
   t.equal(first.headers.get('link'), null)
   const limited = await ann.get('/api/deals?limit=4&filter[amount][is_null]=false&sort=-amount')
-  t.match(limited.headers.get('link'), /^<\/api\/deals\?limit=4&filter\[amount\]\[is_null\]=false&sort=-amount&cursor=[A-Za-z0-9_-]+>; rel="next"$/)
+  t.match(
+    limited.headers.get('link'),
+    /^<\/api\/deals\?limit=4&filter\[amount\]\[is_null\]=false&sort=-amount&cursor=[A-Za-z0-9_-]+>; rel="next"$/,
+  )
   const wrongSort = await ann.get(`/api/deals?limit=4&sort=name&cursor=${limited.body.next_cursor}`)
   t.equal(wrongSort.status, 400, 'a cursor is tied to its sort')
 })
@@ -111,7 +140,8 @@ t.test('paging stays correct while rows are inserted and deleted between pages',
   const world = await startWorld(t)
   const ann = world.as('ann@acme.test')
   const ids: string[] = []
-  for (let i = 0; i < 12; i++) ids.push((await ann.post('/api/deals', { name: `D${String(i).padStart(2, '0')}`, amount: String(i % 4) })).body.data.id)
+  for (let i = 0; i < 12; i++)
+    ids.push((await ann.post('/api/deals', { name: `D${String(i).padStart(2, '0')}`, amount: String(i % 4) })).body.data.id)
 
   for (const sort of ['', '&sort=-amount,name', '&sort=name']) {
     const seen: string[] = []
@@ -147,9 +177,9 @@ t.test('hostile parameters answer 400 invalid_parameter, never 500', async (t) =
     'filter[name]=%C3%28',
     'filter[name]=%00',
     'filter[name]=a%00b',
-    "filter[amount]=1%27%20or%20%271%27=%271",
+    'filter[amount]=1%27%20or%20%271%27=%271',
     'filter[amount]=1;select%20pg_sleep(5)',
-    "filter[name%22;drop%20table%20crm.deals;--]=x",
+    'filter[name%22;drop%20table%20crm.deals;--]=x',
     'filter[name][op%27]=x',
     'filter[stage][regex]=.*',
     'filter[custom_fields.x%27)%20or%20(%271]=1',

@@ -33,7 +33,11 @@ t.test('the document validates and covers every /api route', async (t) => {
   t.ok(createDeal.parameters.some((parameter: any) => parameter.name === 'Idempotency-Key'))
   t.ok(createDeal.responses['201'].headers.Location)
   t.equal(createDeal.responses['422'].$ref, '#/components/responses/Problem422')
-  t.equal(createDeal.requestBody.content['application/json'].schema.additionalProperties, false, 'the same schema that refuses unknown fields')
+  t.equal(
+    createDeal.requestBody.content['application/json'].schema.additionalProperties,
+    false,
+    'the same schema that refuses unknown fields',
+  )
   const listDeals = document.paths['/api/deals'].get
   t.ok(listDeals.parameters.find((parameter: any) => parameter.name === 'filter' && parameter.style === 'deepObject'))
   t.ok(document.paths['/api/deals/{id}'].put.parameters.some((parameter: any) => parameter.name === 'If-Match'))

@@ -2,12 +2,28 @@
 import t from 'tap'
 import { startWorld } from './helpers.ts'
 
-const EMAILS = ['admin@acme.test', 'ann@acme.test', 'bob@acme.test', 'reader@acme.test', 'carol@acme.test', 'dave@acme.test', 'nobody@acme.test']
+const EMAILS = [
+  'admin@acme.test',
+  'ann@acme.test',
+  'bob@acme.test',
+  'reader@acme.test',
+  'carol@acme.test',
+  'dave@acme.test',
+  'nobody@acme.test',
+]
 
 t.test('own, team and all scopes', async (t) => {
   const world = await startWorld(t, {
     roles: {
-      seller: ['deals:view:team', 'deals:create:team', 'deals:update:team', 'deals:delete:own', 'contacts:view:own', 'contacts:create:own', 'companies:view:all'],
+      seller: [
+        'deals:view:team',
+        'deals:create:team',
+        'deals:update:team',
+        'deals:delete:own',
+        'contacts:view:own',
+        'contacts:create:own',
+        'companies:view:all',
+      ],
       outsider: [],
     },
     members: { 'carol@acme.test': 'seller', 'dave@acme.test': 'seller', 'nobody@acme.test': 'outsider' },
@@ -30,7 +46,8 @@ t.test('own, team and all scopes', async (t) => {
     t.equal((await admin.post('/api/contacts', { first_name: email, owner_id: id(email) })).status, 201)
   }
 
-  const visible = async (email: string, path = '/api/deals') => (await world.as(email).get(`${path}?limit=200`)).body.data.map((row: any) => row.owner_id).sort()
+  const visible = async (email: string, path = '/api/deals') =>
+    (await world.as(email).get(`${path}?limit=200`)).body.data.map((row: any) => row.owner_id).sort()
   t.same((await visible('admin@acme.test')).length, 5, 'all: everything')
   t.same((await visible('ann@acme.test')).length, 5, 'member: view all')
   t.same((await visible('reader@acme.test')).length, 5, 'read_only: view all')
@@ -47,20 +64,40 @@ t.test('own, team and all scopes', async (t) => {
   // Writing: a visible record the role may not change is 403; an invisible one 404.
   t.equal((await ann.put(`/api/deals/${deals['bob@acme.test']}`, { name: 'Mine now' })).status, 403, 'member: update own only')
   t.equal((await ann.put(`/api/deals/${deals['ann@acme.test']}`, { name: 'Still mine' })).status, 200)
-  t.equal((await ann.put(`/api/deals/${deals['ann@acme.test']}`, { owner_id: id('bob@acme.test') })).status, 403, 'an owner change must stay within the scope')
+  t.equal(
+    (await ann.put(`/api/deals/${deals['ann@acme.test']}`, { owner_id: id('bob@acme.test') })).status,
+    403,
+    'an owner change must stay within the scope',
+  )
   t.equal((await ann.del(`/api/deals/${deals['bob@acme.test']}`)).status, 403)
   t.equal((await reader.put(`/api/deals/${deals['ann@acme.test']}`, { name: 'x' })).status, 403, 'read_only cannot update')
   t.equal((await reader.post('/api/deals', { name: 'x' })).status, 403, 'read_only cannot create')
   t.equal((await reader.del(`/api/deals/${deals['ann@acme.test']}`)).status, 403)
   t.equal((await carol.put(`/api/deals/${deals['ann@acme.test']}`, { stage: 'won' })).status, 200, 'team: update a team mate’s deal')
   t.equal((await carol.put(`/api/deals/${deals['bob@acme.test']}`, { stage: 'won' })).status, 404, 'team: another team’s deal is invisible')
-  t.equal((await carol.put(`/api/deals/${deals['ann@acme.test']}`, { owner_id: id('carol@acme.test') })).status, 200, 'team: reassign within the team')
-  t.equal((await carol.put(`/api/deals/${deals['carol@acme.test']}`, { owner_id: id('bob@acme.test') })).status, 403, 'team: not outside it')
+  t.equal(
+    (await carol.put(`/api/deals/${deals['ann@acme.test']}`, { owner_id: id('carol@acme.test') })).status,
+    200,
+    'team: reassign within the team',
+  )
+  t.equal(
+    (await carol.put(`/api/deals/${deals['carol@acme.test']}`, { owner_id: id('bob@acme.test') })).status,
+    403,
+    'team: not outside it',
+  )
   t.equal((await carol.del(`/api/deals/${deals['ann@acme.test']}`)).status, 204, 'delete own (the deal is hers now)')
   t.equal((await carol.post('/api/deals', { name: 'For Ann', owner_id: id('ann@acme.test') })).status, 201, 'create for a team mate')
-  t.equal((await carol.post('/api/deals', { name: 'For Bob', owner_id: id('bob@acme.test') })).status, 403, 'not for someone outside the team')
+  t.equal(
+    (await carol.post('/api/deals', { name: 'For Bob', owner_id: id('bob@acme.test') })).status,
+    403,
+    'not for someone outside the team',
+  )
   t.equal((await carol.post('/api/deals', { name: 'For a stranger', owner_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a' })).status, 403)
-  t.equal((await admin.post('/api/deals', { name: 'For a stranger', owner_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a' })).body.errors[0].pointer, '/owner_id', 'the owner must be a member')
+  t.equal(
+    (await admin.post('/api/deals', { name: 'For a stranger', owner_id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a' })).body.errors[0].pointer,
+    '/owner_id',
+    'the owner must be a member',
+  )
   t.equal((await nobody.post('/api/deals', { name: 'x' })).status, 403)
   t.equal((await bob.get(`/api/deals/${deals['carol@acme.test']}`)).status, 200)
 
@@ -72,13 +109,20 @@ t.test('own, team and all scopes', async (t) => {
       await world.owner('select crm.act_as($1, $2)', [email, 'acme'])
       const { rows } = await world.owner(`select id from crm.${path} order by id`)
       await world.owner('rollback')
-      t.same(rows.map((row) => row.id), overHttp, `${email} sees the same ${path} through crm.act_as`)
+      t.same(
+        rows.map((row) => row.id),
+        overHttp,
+        `${email} sees the same ${path} through crm.act_as`,
+      )
     }
   }
 
   // A context set by hand, without crm.authenticate's proof, sees nothing.
   await world.owner('begin')
-  await world.owner(`select set_config('role', 'crm_api', true), set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true)`, [id('admin@acme.test'), world.tenant.id])
+  await world.owner(
+    `select set_config('role', 'crm_api', true), set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true)`,
+    [id('admin@acme.test'), world.tenant.id],
+  )
   const { rows: forged } = await world.owner('select count(*)::int as n from crm.deals')
   await world.owner('rollback')
   t.equal(forged[0].n, 0, 'forged settings see zero rows')

@@ -33,7 +33,10 @@ const difference = (left: Iterable<string>, right: Iterable<string>) => {
 function mismatch(left: string, leftNames: Iterable<string>, right: string, rightNames: Iterable<string>): string {
   const leftOnly = difference(leftNames, rightNames)
   const rightOnly = difference(rightNames, leftNames)
-  const parts = [leftOnly.length ? `only in ${left}: ${leftOnly.join(', ')}` : '', rightOnly.length ? `only in ${right}: ${rightOnly.join(', ')}` : '']
+  const parts = [
+    leftOnly.length ? `only in ${left}: ${leftOnly.join(', ')}` : '',
+    rightOnly.length ? `only in ${right}: ${rightOnly.join(', ')}` : '',
+  ]
   const text = parts.filter(Boolean).join('; ')
   return text ? `: ${text}` : ''
 }
@@ -85,7 +88,7 @@ async function constraintsOf(db: pg.Client, table: string): Promise<Constraint[]
   return rows
 }
 
-t.test('every copy of a record type\'s shape agrees with its field list', async (t) => {
+t.test("every copy of a record type's shape agrees with its field list", async (t) => {
   const url = await createTestDatabase(t)
   const db = await ownerClient(t, url)
   const tenant = await createTenant(url, { members: { 'admin@shape.test': 'admin' } })
@@ -99,25 +102,41 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
 
     t.test(`${type.path}: the JSON renderers show exactly the fields`, async (t) => {
       const id = await insertEmptyRow(db, type, tenant.id, admin.id)
-      const { rows: [rendered] } = await db.query(
+      const {
+        rows: [rendered],
+      } = await db.query(
         `select array(select json_object_keys(crm.${type.name}_json(t))) as json,
                 array(select jsonb_object_keys(crm.${type.name}_jsonb(t))) as jsonb
            from ${table} t where t.id = $1`,
         [id],
       )
       const json = `crm.${type.name}_json (sql/)`
-      t.same(rendered.json, fieldNames, `${json} and the ${type.path} fields of ${FIELDS_FILE} agree, in order${mismatch(json, rendered.json, FIELDS_FILE, fieldNames)}`)
+      t.same(
+        rendered.json,
+        fieldNames,
+        `${json} and the ${type.path} fields of ${FIELDS_FILE} agree, in order${mismatch(json, rendered.json, FIELDS_FILE, fieldNames)}`,
+      )
       // jsonb keeps its keys sorted, so only the set can be compared.
       const jsonb = `crm.${type.name}_jsonb (sql/, the outbox's renderer)`
-      t.same(sorted(rendered.jsonb), sorted(fieldNames), `${jsonb} and the ${type.path} fields of ${FIELDS_FILE} agree${mismatch(jsonb, rendered.jsonb, FIELDS_FILE, fieldNames)}`)
+      t.same(
+        sorted(rendered.jsonb),
+        sorted(fieldNames),
+        `${jsonb} and the ${type.path} fields of ${FIELDS_FILE} agree${mismatch(jsonb, rendered.jsonb, FIELDS_FILE, fieldNames)}`,
+      )
     })
 
     t.test(`${type.path}: the response schema accepts what crm.${type.name}_json renders, empty and full`, async (t) => {
       const validator = Compile(SCHEMAS[type.name].record)
       for (const id of [await insertEmptyRow(db, type, tenant.id, admin.id), await insertFullRow(db, type, tenant.id, admin.id, company)]) {
-        const { rows: [{ record }] } = await db.query(`select crm.${type.name}_json(t) as record from ${table} t where t.id = $1`, [id])
+        const {
+          rows: [{ record }],
+        } = await db.query(`select crm.${type.name}_json(t) as record from ${table} t where t.id = $1`, [id])
         const problems = validator.Errors(record).map((error) => `${error.instancePath} ${error.message}`)
-        t.same(problems, [], `the response schema of ${type.path} (built in src/records/schemas.ts from ${FIELDS_FILE}) accepts ${JSON.stringify(record)}`)
+        t.same(
+          problems,
+          [],
+          `the response schema of ${type.path} (built in src/records/schemas.ts from ${FIELDS_FILE}) accepts ${JSON.stringify(record)}`,
+        )
       }
     })
 
@@ -131,25 +150,57 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
         [table],
       )
       const columns = rows.map((row) => row.name as string)
-      t.same(sorted(columns), sorted(['workspace_id', ...fieldNames]), `the columns of ${table} are workspace_id and the ${type.path} fields of ${FIELDS_FILE}${mismatch(`the table (sql/)`, columns, FIELDS_FILE, ['workspace_id', ...fieldNames])}`)
+      t.same(
+        sorted(columns),
+        sorted(['workspace_id', ...fieldNames]),
+        `the columns of ${table} are workspace_id and the ${type.path} fields of ${FIELDS_FILE}${mismatch(`the table (sql/)`, columns, FIELDS_FILE, ['workspace_id', ...fieldNames])}`,
+      )
       const insertable = rows.filter((row) => row.insert).map((row) => row.name as string)
       const updatable = rows.filter((row) => row.update).map((row) => row.name as string)
       const insertableByClient = difference(insertable, FILLED_BY_DATABASE)
       const insertGrant = `the insert grant to crm_api on ${table} (sql/)`
-      t.same(insertableByClient, sorted(writable), `${insertGrant}, less ${FILLED_BY_DATABASE.join(', ')}, is the writable ${type.path} fields of ${FIELDS_FILE}${mismatch(insertGrant, insertableByClient, FIELDS_FILE, writable)}`)
+      t.same(
+        insertableByClient,
+        sorted(writable),
+        `${insertGrant}, less ${FILLED_BY_DATABASE.join(', ')}, is the writable ${type.path} fields of ${FIELDS_FILE}${mismatch(insertGrant, insertableByClient, FIELDS_FILE, writable)}`,
+      )
       const updateGrant = `the update grant to crm_api on ${table} (sql/)`
-      t.same(sorted(updatable), sorted(writable), `${updateGrant} is the writable ${type.path} fields of ${FIELDS_FILE}${mismatch(updateGrant, updatable, FIELDS_FILE, writable)}`)
-      t.same(difference(FILLED_BY_DATABASE, insertable), [], `crm_api may insert ${FILLED_BY_DATABASE.join(', ')} into ${table} (imports send them): FILLED_BY_DATABASE of this test lists only such columns`)
+      t.same(
+        sorted(updatable),
+        sorted(writable),
+        `${updateGrant} is the writable ${type.path} fields of ${FIELDS_FILE}${mismatch(updateGrant, updatable, FIELDS_FILE, writable)}`,
+      )
+      t.same(
+        difference(FILLED_BY_DATABASE, insertable),
+        [],
+        `crm_api may insert ${FILLED_BY_DATABASE.join(', ')} into ${table} (imports send them): FILLED_BY_DATABASE of this test lists only such columns`,
+      )
     })
 
     t.test(`${type.path}: the schemas are built from the fields`, async (t) => {
       const schemas = SCHEMAS[type.name]
       const properties = (schema: unknown) => Object.keys((schema as { properties: Record<string, unknown> }).properties)
-      t.same(properties(schemas.record), fieldNames, `the response schema of ${type.path} (src/records/schemas.ts) shows every field in order`)
-      t.same(sorted(properties(schemas.create)), sorted(fieldNames), `the create schema of ${type.path} accepts every field (read-only ones are ignored)`)
-      t.same(sorted(properties(schemas.update)), sorted(fieldNames), `the update schema of ${type.path} accepts every field (read-only ones are ignored)`)
+      t.same(
+        properties(schemas.record),
+        fieldNames,
+        `the response schema of ${type.path} (src/records/schemas.ts) shows every field in order`,
+      )
+      t.same(
+        sorted(properties(schemas.create)),
+        sorted(fieldNames),
+        `the create schema of ${type.path} accepts every field (read-only ones are ignored)`,
+      )
+      t.same(
+        sorted(properties(schemas.update)),
+        sorted(fieldNames),
+        `the update schema of ${type.path} accepts every field (read-only ones are ignored)`,
+      )
       const example = `the example ${type.label} of src/records/schemas.ts`
-      t.same(sorted(Object.keys(schemas.exampleRecord)), sorted(fieldNames), `${example} shows every field${mismatch(example, Object.keys(schemas.exampleRecord), FIELDS_FILE, fieldNames)}`)
+      t.same(
+        sorted(Object.keys(schemas.exampleRecord)),
+        sorted(fieldNames),
+        `${example} shows every field${mismatch(example, Object.keys(schemas.exampleRecord), FIELDS_FILE, fieldNames)}`,
+      )
     })
 
     t.test(`${type.path}: every constraint a client can break points at one of its fields`, async (t) => {
@@ -158,7 +209,10 @@ t.test('every copy of a record type\'s shape agrees with its field list', async 
         // A constraint on columns the client cannot write (none today) cannot fail on client input.
         if (clientColumns.length === 0) continue
         const pointer = RECORD_CONSTRAINT_FIELDS[constraint.name]
-        t.ok(pointer, `${constraint.name} (${constraint.kind} on ${constraint.columns.join(', ')}) of ${table} has an entry in the map of ${CONSTRAINTS_FILE}`)
+        t.ok(
+          pointer,
+          `${constraint.name} (${constraint.kind} on ${constraint.columns.join(', ')}) of ${table} has an entry in the map of ${CONSTRAINTS_FILE}`,
+        )
         if (!pointer) continue
         const field = pointer.slice(1)
         t.ok(

@@ -4,11 +4,11 @@
 // time (no two attempt rows of one delivery overlap), although the two workers share the jobs and
 // every first attempt fails so each delivery is retried.
 import t from 'tap'
+import { checkEveryEventDelivered } from '../faults/invariants.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { ownerQuery, sleep, startCrm } from '../helpers/processes.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
-import { checkEveryEventDelivered } from '../faults/invariants.ts'
 
 const ENV = { ...WEBHOOK_TEST_ENV, LOG_LEVEL: 'warn', RATE_LIMIT_PER_MINUTE: '600' }
 
@@ -27,12 +27,14 @@ async function call(url: string, token: string, method: string, path: string, bo
 async function pooled<T>(n: number, concurrency: number, fn: (i: number) => Promise<T>): Promise<T[]> {
   const results: T[] = new Array(n)
   let next = 0
-  await Promise.all(Array.from({ length: concurrency }, async () => {
-    while (next < n) {
-      const i = next++
-      results[i] = await fn(i)
-    }
-  }))
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < n) {
+        const i = next++
+        results[i] = await fn(i)
+      }
+    }),
+  )
   return results
 }
 
@@ -54,7 +56,10 @@ t.test('the rate limit holds across two API processes: the 601st request in a mi
   const answers = await pooled(600, 8, (i) => call(apis[i % 2].url, busy, 'GET', '/api/me'))
   const [{ minute: minuteAfter }] = await ownerQuery(databaseUrl, `select date_trunc('minute', now())::text as minute`)
   t.equal(minuteAfter, minute, 'all 600 requests fell in one clock minute')
-  const statuses = answers.reduce<Record<number, number>>((counts, answer) => ({ ...counts, [answer.status]: (counts[answer.status] ?? 0) + 1 }), {})
+  const statuses = answers.reduce<Record<number, number>>(
+    (counts, answer) => ({ ...counts, [answer.status]: (counts[answer.status] ?? 0) + 1 }),
+    {},
+  )
   t.same(statuses, { 200: 600 }, 'the first 600 requests, spread over both API processes, are answered')
   const remaining = answers.map((answer) => Number(answer.headers.get('ratelimit-remaining')))
   // Each request counts itself in its own transaction and sees the others' counts once they
@@ -84,13 +89,25 @@ t.test('two workers: every event delivered at least once, no delivery attempted 
   t.equal(created.status, 201, 'subscription created')
 
   const contacts = await pooled(120, 6, (i) => call(apis[i % 2].url, admin, 'POST', '/api/contacts', { first_name: `Scale ${i}` }))
-  t.ok(contacts.every((answer) => answer.status === 201), '120 contacts created through both API processes')
-  const updates = await pooled(60, 6, (i) => call(apis[i % 2].url, admin, 'PATCH', `/api/contacts/${contacts[i].body.data.id}`, { job_title: `Role ${i}` }))
-  t.ok(updates.every((answer) => answer.status === 200), '60 updates through both API processes')
+  t.ok(
+    contacts.every((answer) => answer.status === 201),
+    '120 contacts created through both API processes',
+  )
+  const updates = await pooled(60, 6, (i) =>
+    call(apis[i % 2].url, admin, 'PATCH', `/api/contacts/${contacts[i].body.data.id}`, { job_title: `Role ${i}` }),
+  )
+  t.ok(
+    updates.every((answer) => answer.status === 200),
+    '60 updates through both API processes',
+  )
 
   const events = await checkEveryEventDelivered(t, databaseUrl, tenant.id, [receiver], 90_000)
   t.equal(events, 180, '180 events')
-  const [attempts] = await ownerQuery(databaseUrl, `select count(*)::int as n, count(distinct delivery_id)::int as deliveries from crm.webhook_attempts where workspace_id = $1`, [tenant.id])
+  const [attempts] = await ownerQuery(
+    databaseUrl,
+    `select count(*)::int as n, count(distinct delivery_id)::int as deliveries from crm.webhook_attempts where workspace_id = $1`,
+    [tenant.id],
+  )
   t.ok(attempts.n >= 2 * attempts.deliveries, `every delivery was retried (${attempts.n} attempts for ${attempts.deliveries} deliveries)`)
   const overlapping = await ownerQuery(
     databaseUrl,
@@ -106,8 +123,20 @@ t.test('two workers: every event delivered at least once, no delivery attempted 
   const [beats] = await ownerQuery(databaseUrl, `select count(distinct host)::int as hosts from crm.worker_heartbeats`)
   t.equal(beats.hosts, 2, 'both worker processes are alive and beating')
   const shares = workers.map((worker) => worker.count(COMPLETED_DELIVERY))
-  t.ok(shares.every((n) => n > 0), `both workers ran delivery jobs (${shares.join(' and ')})`)
+  t.ok(
+    shares.every((n) => n > 0),
+    `both workers ran delivery jobs (${shares.join(' and ')})`,
+  )
   const extra = receiver.received.length - attempts.n
-  t.same(apis.concat(workers).flatMap((p) => p.errorLines()).slice(0, 5), [], 'no process logged an error')
-  console.error(`# scale-out: 2 API + 2 worker processes; ${events} events, ${attempts.deliveries} deliveries, ${attempts.n} attempts, no overlap; delivery jobs per worker ${shares.join('/')}; receiver saw ${receiver.received.length} requests (${extra} unrecorded)`)
+  t.same(
+    apis
+      .concat(workers)
+      .flatMap((p) => p.errorLines())
+      .slice(0, 5),
+    [],
+    'no process logged an error',
+  )
+  console.error(
+    `# scale-out: 2 API + 2 worker processes; ${events} events, ${attempts.deliveries} deliveries, ${attempts.n} attempts, no overlap; delivery jobs per worker ${shares.join('/')}; receiver saw ${receiver.received.length} requests (${extra} unrecorded)`,
+  )
 })

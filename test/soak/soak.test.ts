@@ -3,12 +3,12 @@
 // 300 in `make soak`). No 5xx and no connection error, memory of the API process flat, nothing
 // lost; prints one markdown summary line (requests, p50/p99, RSS by quarter) on stderr.
 import t from 'tap'
+import { checkEvents, checkEveryEventDelivered, checkNoLostWrites } from '../faults/invariants.ts'
+import { Load } from '../faults/load.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { eventually, ownerQuery, sleep, startCrm } from '../helpers/processes.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
-import { checkEvents, checkEveryEventDelivered, checkNoLostWrites } from '../faults/invariants.ts'
-import { Load } from '../faults/load.ts'
 
 const SECONDS = Number(process.env.SOAK_SECONDS ?? 20)
 const ENV = { ...WEBHOOK_TEST_ENV, RATE_LIMIT_PER_MINUTE: '1000000', LOG_LEVEL: 'warn' }
@@ -41,19 +41,43 @@ t.test(`soak for ${SECONDS} s: mixed reads, writes, imports and webhooks`, async
   const elapsed = (Date.now() - started) / 1000
 
   // Imports finish on the worker: wait for each, then check its rows landed.
-  const jobs = await eventually('every import finished', async () => {
-    const all = await Promise.all(load.imports.map(async (job) => {
-      const response = await fetch(`${api.url}/api/contacts/import/${job.id}`, { headers: { authorization: `Bearer ${token}` } })
-      return ((await response.json()) as { data: { status: string; counts: { created: number } } }).data
-    }))
-    return all.every((job) => job.status === 'completed' || job.status === 'failed') ? all : null
-  }, 60_000, 500)
+  const jobs = await eventually(
+    'every import finished',
+    async () => {
+      const all = await Promise.all(
+        load.imports.map(async (job) => {
+          const response = await fetch(`${api.url}/api/contacts/import/${job.id}`, { headers: { authorization: `Bearer ${token}` } })
+          return ((await response.json()) as { data: { status: string; counts: { created: number } } }).data
+        }),
+      )
+      return all.every((job) => job.status === 'completed' || job.status === 'failed') ? all : null
+    },
+    60_000,
+    500,
+  )
   t.ok(load.imports.length > 0, `${load.imports.length} imports started`)
-  t.ok(jobs.every((job) => job.status === 'completed' && job.counts.created === load.options.importRows), `every import completed with all ${load.options.importRows} rows`)
+  t.ok(
+    jobs.every((job) => job.status === 'completed' && job.counts.created === load.options.importRows),
+    `every import completed with all ${load.options.importRows} rows`,
+  )
 
   const summary = load.summary()
-  const fiveHundreds = Object.values(summary.byKind).reduce((n, kind) => n + Object.entries(kind.statuses).filter(([status]) => status.startsWith('5')).reduce((m, [, c]) => m + c, 0), 0)
-  const connectionErrors = Object.values(summary.byKind).reduce((n, kind) => n + Object.entries(kind.statuses).filter(([status]) => status.startsWith('error:')).reduce((m, [, c]) => m + c, 0), 0)
+  const fiveHundreds = Object.values(summary.byKind).reduce(
+    (n, kind) =>
+      n +
+      Object.entries(kind.statuses)
+        .filter(([status]) => status.startsWith('5'))
+        .reduce((m, [, c]) => m + c, 0),
+    0,
+  )
+  const connectionErrors = Object.values(summary.byKind).reduce(
+    (n, kind) =>
+      n +
+      Object.entries(kind.statuses)
+        .filter(([status]) => status.startsWith('error:'))
+        .reduce((m, [, c]) => m + c, 0),
+    0,
+  )
   t.equal(fiveHundreds, 0, `no 5xx in ${summary.requests} requests`)
   t.equal(connectionErrors, 0, 'no connection error and no hang')
   t.same(load.unexpected, [], 'no unexpected status')
@@ -68,13 +92,23 @@ t.test(`soak for ${SECONDS} s: mixed reads, writes, imports and webhooks`, async
   const first = quarters[0]
   const last = quarters[3]
   const peak = Math.max(...rss)
-  t.ok(last < Math.max(first * 2, first + 150 * 1024), `API RSS bounded: first quarter ${mib(first)} MiB, last quarter ${mib(last)} MiB, peak ${mib(peak)} MiB`)
+  t.ok(
+    last < Math.max(first * 2, first + 150 * 1024),
+    `API RSS bounded: first quarter ${mib(first)} MiB, last quarter ${mib(last)} MiB, peak ${mib(peak)} MiB`,
+  )
   if (SECONDS >= 120) {
-    t.ok(last - quarters[2] < Math.max(quarters[2] * 0.1, 16 * 1024), `API RSS flat over the second half: ${mib(quarters[2])} → ${mib(last)} MiB`)
+    t.ok(
+      last - quarters[2] < Math.max(quarters[2] * 0.1, 16 * 1024),
+      `API RSS flat over the second half: ${mib(quarters[2])} → ${mib(last)} MiB`,
+    )
   }
 
   const emails = load.imports.flatMap((job) => job.emails)
-  const [landed] = await ownerQuery(databaseUrl, `select count(*)::int as n from crm.contacts where workspace_id = $1 and email = any($2::text[])`, [tenant.id, emails])
+  const [landed] = await ownerQuery(
+    databaseUrl,
+    `select count(*)::int as n from crm.contacts where workspace_id = $1 and email = any($2::text[])`,
+    [tenant.id, emails],
+  )
   t.equal(landed.n, emails.length, `every imported row is in the database (${emails.length})`)
   await checkNoLostWrites(t, databaseUrl, tenant.id, load)
   await checkEvents(t, databaseUrl, tenant.id, load)

@@ -2,8 +2,9 @@
 // them in a second browser, build a custom role in the grid and see the API obey it, suspend a
 // member (their open session and API tokens stop at once), teams, and the plain-word refusals
 // (seat limit, last admin, role in use).
-import t, { type Test } from 'tap'
+
 import type { Page } from 'playwright-core'
+import t, { type Test } from 'tap'
 import { mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { openBrowser, unlabelledFields } from './browser.ts'
@@ -17,7 +18,11 @@ if (admin && member) {
   const PASSWORD = 'correct horse battery'
   const GRACE_PASSWORD = 'grace hopper 1906'
 
-  const userId = (email: string) => withOwner(server.databaseUrl, async (client) => (await client.query('select id from crm.users where email = $1', [email])).rows[0].id as string)
+  const userId = (email: string) =>
+    withOwner(
+      server.databaseUrl,
+      async (client) => (await client.query('select id from crm.users where email = $1', [email])).rows[0].id as string,
+    )
   const tokenFor = async (email: string) => withOwner(server.databaseUrl, async (client) => mintToken(client, await userId(email)))
   const seats = async (p: Page) => (await p.locator('#seats').textContent())?.replace(/\s+/g, ' ').trim()
   const nav = (p: Page, name: string) => p.getByRole('navigation', { name: 'Main' }).getByRole('link', { name, exact: true })
@@ -25,7 +30,11 @@ if (admin && member) {
   /** Accessibility and CSRF basics of the page shown: labelled fields, a token in every posting form. */
   const checkForms = async (t: Test, p: Page) => {
     t.same(await unlabelledFields(p), [], 'every field has a label')
-    const missing = await p.evaluate(() => [...document.querySelectorAll('form[method=post]')].filter((form) => !(form.querySelector('input[name=csrf]') as HTMLInputElement | null)?.value).map((form) => form.getAttribute('action')))
+    const missing = await p.evaluate(() =>
+      [...document.querySelectorAll('form[method=post]')]
+        .filter((form) => !(form.querySelector('input[name=csrf]') as HTMLInputElement | null)?.value)
+        .map((form) => form.getAttribute('action')),
+    )
     t.same(missing, [], 'every form carries a CSRF token')
   }
 
@@ -49,10 +58,23 @@ if (admin && member) {
     t.match(await page.getByRole('status').first().textContent(), /Your workspace is ready/)
     t.equal(await seats(page), 'Seats: 1 used of unlimited')
     t.equal(await page.getByLabel('Role of Ada Lovelace', { exact: true }).inputValue(), 'admin')
-    const tokens = await withOwner(server.databaseUrl, async (client) =>
-      (await client.query("select kind, name, revoked_at is not null as revoked from crm.tokens order by created_at")).rows)
-    t.same(tokens.map((row) => [row.kind, row.revoked]), [['token', true], ['session', false]], 'a browser session; the API token of the sign-up is revoked')
-    const workspace = await withOwner(server.databaseUrl, async (client) => (await client.query('select slug, trial_ends_at > now() as trial from crm.workspaces')).rows[0])
+    const tokens = await withOwner(
+      server.databaseUrl,
+      async (client) =>
+        (await client.query('select kind, name, revoked_at is not null as revoked from crm.tokens order by created_at')).rows,
+    )
+    t.same(
+      tokens.map((row) => [row.kind, row.revoked]),
+      [
+        ['token', true],
+        ['session', false],
+      ],
+      'a browser session; the API token of the sign-up is revoked',
+    )
+    const workspace = await withOwner(
+      server.databaseUrl,
+      async (client) => (await client.query('select slug, trial_ends_at > now() as trial from crm.workspaces')).rows[0],
+    )
     t.same(workspace, { slug: 'analytical-engines', trial: true })
     await withOwner(server.databaseUrl, (client) => client.query('update crm.workspaces set seat_limit = 2'))
   })
@@ -161,13 +183,20 @@ if (admin && member) {
     const adaToken = await tokenFor('ada@example.test')
     const graceToken = await tokenFor('grace@example.test')
     const grace = await userId('grace@example.test')
-    for (const [name, owner] of [['Ada’s deal', await userId('ada@example.test')], ['Grace’s deal', grace]]) {
+    for (const [name, owner] of [
+      ['Ada’s deal', await userId('ada@example.test')],
+      ['Grace’s deal', grace],
+    ]) {
       const created = await server.request('POST', '/api/deals', { token: adaToken, body: { name, owner_id: owner } })
       t.equal(created.status, 201, created.text)
     }
     const seen = await server.request('GET', '/api/deals', { token: graceToken })
     t.equal(seen.status, 200)
-    t.same(seen.body.data.map((deal: any) => deal.name), ['Grace’s deal'], 'deals:view:own: only her own deal')
+    t.same(
+      seen.body.data.map((deal: any) => deal.name),
+      ['Grace’s deal'],
+      'deals:view:own: only her own deal',
+    )
     t.equal((await server.request('POST', '/api/deals', { token: graceToken, body: { name: 'New' } })).status, 403, 'no create grant')
     const me = await server.request('GET', '/api/me', { token: graceToken })
     t.equal(me.body.data.role.name, 'own_deals')

@@ -10,7 +10,15 @@ import { withOwner } from '../helpers/fixtures.ts'
 type Test = { teardown: (fn: () => unknown) => void; plan: (count: number, comment?: string) => void }
 
 export const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium'
-export const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run']
+export const CHROMIUM_ARGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--no-first-run',
+]
 
 export type Browser = { context: BrowserContext; page: Page; screenshot: (name: string) => Promise<void> }
 

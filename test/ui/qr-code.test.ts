@@ -17,13 +17,25 @@ function drawnModules(svg: string): boolean[][] {
 
 t.test('the SVG has a quiet zone, a label and no markup from the text', async (t) => {
   const svg = qrSvg('otpauth://totp/CRM:a%40b.c?secret=ABC&issuer=CRM', 'QR code <for> "you"')
-  t.match(svg, /^<svg xmlns="http:\/\/www\.w3\.org\/2000\/svg" class="qr" viewBox="0 0 41 41" width="205" height="205" role="img"/, 'version 3 (29 modules) plus 4 on each side')
+  t.match(
+    svg,
+    /^<svg xmlns="http:\/\/www\.w3\.org\/2000\/svg" class="qr" viewBox="0 0 41 41" width="205" height="205" role="img"/,
+    'version 3 (29 modules) plus 4 on each side',
+  )
   t.match(svg, /aria-label="QR code &#60;for&#62; &#34;you&#34;"/)
   t.notMatch(svg, /otpauth/, 'the text itself is not in the markup')
   const modules = drawnModules(svg)
   t.notOk(modules.slice(0, 4).flat().some(Boolean), 'the top quiet zone is light')
-  t.notOk(modules.some((row) => row.slice(0, 4).some(Boolean)), 'the left quiet zone is light')
-  for (const [x, y] of [[4, 4], [36, 4], [4, 36]]) t.ok(modules[y][x], `a finder pattern's corner at ${x},${y}`)
+  t.notOk(
+    modules.some((row) => row.slice(0, 4).some(Boolean)),
+    'the left quiet zone is light',
+  )
+  for (const [x, y] of [
+    [4, 4],
+    [36, 4],
+    [4, 36],
+  ])
+    t.ok(modules[y][x], `a finder pattern's corner at ${x},${y}`)
 })
 
 t.test('the version grows with the text (error correction level M)', async (t) => {

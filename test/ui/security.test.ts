@@ -1,9 +1,10 @@
 // The security screen in a real browser: API tokens shown once and revoked (the API then refuses
 // them), two-factor enrollment (QR code, a code from oathtool, recovery codes once) and turning it
 // off, "Revoke all" ending this browser session too, and OAuth app registration.
-import { createHash } from 'node:crypto'
+
 import { execFileSync, spawnSync } from 'node:child_process'
-import { writeFileSync, mkdtempSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
@@ -60,65 +61,74 @@ if (browser) {
   })
 
   const oathtool = spawnSync('oathtool', ['--version']).status === 0
-  t.test('two-factor enrollment: QR code, a code from oathtool, recovery codes once; turning it off needs a code', { skip: oathtool ? false : 'oathtool is not installed' }, async (t) => {
-    await page.goto(`${server.url}/security`)
-    await page.getByRole('button', { name: 'Set up two-factor' }).click()
-    await page.waitForURL(`${server.url}/security/two-factor`)
-    const secret = (await page.locator('#totp-secret').textContent())!.replace(/\s+/g, '')
-    t.match(secret, /^[A-Z2-7]{16,}$/)
-    const qr = page.getByRole('img', { name: 'QR code for your authenticator app' })
-    t.equal(await qr.evaluate((element) => element.tagName.toLowerCase()), 'svg', 'the QR code is an inline SVG')
-    if (spawnSync('zbarimg', ['--version']).status === 0) {
-      const file = join(mkdtempSync(join(tmpdir(), 'crm-qr-')), 'qr.png')
-      writeFileSync(file, await qr.screenshot())
-      const decoded = execFileSync('zbarimg', ['--quiet', '--raw', file], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim()
-      t.equal(decoded, otpauthUri('ada@acme.test', secret), 'zbarimg reads the otpauth URI from the QR code')
-      t.match(decoded, /^otpauth:\/\/totp\/CRM:ada%40acme\.test\?secret=[A-Z2-7]+&issuer=CRM$/)
-    } else {
-      t.comment('zbarimg is not installed: the QR code is not decoded')
-    }
-    await browser.screenshot('security-two-factor-setup')
-    const code = (offset = 'now') => execFileSync('oathtool', ['--totp', '-b', '-N', offset, secret]).toString().trim()
+  t.test(
+    'two-factor enrollment: QR code, a code from oathtool, recovery codes once; turning it off needs a code',
+    { skip: oathtool ? false : 'oathtool is not installed' },
+    async (t) => {
+      await page.goto(`${server.url}/security`)
+      await page.getByRole('button', { name: 'Set up two-factor' }).click()
+      await page.waitForURL(`${server.url}/security/two-factor`)
+      const secret = (await page.locator('#totp-secret').textContent())!.replace(/\s+/g, '')
+      t.match(secret, /^[A-Z2-7]{16,}$/)
+      const qr = page.getByRole('img', { name: 'QR code for your authenticator app' })
+      t.equal(await qr.evaluate((element) => element.tagName.toLowerCase()), 'svg', 'the QR code is an inline SVG')
+      if (spawnSync('zbarimg', ['--version']).status === 0) {
+        const file = join(mkdtempSync(join(tmpdir(), 'crm-qr-')), 'qr.png')
+        writeFileSync(file, await qr.screenshot())
+        const decoded = execFileSync('zbarimg', ['--quiet', '--raw', file], { stdio: ['ignore', 'pipe', 'ignore'] })
+          .toString()
+          .trim()
+        t.equal(decoded, otpauthUri('ada@acme.test', secret), 'zbarimg reads the otpauth URI from the QR code')
+        t.match(decoded, /^otpauth:\/\/totp\/CRM:ada%40acme\.test\?secret=[A-Z2-7]+&issuer=CRM$/)
+      } else {
+        t.comment('zbarimg is not installed: the QR code is not decoded')
+      }
+      await browser.screenshot('security-two-factor-setup')
+      const code = (offset = 'now') => execFileSync('oathtool', ['--totp', '-b', '-N', offset, secret]).toString().trim()
 
-    await page.getByLabel('Authentication code').fill(code('now - 5 minutes'))
-    await page.getByRole('button', { name: 'Turn on two-factor' }).click()
-    await page.getByRole('alert').waitFor()
-    t.match(await page.getByRole('alert').textContent(), /That code is not right/)
+      await page.getByLabel('Authentication code').fill(code('now - 5 minutes'))
+      await page.getByRole('button', { name: 'Turn on two-factor' }).click()
+      await page.getByRole('alert').waitFor()
+      t.match(await page.getByRole('alert').textContent(), /That code is not right/)
 
-    await page.getByLabel('Authentication code').fill(code())
-    await page.getByRole('button', { name: 'Turn on two-factor' }).click()
-    await page.waitForURL(`${server.url}/security/two-factor/recovery-codes`)
-    const codes = await page.locator('#recovery-codes li').allTextContents()
-    t.equal(codes.length, 10)
-    t.match(codes[0], /^[a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4}$/)
-    await browser.screenshot('security-recovery-codes')
-    await page.reload()
-    await page.waitForURL(`${server.url}/security`)
-    t.pass('recovery codes are shown once')
-    t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /Two-factor sign-in is on\. 10 recovery codes left\./)
+      await page.getByLabel('Authentication code').fill(code())
+      await page.getByRole('button', { name: 'Turn on two-factor' }).click()
+      await page.waitForURL(`${server.url}/security/two-factor/recovery-codes`)
+      const codes = await page.locator('#recovery-codes li').allTextContents()
+      t.equal(codes.length, 10)
+      t.match(codes[0], /^[a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4}$/)
+      await browser.screenshot('security-recovery-codes')
+      await page.reload()
+      await page.waitForURL(`${server.url}/security`)
+      t.pass('recovery codes are shown once')
+      t.match(
+        await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(),
+        /Two-factor sign-in is on\. 10 recovery codes left\./,
+      )
 
-    // A new sign-in now asks for a code; a recovery code from the page works.
-    const other = await context.newPage()
-    await other.context().clearCookies()
-    await signIn(other, server.url, 'ada@acme.test', PASSWORD)
-    await other.waitForURL(/\/sign-in\/two-factor/)
-    await other.getByRole('link', { name: 'Use a recovery code instead' }).click()
-    await other.getByLabel('Recovery code').fill(codes[3])
-    await other.getByRole('button', { name: 'Verify' }).click()
-    await other.waitForURL(`${server.url}/webhooks`)
-    await other.close()
+      // A new sign-in now asks for a code; a recovery code from the page works.
+      const other = await context.newPage()
+      await other.context().clearCookies()
+      await signIn(other, server.url, 'ada@acme.test', PASSWORD)
+      await other.waitForURL(/\/sign-in\/two-factor/)
+      await other.getByRole('link', { name: 'Use a recovery code instead' }).click()
+      await other.getByLabel('Recovery code').fill(codes[3])
+      await other.getByRole('button', { name: 'Verify' }).click()
+      await other.waitForURL(`${server.url}/webhooks`)
+      await other.close()
 
-    await page.goto(`${server.url}/security`)
-    t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /9 recovery codes left/)
-    await page.getByLabel('Authentication code').fill('000000')
-    await page.getByRole('button', { name: 'Turn off two-factor' }).click()
-    await page.getByRole('alert').waitFor()
-    t.match(await page.getByRole('alert').textContent(), /still on/)
-    await page.getByLabel('Authentication code').fill(code())
-    await page.getByRole('button', { name: 'Turn off two-factor' }).click()
-    await page.waitForURL(`${server.url}/security?done=two-factor-off`)
-    t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /Two-factor sign-in is off/)
-  })
+      await page.goto(`${server.url}/security`)
+      t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /9 recovery codes left/)
+      await page.getByLabel('Authentication code').fill('000000')
+      await page.getByRole('button', { name: 'Turn off two-factor' }).click()
+      await page.getByRole('alert').waitFor()
+      t.match(await page.getByRole('alert').textContent(), /still on/)
+      await page.getByLabel('Authentication code').fill(code())
+      await page.getByRole('button', { name: 'Turn off two-factor' }).click()
+      await page.waitForURL(`${server.url}/security?done=two-factor-off`)
+      t.match(await page.getByRole('region', { name: 'Two-factor sign-in' }).textContent(), /Two-factor sign-in is off/)
+    },
+  )
 
   t.test('OAuth apps: register one and get a client id and a secret shown once', async (t) => {
     await page.goto(`${server.url}/oauth-apps`)
@@ -137,8 +147,15 @@ if (browser) {
     t.match(clientSecret, /^crmsec_[A-Za-z0-9_-]{43}$/)
     await browser.screenshot('oauth-apps')
     const card = page.getByRole('article', { name: 'Zapier bridge' })
-    t.match(await card.textContent(), new RegExp(`${clientId}[\\s\\S]*…${clientSecret.slice(-4)}[\\s\\S]*https://zapier\\.example\\.com/oauth/callback[\\s\\S]*http://localhost:8080/callback`))
-    const stored = await withOwner(server.databaseUrl, (client) => client.query('select client_secret_hash from crm.oauth_apps where client_id = $1', [clientId]))
+    t.match(
+      await card.textContent(),
+      new RegExp(
+        `${clientId}[\\s\\S]*…${clientSecret.slice(-4)}[\\s\\S]*https://zapier\\.example\\.com/oauth/callback[\\s\\S]*http://localhost:8080/callback`,
+      ),
+    )
+    const stored = await withOwner(server.databaseUrl, (client) =>
+      client.query('select client_secret_hash from crm.oauth_apps where client_id = $1', [clientId]),
+    )
     t.same(stored.rows[0].client_secret_hash, createHash('sha256').update(clientSecret).digest(), 'only a hash of the secret is stored')
     await page.reload()
     t.equal(await page.getByLabel('Client secret').count(), 0, 'shown only once')

@@ -12,7 +12,10 @@ if (browser) {
   const { page, context } = browser
   const PASSWORD = 'correct horse battery'
   const server = await startTestServer(t)
-  const tenant = await createTenant(server.databaseUrl, { slug: 'acme', members: { 'ada@acme.test': 'admin', 'grace@acme.test': 'member' } })
+  const tenant = await createTenant(server.databaseUrl, {
+    slug: 'acme',
+    members: { 'ada@acme.test': 'admin', 'grace@acme.test': 'member' },
+  })
   await setPassword(server.databaseUrl, 'ada@acme.test', PASSWORD)
   await setPassword(server.databaseUrl, 'grace@acme.test', PASSWORD)
 
@@ -37,7 +40,10 @@ if (browser) {
     t.equal(cookie?.secure, false, 'not Secure over plain http')
     t.match(cookie?.value, /^crm_/)
     const tokens = await server.request('GET', '/api/tokens', { token: tenant.members['ada@acme.test'].token })
-    t.ok(tokens.body.data.some((row: any) => row.kind === 'session' && /^Web session: Chrome/.test(row.name)), 'stored as a session token')
+    t.ok(
+      tokens.body.data.some((row: any) => row.kind === 'session' && /^Web session: Chrome/.test(row.name)),
+      'stored as a session token',
+    )
     await page.getByRole('button', { name: 'Sign out' }).click()
     await page.waitForURL(/\/sign-in\?notice=signed-out$/)
     t.equal((await page.getByRole('status').textContent())?.trim(), 'You are signed out.')
@@ -47,36 +53,46 @@ if (browser) {
   })
 
   const oathtool = spawnSync('oathtool', ['--version']).status === 0
-  t.test('two-factor sign-in with a code from oathtool, and with a recovery code', { skip: oathtool ? false : 'oathtool is not installed' }, async (t) => {
-    const enabled = crm(server.databaseUrl, ['user', 'totp', 'enable', '--email', 'grace@acme.test', '--json'])
-    t.equal(enabled.status, 0, enabled.stderr)
-    const code = (offset = 'now') => execFileSync('oathtool', ['--totp', '-b', '-N', offset, enabled.json.secret]).toString().trim()
-    await context.clearCookies()
+  t.test(
+    'two-factor sign-in with a code from oathtool, and with a recovery code',
+    { skip: oathtool ? false : 'oathtool is not installed' },
+    async (t) => {
+      const enabled = crm(server.databaseUrl, ['user', 'totp', 'enable', '--email', 'grace@acme.test', '--json'])
+      t.equal(enabled.status, 0, enabled.stderr)
+      const code = (offset = 'now') => execFileSync('oathtool', ['--totp', '-b', '-N', offset, enabled.json.secret]).toString().trim()
+      await context.clearCookies()
 
-    await signIn(page, server.url, 'grace@acme.test', PASSWORD)
-    await page.waitForURL(`${server.url}/sign-in/two-factor`)
-    await browser.screenshot('sign-in-two-factor')
-    await page.getByLabel('Authentication code').fill(code('now - 5 minutes'))
-    await page.getByRole('button', { name: 'Verify' }).click()
-    await page.getByRole('alert').waitFor()
-    t.match(await page.getByRole('alert').textContent(), /That code is not right/)
-    t.notOk((await context.cookies()).some((c) => c.name === 'crm_session'), 'no session after a wrong code')
+      await signIn(page, server.url, 'grace@acme.test', PASSWORD)
+      await page.waitForURL(`${server.url}/sign-in/two-factor`)
+      await browser.screenshot('sign-in-two-factor')
+      await page.getByLabel('Authentication code').fill(code('now - 5 minutes'))
+      await page.getByRole('button', { name: 'Verify' }).click()
+      await page.getByRole('alert').waitFor()
+      t.match(await page.getByRole('alert').textContent(), /That code is not right/)
+      t.notOk(
+        (await context.cookies()).some((c) => c.name === 'crm_session'),
+        'no session after a wrong code',
+      )
 
-    await page.getByLabel('Authentication code').fill(code())
-    await page.getByRole('button', { name: 'Verify' }).click()
-    await page.waitForURL(`${server.url}/security`)
-    t.ok((await context.cookies()).some((c) => c.name === 'crm_session'), 'signed in after the right code')
-    t.notOk(await page.getByRole('link', { name: 'Webhooks' }).count(), 'members see no admin screens')
+      await page.getByLabel('Authentication code').fill(code())
+      await page.getByRole('button', { name: 'Verify' }).click()
+      await page.waitForURL(`${server.url}/security`)
+      t.ok(
+        (await context.cookies()).some((c) => c.name === 'crm_session'),
+        'signed in after the right code',
+      )
+      t.notOk(await page.getByRole('link', { name: 'Webhooks' }).count(), 'members see no admin screens')
 
-    await context.clearCookies()
-    await signIn(page, server.url, 'grace@acme.test', PASSWORD)
-    await page.waitForURL(/\/sign-in\/two-factor/)
-    await page.getByRole('link', { name: 'Use a recovery code instead' }).click()
-    await page.getByLabel('Recovery code').fill(enabled.json.recovery_codes[0])
-    await page.getByRole('button', { name: 'Verify' }).click()
-    await page.waitForURL(`${server.url}/security`)
-    t.pass('a recovery code signs in')
-  })
+      await context.clearCookies()
+      await signIn(page, server.url, 'grace@acme.test', PASSWORD)
+      await page.waitForURL(/\/sign-in\/two-factor/)
+      await page.getByRole('link', { name: 'Use a recovery code instead' }).click()
+      await page.getByLabel('Recovery code').fill(enabled.json.recovery_codes[0])
+      await page.getByRole('button', { name: 'Verify' }).click()
+      await page.waitForURL(`${server.url}/security`)
+      t.pass('a recovery code signs in')
+    },
+  )
 
   t.test('sign-in works from the keyboard alone, in page order', async (t) => {
     await context.clearCookies()

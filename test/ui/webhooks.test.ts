@@ -3,7 +3,7 @@
 // delivery, pause and resume, the address guard's refusal, the workspace switcher and the plan notice.
 import t, { type Test } from 'tap'
 import { verifySignature } from '../../src/webhooks/signature.ts'
-import { createTenant, withOwner, addMember } from '../helpers/fixtures.ts'
+import { addMember, createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
 import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
@@ -22,13 +22,20 @@ if (browser) {
   await setPassword(server.databaseUrl, 'ada@acme.test', PASSWORD)
 
   const card = () => page.getByRole('article', { name: 'Billing sync' })
-  const stat = async (label: string) => (await card().locator('dt', { hasText: label }).locator('xpath=following-sibling::dd[1]').textContent())?.trim()
+  const stat = async (label: string) =>
+    (await card().locator('dt', { hasText: label }).locator('xpath=following-sibling::dd[1]').textContent())?.trim()
   const createContact = async (t: Test, email: string) => {
-    const response = await server.request('POST', '/api/contacts', { token: ada.token, headers: { 'x-tenant-slug': 'acme' }, body: { first_name: 'Lin', email } })
+    const response = await server.request('POST', '/api/contacts', {
+      token: ada.token,
+      headers: { 'x-tenant-slug': 'acme' },
+      body: { first_name: 'Lin', email },
+    })
     t.equal(response.status, 201, `contact ${email} created`)
   }
   const deliveries = async (status: string) =>
-    withOwner(server.databaseUrl, async (client) => Number((await client.query('select count(*) from crm.webhook_deliveries where status = $1', [status])).rows[0].count))
+    withOwner(server.databaseUrl, async (client) =>
+      Number((await client.query('select count(*) from crm.webhook_deliveries where status = $1', [status])).rows[0].count),
+    )
   const waitFor = async (what: string, check: () => Promise<boolean>) => {
     const deadline = Date.now() + 20_000
     while (!(await check())) {

@@ -1,5 +1,11 @@
 import t, { type Test } from 'tap'
-import { checkWebhookUrl, isGlobalUnicast, parseCidrList, STRICT_ADDRESS_POLICY, type AddressPolicy } from '../../src/webhooks/address-guard.ts'
+import {
+  type AddressPolicy,
+  checkWebhookUrl,
+  isGlobalUnicast,
+  parseCidrList,
+  STRICT_ADDRESS_POLICY,
+} from '../../src/webhooks/address-guard.ts'
 
 const PUBLIC_V4 = '93.184.215.14'
 const PUBLIC_V6 = '2606:2800:21f:cb07:6820:80da:af6b:8b2c'
@@ -29,7 +35,10 @@ t.test('public https URLs pass with every resolved address', async (t) => {
   if (result.ok) {
     t.equal(result.host, 'hooks.example.com')
     t.equal(result.url.pathname, '/in')
-    t.same(result.addresses, [{ address: PUBLIC_V4, family: 4 }, { address: PUBLIC_V6, family: 6 }])
+    t.same(result.addresses, [
+      { address: PUBLIC_V4, family: 4 },
+      { address: PUBLIC_V6, family: 6 },
+    ])
   }
   const literal = await checkWebhookUrl(`https://[${PUBLIC_V6}]:8443/`, strict)
   t.same(literal.ok && literal.addresses, [{ address: PUBLIC_V6, family: 6 }], 'bracketed IPv6 literal')
@@ -48,7 +57,14 @@ t.test('URL shape', async (t) => {
 })
 
 t.test('host names reserved for local networks', async (t) => {
-  for (const url of ['https://localhost/', 'https://LOCALHOST./', 'https://api.localhost/', 'https://printer.local/', 'https://metadata.google.internal/', 'https://a.b.internal:8443/']) {
+  for (const url of [
+    'https://localhost/',
+    'https://LOCALHOST./',
+    'https://api.localhost/',
+    'https://printer.local/',
+    'https://metadata.google.internal/',
+    'https://a.b.internal:8443/',
+  ]) {
     await expectRefused(t, url, /reserved for local networks/)
   }
 })
@@ -102,7 +118,23 @@ t.test('non-global IPv4 literals', async (t) => {
     t.notOk(isGlobalUnicast(address), `${address} is not global`)
     await expectRefused(t, `https://${address}/`, new RegExp(`^address ${address.replaceAll('.', '\\.')} is .*${reason.source}`))
   }
-  for (const address of ['1.1.1.1', '8.8.8.8', '100.63.255.255', '100.128.0.0', '172.15.255.255', '172.32.0.0', '192.0.1.1', '192.169.0.1', '198.17.255.255', '198.20.0.0', '192.88.98.255', '192.88.100.0', '223.255.255.255', '169.253.255.255', '11.0.0.0']) {
+  for (const address of [
+    '1.1.1.1',
+    '8.8.8.8',
+    '100.63.255.255',
+    '100.128.0.0',
+    '172.15.255.255',
+    '172.32.0.0',
+    '192.0.1.1',
+    '192.169.0.1',
+    '198.17.255.255',
+    '198.20.0.0',
+    '192.88.98.255',
+    '192.88.100.0',
+    '223.255.255.255',
+    '169.253.255.255',
+    '11.0.0.0',
+  ]) {
     t.ok(isGlobalUnicast(address), `${address} is global`)
   }
 })
@@ -144,7 +176,15 @@ t.test('non-global IPv6 literals, including forms that embed IPv4', async (t) =>
     t.equal(result.ok, false, `${address} is refused`)
     if (!result.ok) t.match(result.reason, reason, `${address}: ${result.reason}`)
   }
-  for (const address of [PUBLIC_V6, '2001:4860:4860::8888', '::ffff:8.8.8.8', '64:ff9b::8.8.8.8', '2002:808:808::1', '2001:db9::1', '2001:3::1']) {
+  for (const address of [
+    PUBLIC_V6,
+    '2001:4860:4860::8888',
+    '::ffff:8.8.8.8',
+    '64:ff9b::8.8.8.8',
+    '2002:808:808::1',
+    '2001:db9::1',
+    '2001:3::1',
+  ]) {
     t.ok(isGlobalUnicast(address), `${address} is global`)
   }
   t.notOk(isGlobalUnicast('fe80::1%eth0'), 'zone ids are understood')
@@ -167,7 +207,12 @@ t.test('every address a name resolves to must be global', async (t) => {
       'twice.example.com': [PUBLIC_V4, PUBLIC_V4],
     }),
   }
-  await expectRefused(t, 'https://private.example.com/', /^host name private\.example\.com resolves to 10\.1\.2\.3, which is private$/, policy)
+  await expectRefused(
+    t,
+    'https://private.example.com/',
+    /^host name private\.example\.com resolves to 10\.1\.2\.3, which is private$/,
+    policy,
+  )
   await expectRefused(t, 'https://mixed.example.com/', /resolves to 192\.168\.0\.10, which is private/, policy)
   await expectRefused(t, 'https://mapped.example.com/', /metadata/, policy)
   await expectRefused(t, 'https://scoped.example.com/', /link-local/, policy)
@@ -186,7 +231,10 @@ t.test('every address a name resolves to must be global', async (t) => {
 t.test('the default resolver is the operating system', async (t) => {
   const result = await checkWebhookUrl('https://name-that-does-not-exist.invalid/', STRICT_ADDRESS_POLICY)
   t.match(result, { ok: false, code: 'dns_failed' })
-  const withException = await checkWebhookUrl('http://localhost:1/', { allowHttp: true, allowedCidrs: parseCidrList('127.0.0.0/8, ::1/128') })
+  const withException = await checkWebhookUrl('http://localhost:1/', {
+    allowHttp: true,
+    allowedCidrs: parseCidrList('127.0.0.0/8, ::1/128'),
+  })
   t.match(withException, { ok: true, host: 'localhost' }, 'localhost resolves to loopback, which the exception allows')
 })
 
@@ -196,12 +244,20 @@ t.test('allowedCidrs opens exceptions for development only', async (t) => {
     allowedCidrs: parseCidrList('127.0.0.0/8,::1/128 10.5.0.0/16'),
     resolve: resolverFrom({ 'receiver.test': ['127.0.0.1'], localhost: ['127.0.0.1', '::1'], 'db.internal': ['10.9.0.1'] }),
   }
-  t.match(await checkWebhookUrl('http://127.0.0.1:8080/hook', policy), { ok: true, host: '127.0.0.1', addresses: [{ address: '127.0.0.1', family: 4 }] })
+  t.match(await checkWebhookUrl('http://127.0.0.1:8080/hook', policy), {
+    ok: true,
+    host: '127.0.0.1',
+    addresses: [{ address: '127.0.0.1', family: 4 }],
+  })
   t.match(await checkWebhookUrl('http://[::1]:8080/hook', policy), { ok: true, host: '::1', addresses: [{ address: '::1', family: 6 }] })
   t.match(await checkWebhookUrl('http://[::ffff:127.0.0.1]/', policy), { ok: true }, 'mapped form of an allowed IPv4 address')
   t.match(await checkWebhookUrl('https://10.5.1.1/', policy), { ok: true })
   t.match(await checkWebhookUrl('http://receiver.test:3000/', policy), { ok: true, addresses: [{ address: '127.0.0.1', family: 4 }] })
-  t.match(await checkWebhookUrl('http://localhost:3000/', policy), { ok: true }, 'local names are judged by their addresses when exceptions are on')
+  t.match(
+    await checkWebhookUrl('http://localhost:3000/', policy),
+    { ok: true },
+    'local names are judged by their addresses when exceptions are on',
+  )
   await expectRefused(t, 'https://db.internal/', /resolves to 10\.9\.0\.1, which is private/, policy)
   await expectRefused(t, 'https://10.6.0.1/', /private/, policy)
   await expectRefused(t, 'https://169.254.169.254/', /metadata/, policy)
@@ -214,17 +270,32 @@ t.test('parseCidrList', async (t) => {
   t.same(parseCidrList(''), [])
   t.same(parseCidrList(' , '), [])
   const ranges = parseCidrList('127.0.0.0/8, ::1/128,10.0.0.1 fd00::/8')
-  t.same(ranges.map((range) => [range.text, range.family, range.prefix]), [
-    ['127.0.0.0/8', 4, 8],
-    ['::1/128', 6, 128],
-    ['10.0.0.1', 4, 32],
-    ['fd00::/8', 6, 8],
-  ])
+  t.same(
+    ranges.map((range) => [range.text, range.family, range.prefix]),
+    [
+      ['127.0.0.0/8', 4, 8],
+      ['::1/128', 6, 128],
+      ['10.0.0.1', 4, 32],
+      ['fd00::/8', 6, 8],
+    ],
+  )
   t.same(Array.from(parseCidrList('::ffff:1.2.3.4/128')[0].bytes), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4])
   t.same(Array.from(parseCidrList('1:2:3:4:5:6:7:8')[0].bytes), [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0, 8])
   t.same(Array.from(parseCidrList('1::')[0].bytes), [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
   t.same(Array.from(parseCidrList('1:2:3:4:5:6:1.2.3.4')[0].bytes), [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 1, 2, 3, 4])
-  for (const bad of ['127.0.0.0/33', '::1/129', 'localhost', '127.1/8', '10.0.0.0/', '10.0.0.0/8/8', '10.0.0.0/-1', '10.0.0.0/x', '[::1]/128', 'fe80::1%eth0/64', '1.2.3.4.5']) {
+  for (const bad of [
+    '127.0.0.0/33',
+    '::1/129',
+    'localhost',
+    '127.1/8',
+    '10.0.0.0/',
+    '10.0.0.0/8/8',
+    '10.0.0.0/-1',
+    '10.0.0.0/x',
+    '[::1]/128',
+    'fe80::1%eth0/64',
+    '1.2.3.4.5',
+  ]) {
     t.throws(() => parseCidrList(`127.0.0.0/8,${bad}`), { message: `"${bad}" is not a CIDR range such as 127.0.0.0/8 or ::1/128` }, bad)
   }
 })

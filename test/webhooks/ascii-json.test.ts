@@ -5,7 +5,7 @@ import { deliveryBody } from '../../src/webhooks/delivery-body.ts'
 t.test('every non-ASCII character becomes a lower-case \\u escape', async (t) => {
   t.equal(asciiJson({ name: 'Zoë' }), '{"name":"Zo\\u00eb"}')
   t.equal(asciiJson('€ 日本'), '"\\u20ac \\u65e5\\u672c"')
-  t.equal(asciiJson({ 'clé': 1 }), '{"cl\\u00e9":1}', 'keys too')
+  t.equal(asciiJson({ clé: 1 }), '{"cl\\u00e9":1}', 'keys too')
   t.equal(asciiJson('\u0080\u00ff\uffff'), '"\\u0080\\u00ff\\uffff"', 'range edges')
   t.equal(asciiJson('plain ~\u007f'), '"plain ~\u007f"', 'ASCII including DEL stays as it is')
 })
@@ -40,7 +40,10 @@ t.test('a delivery body: head, the moment of the attempt, tail, as pure ASCII by
   const deliveredAt = new Date('2026-11-22T03:00:21.123Z')
   const parts = { body_head: '{"id":"e1","delivered_at":"', body_tail: '","data": {"object": {"name": "Zoë"}}}' }
   const body = deliveryBody(parts, deliveredAt)
-  t.ok(body.every((byte) => byte < 0x80), 'pure ASCII')
+  t.ok(
+    body.every((byte) => byte < 0x80),
+    'pure ASCII',
+  )
   t.equal(body.toString('latin1'), '{"id":"e1","delivered_at":"2026-11-22T03:00:21.123Z","data": {"object": {"name": "Zo\\u00eb"}}}')
   t.same(JSON.parse(body.toString('utf8')), { id: 'e1', delivered_at: '2026-11-22T03:00:21.123Z', data: { object: { name: 'Zoë' } } })
   const plain = deliveryBody({ body_head: '{"delivered_at":"', body_tail: '"}' }, deliveredAt)

@@ -2,20 +2,30 @@
 // schedule and the attempt count come from crm.webhook_retry_delays() (or the schedule a test
 // passes), first and later attempts go through the same transition, and a death by a first attempt
 // runs the auto-pause rule like any other.
-import t from 'tap'
+
 import type pg from 'pg'
-import { attemptResultRecord, type AttemptResult } from '../../src/webhooks/batch-sender.ts'
+import t from 'tap'
+import { type AttemptResult, attemptResultRecord } from '../../src/webhooks/batch-sender.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
-type Attempt = { delivery_id: string; event_id: string; generation: number | null; error: string | null; started_at?: string | null; excerpt?: string }
+type Attempt = {
+  delivery_id: string
+  event_id: string
+  generation: number | null
+  error: string | null
+  started_at?: string | null
+  excerpt?: string
+}
 
 async function setUp(t: Teardown) {
   const url = await createTestDatabase(t)
   const tenant = await createTenant(url, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const owner = await ownerClient(t, url)
-  const { rows: [subscription] } = await owner.query(
+  const {
+    rows: [subscription],
+  } = await owner.query(
     `insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4)
      values ($1, 'machine', 'https://hooks.example.com/x', '{contact.*}', '\\x00', 'test') returning id`,
     [tenant.id],
@@ -37,16 +47,18 @@ async function setUp(t: Teardown) {
   }
   /** One call of the state machine, in the caller's transaction when one is open. */
   const record = async (client: pg.ClientBase, attempts: Attempt[], retryDelays?: string[]) => {
-    const results = attempts.map((a): AttemptResult => ({
-      delivery_id: a.delivery_id,
-      event_id: a.event_id,
-      generation: a.generation,
-      started_at: a.started_at === undefined ? new Date().toISOString() : a.started_at,
-      duration_ms: 5,
-      response_status: a.error ? 500 : 200,
-      error: a.error,
-      response_body_excerpt: a.excerpt ?? 'x',
-    }))
+    const results = attempts.map(
+      (a): AttemptResult => ({
+        delivery_id: a.delivery_id,
+        event_id: a.event_id,
+        generation: a.generation,
+        started_at: a.started_at === undefined ? new Date().toISOString() : a.started_at,
+        duration_ms: 5,
+        response_status: a.error ? 500 : 200,
+        error: a.error,
+        response_body_excerpt: a.excerpt ?? 'x',
+      }),
+    )
     const { rows } = await client.query(
       'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[]) as outcomes',
       [tenant.id, subscriptionId, results.map(attemptResultRecord), retryDelays ?? null],
@@ -66,7 +78,14 @@ async function setUp(t: Teardown) {
 
 t.test('the schedule lives in SQL: 30 s, 2 min, 10 min, 1 h, 6 h, 24 h, dead at the 7th failure', async (t) => {
   const { owner, createEvents, record, delivery } = await setUp(t)
-  t.same((await owner.query(`select crm.webhook_retry_delays()::text[] as delays`)).rows[0].delays, ['00:00:30', '00:02:00', '00:10:00', '01:00:00', '06:00:00', '24:00:00'])
+  t.same((await owner.query(`select crm.webhook_retry_delays()::text[] as delays`)).rows[0].delays, [
+    '00:00:30',
+    '00:02:00',
+    '00:10:00',
+    '01:00:00',
+    '06:00:00',
+    '24:00:00',
+  ])
   const [event] = await createEvents(1)
   const seen: unknown[] = []
   // now() stands still inside a transaction, so each due time is exactly the delay.
@@ -114,11 +133,19 @@ t.test('first and later attempts in one batch; a death by a first attempt runs t
   t.same(outcomes, { delivered: 1, retrying: 1, pending: 1 })
   t.match(await delivery(owner, later.delivery_id), { status: 'delivered', attempt_count: 2 })
   t.same(
-    (await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1 and attempt = 2', [later.delivery_id])).rows[0].response_body_excerpt,
+    (
+      await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1 and attempt = 2', [
+        later.delivery_id,
+      ])
+    ).rows[0].response_body_excerpt,
     ' "quoted", back\\slash, (paren) {brace} \n ü ',
     'any text reaches the attempt log as it was (record syntax inside an array)',
   )
-  t.same((await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1', [first.delivery_id])).rows, [{ response_body_excerpt: '' }], 'an empty answer is not null')
+  t.same(
+    (await owner.query('select response_body_excerpt from crm.webhook_attempts where delivery_id = $1', [first.delivery_id])).rows,
+    [{ response_body_excerpt: '' }],
+    'an empty answer is not null',
+  )
   t.match(await delivery(owner, first.delivery_id), { status: 'retrying', attempt_count: 1, generation: 2, due_in_s: 30 })
   t.match(await delivery(owner, notMade.delivery_id), { status: 'pending', attempt_count: 0, generation: 2 })
 

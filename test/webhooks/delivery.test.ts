@@ -1,9 +1,9 @@
 // End to end: a subscription, a record change through the API, and what the receiver gets:
 // signature, headers, body shape and escaping; then the delivery log, one delivery and stats.
 import t from 'tap'
+import { computeSignature, verifySignature } from '../../src/webhooks/signature.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
-import { verifySignature, computeSignature } from '../../src/webhooks/signature.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
 
 t.test('a contact change reaches the receiver signed, with the documented headers and body', async (t) => {
@@ -12,7 +12,10 @@ t.test('a contact change reaches the receiver signed, with the documented header
   const token = tenant.members['admin@a.test'].token
   const receiver = await startReceiver(t)
 
-  const created = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'Sync', url: `${receiver.url}/hook?x=1`, events: ['contact.*'] } })
+  const created = await server.request('POST', '/api/webhook-subscriptions', {
+    token,
+    body: { name: 'Sync', url: `${receiver.url}/hook?x=1`, events: ['contact.*'] },
+  })
   t.equal(created.status, 201, created.text)
   const subscription = created.body.data
   t.match(subscription.secret, /^whsec_[A-Za-z0-9_-]{43}$/)
@@ -65,18 +68,32 @@ t.test('a contact change reaches the receiver signed, with the documented header
   t.same(update.body.data.previous_attributes, { last_name: null })
   t.equal(update.body.data.object.last_name, 'Ng')
   await new Promise((resolve) => setTimeout(resolve, 300))
-  t.notOk(receiver.received.some((r) => r.body.event.startsWith('company.')), 'company events do not match contact.*')
+  t.notOk(
+    receiver.received.some((r) => r.body.event.startsWith('company.')),
+    'company events do not match contact.*',
+  )
 
   // The log, newest first; one delivery with its attempts; the stats.
   const log = await waitUntil(async () => {
     const answer = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}/deliveries`, { token })
     return answer.body.data.length === 2 && answer.body.data.every((d: any) => d.status === 'delivered') ? answer : null
   })
-  t.same(log.body.data.map((d: any) => d.event), ['contact.updated', 'contact.created'])
+  t.same(
+    log.body.data.map((d: any) => d.event),
+    ['contact.updated', 'contact.created'],
+  )
   t.equal(log.body.next_cursor, null)
   const one = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}/deliveries/${deliveryId}`, { token })
   t.equal(one.status, 200)
-  t.match(one.body.data, { delivery_id: deliveryId, subscription_id: subscription.id, event: 'contact.created', record_type: 'contact', status: 'delivered', attempt_count: 1, next_attempt_at: null })
+  t.match(one.body.data, {
+    delivery_id: deliveryId,
+    subscription_id: subscription.id,
+    event: 'contact.created',
+    record_type: 'contact',
+    status: 'delivered',
+    attempt_count: 1,
+    next_attempt_at: null,
+  })
   t.equal(one.body.data.attempts.length, 1)
   t.match(one.body.data.attempts[0], { attempt: 1, response_status: 200, error: null, response_body_excerpt: 'ok' })
 
@@ -84,10 +101,21 @@ t.test('a contact change reaches the receiver signed, with the documented header
   t.equal(paged.body.data.length, 1)
   t.ok(paged.body.next_cursor)
   t.match(paged.headers.get('link'), /rel="next"/)
-  const second = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}/deliveries?limit=1&cursor=${paged.body.next_cursor}`, { token })
+  const second = await server.request(
+    'GET',
+    `/api/webhook-subscriptions/${subscription.id}/deliveries?limit=1&cursor=${paged.body.next_cursor}`,
+    { token },
+  )
   t.equal(second.body.data[0].event, 'contact.created')
-  const filtered = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}/deliveries?event=contact.updated&status=delivered`, { token })
-  t.same(filtered.body.data.map((d: any) => d.event), ['contact.updated'])
+  const filtered = await server.request(
+    'GET',
+    `/api/webhook-subscriptions/${subscription.id}/deliveries?event=contact.updated&status=delivered`,
+    { token },
+  )
+  t.same(
+    filtered.body.data.map((d: any) => d.event),
+    ['contact.updated'],
+  )
   t.equal((await server.request('GET', `/api/webhook-subscriptions/${subscription.id}/deliveries?status=nope`, { token })).status, 400)
 
   const stats = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}`, { token })

@@ -1,11 +1,11 @@
 // Kill safety: a worker process killed with SIGKILL while deliveries are in flight leaves its
 // jobs locked; the restarted worker's heartbeat unlocks them, so every event still reaches the
 // receiver within a minute and no delivery stays stuck.
-import { spawn, type ChildProcess } from 'node:child_process'
+import { type ChildProcess, spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { createTenant } from '../helpers/fixtures.ts'
 import { ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
 
@@ -41,17 +41,31 @@ t.test('kill -9 a worker mid-delivery, restart it: every event arrives, nothing 
   t.ok(receivedBeforeKill < total, `killed with deliveries outstanding (${receivedBeforeKill} of ${total} received)`)
 
   const owner = await ownerClient(t, server.databaseUrl)
-  const { rows: [locked] } = await owner.query(`select count(*)::int as n from graphile_worker._private_jobs where locked_by is not null`)
+  const {
+    rows: [locked],
+  } = await owner.query(`select count(*)::int as n from graphile_worker._private_jobs where locked_by is not null`)
   t.ok(locked.n > 0, `the killed worker left ${locked.n} jobs locked`)
 
   startWorkerProcess(t, server.databaseUrl)
   await receiver.waitFor((all) => new Set(all.map((r) => r.body.id)).size === total, 60_000)
   const recoveredMs = Date.now() - killedAt
   t.ok(recoveredMs < 60_000, `every event arrived ${Math.round(recoveredMs / 1000)} s after the kill`)
-  await waitUntil(async () => {
-    const { rows: [row] } = await owner.query(`select count(*) filter (where status <> 'delivered')::int as open, count(*)::int as all from crm.webhook_deliveries`)
-    return row.open === 0 && row.all === total
-  }, 10_000, 'all deliveries delivered')
-  const { rows: [jobs] } = await owner.query(`select count(*)::int as n from graphile_worker._private_jobs where task_id = (select id from graphile_worker._private_tasks where identifier = 'deliver_webhook')`)
+  await waitUntil(
+    async () => {
+      const {
+        rows: [row],
+      } = await owner.query(
+        `select count(*) filter (where status <> 'delivered')::int as open, count(*)::int as all from crm.webhook_deliveries`,
+      )
+      return row.open === 0 && row.all === total
+    },
+    10_000,
+    'all deliveries delivered',
+  )
+  const {
+    rows: [jobs],
+  } = await owner.query(
+    `select count(*)::int as n from graphile_worker._private_jobs where task_id = (select id from graphile_worker._private_tasks where identifier = 'deliver_webhook')`,
+  )
   t.equal(jobs.n, 0, 'no deliver_webhook job is left behind')
 })

@@ -24,7 +24,8 @@ export async function startReceiver(t: Teardown): Promise<Receiver> {
     waitFor: async (predicate, timeoutMs = 15_000) => {
       const deadline = Date.now() + timeoutMs
       while (!predicate(receiver.received)) {
-        if (Date.now() > deadline) throw new Error(`receiver: condition not met within ${timeoutMs} ms (${receiver.received.length} requests so far)`)
+        if (Date.now() > deadline)
+          throw new Error(`receiver: condition not met within ${timeoutMs} ms (${receiver.received.length} requests so far)`)
         await new Promise((resolve) => setTimeout(resolve, 20))
       }
       return receiver.received

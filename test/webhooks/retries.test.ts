@@ -1,8 +1,8 @@
 // The retry schedule (shortened by WEBHOOK_RETRY_SCHEDULE), the dead state, redeliver, held
 // retries while paused, and the auto-pause rule at exactly its edge.
 import t from 'tap'
-import { createTenant } from '../helpers/fixtures.ts'
 import { ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
 
@@ -13,25 +13,40 @@ t.test('seven failures make a delivery dead; redeliver starts a fresh cycle with
   const receiver = await startReceiver(t)
   let failing = true
   receiver.answer = () => (failing ? { status: 500, body: 'x'.repeat(5000) } : { status: 204 })
-  const { body: { data: subscription } } = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'R', url: receiver.url, events: ['deal.created'] } })
+  const {
+    body: { data: subscription },
+  } = await server.request('POST', '/api/webhook-subscriptions', {
+    token,
+    body: { name: 'R', url: receiver.url, events: ['deal.created'] },
+  })
 
   await server.request('POST', '/api/deals', { token, body: { name: 'Big deal', amount: '100.00' } })
   const path = `/api/webhook-subscriptions/${subscription.id}/deliveries`
-  const dead = await waitUntil(async () => {
-    const log = await server.request('GET', `${path}?status=dead`, { token })
-    return log.body.data[0]
-  }, 15_000, 'dead delivery')
+  const dead = await waitUntil(
+    async () => {
+      const log = await server.request('GET', `${path}?status=dead`, { token })
+      return log.body.data[0]
+    },
+    15_000,
+    'dead delivery',
+  )
   t.equal(receiver.received.length, 7, 'exactly 7 attempts')
   t.equal(new Set(receiver.received.map((r) => r.headers['x-service-delivery-id'])).size, 1, 'one delivery_id throughout')
   const gaps = receiver.received.slice(1).map((r, i) => r.at - receiver.received[i].at)
-  t.ok(gaps.every((gap) => gap >= 40), `retries wait for the schedule (gaps ${gaps.join(',')} ms)`)
+  t.ok(
+    gaps.every((gap) => gap >= 40),
+    `retries wait for the schedule (gaps ${gaps.join(',')} ms)`,
+  )
   const delivered = new Set(receiver.received.map((r) => r.body.delivered_at))
   t.equal(delivered.size, 7, 'delivered_at is set per attempt')
 
   const detail = await server.request('GET', `${path}/${dead.delivery_id}`, { token })
   t.match(detail.body.data, { status: 'dead', attempt_count: 7, next_attempt_at: null })
   t.ok(detail.body.data.completed_at)
-  t.same(detail.body.data.attempts.map((a: any) => a.attempt), [1, 2, 3, 4, 5, 6, 7])
+  t.same(
+    detail.body.data.attempts.map((a: any) => a.attempt),
+    [1, 2, 3, 4, 5, 6, 7],
+  )
   t.ok(detail.body.data.attempts.every((a: any) => a.error === 'http_status' && a.response_status === 500))
   t.equal(Buffer.byteLength(detail.body.data.attempts[0].response_body_excerpt), 2048, 'the excerpt keeps 2 KiB')
 
@@ -49,7 +64,10 @@ t.test('seven failures make a delivery dead; redeliver starts a fresh cycle with
   t.match(after.attempts[7], { attempt: 8, response_status: 204, error: null })
 
   // A refused connection is its own error class.
-  const closed = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'Closed', url: 'http://127.0.0.1:9/', events: ['deal.updated'] } })
+  const closed = await server.request('POST', '/api/webhook-subscriptions', {
+    token,
+    body: { name: 'Closed', url: 'http://127.0.0.1:9/', events: ['deal.updated'] },
+  })
   await server.request('PATCH', `/api/deals/${receiver.received[0].body.data.object.id}`, { token, body: { stage: 'won' } })
   const refused = await waitUntil(async () => {
     const log = await server.request('GET', `/api/webhook-subscriptions/${closed.body.data.id}/deliveries`, { token })
@@ -62,12 +80,17 @@ t.test('seven failures make a delivery dead; redeliver starts a fresh cycle with
 })
 
 t.test('a retry that falls due while paused is held; resume sends it with the attempts it had left', async (t) => {
-  const server = await startTestServer(t, { worker: true, env: { ...WEBHOOK_TEST_ENV, WEBHOOK_RETRY_SCHEDULE: '1s,50ms,50ms,50ms,50ms,50ms' } })
+  const server = await startTestServer(t, {
+    worker: true,
+    env: { ...WEBHOOK_TEST_ENV, WEBHOOK_RETRY_SCHEDULE: '1s,50ms,50ms,50ms,50ms,50ms' },
+  })
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const token = tenant.members['admin@a.test'].token
   const receiver = await startReceiver(t)
   receiver.answer = () => ({ status: 503 })
-  const { body: { data: subscription } } = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'R', url: receiver.url, events: ['*'] } })
+  const {
+    body: { data: subscription },
+  } = await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'R', url: receiver.url, events: ['*'] } })
   await server.request('POST', '/api/companies', { token, body: { name: 'Held Co' } })
   await receiver.waitFor((all) => all.length === 1)
   const paused = await server.request('POST', `/api/webhook-subscriptions/${subscription.id}/pause`, { token })
@@ -88,9 +111,20 @@ t.test('auto-pause: 9 final deliveries never pause; 10 with 5 dead do', async (t
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const token = tenant.members['admin@a.test'].token
   const receiver = await startReceiver(t)
-  receiver.answer = (request) => (String(request.body?.data?.object?.name ?? request.body?.data?.object?.email).startsWith('fail') ? { status: 500 } : { status: 200 })
-  const nine = (await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'Nine', url: `${receiver.url}/nine`, events: ['company.*'] } })).body.data
-  const ten = (await server.request('POST', '/api/webhook-subscriptions', { token, body: { name: 'Ten', url: `${receiver.url}/ten`, events: ['contact.*'] } })).body.data
+  receiver.answer = (request) =>
+    String(request.body?.data?.object?.name ?? request.body?.data?.object?.email).startsWith('fail') ? { status: 500 } : { status: 200 }
+  const nine = (
+    await server.request('POST', '/api/webhook-subscriptions', {
+      token,
+      body: { name: 'Nine', url: `${receiver.url}/nine`, events: ['company.*'] },
+    })
+  ).body.data
+  const ten = (
+    await server.request('POST', '/api/webhook-subscriptions', {
+      token,
+      body: { name: 'Ten', url: `${receiver.url}/ten`, events: ['contact.*'] },
+    })
+  ).body.data
   const finals = async (id: string) => {
     const log = await server.request('GET', `/api/webhook-subscriptions/${id}/deliveries?limit=200`, { token })
     return log.body.data.filter((d: any) => d.status === 'delivered' || d.status === 'dead').length
@@ -106,17 +140,30 @@ t.test('auto-pause: 9 final deliveries never pause; 10 with 5 dead do', async (t
   await waitUntil(async () => (await finals(ten.id)) === 5, 20_000, 'five delivered')
   for (let i = 0; i < 4; i++) await server.request('POST', '/api/contacts', { token, body: { email: `fail-${i}@example.com` } })
   await waitUntil(async () => (await finals(ten.id)) === 9, 20_000, 'four dead')
-  t.equal((await server.request('GET', `/api/webhook-subscriptions/${ten.id}`, { token })).body.data.status, 'active', '4 dead of 9 final: no pause')
+  t.equal(
+    (await server.request('GET', `/api/webhook-subscriptions/${ten.id}`, { token })).body.data.status,
+    'active',
+    '4 dead of 9 final: no pause',
+  )
   await server.request('POST', '/api/contacts', { token, body: { email: 'fail-last@example.com' } })
-  const paused = await waitUntil(async () => {
-    const answer = await server.request('GET', `/api/webhook-subscriptions/${ten.id}`, { token })
-    return answer.body.data.status === 'paused' ? answer.body.data : null
-  }, 20_000, 'auto-pause')
+  const paused = await waitUntil(
+    async () => {
+      const answer = await server.request('GET', `/api/webhook-subscriptions/${ten.id}`, { token })
+      return answer.body.data.status === 'paused' ? answer.body.data : null
+    },
+    20_000,
+    'auto-pause',
+  )
   t.match(paused, { paused_reason: 'auto', stats: { success_rate: 0.5 } })
   t.ok(paused.paused_at)
 
   // While auto-paused, new events are held, and the owner sees the same in SQL.
   await server.request('POST', '/api/contacts', { token, body: { email: 'later@example.com' } })
   const owner = await ownerClient(t, server.databaseUrl)
-  await waitUntil(async () => (await owner.query(`select 1 from crm.webhook_deliveries where subscription_id = $1 and status = 'held'`, [ten.id])).rowCount === 1, 5000, 'held')
+  await waitUntil(
+    async () =>
+      (await owner.query(`select 1 from crm.webhook_deliveries where subscription_id = $1 and status = 'held'`, [ten.id])).rowCount === 1,
+    5000,
+    'held',
+  )
 })

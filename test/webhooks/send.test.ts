@@ -1,13 +1,13 @@
-import t from 'tap'
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createTlsServer } from 'node:https'
-import { createSecureContext, type SecureContext } from 'node:tls'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { parseCidrList, type AddressPolicy } from '../../src/webhooks/address-guard.ts'
+import { createSecureContext, type SecureContext } from 'node:tls'
+import t from 'tap'
+import { type AddressPolicy, parseCidrList } from '../../src/webhooks/address-guard.ts'
 import { closeWebhookConnections, EXCERPT_BYTES, sendSignedWebhook } from '../../src/webhooks/send.ts'
 import { verifySignature } from '../../src/webhooks/signature.ts'
 
@@ -24,7 +24,13 @@ const received: Received[] = []
 const receiver = createServer(async (req: IncomingMessage, res: ServerResponse) => {
   const chunks: Buffer[] = []
   for await (const chunk of req) chunks.push(chunk)
-  received.push({ method: req.method!, url: req.url!, headers: req.headers, body: Buffer.concat(chunks), remotePort: req.socket.remotePort! })
+  received.push({
+    method: req.method!,
+    url: req.url!,
+    headers: req.headers,
+    body: Buffer.concat(chunks),
+    remotePort: req.socket.remotePort!,
+  })
   switch (new URL(req.url!, 'http://receiver').pathname) {
     case '/ok':
       res.writeHead(200, { 'content-type': 'text/plain' }).end('thanks')
@@ -127,7 +133,11 @@ t.test('the connection goes to the checked address, with the original name in Ho
   t.match(attempt, { status: 200, error: null })
   t.equal(received[0].headers.host, `receiver.test:${port}`)
   t.equal(received[0].url, '/ok?subscription=1')
-  t.same(resolverCalls, ['receiver.test'], 'resolved once, by the guard: receiver.test exists in no real DNS, so the connect used the pinned address')
+  t.same(
+    resolverCalls,
+    ['receiver.test'],
+    'resolved once, by the guard: receiver.test exists in no real DNS, so the connect used the pinned address',
+  )
 })
 
 t.test('a host name is resolved and checked again at every attempt', async (t) => {
@@ -168,7 +178,10 @@ t.test('redirects are not followed', async (t) => {
   received.length = 0
   const attempt = await send('/redirect')
   t.match(attempt, { status: 302, error: 'redirect', bodyExcerpt: 'moved', detail: /redirect to \/redirect-target was not followed/ })
-  t.same(received.map((request) => request.url), ['/redirect'])
+  t.same(
+    received.map((request) => request.url),
+    ['/redirect'],
+  )
   t.match(await send('/redirect-no-location'), { status: 307, error: 'redirect', detail: /no Location header/ })
 })
 
@@ -199,14 +212,21 @@ t.test('the guard runs again before dialling', async (t) => {
   received.length = 0
   t.match(await send('/ok', { host: 'unknown.test' }), { status: null, error: 'dns_failed', detail: /could not be resolved \(ENOTFOUND\)/ })
   t.match(await send('/ok', { host: '10.0.0.1' }), { status: null, error: 'address_refused', detail: 'address 10.0.0.1 is private' })
-  const strict = await sendSignedWebhook({ url: `http://127.0.0.1:${port}/ok`, policy: { allowHttp: true, allowedCidrs: [] }, secrets: [SECRET], body: '{}' })
+  const strict = await sendSignedWebhook({
+    url: `http://127.0.0.1:${port}/ok`,
+    policy: { allowHttp: true, allowedCidrs: [] },
+    secrets: [SECRET],
+    body: '{}',
+  })
   t.match(strict, { error: 'address_refused', detail: 'address 127.0.0.1 is loopback' })
   t.same(received, [], 'nothing was sent')
 })
 
 t.test('many distinct targets do not grow the connection cache without bound', async (t) => {
   const attempts = await Promise.all(
-    Array.from({ length: 300 }, (_, index) => sendSignedWebhook({ url: `http://r${index}.test:${closedPort}/`, policy, secrets: [SECRET], body: '{}' })),
+    Array.from({ length: 300 }, (_, index) =>
+      sendSignedWebhook({ url: `http://r${index}.test:${closedPort}/`, policy, secrets: [SECRET], body: '{}' }),
+    ),
   )
   t.ok(attempts.every((attempt) => attempt.error === 'connection_refused'))
   t.match(await send('/ok'), { status: 200 }, 'delivery still works after evictions')
@@ -218,7 +238,11 @@ function selfSignedCertificate(commonName: string): { key: Buffer; cert: Buffer 
   try {
     const keyPath = join(directory, 'key.pem')
     const certPath = join(directory, 'cert.pem')
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', `/CN=${commonName}`, '-keyout', keyPath, '-out', certPath], { stdio: 'ignore' })
+    execFileSync(
+      'openssl',
+      ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', `/CN=${commonName}`, '-keyout', keyPath, '-out', certPath],
+      { stdio: 'ignore' },
+    )
     return { key: readFileSync(keyPath), cert: readFileSync(certPath) }
   } catch {
     return null
@@ -229,21 +253,25 @@ function selfSignedCertificate(commonName: string): { key: Buffer; cert: Buffer 
 
 const credentials = selfSignedCertificate('receiver.test')
 
-t.test('an untrusted certificate is tls_error, and SNI carries the original host name', { skip: credentials === null && 'openssl is not available' }, async (t) => {
-  const serverNames: string[] = []
-  const context = createSecureContext(credentials!)
-  const SNICallback = (serverName: string, done: (error: Error | null, context: SecureContext) => void) => {
-    serverNames.push(serverName)
-    done(null, context)
-  }
-  const tlsServer = createTlsServer({ ...credentials, SNICallback }, (_req, res) => res.end('ok'))
-  const tlsPort = await listen(tlsServer)
-  t.teardown(() => new Promise((resolve) => tlsServer.close(resolve)))
+t.test(
+  'an untrusted certificate is tls_error, and SNI carries the original host name',
+  { skip: credentials === null && 'openssl is not available' },
+  async (t) => {
+    const serverNames: string[] = []
+    const context = createSecureContext(credentials!)
+    const SNICallback = (serverName: string, done: (error: Error | null, context: SecureContext) => void) => {
+      serverNames.push(serverName)
+      done(null, context)
+    }
+    const tlsServer = createTlsServer({ ...credentials, SNICallback }, (_req, res) => res.end('ok'))
+    const tlsPort = await listen(tlsServer)
+    t.teardown(() => new Promise((resolve) => tlsServer.close(resolve)))
 
-  const attempt = await sendSignedWebhook({ url: `https://receiver.test:${tlsPort}/`, policy, secrets: [SECRET], body: '{}' })
-  t.match(attempt, { status: null, error: 'tls_error', detail: /self-signed|SELF_SIGNED/i })
-  t.same(serverNames, ['receiver.test'], 'the ClientHello named receiver.test')
+    const attempt = await sendSignedWebhook({ url: `https://receiver.test:${tlsPort}/`, policy, secrets: [SECRET], body: '{}' })
+    t.match(attempt, { status: null, error: 'tls_error', detail: /self-signed|SELF_SIGNED/i })
+    t.same(serverNames, ['receiver.test'], 'the ClientHello named receiver.test')
 
-  const plainOverTls = await sendSignedWebhook({ url: `https://127.0.0.1:${port}/ok`, policy, secrets: [SECRET], body: '{}' })
-  t.match(plainOverTls, { status: null, error: 'tls_error' }, 'https to a plain-http port')
-})
+    const plainOverTls = await sendSignedWebhook({ url: `https://127.0.0.1:${port}/ok`, policy, secrets: [SECRET], body: '{}' })
+    t.match(plainOverTls, { status: null, error: 'tls_error' }, 'https to a plain-http port')
+  },
+)

@@ -1,5 +1,5 @@
-import t from 'tap'
 import { createHmac } from 'node:crypto'
+import t from 'tap'
 import { computeSignature, newWebhookSecret, signatureHeader, verifySignature, webhookSigningKey } from '../../src/webhooks/signature.ts'
 
 t.test('known-answer vector from the API spec', async (t) => {

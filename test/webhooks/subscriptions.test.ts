@@ -2,10 +2,10 @@
 // and SQL), the plan gate including a trial that ends, rotation with and without grace, held
 // deliveries released in order, delete.
 import t from 'tap'
-import { createTenant } from '../helpers/fixtures.ts'
-import { ownerClient } from '../helpers/database.ts'
-import { startTestServer } from '../helpers/server.ts'
 import { verifySignature } from '../../src/webhooks/signature.ts'
+import { ownerClient } from '../helpers/database.ts'
+import { createTenant } from '../helpers/fixtures.ts'
+import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
 
 const BASE = '/api/webhook-subscriptions'
@@ -16,15 +16,31 @@ t.test('validation, the URL guard, paging and the limit of 100', async (t) => {
   const token = tenant.members['admin@a.test'].token
   const post = (body: unknown) => server.request('POST', BASE, { token, body })
 
-  for (const [events, why] of [[[], 'empty'], [Array.from({ length: 21 }, () => '*'), '21 entries'], [['contact.merged'], 'unknown event'], [['Contact.*'], 'case']] as const) {
+  for (const [events, why] of [
+    [[], 'empty'],
+    [Array.from({ length: 21 }, () => '*'), '21 entries'],
+    [['contact.merged'], 'unknown event'],
+    [['Contact.*'], 'case'],
+  ] as const) {
     const answer = await post({ name: 'x', url: 'http://127.0.0.1:1/', events })
     t.equal(answer.status, 422, `events ${why}`)
     t.equal(answer.body.code, 'validation_failed')
   }
   t.equal((await post({ name: 'x', url: 'http://127.0.0.1:1/', events: ['*'], extra: 1 })).status, 422, 'unknown field')
-  t.equal((await post({ name: 'x', url: 'http://127.0.0.1:1/', events: ['contact.*', 'company.created', 'deal.deleted', '*'] })).status, 201, 'patterns')
+  t.equal(
+    (await post({ name: 'x', url: 'http://127.0.0.1:1/', events: ['contact.*', 'company.created', 'deal.deleted', '*'] })).status,
+    201,
+    'patterns',
+  )
 
-  for (const url of ['http://10.0.0.1/', 'https://localhost.internal/', 'https://user:pw@127.0.0.1/', 'ftp://127.0.0.1/', 'http://[::1]/', 'not a url']) {
+  for (const url of [
+    'http://10.0.0.1/',
+    'https://localhost.internal/',
+    'https://user:pw@127.0.0.1/',
+    'ftp://127.0.0.1/',
+    'http://[::1]/',
+    'not a url',
+  ]) {
     const answer = await post({ name: 'x', url, events: ['*'] })
     t.equal(answer.status, 422, url)
     t.equal(answer.body.code, 'url_not_allowed', url)
@@ -59,7 +75,8 @@ t.test('admins only: a member gets 403 and sees zero rows in SQL', async (t) => 
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin', 'bob@a.test': 'member' }, plan: 'pro' })
   const admin = tenant.members['admin@a.test'].token
   const bob = tenant.members['bob@a.test'].token
-  const sub = (await server.request('POST', BASE, { token: admin, body: { name: 'x', url: 'http://127.0.0.1:1/', events: ['*'] } })).body.data
+  const sub = (await server.request('POST', BASE, { token: admin, body: { name: 'x', url: 'http://127.0.0.1:1/', events: ['*'] } })).body
+    .data
   for (const [method, path, body] of [
     ['GET', BASE],
     ['POST', BASE, { name: 'x', url: 'http://127.0.0.1:1/', events: ['*'] }],
@@ -76,13 +93,18 @@ t.test('admins only: a member gets 403 and sees zero rows in SQL', async (t) => 
     t.equal(answer.body.code, 'forbidden')
   }
   const owner = await ownerClient(t, server.databaseUrl)
-  await owner.query(`insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at)
-                     values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), 'held', null)`, [tenant.id, sub.id])
+  await owner.query(
+    `insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at)
+                     values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), 'held', null)`,
+    [tenant.id, sub.id],
+  )
   const count = async (email: string) => {
     await owner.query('begin')
     try {
       await owner.query('select crm.act_as($1, $2)', [email, tenant.slug])
-      const { rows: [row] } = await owner.query(`select (select count(*) from crm.webhook_subscriptions)::int as subs,
+      const {
+        rows: [row],
+      } = await owner.query(`select (select count(*) from crm.webhook_subscriptions)::int as subs,
         (select count(*) from crm.webhook_deliveries)::int as deliveries`)
       return row
     } finally {
@@ -93,7 +115,11 @@ t.test('admins only: a member gets 403 and sees zero rows in SQL', async (t) => 
   t.same(await count('admin@a.test'), { subs: 1, deliveries: 1 }, 'an admin sees the workspace rows')
   await owner.query('begin')
   await owner.query('select crm.act_as($1, $2)', ['admin@a.test', tenant.slug])
-  await t.rejects(owner.query(`update crm.webhook_deliveries set status = 'delivered'`), /permission denied/, 'crm_api cannot write deliveries')
+  await t.rejects(
+    owner.query(`update crm.webhook_deliveries set status = 'delivered'`),
+    /permission denied/,
+    'crm_api cannot write deliveries',
+  )
   await owner.query('rollback')
   await t.rejects(owner.query(`update crm.webhook_deliveries set id = gen_random_uuid()`), /never change/, 'delivery_id never changes')
 })
@@ -119,7 +145,11 @@ t.test('the plan gate: free without a trial is refused, and a trial that ends st
   await owner.query(`update crm.workspaces set trial_ends_at = now() - interval '1 second' where id = $1`, [trial.id])
   t.equal((await server.request('GET', `${BASE}/${sub.body.data.id}`, { token })).status, 402, 'routes answer 402 once the trial ended')
   await server.request('POST', '/api/companies', { token, body: { name: 'After trial' } })
-  await waitUntil(async () => (await owner.query(`select 1 from graphile_worker.jobs where task_identifier = 'fan_out_event'`)).rowCount === 0, 5000, 'fan-out done')
+  await waitUntil(
+    async () => (await owner.query(`select 1 from graphile_worker.jobs where task_identifier = 'fan_out_event'`)).rowCount === 0,
+    5000,
+    'fan-out done',
+  )
   const { rows } = await owner.query('select count(*)::int as n from crm.webhook_deliveries where workspace_id = $1', [trial.id])
   t.equal(rows[0].n, 1, 'no delivery is created while the plan has lapsed')
   t.equal(receiver.received.length, 1)
@@ -130,7 +160,8 @@ t.test('rotation with and without grace; pause holds new events and resume relea
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const token = tenant.members['admin@a.test'].token
   const receiver = await startReceiver(t)
-  const created = (await server.request('POST', BASE, { token, body: { name: 'x', url: receiver.url, events: ['company.created'] } })).body.data
+  const created = (await server.request('POST', BASE, { token, body: { name: 'x', url: receiver.url, events: ['company.created'] } })).body
+    .data
   const oldSecret = created.secret
 
   const rotated = await server.request('POST', `${BASE}/${created.id}/rotate-secret`, { token, body: { grace_period_seconds: 3600 } })
@@ -154,7 +185,10 @@ t.test('rotation with and without grace; pause holds new events and resume relea
   t.equal((after.headers['x-service-signature'] as string).split(',').length, 2, 'one v1 without grace')
   t.ok(verifySignature(after.headers['x-service-signature'] as string, after.raw, noGrace.body.data.secret))
   t.notOk(verifySignature(after.headers['x-service-signature'] as string, after.raw, newSecret))
-  t.equal((await server.request('POST', `${BASE}/${created.id}/rotate-secret`, { token, body: { grace_period_seconds: 604801 } })).status, 422)
+  t.equal(
+    (await server.request('POST', `${BASE}/${created.id}/rotate-secret`, { token, body: { grace_period_seconds: 604801 } })).status,
+    422,
+  )
 
   await server.request('POST', `${BASE}/${created.id}/pause`, { token })
   const names = ['held-1', 'held-2', 'held-3', 'held-4', 'held-5']
@@ -165,7 +199,11 @@ t.test('rotation with and without grace; pause holds new events and resume relea
   t.equal(receiver.received.length, 2, 'nothing sent while paused')
   await server.request('POST', `${BASE}/${created.id}/resume`, { token })
   const all = await receiver.waitFor((all) => all.length === 7)
-  t.same(all.slice(2).map((r) => r.body.data.object.name), names, 'released in their original order')
+  t.same(
+    all.slice(2).map((r) => r.body.data.object.name),
+    names,
+    'released in their original order',
+  )
 
   // Delete: 204, the log goes with it, and a pending delivery's job ends without sending.
   receiver.answer = () => ({ status: 500 })
@@ -189,8 +227,11 @@ t.test('the webhook lists page as the record lists do: the same Link escaping an
     t.equal((await server.request('POST', '/api/contacts', { token, body: { email: `${name}@paging.test` } })).status, 201)
   }
   for (let i = 0; i < 2; i++) {
-    await owner.query(`insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at)
-                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), 'held', null)`, [tenant.id, subscriptionId])
+    await owner.query(
+      `insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at)
+                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), 'held', null)`,
+      [tenant.id, subscriptionId],
+    )
   }
   const queryOf = (link: string | null) => /^<[^?>]+\?(.*)&cursor=[A-Za-z0-9_-]+>; rel="next"$/.exec(link ?? '')?.[1]
 
@@ -222,25 +263,62 @@ t.test('a subscription renders as it always has: every field, in order, with its
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const token = tenant.members['admin@a.test'].token
   const owner = await ownerClient(t, server.databaseUrl)
-  const created = await server.request('POST', BASE, { token, body: { name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'] } })
+  const created = await server.request('POST', BASE, {
+    token,
+    body: { name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'] },
+  })
   const id = created.body.data.id
-  for (const [status, completed] of [['delivered', true], ['delivered', true], ['dead', true], ['pending', false]] as const) {
-    await owner.query(`insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at)
+  for (const [status, completed] of [
+    ['delivered', true],
+    ['delivered', true],
+    ['dead', true],
+    ['pending', false],
+  ] as const) {
+    await owner.query(
+      `insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at)
                        values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'})`,
-      [tenant.id, id, status])
+      [tenant.id, id, status],
+    )
   }
   t.equal((await server.request('POST', `${BASE}/${id}/pause`, { token })).status, 200)
-  const { rows: [row] } = await owner.query(`select s.*, (select max(d.created_at) from crm.webhook_deliveries d where d.subscription_id = s.id) as last_delivery_at
-                                               from crm.webhook_subscriptions s where s.id = $1`, [id])
+  const {
+    rows: [row],
+  } = await owner.query(
+    `select s.*, (select max(d.created_at) from crm.webhook_deliveries d where d.subscription_id = s.id) as last_delivery_at
+                                               from crm.webhook_subscriptions s where s.id = $1`,
+    [id],
+  )
   const time = (value: Date | null) => (value === null ? null : value.toISOString())
   const expected = {
-    id, name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'], status: 'paused', paused_reason: 'manual',
-    paused_at: time(row.paused_at), secret_last4: row.secret_last4, created_at: time(row.created_at), updated_at: time(row.updated_at),
+    id,
+    name: 'Billing',
+    url: 'http://127.0.0.1:1/',
+    events: ['deal.*', 'contact.created'],
+    status: 'paused',
+    paused_reason: 'manual',
+    paused_at: time(row.paused_at),
+    secret_last4: row.secret_last4,
+    created_at: time(row.created_at),
+    updated_at: time(row.updated_at),
     stats: { success_rate: 0.6667, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
   }
   const one = await server.request('GET', `${BASE}/${id}`, { token })
   t.equal(one.text, JSON.stringify({ data: expected }), 'GET one')
   const list = await server.request('GET', BASE, { token })
   t.equal(list.text, JSON.stringify({ data: [expected], next_cursor: null }), 'the list')
-  t.equal(created.text, JSON.stringify({ data: { ...expected, status: 'active', paused_reason: null, paused_at: null, updated_at: created.body.data.updated_at, stats: { success_rate: null, deliveries_24h: 0, last_delivery_at: null }, secret: created.body.data.secret } }), 'the creation')
+  t.equal(
+    created.text,
+    JSON.stringify({
+      data: {
+        ...expected,
+        status: 'active',
+        paused_reason: null,
+        paused_at: null,
+        updated_at: created.body.data.updated_at,
+        stats: { success_rate: null, deliveries_24h: 0, last_delivery_at: null },
+        secret: created.body.data.secret,
+      },
+    }),
+    'the creation',
+  )
 })

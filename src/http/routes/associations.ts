@@ -1,5 +1,11 @@
 // PUT/GET /api/associations/{type}/{id}: the records linked to one record, by type.
-import { associationsBodySchema, associationsResponseSchema, readAssociations, replaceAssociations, type Associations } from '../../records/associations.ts'
+import {
+  type Associations,
+  associationsBodySchema,
+  associationsResponseSchema,
+  readAssociations,
+  replaceAssociations,
+} from '../../records/associations.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { checkId } from '../../records/operations.ts'
 import type { RouteDefinition } from '../route.ts'
@@ -32,7 +38,9 @@ function routesFor(type: RecordType): RouteDefinition[] {
       response: associationsResponseSchema(type),
       errors: [401, 403, 404, 413, 415, 422],
       example: { request: { [others[0].path]: [EXAMPLE_ID] }, response: { data: example } },
-      handler: async ({ db, params, body }) => ({ body: { data: await replaceAssociations(db, type, checkId(params.id), body as Associations) } }),
+      handler: async ({ db, params, body }) => ({
+        body: { data: await replaceAssociations(db, type, checkId(params.id), body as Associations) },
+      }),
     },
   ]
 }

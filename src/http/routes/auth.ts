@@ -2,9 +2,9 @@
 import Type from 'typebox'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { sql } from '../../db/pool.ts'
-import { defineRoutes } from '../route.ts'
 import { NotFoundError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
+import { defineRoutes } from '../route.ts'
 
 const Time = Type.String({ format: 'date-time' })
 
@@ -25,8 +25,14 @@ const SignInBody = Type.Object(
   { additionalProperties: false },
 )
 const ChallengeBody = Type.Union([
-  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ maxLength: 32, pattern: '^\\s*\\d{6}\\s*$' }) }, { additionalProperties: false }),
-  Type.Object({ challenge_token: Type.String({ maxLength: 2000 }), recovery_code: Type.String({ minLength: 1, maxLength: 100 }) }, { additionalProperties: false }),
+  Type.Object(
+    { challenge_token: Type.String({ maxLength: 2000 }), code: Type.String({ maxLength: 32, pattern: '^\\s*\\d{6}\\s*$' }) },
+    { additionalProperties: false },
+  ),
+  Type.Object(
+    { challenge_token: Type.String({ maxLength: 2000 }), recovery_code: Type.String({ minLength: 1, maxLength: 100 }) },
+    { additionalProperties: false },
+  ),
 ])
 
 const TokenSummary = Type.Object({
@@ -102,7 +108,9 @@ export default defineRoutes(
     tag: 'auth',
     auth: 'required',
     errors: [401, 429],
-    response: Type.Object({ data: Type.Array(Type.Object({ slug: Type.String(), name: Type.String(), role: Type.String(), plan: Type.String() })) }),
+    response: Type.Object({
+      data: Type.Array(Type.Object({ slug: Type.String(), name: Type.String(), role: Type.String(), plan: Type.String() })),
+    }),
     handler: async ({ db, caller }) => {
       const rows = await db.any(sql.unsafe`
         select w.slug, w.name, r.name as role, w.plan, (m.suspended_at is not null) as suspended, (w.id = ${caller.workspaceId}) as current

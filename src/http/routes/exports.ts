@@ -1,18 +1,29 @@
 // POST /api/{type}/export: the caller's visible and exportable records as CSV or NDJSON, streamed.
 import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
-import { exportQuery, type ExportRequest } from '../../exports/export-query.ts'
+import { ForbiddenError } from '../../errors.ts'
+import { type ExportRequest, exportQuery } from '../../exports/export-query.ts'
 import { streamLines } from '../../exports/stream-lines.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import type { RouteDefinition } from '../route.ts'
-import { ForbiddenError } from '../../errors.ts'
 
 const ExportBody = Type.Object(
   {
-    format: Type.Optional(Type.Union([Type.Literal('csv'), Type.Literal('ndjson')], { description: 'csv (default, with a header row) or ndjson' })),
-    fields: Type.Optional(Type.Array(Type.String({ maxLength: 80 }), { maxItems: 100, description: 'The fields to export, in order (default: every field)' })),
-    filter: Type.Optional(Type.Record(Type.String(), Type.Unknown(), { description: 'The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null}' })),
-    sort: Type.Optional(Type.String({ maxLength: 200, description: 'As in lists: -amount,name (id is the last tie-breaker; default created_at,id)' })),
+    format: Type.Optional(
+      Type.Union([Type.Literal('csv'), Type.Literal('ndjson')], { description: 'csv (default, with a header row) or ndjson' }),
+    ),
+    fields: Type.Optional(
+      Type.Array(Type.String({ maxLength: 80 }), { maxItems: 100, description: 'The fields to export, in order (default: every field)' }),
+    ),
+    filter: Type.Optional(
+      Type.Record(Type.String(), Type.Unknown(), {
+        description:
+          'The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null}',
+      }),
+    ),
+    sort: Type.Optional(
+      Type.String({ maxLength: 200, description: 'As in lists: -amount,name (id is the last tie-breaker; default created_at,id)' }),
+    ),
   },
   { additionalProperties: false },
 )

@@ -1,9 +1,9 @@
 // Liveness and readiness for load balancers and orchestrators.
 import Type from 'typebox'
-import { sql } from '../../db/pool.ts'
 import { schemaIsCurrent } from '../../db/migrate.ts'
-import { defineRoutes } from '../route.ts'
+import { sql } from '../../db/pool.ts'
 import { UnavailableError } from '../../errors.ts'
+import { defineRoutes } from '../route.ts'
 
 export default defineRoutes(
   {

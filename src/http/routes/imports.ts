@@ -2,26 +2,34 @@
 // errors. The job itself is workers/process_import.ts; every permission is decided in SQL (the
 // imports policies, crm.queue_import, and the import policies on the record tables).
 import Type from 'typebox'
-import { sql, type DatabaseTransactionConnection } from '../../db/pool.ts'
-import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
-import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
-import { uploadFromRequest, UploadError } from '../../imports/multipart.ts'
-import { IMPORT_TYPES, suggestMapping, validateMapping, type ImportType } from '../../imports/suggest-mapping.ts'
+import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
+import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
 import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
+import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
+import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
+import { UploadError, uploadFromRequest } from '../../imports/multipart.ts'
+import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
-import { CSV_BODY_LIMIT, readBody } from '../body.ts'
+import { CSV_BODY_LIMIT } from '../body.ts'
 import type { RouteDefinition } from '../route.ts'
-import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
 
 const DEFAULT_MATCH_ON: Record<ImportType, 'email' | 'domain' | 'id'> = { contacts: 'email', companies: 'domain', deals: 'id' }
 const ERRORS_SHOWN = 100
 
 const StartBody = Type.Object(
   {
-    mapping: Type.Optional(Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()]), { description: 'column → field, custom_fields.<key> or null (default: the suggested mapping)' })),
+    mapping: Type.Optional(
+      Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()]), {
+        description: 'column → field, custom_fields.<key> or null (default: the suggested mapping)',
+      }),
+    ),
     mode: Type.Optional(Type.Union([Type.Literal('create'), Type.Literal('upsert')], { description: 'create (default) or upsert' })),
-    match_on: Type.Optional(Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id')], { description: 'upsert key: contacts email or id, companies domain or id, deals id' })),
+    match_on: Type.Optional(
+      Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id')], {
+        description: 'upsert key: contacts email or id, companies domain or id, deals id',
+      }),
+    ),
     dry_run: Type.Optional(Type.Boolean({ description: 'check everything and write nothing' })),
   },
   { additionalProperties: false },
@@ -86,11 +94,11 @@ function routesFor(type: ImportType): RouteDefinition[] {
         }
         const suggested = suggestMapping(type, inspection.columns, inspection.sampleRows)
         const fileName = upload.fileName === null ? null : upload.fileName.slice(0, 255)
-        const created = await db.one(sql.unsafe`
+        const created = (await db.one(sql.unsafe`
           insert into crm.imports (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping)
           values (${type}, ${fileName}, ${sql.binary(upload.bytes)}, ${upload.bytes.length}, ${inspection.delimiter},
                   ${sql.array(inspection.columns, 'text')}, ${inspection.rowCount}, ${sql.jsonb(inspection.sampleRows)}, ${sql.jsonb(suggested)})
-          returning id, crm.api_time(created_at) as created_at`) as { id: string; created_at: string }
+          returning id, crm.api_time(created_at) as created_at`)) as { id: string; created_at: string }
         return {
           status: 201,
           headers: { Location: `${base}/${created.id}` },
@@ -118,12 +126,22 @@ function routesFor(type: ImportType): RouteDefinition[] {
       body: StartBody,
       status: 202,
       errors: [401, 403, 404, 409, 413, 415, 422],
-      example: { request: { mapping: { 'First Name': 'first_name', Email: 'email', Index: null }, mode: 'upsert', match_on: 'email', dry_run: false } },
+      example: {
+        request: {
+          mapping: { 'First Name': 'first_name', Email: 'email', Index: null },
+          mode: 'upsert',
+          match_on: 'email',
+          dry_run: false,
+        },
+      },
       handler: async ({ db, params, body }) => {
         const id = importId(params.id)
         const upload = (await db.maybeOne(sql.unsafe`
           select columns, suggested_mapping from crm.imports
-           where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[]; suggested_mapping: Record<string, string | null> } | null
+           where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as {
+          columns: string[]
+          suggested_mapping: Record<string, string | null>
+        } | null
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns
         const mode = body.mode ?? 'create'
@@ -133,11 +151,15 @@ function routesFor(type: ImportType): RouteDefinition[] {
         const mappingProblems = validateMapping(type, columns, mapping)
         if (mappingProblems.length > 0) throw new ValidationError(`mapping: ${mappingProblems[0].message}`, mappingProblems)
         if (!matchOnAllowed(type, matchOn)) {
-          throw new ValidationError(`${type} cannot be matched on ${matchOn}`, [{ pointer: '/match_on', code: 'invalid', message: `${type} match on ${DEFAULT_MATCH_ON[type]} or id` }])
+          throw new ValidationError(`${type} cannot be matched on ${matchOn}`, [
+            { pointer: '/match_on', code: 'invalid', message: `${type} match on ${DEFAULT_MATCH_ON[type]} or id` },
+          ])
         }
         const keyField = keyFieldOf({ type, mode, matchOn, mapping })
         if (mode === 'upsert' && !Object.values(mapping).includes(keyField)) {
-          throw new ValidationError(`an upsert on ${matchOn} needs a column mapped to ${matchOn}`, [{ pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` }])
+          throw new ValidationError(`an upsert on ${matchOn} needs a column mapped to ${matchOn}`, [
+            { pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` },
+          ])
         }
         await db.query(sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false})`)
         return { status: 202, headers: { Location: `${base}/${id}` }, body: { data: await readJob(db, type, id) } }
@@ -163,14 +185,21 @@ function routesFor(type: ImportType): RouteDefinition[] {
       handler: async ({ db, res, params }) => {
         const id = importId(params.id)
         const upload = (await db.maybeOne(sql.unsafe`
-          select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as { columns: string[] } | null
+          select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as {
+          columns: string[]
+        } | null
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns as string[]
         const header = [...columns, 'row', 'error'].map(csvTextCell).join(',')
-        res.writeHead(200, { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` })
+        res.writeHead(200, {
+          'Content-Type': 'text/csv; charset=utf-8',
+          'Content-Disposition': `attachment; filename="${type}-import-errors.csv"`,
+        })
         res.write(header + '\r\n')
         // Each row's own cells (padded or cut to the header), then its number and its errors.
-        await streamLines(db, sql.type(LineRow)`
+        await streamLines(
+          db,
+          sql.type(LineRow)`
           select concat_ws(',',
                    (select string_agg(${csvTextCellSql(sql.fragment`r.cells[n]`)}, ',' order by n) from generate_series(1, ${columns.length}::int) n),
                    e.row::text,
@@ -180,7 +209,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
                    where e.workspace_id = (select crm.current_workspace_id()) and e.import_id = ${id}
                    group by e.row) e
             left join crm.import_rows r on r.workspace_id = (select crm.current_workspace_id()) and r.import_id = ${id} and r.row = e.row
-           order by e.row`, res, '\r\n')
+           order by e.row`,
+          res,
+          '\r\n',
+        )
       },
     },
   ]

@@ -4,10 +4,10 @@ import { bearerCredential } from '../../auth/authenticate.ts'
 import { invitationMail } from '../../mail/invitation-mail.ts'
 import { createMailer } from '../../mail/mailer.ts'
 import { acceptInvitation, createInvitation, deleteInvitation, listInvitations } from '../../members/invitations.ts'
+import { Uuid } from '../../uuid.ts'
 import { defineRoutes } from '../route.ts'
 import { TokenBodySchema } from './auth.ts'
 import { EmailSchema, PersonNameSchema } from './signup.ts'
-import { Uuid } from '../../uuid.ts'
 
 const Time = Type.String({ format: 'date-time' })
 
@@ -60,7 +60,9 @@ export default defineRoutes(
         // 'finish' with 201 means the transaction committed and the admin has the answer.
         res.once('finish', () => {
           if (res.statusCode !== 201) return
-          mailer.send(mail).catch((error: Error) => services.logger.warn('invitation mail failed', { invitation_id: invitation.id, error: error.message }))
+          mailer
+            .send(mail)
+            .catch((error: Error) => services.logger.warn('invitation mail failed', { invitation_id: invitation.id, error: error.message }))
         })
       }
       return { status: 201, body: { data: invitation } }
@@ -100,6 +102,8 @@ export default defineRoutes(
     response: TokenBodySchema,
     errors: [401, 403, 409, 422],
     example: { request: { token: 'inv_…', password: 'correct horse battery', name: 'Grace Hopper' } },
-    handler: async ({ services, body, req }) => ({ body: await acceptInvitation(services.pool, services.config, body, bearerCredential(req)?.token ?? null) }),
+    handler: async ({ services, body, req }) => ({
+      body: await acceptInvitation(services.pool, services.config, body, bearerCredential(req)?.token ?? null),
+    }),
   },
 )

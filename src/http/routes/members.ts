@@ -1,14 +1,14 @@
 // Members of the caller's workspace (API.md section 3). Admins only, except that anyone reads
 // their own membership: for a non-admin the list holds just them.
 import Type from 'typebox'
+import { InvalidParameterError } from '../../errors.ts'
 import { getMember, listMembers, removeMember, setSuspended, updateMember } from '../../members/members.ts'
+import { Uuid } from '../../uuid.ts'
 import { defineRoutes, patchAndPut } from '../route.ts'
 import invitations from './invitations.ts'
 import roles from './roles.ts'
 import signup from './signup.ts'
 import teams from './teams.ts'
-import { InvalidParameterError } from '../../errors.ts'
-import { Uuid } from '../../uuid.ts'
 
 const Time = Type.String({ format: 'date-time' })
 
@@ -25,7 +25,9 @@ const MemberSchema = Type.Object({
 const MemberChangeBody = Type.Object(
   {
     role: Type.Optional(Type.String({ minLength: 1, maxLength: 100, description: 'role name (or id)' })),
-    teams: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 100 }), { maxItems: 100, description: 'team names (or ids); replaces the set' })),
+    teams: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 100 }), { maxItems: 100, description: 'team names (or ids); replaces the set' }),
+    ),
   },
   { additionalProperties: false },
 )
@@ -39,7 +41,11 @@ const members = defineRoutes(
     summary: 'Members of this workspace with seat usage (non-admins see only themselves)',
     tag: 'workspace administration',
     auth: 'required',
-    response: Type.Object({ data: Type.Array(MemberSchema), seats: Type.Object({ used: Type.Integer(), limit: Type.Union([Type.Integer(), Type.Null()]) }), next_cursor: Type.Null() }),
+    response: Type.Object({
+      data: Type.Array(MemberSchema),
+      seats: Type.Object({ used: Type.Integer(), limit: Type.Union([Type.Integer(), Type.Null()]) }),
+      next_cursor: Type.Null(),
+    }),
     errors: [401],
     handler: async ({ db, caller }) => ({ body: { ...(await listMembers(db, caller)), next_cursor: null } }),
   },
@@ -67,7 +73,7 @@ const members = defineRoutes(
   {
     method: 'POST',
     path: '/api/members/:user_id/suspend',
-    summary: "Suspend a member: their tokens and sessions stop in this workspace at once (admins)",
+    summary: 'Suspend a member: their tokens and sessions stop in this workspace at once (admins)',
     tag: 'workspace administration',
     auth: 'required',
     response: one,
@@ -91,7 +97,12 @@ const members = defineRoutes(
     tag: 'workspace administration',
     auth: 'required',
     status: 204,
-    queryParameters: { reassign_to: { description: 'user_id of the member who takes over the removed member’s contacts, companies and deals', schema: { type: 'string', format: 'uuid' } } },
+    queryParameters: {
+      reassign_to: {
+        description: 'user_id of the member who takes over the removed member’s contacts, companies and deals',
+        schema: { type: 'string', format: 'uuid' },
+      },
+    },
     errors: [400, 401, 403, 404, 409, 422],
     handler: async ({ db, caller, params, query }) => {
       const reassignTo = query.reassign_to

@@ -12,7 +12,14 @@ export default defineRoutes({
   summary: 'This API as an OpenAPI 3.1 document',
   tag: 'operations',
   auth: 'none',
-  response: Type.Object({ openapi: Type.String(), info: Type.Object({}, { additionalProperties: true }), paths: Type.Object({}, { additionalProperties: true }) }, { additionalProperties: true }),
+  response: Type.Object(
+    {
+      openapi: Type.String(),
+      info: Type.Object({}, { additionalProperties: true }),
+      paths: Type.Object({}, { additionalProperties: true }),
+    },
+    { additionalProperties: true },
+  ),
   handler: async () => {
     if (!document) {
       const { allRoutes } = await import('./index.ts')

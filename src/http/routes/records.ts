@@ -1,23 +1,29 @@
 // /api/contacts, /api/companies, /api/deals: list, search, read, create, update, delete. The
 // three types share one set of handlers driven by the whitelist in src/records/fields.ts.
 import type { IncomingMessage } from 'node:http'
+import { NotFoundError } from '../../errors.ts'
+import { pageHeaders } from '../../paging.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
-import { pageJson, runList, type Page } from '../../records/list-query.ts'
+import { type Page, pageJson, runList } from '../../records/list-query.ts'
 import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
-import { pageHeaders } from '../../paging.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
 import { JsonText, type RouteDefinition } from '../route.ts'
-import { NotFoundError } from '../../errors.ts'
 
 const LIST_PARAMETERS = {
   limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
   cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
-  sort: { description: 'Comma-separated fields, - for descending (e.g. -amount,name); id is always the last tie-breaker; default created_at,id', schema: { type: 'string' } },
-  updated_since: { description: 'Only records updated at or after this time (same as filter[updated_at][gte])', schema: { type: 'string', format: 'date-time' } },
+  sort: {
+    description: 'Comma-separated fields, - for descending (e.g. -amount,name); id is always the last tie-breaker; default created_at,id',
+    schema: { type: 'string' },
+  },
+  updated_since: {
+    description: 'Only records updated at or after this time (same as filter[updated_at][gte])',
+    schema: { type: 'string', format: 'date-time' },
+  },
   filter: {
     description:
       'filter[field]=value (equals) or filter[field][op]=value with op one of eq, ne, lt, lte, gt, gte, in (comma-separated), contains, starts_with (case-insensitive), is_null (true/false); filter[custom_fields.<key>]=value for equality',
@@ -47,7 +53,10 @@ function routesFor(type: RecordType): RouteDefinition[] {
       tag,
       auth: 'required',
       response: page(record),
-      queryParameters: { q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } }, ...LIST_PARAMETERS },
+      queryParameters: {
+        q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } },
+        ...LIST_PARAMETERS,
+      },
       errors: [400, 401],
       example: { response: { data: [schemas.exampleRecord], next_cursor: null } },
       singleStatement: true,
@@ -66,7 +75,12 @@ function routesFor(type: RecordType): RouteDefinition[] {
       response: page(record),
       queryParameters: LIST_PARAMETERS,
       errors: [400, 401],
-      example: { response: { data: [schemas.exampleRecord], next_cursor: 'eyJzIjoiY3JlYXRlZF9hdCxpZCIsImsiOlsiMTc5NTI3ODQyMTEyMzQ1NiIsIjAxOTM1ZjNjLTlkMDAtN2IyMi04ZTNmLTRkNWM2YjdhOGY5ZSJdfQ' } },
+      example: {
+        response: {
+          data: [schemas.exampleRecord],
+          next_cursor: 'eyJzIjoiY3JlYXRlZF9hdCxpZCIsImsiOlsiMTc5NTI3ODQyMTEyMzQ1NiIsIjAxOTM1ZjNjLTlkMDAtN2IyMi04ZTNmLTRkNWM2YjdhOGY5ZSJdfQ',
+        },
+      },
       singleStatement: true,
       handler: async ({ req, db }) => {
         const parameters = parseQueryString(req.url)
@@ -107,7 +121,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
         if (!found) throw new NotFoundError(`No such ${type.label}`)
         const etag = etagOf(found)
         const ifNoneMatch = header(req, 'if-none-match')
-        if (ifNoneMatch && ifNoneMatch.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {
+        if (ifNoneMatch?.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {
           return { status: 304, headers: { ETag: etag } }
         }
         return { body: { data: found }, headers: { ETag: etag } }
@@ -123,7 +137,10 @@ function routesFor(type: RecordType): RouteDefinition[] {
         body: schemas.update,
         response: one(record),
         errors: [401, 403, 404, 409, 412, 413, 415, 422],
-        example: { request: { name: schemas.example.name ?? undefined, custom_fields: { tier: 'gold' } }, response: { data: schemas.exampleRecord } },
+        example: {
+          request: { name: schemas.example.name ?? undefined, custom_fields: { tier: 'gold' } },
+          response: { data: schemas.exampleRecord },
+        },
         handler: async ({ req, db, params, body }) => {
           const updated = await updateRecord(db, type, checkId(params.id), body, header(req, 'if-match'))
           return { body: { data: updated }, headers: { ETag: etagOf(updated) } }

@@ -1,9 +1,9 @@
 // Roles and their grants (API.md sections 3 and 4). Admins manage custom roles; built-in roles are
 // read-only (422); a role in use is kept (409 role_in_use). Non-admins read only their own role.
 import Type from 'typebox'
-import { createRole, deleteRole, getRole, GRANT_PATTERN, listRoles, updateRole } from '../../members/roles.ts'
-import { defineRoutes, patchAndPut } from '../route.ts'
+import { createRole, deleteRole, GRANT_PATTERN, getRole, listRoles, updateRole } from '../../members/roles.ts'
 import { Uuid } from '../../uuid.ts'
+import { defineRoutes, patchAndPut } from '../route.ts'
 
 const RoleSchema = Type.Object({
   id: Uuid,
@@ -18,10 +18,19 @@ const RoleSchema = Type.Object({
 const fields = {
   name: Type.String({ maxLength: 63, pattern: '^[a-z][a-z0-9_]{0,62}$', description: 'lower-case letters, digits and _' }),
   is_admin: Type.Boolean({ description: 'admins manage members, roles, teams, invitations and webhooks' }),
-  grants: Type.Array(Type.String({ maxLength: 21, pattern: GRANT_PATTERN }), { maxItems: 18, description: 'resource:action:scope, e.g. deals:view:own' }),
+  grants: Type.Array(Type.String({ maxLength: 21, pattern: GRANT_PATTERN }), {
+    maxItems: 18,
+    description: 'resource:action:scope, e.g. deals:view:own',
+  }),
 }
-const CreateBody = Type.Object({ name: fields.name, is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) }, { additionalProperties: false })
-const UpdateBody = Type.Object({ name: Type.Optional(fields.name), is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) }, { additionalProperties: false })
+const CreateBody = Type.Object(
+  { name: fields.name, is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) },
+  { additionalProperties: false },
+)
+const UpdateBody = Type.Object(
+  { name: Type.Optional(fields.name), is_admin: Type.Optional(fields.is_admin), grants: Type.Optional(fields.grants) },
+  { additionalProperties: false },
+)
 
 const one = Type.Object({ data: RoleSchema })
 const tag = 'workspace administration'

@@ -1,13 +1,13 @@
 // GET /api/search: one query across contacts, companies and deals, best matches first.
 import Type from 'typebox'
-import { recordTypeByPath, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
-import { parseSearchText } from '../../records/list-parameters.ts'
+import { InvalidParameterError } from '../../errors.ts'
 import { limitOf } from '../../paging.ts'
+import { RECORD_TYPES, type RecordType, recordTypeByPath } from '../../records/fields.ts'
+import { parseSearchText } from '../../records/list-parameters.ts'
 import { parseQueryString, safeName } from '../../records/query-string.ts'
 import { describe, searchType } from '../../records/search.ts'
-import { defineRoutes } from '../route.ts'
-import { InvalidParameterError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
+import { defineRoutes } from '../route.ts'
 
 const SearchResult = Type.Object({
   type: Type.Union([Type.Literal('contact'), Type.Literal('company'), Type.Literal('deal')]),
@@ -28,12 +28,24 @@ export default defineRoutes({
   queryParameters: {
     q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } },
     types: { description: 'Comma-separated: contacts, companies, deals (default all three)', schema: { type: 'string' } },
-    limit: { description: 'At most this many results, 1 to 100 (default 20)', schema: { type: 'integer', minimum: 1, maximum: 100, default: 20 } },
+    limit: {
+      description: 'At most this many results, 1 to 100 (default 20)',
+      schema: { type: 'integer', minimum: 1, maximum: 100, default: 20 },
+    },
   },
   errors: [400, 401],
   example: {
     response: {
-      data: [{ type: 'company', id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', title: 'Globex', subtitle: 'globex.com', score: 4, record: { id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', name: 'Globex', domain: 'globex.com' } }],
+      data: [
+        {
+          type: 'company',
+          id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a',
+          title: 'Globex',
+          subtitle: 'globex.com',
+          score: 4,
+          record: { id: '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', name: 'Globex', domain: 'globex.com' },
+        },
+      ],
     },
   },
   handler: async ({ req, db }) => {
@@ -45,7 +57,10 @@ export default defineRoutes({
       if (name === 'q') q = parseSearchText(value)
       else if (name === 'limit') limit = limitOf(value, 20, 100)
       else if (name === 'types') {
-        const names = value.split(',').map((part) => part.trim()).filter(Boolean)
+        const names = value
+          .split(',')
+          .map((part) => part.trim())
+          .filter(Boolean)
         const chosen = names.map((part) => {
           const type = recordTypeByPath(part)
           if (!type) throw new InvalidParameterError(`types: unknown type ${safeName(part)} (use contacts, companies, deals)`)

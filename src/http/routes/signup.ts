@@ -7,12 +7,21 @@ import { TokenBodySchema } from './auth.ts'
 /** The same shape crm.users accepts (users_email_format), so the body check and the table agree. */
 // The domain splits at its first dot after the first character: the same strings as
 // [^@\\s]+\\.[^@\\s]+ with a single way to match (that form backtracks quadratically).
-export const EmailSchema = Type.String({ pattern: '^\\s*[^@\\s]+@[^@\\s][^@\\s.]*\\.[^@\\s]+\\s*$', maxLength: 254, description: 'stored lower-case' })
+export const EmailSchema = Type.String({
+  pattern: '^\\s*[^@\\s]+@[^@\\s][^@\\s.]*\\.[^@\\s]+\\s*$',
+  maxLength: 254,
+  description: 'stored lower-case',
+})
 export const PasswordSchema = Type.String({ minLength: 10, maxLength: 1024, description: 'at least 10 characters, not the email' })
 export const PersonNameSchema = Type.String({ minLength: 1, maxLength: 255, pattern: '\\S' })
 
 const SignUpBody = Type.Object(
-  { email: EmailSchema, password: PasswordSchema, name: PersonNameSchema, workspace_name: Type.String({ minLength: 1, maxLength: 255, pattern: '\\S' }) },
+  {
+    email: EmailSchema,
+    password: PasswordSchema,
+    name: PersonNameSchema,
+    workspace_name: Type.String({ minLength: 1, maxLength: 255, pattern: '\\S' }),
+  },
   { additionalProperties: false },
 )
 

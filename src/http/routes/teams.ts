@@ -2,8 +2,8 @@
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import Type from 'typebox'
 import { createTeam, deleteTeam, getTeam, listTeams, updateTeam } from '../../members/teams.ts'
-import { defineRoutes, patchAndPut } from '../route.ts'
 import { Uuid } from '../../uuid.ts'
+import { defineRoutes, patchAndPut } from '../route.ts'
 
 const TeamSchema = Type.Object({
   id: Uuid,

@@ -2,7 +2,19 @@
 // src/webhooks/subscriptions.ts, their shapes in src/webhooks/subscription-schemas.ts.
 import { pageHeaders } from '../../paging.ts'
 import { parseQueryString } from '../../records/query-string.ts'
-import { CreateBody, CreatedSubscription, Delivery, DELIVERY_STATUSES, EXAMPLE, one, page, RotateBody, RotatedSecret, Subscription, UpdateBody } from '../../webhooks/subscription-schemas.ts'
+import {
+  CreateBody,
+  CreatedSubscription,
+  DELIVERY_STATUSES,
+  Delivery,
+  EXAMPLE,
+  one,
+  page,
+  RotateBody,
+  RotatedSecret,
+  Subscription,
+  UpdateBody,
+} from '../../webhooks/subscription-schemas.ts'
 import {
   createSubscription,
   deleteSubscription,
@@ -35,7 +47,10 @@ export default defineRoutes(
     status: 201,
     response: one(CreatedSubscription),
     errors: [401, 402, 403, 413, 415, 422],
-    example: { request: { name: EXAMPLE.name, url: EXAMPLE.url, events: EXAMPLE.events }, response: { data: { ...EXAMPLE, secret: 'whsec_...' } } },
+    example: {
+      request: { name: EXAMPLE.name, url: EXAMPLE.url, events: EXAMPLE.events },
+      response: { data: { ...EXAMPLE, secret: 'whsec_...' } },
+    },
     handler: async ({ db, body, caller, services }) => {
       const created = await createSubscription(db, services.config, caller.workspaceId, body)
       return { status: 201, body: { data: created }, headers: { Location: `${BASE}/${created.id}` } }
@@ -123,7 +138,10 @@ export default defineRoutes(
     body: RotateBody,
     response: one(RotatedSecret),
     errors: [401, 402, 403, 404, 422],
-    example: { request: { grace_period_seconds: 86400 }, response: { data: { id: EXAMPLE.id, secret: 'whsec_...', previous_secret_expires_at: '2026-11-23T03:00:21.123Z' } } },
+    example: {
+      request: { grace_period_seconds: 86400 },
+      response: { data: { id: EXAMPLE.id, secret: 'whsec_...', previous_secret_expires_at: '2026-11-23T03:00:21.123Z' } },
+    },
     handler: async ({ db, params, body, caller, services }) => ({
       body: { data: await rotateSecret(db, services.config, caller.workspaceId, params.id, body.grace_period_seconds ?? 86_400) },
     }),

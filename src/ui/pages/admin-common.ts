@@ -8,7 +8,11 @@ import type { PageContext, PageResult } from '../page-context.ts'
 /** A page for non-admins, or null when the caller is an admin. */
 export function adminOnly(context: PageContext, title: string, what: string): PageResult | null {
   if (context.caller.isAdmin) return null
-  return { status: 403, title, content: html`<h1>${title}</h1><div class="notice info" role="status">Only workspace admins manage ${what}.</div>` }
+  return {
+    status: 403,
+    title,
+    content: html`<h1>${title}</h1><div class="notice info" role="status">Only workspace admins manage ${what}.</div>`,
+  }
 }
 
 /** The refusal of an administration call, in plain words; `labels` name the form's fields. */
@@ -18,8 +22,10 @@ export function plainRefusal(error: ApiError, labels: Record<string, string> = {
     const counts = /(\d+) of (\d+) seats/.exec(detail)
     return `Seat limit reached: ${counts ? `all ${counts[2]} seats of this workspace are in use` : 'no seat is left in this workspace'}. Suspend a member or raise the seat limit first.`
   }
-  if (/last admin/.test(detail)) return 'This is the last admin of the workspace: make another member an admin first. A workspace always keeps one admin.'
-  if (error.code === 'role_in_use') return 'This role is still in use by members or pending invitations: give them another role first, then delete it.'
+  if (/last admin/.test(detail))
+    return 'This is the last admin of the workspace: make another member an admin first. A workspace always keeps one admin.'
+  if (error.code === 'role_in_use')
+    return 'This role is still in use by members or pending invitations: give them another role first, then delete it.'
   if (error.code === 'forbidden') return 'Only workspace admins may do this.'
   if (error.code === 'duplicate') {
     const field = labels[(error.errors?.[0]?.pointer ?? '').split('/')[1] ?? '']
@@ -27,8 +33,11 @@ export function plainRefusal(error: ApiError, labels: Record<string, string> = {
     return field ? `That ${field} is already taken: choose another.` : sentence(detail)
   }
   if (/built-in role/.test(detail)) return 'Built-in roles cannot be changed or deleted: create a custom role instead.'
-  const fields = (error.errors ?? []).map((problem) => ({ label: labels[problem.pointer.split('/')[1] ?? ''], message: problem.message })).filter((item) => item.label)
-  if (error.code === 'validation_failed' && fields.length > 0) return sentence(fields.map((item) => `${capitalise(item.label)} ${item.message}`).join('; '))
+  const fields = (error.errors ?? [])
+    .map((problem) => ({ label: labels[problem.pointer.split('/')[1] ?? ''], message: problem.message }))
+    .filter((item) => item.label)
+  if (error.code === 'validation_failed' && fields.length > 0)
+    return sentence(fields.map((item) => `${capitalise(item.label)} ${item.message}`).join('; '))
   return sentence(detail)
 }
 

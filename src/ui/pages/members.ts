@@ -3,15 +3,23 @@
 // mailed when SMTP_URL is set). Every change goes through the handlers of /api/members and
 // /api/invitations, so the seat limit, the last-admin rule and the admin gate are theirs.
 import { ApiError } from '../../http/problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import type { ApiCall } from '../api-calls.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
 import { adminOnly, plainRefusal } from './admin-common.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
 
-export type Member = { user_id: string; email: string; name: string; role: string; teams: string[]; suspended_at: string | null; joined_at: string }
+export type Member = {
+  user_id: string
+  email: string
+  name: string
+  role: string
+  teams: string[]
+  suspended_at: string | null
+  joined_at: string
+}
 type Seats = { used: number; limit: number | null }
 type Invitation = { id: string; email: string; role: string; teams: string[]; status: 'pending' | 'expired'; expires_at: string }
 type Role = { id: string; name: string; is_admin: boolean }
@@ -154,9 +162,18 @@ export const inviteMember: PageHandler = async (context) => {
   const invite = { email: form.get('email').trim(), role: form.get('role'), teams }
   if (invite.email === '') return render(context, { invite, error: 'Enter the email of the person to invite.' }, 422)
   const created = await attempt((scope) => scope.api('POST', '/api/invitations', { body: invite }))
-  if (!created.ok) return render(context, { invite, error: plainRefusal(created.error, { email: 'the email', role: 'the role', teams: 'the teams' }) }, created.error.status)
+  if (!created.ok)
+    return render(
+      context,
+      { invite, error: plainRefusal(created.error, { email: 'the email', role: 'the role', teams: 'the teams' }) },
+      created.error.status,
+    )
   const invitation = created.value.data as { email: string; accept_url: string }
-  setFlash(services.config.appSecret, req, res, 'members', { kind: 'invited', email: invitation.email, accept_url: invitation.accept_url } satisfies Flash)
+  setFlash(services.config.appSecret, req, res, 'members', {
+    kind: 'invited',
+    email: invitation.email,
+    accept_url: invitation.accept_url,
+  } satisfies Flash)
   return { redirect: '/members' }
 }
 
@@ -177,7 +194,11 @@ async function change(context: PageContext, run: (api: ApiCall, userId: string) 
 
 export const changeRole: PageHandler = (context) => {
   const role = context.form.get('role')
-  return change(context, (api, userId) => api('PATCH', '/api/members/:user_id', { params: { user_id: userId }, body: { role } }), `Role changed to ${role}.`)
+  return change(
+    context,
+    (api, userId) => api('PATCH', '/api/members/:user_id', { params: { user_id: userId }, body: { role } }),
+    `Role changed to ${role}.`,
+  )
 }
 
 export function suspension(action: 'suspend' | 'unsuspend'): PageHandler {
@@ -185,7 +206,9 @@ export function suspension(action: 'suspend' | 'unsuspend'): PageHandler {
     change(
       context,
       (api, userId) => api('POST', `/api/members/:user_id/${action}`, { params: { user_id: userId } }),
-      action === 'suspend' ? 'Member suspended: their sessions and API tokens stopped working in this workspace at once.' : 'Member unsuspended.',
+      action === 'suspend'
+        ? 'Member suspended: their sessions and API tokens stopped working in this workspace at once.'
+        : 'Member unsuspended.',
     )
 }
 
@@ -194,6 +217,9 @@ export const withdrawInvitation: PageHandler = async (context) => {
   const id = (params.id ?? '').toLowerCase()
   if (!UUID_PATTERN.test(id)) throw new ApiError(404, 'not_found', 'Not found', 'No such invitation.')
   await api('DELETE', '/api/invitations/:id', { params: { id } })
-  setFlash(services.config.appSecret, req, res, 'members', { kind: 'notice', message: 'Invitation withdrawn: its link no longer works.' } satisfies Flash)
+  setFlash(services.config.appSecret, req, res, 'members', {
+    kind: 'notice',
+    message: 'Invitation withdrawn: its link no longer works.',
+  } satisfies Flash)
   return { redirect: '/members' }
 }

@@ -5,12 +5,11 @@ import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { IdRow, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
-
 
 const OAuthAppSchema = Type.Object({
   id: Type.String(),
@@ -22,7 +21,11 @@ const OAuthAppSchema = Type.Object({
 })
 type OAuthApp = Static<typeof OAuthAppSchema>
 const OAuthAppRow = rowType(OAuthAppSchema)
-type State = { values?: { name: string; redirect_uris: string }; error?: string; created?: { name: string; client_id: string; client_secret: string } }
+type State = {
+  values?: { name: string; redirect_uris: string }
+  error?: string
+  created?: { name: string; client_id: string; client_secret: string }
+}
 
 /** Same rule as the CHECK in sql/000007_ui.sql, checked first for a message in plain words. */
 export function redirectUriProblem(uri: string): string | null {
@@ -60,7 +63,11 @@ function appCard(app: OAuthApp, csrf: string): SafeHtml {
 async function render(context: PageContext, state: State = {}, status = 200): Promise<PageResult> {
   const { caller, db, frame } = context
   if (!caller.isAdmin) {
-    return { status: 403, title: 'OAuth apps', content: html`<h1>OAuth apps</h1><div class="notice info" role="status">Only workspace admins register OAuth apps.</div>` }
+    return {
+      status: 403,
+      title: 'OAuth apps',
+      content: html`<h1>OAuth apps</h1><div class="notice info" role="status">Only workspace admins register OAuth apps.</div>`,
+    }
   }
   const apps = await db.any(sql.type(OAuthAppRow)`
     select id, name, client_id, client_secret_last4, redirect_uris, created_at
@@ -106,13 +113,28 @@ ${
 }
 
 export const showOAuthApps: PageHandler = (context) =>
-  render(context, { created: takeFlash<{ name: string; client_id: string; client_secret: string }>(context.services.config.appSecret, context.req, context.res, 'oauth-app') ?? undefined })
+  render(context, {
+    created:
+      takeFlash<{ name: string; client_id: string; client_secret: string }>(
+        context.services.config.appSecret,
+        context.req,
+        context.res,
+        'oauth-app',
+      ) ?? undefined,
+  })
 
 export const registerOAuthApp: PageHandler = async (context) => {
   const { form, attempt, caller } = context
   if (!caller.isAdmin) return render(context)
   const values = { name: form.get('name').trim(), redirect_uris: form.get('redirect_uris') }
-  const uris = [...new Set(values.redirect_uris.split(/\r?\n/).map((line) => line.trim()).filter((line) => line !== ''))]
+  const uris = [
+    ...new Set(
+      values.redirect_uris
+        .split(/\r?\n/)
+        .map((line) => line.trim())
+        .filter((line) => line !== ''),
+    ),
+  ]
   let error: string | null = null
   if (values.name === '') error = 'Enter a name for the app.'
   else if (values.name.length > 100) error = 'The name is too long (at most 100 characters).'
@@ -128,8 +150,13 @@ export const registerOAuthApp: PageHandler = async (context) => {
       insert into crm.oauth_apps (name, client_id, client_secret_hash, client_secret_last4, redirect_uris)
       values (${values.name}, ${clientId}, ${sql.binary(createHash('sha256').update(clientSecret).digest())}, ${clientSecret.slice(-4)}, ${sql.array(uris, 'text')})`),
   )
-  if (!created.ok) return render(context, { values, error: `The app could not be registered: ${created.error.message}.` }, created.error.status)
-  setFlash(context.services.config.appSecret, context.req, context.res, 'oauth-app', { name: values.name, client_id: clientId, client_secret: clientSecret })
+  if (!created.ok)
+    return render(context, { values, error: `The app could not be registered: ${created.error.message}.` }, created.error.status)
+  setFlash(context.services.config.appSecret, context.req, context.res, 'oauth-app', {
+    name: values.name,
+    client_id: clientId,
+    client_secret: clientSecret,
+  })
   return { redirect: '/oauth-apps' }
 }
 

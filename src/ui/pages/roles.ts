@@ -4,12 +4,12 @@
 // database's triggers) decide what is allowed: a built-in role is never changed, a role in use
 // is not deleted.
 import { ApiError } from '../../http/problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
 import { adminOnly, plainRefusal } from './admin-common.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
 
 type Role = { id: string; name: string; is_admin: boolean; is_builtin: boolean; grants: string[]; member_count: number }
 
@@ -186,7 +186,13 @@ export const createRole: PageHandler = async (context) => {
   if (values.name === '') return renderList(context, { values, error: 'Enter a name for the role.' }, 422)
   const created = await context.attempt((scope) => scope.api('POST', '/api/roles', { body: values }))
   if (!created.ok) return renderList(context, { values, error: plainRefusal(created.error, LABELS) }, created.error.status)
-  setFlash(context.services.config.appSecret, context.req, context.res, 'roles', `Role ${values.name} created. Assign it on the Members page.`)
+  setFlash(
+    context.services.config.appSecret,
+    context.req,
+    context.res,
+    'roles',
+    `Role ${values.name} created. Assign it on the Members page.`,
+  )
   return { redirect: '/roles' }
 }
 
@@ -197,7 +203,13 @@ export const updateRole: PageHandler = async (context) => {
   if (values.name === '') return renderRole(context, { values, error: 'Enter a name for the role.' }, 422)
   const updated = await context.attempt((scope) => scope.api('PATCH', '/api/roles/:id', { params: { id }, body: values }))
   if (!updated.ok) return renderRole(context, { values, error: plainRefusal(updated.error, LABELS) }, updated.error.status)
-  setFlash(context.services.config.appSecret, context.req, context.res, 'roles', `Role ${values.name} saved. It applies on each member's next request.`)
+  setFlash(
+    context.services.config.appSecret,
+    context.req,
+    context.res,
+    'roles',
+    `Role ${values.name} saved. It applies on each member's next request.`,
+  )
   return { redirect: '/roles' }
 }
 

@@ -1,18 +1,19 @@
 // Security: the user's API tokens and browser sessions (revoke one, revoke all), new API tokens
 // shown once, and two-factor enrollment with a QR code, a confirming code and recovery codes.
-import { hashToken, newToken } from '../../auth/tokens.ts'
-import { open } from '../../auth/secret-box.ts'
-import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
+
 import Type, { type Static } from 'typebox'
+import { open } from '../../auth/secret-box.ts'
+import { hashToken, newToken } from '../../auth/tokens.ts'
+import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
 import { sql } from '../../db/pool.ts'
 import { Bytes, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
-import { html, trusted, type SafeHtml } from '../html.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
+import { html, type SafeHtml, trusted } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { qrSvg } from '../qr-code.ts'
 import { clearCookie, SESSION_COOKIE, setFlash, takeFlash } from '../session.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
 
 const EXPIRY_CHOICES = [
   { days: 7, label: '7 days' },
@@ -24,7 +25,15 @@ const EXPIRY_CHOICES = [
 /** A token's documented default lifetime (API.md section 3), the same in the UI as in the API. */
 const DEFAULT_EXPIRY_DAYS = 14
 
-type TokenRow = { id: string; kind: 'token' | 'session'; name: string; created_at: string; last_used_at: string | null; expires_at: string; current: boolean }
+type TokenRow = {
+  id: string
+  kind: 'token' | 'session'
+  name: string
+  created_at: string
+  last_used_at: string | null
+  expires_at: string
+  current: boolean
+}
 const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolean(), recovery_codes_left: Type.Integer() })
 type Totp = Static<typeof TotpSchema>
 const TotpRow = rowType(TotpSchema)
@@ -59,7 +68,12 @@ function tokenTable(tokens: TokenRow[], csrf: string): SafeHtml {
 </table>`
 }
 
-type State = { tokenError?: string; tokenName?: string; newToken?: { name: string; value: string; expires_at: string }; twoFactorError?: string }
+type State = {
+  tokenError?: string
+  tokenName?: string
+  newToken?: { name: string; value: string; expires_at: string }
+  twoFactorError?: string
+}
 
 async function render(context: PageContext, state: State = {}, status = 200): Promise<PageResult> {
   const { api, frame, query } = context
@@ -136,7 +150,15 @@ ${
 }
 
 export const showSecurity: PageHandler = (context) =>
-  render(context, { newToken: takeFlash<{ name: string; value: string; expires_at: string }>(context.services.config.appSecret, context.req, context.res, 'token') ?? undefined })
+  render(context, {
+    newToken:
+      takeFlash<{ name: string; value: string; expires_at: string }>(
+        context.services.config.appSecret,
+        context.req,
+        context.res,
+        'token',
+      ) ?? undefined,
+  })
 
 export const createToken: PageHandler = async (context) => {
   const { form, attempt } = context
@@ -144,11 +166,11 @@ export const createToken: PageHandler = async (context) => {
   const days = Number(form.get('expires_in_days'))
   if (name === '') return render(context, { tokenError: 'Enter a name for the token.' }, 422)
   if (name.length > 200) return render(context, { tokenError: 'The name is too long (at most 200 characters).', tokenName: name }, 422)
-  if (!EXPIRY_CHOICES.some((choice) => choice.days === days)) return render(context, { tokenError: 'Choose when the token expires.', tokenName: name }, 422)
+  if (!EXPIRY_CHOICES.some((choice) => choice.days === days))
+    return render(context, { tokenError: 'Choose when the token expires.', tokenName: name }, 422)
   const value = newToken()
-  const created = await attempt(
-    async (scope) =>
-      scope.db.one(sql.type(ExpiresRow)`
+  const created = await attempt(async (scope) =>
+    scope.db.one(sql.type(ExpiresRow)`
         insert into crm.tokens (user_id, kind, name, token_hash, expires_at)
         values ((select crm.current_user_id()), 'token', ${name}, ${sql.binary(hashToken(value))}, now() + make_interval(days => ${days}))
         returning expires_at`),
@@ -181,7 +203,9 @@ export const startTwoFactor: PageHandler = async (context) => {
   const totp = await myTotp(context)
   if (totp?.confirmed) return { redirect: '/security' }
   const secret = newTotpSecret()
-  await context.db.query(sql.unsafe`select crm.start_totp_enrollment(${sql.binary(sealTotpSecret(context.services.config.appSecret, secret))})`)
+  await context.db.query(
+    sql.unsafe`select crm.start_totp_enrollment(${sql.binary(sealTotpSecret(context.services.config.appSecret, secret))})`,
+  )
   return { redirect: '/security/two-factor' }
 }
 

@@ -2,8 +2,8 @@
 // code. Both steps call the same functions as POST /api/token, asking for a session token.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
-import { toApiError } from '../../http/problem.ts'
 import type { ApiError } from '../../http/problem.ts'
+import { toApiError } from '../../http/problem.ts'
 import type { Services } from '../../http/route.ts'
 import { readForm } from '../form.ts'
 import { html } from '../html.ts'
@@ -33,8 +33,26 @@ function query(req: IncomingMessage): URLSearchParams {
 
 function deviceName(req: IncomingMessage): string {
   const agent = req.headers['user-agent'] ?? ''
-  const browser = /Edg\//.test(agent) ? 'Edge' : /Firefox\//.test(agent) ? 'Firefox' : /Chrom(e|ium)\//.test(agent) ? 'Chrome' : /Safari\//.test(agent) ? 'Safari' : 'Browser'
-  const system = /Windows/.test(agent) ? 'Windows' : /Mac OS X/.test(agent) ? 'macOS' : /Android/.test(agent) ? 'Android' : /iPhone|iPad/.test(agent) ? 'iOS' : /Linux/.test(agent) ? 'Linux' : ''
+  const browser = /Edg\//.test(agent)
+    ? 'Edge'
+    : /Firefox\//.test(agent)
+      ? 'Firefox'
+      : /Chrom(e|ium)\//.test(agent)
+        ? 'Chrome'
+        : /Safari\//.test(agent)
+          ? 'Safari'
+          : 'Browser'
+  const system = /Windows/.test(agent)
+    ? 'Windows'
+    : /Mac OS X/.test(agent)
+      ? 'macOS'
+      : /Android/.test(agent)
+        ? 'Android'
+        : /iPhone|iPad/.test(agent)
+          ? 'iOS'
+          : /Linux/.test(agent)
+            ? 'Linux'
+            : ''
   return `Web session: ${browser}${system ? ` on ${system}` : ''}`
 }
 
@@ -44,10 +62,21 @@ function startSession(req: IncomingMessage, res: ServerResponse, token: string, 
   clearCookie(req, res, CHALLENGE_COOKIE, '/sign-in')
 }
 
-function passwordForm(services: Services, req: IncomingMessage, res: ServerResponse, status: number, values: { email?: string; error?: string; notice?: string }): void {
+function passwordForm(
+  services: Services,
+  req: IncomingMessage,
+  res: ServerResponse,
+  status: number,
+  values: { email?: string; error?: string; notice?: string },
+): void {
   ensurePreSession(req, res)
   const next = safeReturnPath(query(req).get('next'), '')
-  sendHtml(res, status, signedOutPage('Sign in', html`<h1>Sign in</h1>
+  sendHtml(
+    res,
+    status,
+    signedOutPage(
+      'Sign in',
+      html`<h1>Sign in</h1>
 ${values.notice ? html`<div class="notice info" role="status">${values.notice}</div>` : ''}
 ${errorNotice(values.error)}
 <form class="stack panel" method="post" action="/sign-in${next ? `?next=${encodeURIComponent(next)}` : ''}">
@@ -62,14 +91,21 @@ ${errorNotice(values.error)}
   </div>
   <div class="actions"><button type="submit">Sign in</button></div>
 </form>
-<p>New here? <a href="/sign-up">Sign up</a> and start a 14-day trial.</p>`))
+<p>New here? <a href="/sign-up">Sign up</a> and start a 14-day trial.</p>`,
+    ),
+  )
 }
 
 function codeForm(services: Services, req: IncomingMessage, res: ServerResponse, status: number, recovery: boolean, error?: string): void {
   ensurePreSession(req, res)
   const next = safeReturnPath(query(req).get('next'), '')
   const action = `/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}`
-  sendHtml(res, status, signedOutPage('Two-factor sign-in', html`<h1>Two-factor sign-in</h1>
+  sendHtml(
+    res,
+    status,
+    signedOutPage(
+      'Two-factor sign-in',
+      html`<h1>Two-factor sign-in</h1>
 <p class="lead">${recovery ? 'Enter one of the recovery codes you saved when you turned two-factor on. Each code works once.' : 'Enter the 6-digit code from your authenticator app.'}</p>
 ${errorNotice(error)}
 <form class="stack panel" method="post" action="${action}">
@@ -88,11 +124,13 @@ ${errorNotice(error)}
   <div class="actions"><button type="submit">Verify</button></div>
 </form>
 <p>${
-    recovery
-      ? html`<a href="/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}">Use an authentication code instead</a>`
-      : html`<a href="/sign-in/two-factor?method=recovery${next ? `&next=${encodeURIComponent(next)}` : ''}">Use a recovery code instead</a>`
-  }</p>
-<p><a href="/sign-in">Start over</a></p>`))
+        recovery
+          ? html`<a href="/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}">Use an authentication code instead</a>`
+          : html`<a href="/sign-in/two-factor?method=recovery${next ? `&next=${encodeURIComponent(next)}` : ''}">Use a recovery code instead</a>`
+      }</p>
+<p><a href="/sign-in">Start over</a></p>`,
+    ),
+  )
 }
 
 function signInRefusal(error: ApiError): string {
@@ -129,11 +167,20 @@ export function signInPages(services: Services) {
       }
       const email = form.get('email').trim()
       const password = form.get('password')
-      if (email === '' || password === '') return passwordForm(services, req, res, 422, { email, error: 'Enter your email and your password.' })
+      if (email === '' || password === '')
+        return passwordForm(services, req, res, 422, { email, error: 'Enter your email and your password.' })
       try {
-        const result = await signInWithPassword(pool, config, { email: email.slice(0, 254), password: password.slice(0, 1024), device_name: deviceName(req) }, 'session')
+        const result = await signInWithPassword(
+          pool,
+          config,
+          { email: email.slice(0, 254), password: password.slice(0, 1024), device_name: deviceName(req) },
+          'session',
+        )
         if ('two_factor' in result) {
-          setCookie(req, res, CHALLENGE_COOKIE, result.challenge_token, { path: '/sign-in', maxAgeSeconds: (Date.parse(result.expires_at) - Date.now()) / 1000 })
+          setCookie(req, res, CHALLENGE_COOKIE, result.challenge_token, {
+            path: '/sign-in',
+            maxAgeSeconds: (Date.parse(result.expires_at) - Date.now()) / 1000,
+          })
           const next = safeReturnPath(query(req).get('next'), '')
           return redirect(res, `/sign-in/two-factor${next ? `?next=${encodeURIComponent(next)}` : ''}`)
         }
@@ -156,14 +203,27 @@ export function signInPages(services: Services) {
       const challenge = readCookies(req).get(CHALLENGE_COOKIE)
       const recovery = form.has('recovery_code')
       if (!challenge) return redirect(res, '/sign-in?notice=challenge-expired')
-      if (!csrfValid(config.appSecret, req, form.get('csrf'))) return codeForm(services, req, res, 403, recovery, 'This form has expired. Please try again.')
+      if (!csrfValid(config.appSecret, req, form.get('csrf')))
+        return codeForm(services, req, res, 403, recovery, 'This form has expired. Please try again.')
       const code = form.get('code').replace(/\s+/g, '')
       const recoveryCode = form.get('recovery_code').trim()
       if (recovery ? recoveryCode === '' : !/^\d{6}$/.test(code)) {
-        return codeForm(services, req, res, 422, recovery, recovery ? 'Enter one of your recovery codes.' : 'Enter the 6 digits shown in your authenticator app.')
+        return codeForm(
+          services,
+          req,
+          res,
+          422,
+          recovery,
+          recovery ? 'Enter one of your recovery codes.' : 'Enter the 6 digits shown in your authenticator app.',
+        )
       }
       try {
-        const result = await completeTwoFactor(pool, config, recovery ? { challenge_token: challenge, recovery_code: recoveryCode.slice(0, 100) } : { challenge_token: challenge, code }, 'session')
+        const result = await completeTwoFactor(
+          pool,
+          config,
+          recovery ? { challenge_token: challenge, recovery_code: recoveryCode.slice(0, 100) } : { challenge_token: challenge, code },
+          'session',
+        )
         startSession(req, res, result.token, result.expires_at)
         return redirect(res, afterSignIn(req))
       } catch (error) {
@@ -173,7 +233,9 @@ export function signInPages(services: Services) {
           clearCookie(req, res, CHALLENGE_COOKIE, '/sign-in')
           return redirect(res, '/sign-in?notice=challenge-expired')
         }
-        const message = recovery ? 'That recovery code is not valid or was already used.' : 'That code is not right. Check the code in your authenticator app and try again.'
+        const message = recovery
+          ? 'That recovery code is not valid or was already used.'
+          : 'That code is not right. Check the code in your authenticator app and try again.'
         return codeForm(services, req, res, 401, recovery, message)
       }
     },

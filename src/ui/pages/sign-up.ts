@@ -3,22 +3,33 @@
 // session with the sign-in function (kind session); the API token those functions issue is
 // revoked at once through DELETE /api/tokens/{id}, since nobody in a browser ever sees it.
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import Type, { type Static } from 'typebox'
 import { createAuthenticator } from '../../auth/authenticate.ts'
 import { signInWithPassword, type TokenBody } from '../../auth/sign-in.ts'
 import { hashToken } from '../../auth/tokens.ts'
-import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { rowType } from '../../db/typed-rows.ts'
-import { toApiError } from '../../http/problem.ts'
 import type { ApiError } from '../../http/problem.ts'
-import { validateBody, type RouteDefinition, type Services } from '../../http/route.ts'
+import { toApiError } from '../../http/problem.ts'
+import { type RouteDefinition, type Services, validateBody } from '../../http/route.ts'
 import { acceptInvitation } from '../../members/invitations.ts'
 import { signUp } from '../../members/signup.ts'
 import { apiCaller } from '../api-calls.ts'
 import { readForm } from '../form.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, redirect, sendHtml, signedOutPage } from '../layout.ts'
-import { clearCookie, csrfToken, csrfValid, ensurePreSession, hasSessionCookie, PRE_SESSION_COOKIE, readCookies, SESSION_COOKIE, setCookie, WORKSPACE_COOKIE } from '../session.ts'
+import {
+  clearCookie,
+  csrfToken,
+  csrfValid,
+  ensurePreSession,
+  hasSessionCookie,
+  PRE_SESSION_COOKIE,
+  readCookies,
+  SESSION_COOKIE,
+  setCookie,
+  WORKSPACE_COOKIE,
+} from '../session.ts'
 import { plainRefusal } from './admin-common.ts'
 
 type Request = IncomingMessage & { requestId?: string }
@@ -29,7 +40,15 @@ function query(req: IncomingMessage): URLSearchParams {
 
 function deviceName(req: IncomingMessage): string {
   const agent = req.headers['user-agent'] ?? ''
-  const browser = /Edg\//.test(agent) ? 'Edge' : /Firefox\//.test(agent) ? 'Firefox' : /Chrom(e|ium)\//.test(agent) ? 'Chrome' : /Safari\//.test(agent) ? 'Safari' : 'Browser'
+  const browser = /Edg\//.test(agent)
+    ? 'Edge'
+    : /Firefox\//.test(agent)
+      ? 'Firefox'
+      : /Chrom(e|ium)\//.test(agent)
+        ? 'Chrome'
+        : /Safari\//.test(agent)
+          ? 'Safari'
+          : 'Browser'
   return `Web session: ${browser}`
 }
 
@@ -61,7 +80,14 @@ export function signUpPages(services: Services, definitions: RouteDefinition[]) 
   const { config, pool } = services
 
   /** Signs the browser in with the password just chosen, and revokes the API token the call issued. */
-  async function startSession(req: Request, res: ServerResponse, email: string, password: string, issued: TokenBody, slug: string): Promise<boolean> {
+  async function startSession(
+    req: Request,
+    res: ServerResponse,
+    email: string,
+    password: string,
+    issued: TokenBody,
+    slug: string,
+  ): Promise<boolean> {
     const session = await signInWithPassword(pool, config, { email, password, device_name: deviceName(req) }, 'session')
     await revokeIssued(req, res, issued)
     if ('two_factor' in session) return false
@@ -73,7 +99,12 @@ export function signUpPages(services: Services, definitions: RouteDefinition[]) 
 
   function signUpForm(req: IncomingMessage, res: ServerResponse, status: number, values: SignUpValues, error?: string): void {
     ensurePreSession(req, res)
-    sendHtml(res, status, signedOutPage('Sign up', html`<h1>Sign up</h1>
+    sendHtml(
+      res,
+      status,
+      signedOutPage(
+        'Sign up',
+        html`<h1>Sign up</h1>
 <p class="lead">Create your workspace. You will be its admin, and the 14-day trial starts now.</p>
 ${errorNotice(error)}
 <form class="stack panel" method="post" action="/sign-up">
@@ -84,7 +115,9 @@ ${errorNotice(error)}
   ${field('workspace_name', 'Workspace name', html`<input type="text" id="workspace_name" name="workspace_name" value="${values.workspace_name}" maxlength="255" autocomplete="organization" required>`, 'Usually your company or team.')}
   <div class="actions"><button type="submit">Sign up</button></div>
 </form>
-<p>Already have an account? <a href="/sign-in">Sign in</a></p>`))
+<p>Already have an account? <a href="/sign-in">Sign in</a></p>`,
+      ),
+    )
   }
 
   function signUpRefusal(error: ApiError, email: string): string {
@@ -105,14 +138,24 @@ ${errorNotice(error)}
     `)
   }
 
-  function acceptPage(req: IncomingMessage, res: ServerResponse, status: number, token: string, invitation: Invitation | null, values: { name?: string; error?: string } = {}): void {
+  function acceptPage(
+    req: IncomingMessage,
+    res: ServerResponse,
+    status: number,
+    token: string,
+    invitation: Invitation | null,
+    values: { name?: string; error?: string } = {},
+  ): void {
     ensurePreSession(req, res)
     const csrf = csrfToken(config.appSecret, req)
     const here = `/invitations/accept?token=${encodeURIComponent(token)}`
     let body: SafeHtml
-    if (!invitation) body = html`<div class="notice error" role="alert">This invitation link is not valid. Check that you copied the whole link, or ask for a new invitation.</div>`
-    else if (invitation.accepted) body = html`<div class="notice info" role="status">This invitation was already accepted. <a href="/sign-in">Sign in</a> to use the workspace.</div>`
-    else if (invitation.expired) body = html`<div class="notice error" role="alert">This invitation has expired. Ask an admin of ${invitation.workspace_name} for a new one.</div>`
+    if (!invitation)
+      body = html`<div class="notice error" role="alert">This invitation link is not valid. Check that you copied the whole link, or ask for a new invitation.</div>`
+    else if (invitation.accepted)
+      body = html`<div class="notice info" role="status">This invitation was already accepted. <a href="/sign-in">Sign in</a> to use the workspace.</div>`
+    else if (invitation.expired)
+      body = html`<div class="notice error" role="alert">This invitation has expired. Ask an admin of ${invitation.workspace_name} for a new one.</div>`
     else {
       const intro = html`<p class="lead">You are invited to join <strong>${invitation.workspace_name}</strong> as <strong>${invitation.role}</strong>, with the email <strong>${invitation.email}</strong>.</p>`
       if (invitation.has_account && !hasSessionCookie(req)) {
@@ -151,8 +194,14 @@ ${errorNotice(error)}
       const form = await readForm(req)
       const values = { email: form.get('email').trim(), name: form.get('name').trim(), workspace_name: form.get('workspace_name').trim() }
       const password = form.get('password')
-      if (!csrfValid(config.appSecret, req, form.get('csrf'))) return signUpForm(req, res, 403, values, 'This form has expired. Please try again.')
-      const missing = [values.name === '' && 'your name', values.email === '' && 'your email', password === '' && 'a password', values.workspace_name === '' && 'a workspace name'].filter(Boolean)
+      if (!csrfValid(config.appSecret, req, form.get('csrf')))
+        return signUpForm(req, res, 403, values, 'This form has expired. Please try again.')
+      const missing = [
+        values.name === '' && 'your name',
+        values.email === '' && 'your email',
+        password === '' && 'a password',
+        values.workspace_name === '' && 'a workspace name',
+      ].filter(Boolean)
       if (missing.length) return signUpForm(req, res, 422, values, `Enter ${missing.join(', ')}.`)
       const definition = definitions.find((candidate) => candidate.method === 'POST' && candidate.path === '/api/signup')
       try {
@@ -178,14 +227,21 @@ ${errorNotice(error)}
       const form = await readForm(req)
       const token = form.get('token')
       const invitation = await findInvitation(token)
-      if (!csrfValid(config.appSecret, req, form.get('csrf'))) return acceptPage(req, res, 403, token, invitation, { name: form.get('name'), error: 'This form has expired. Please try again.' })
+      if (!csrfValid(config.appSecret, req, form.get('csrf')))
+        return acceptPage(req, res, 403, token, invitation, { name: form.get('name'), error: 'This form has expired. Please try again.' })
       if (!invitation || invitation.accepted || invitation.expired) return acceptPage(req, res, 404, token, invitation)
       const session = hasSessionCookie(req) && invitation.has_account ? (readCookies(req).get(SESSION_COOKIE) ?? null) : null
       const name = form.get('name').trim()
       const password = form.get('password')
-      if (session === null && (name === '' || password === '')) return acceptPage(req, res, 422, token, invitation, { name, error: 'Enter your name and choose a password.' })
+      if (session === null && (name === '' || password === ''))
+        return acceptPage(req, res, 422, token, invitation, { name, error: 'Enter your name and choose a password.' })
       try {
-        const issued = await acceptInvitation(pool, config, session === null ? { token, name: name.slice(0, 255), password } : { token }, session)
+        const issued = await acceptInvitation(
+          pool,
+          config,
+          session === null ? { token, name: name.slice(0, 255), password } : { token },
+          session,
+        )
         if (session !== null) {
           // The signed-in user keeps their session; only the API token the acceptance issued goes.
           await revokeIssued(req, res, issued)
@@ -197,7 +253,8 @@ ${errorNotice(error)}
       } catch (error) {
         const apiError = toApiError(error)
         if (apiError.status >= 500) throw error
-        if (apiError.status === 401) return redirect(res, `/sign-in?next=${encodeURIComponent(`/invitations/accept?token=${encodeURIComponent(token)}`)}`)
+        if (apiError.status === 401)
+          return redirect(res, `/sign-in?next=${encodeURIComponent(`/invitations/accept?token=${encodeURIComponent(token)}`)}`)
         const message =
           apiError.status === 403
             ? `This invitation was sent to ${invitation.email}, but you are signed in with another account. Sign out, then open the link again.`
@@ -215,10 +272,20 @@ ${errorNotice(error)}
       await pool.transaction(async (db) => {
         const bearer = { headers: { authorization: `Bearer ${issued.token}` } } as unknown as IncomingMessage
         const caller = await createAuthenticator(config)(db, bearer, req.requestId ?? '')
-        await apiCaller(definitions, services, db, caller, req, res, req.requestId ?? '')('DELETE', '/api/tokens/:id', { params: { id: issued.token_id } })
+        await apiCaller(
+          definitions,
+          services,
+          db,
+          caller,
+          req,
+          res,
+          req.requestId ?? '',
+        )('DELETE', '/api/tokens/:id', { params: { id: issued.token_id } })
       })
     } catch (error) {
-      services.logger.warn('ui: could not revoke the API token issued for a browser sign-up or acceptance', { error: error instanceof Error ? error.message : String(error) })
+      services.logger.warn('ui: could not revoke the API token issued for a browser sign-up or acceptance', {
+        error: error instanceof Error ? error.message : String(error),
+      })
     }
   }
 }

@@ -2,13 +2,13 @@
 // a member's `teams` set (PATCH /api/members/{user_id}), as in the API; team scopes in roles
 // (deals:view:team...) follow it on the member's next request.
 import { ApiError } from '../../http/problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import type { ApiCall } from '../api-calls.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
 import { adminOnly, plainRefusal } from './admin-common.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
 import type { Member } from './members.ts'
 
 type Team = { id: string; name: string; members: string[] }
@@ -61,7 +61,9 @@ async function render(context: PageContext, state: { name?: string; error?: stri
   if (denied) return denied
   const { api, frame, services, req, res } = context
   const teams = (await api('GET', '/api/teams')).data as Team[]
-  const members = ((await api('GET', '/api/members')).data as Member[]).filter((member) => member.suspended_at === null || teams.some((team) => team.members.includes(member.user_id)))
+  const members = ((await api('GET', '/api/members')).data as Member[]).filter(
+    (member) => member.suspended_at === null || teams.some((team) => team.members.includes(member.user_id)),
+  )
   const notice = takeFlash<string>(services.config.appSecret, req, res, 'teams')
   return {
     status,
@@ -132,7 +134,10 @@ export function teamMembership(action: 'add' | 'remove'): PageHandler {
       async (api) => {
         const team = (await api('GET', '/api/teams/:id', { params: { id } })).data as Team
         const member = (await api('GET', '/api/members/:user_id', { params: { user_id: userId } })).data as Member
-        const teams = action === 'add' ? [...member.teams.filter((name) => name !== team.name), team.id] : member.teams.filter((name) => name !== team.name)
+        const teams =
+          action === 'add'
+            ? [...member.teams.filter((name) => name !== team.name), team.id]
+            : member.teams.filter((name) => name !== team.name)
         await api('PATCH', '/api/members/:user_id', { params: { user_id: userId }, body: { teams } })
         return { team, member }
       },

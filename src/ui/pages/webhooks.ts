@@ -5,11 +5,11 @@ import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
+import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
-import { setFlash, takeFlash } from '../session.ts'
 import { describeRefusal, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
-import { UUID_PATTERN } from '../../uuid.ts'
+import { setFlash, takeFlash } from '../session.ts'
 
 const BASE = '/api/webhook-subscriptions'
 
@@ -103,7 +103,11 @@ function newWebhookForm(csrf: string, state: FormState): SafeHtml {
 async function render(context: PageContext, state: FormState, status = 200): Promise<PageResult> {
   const { caller, frame, attempt, db } = context
   if (!caller.isAdmin) {
-    return { status: 403, title: 'Webhooks', content: html`<h1>Webhooks</h1><div class="notice info" role="status">Only workspace admins manage webhooks.</div>` }
+    return {
+      status: 403,
+      title: 'Webhooks',
+      content: html`<h1>Webhooks</h1><div class="notice info" role="status">Only workspace admins manage webhooks.</div>`,
+    }
   }
   const listed = await attempt((scope) => scope.api('GET', BASE, { query: 'limit=200' }))
   if (!listed.ok && listed.error.code === 'plan_required') {
@@ -137,7 +141,10 @@ ${newWebhookForm(frame.csrf, state)}`,
 }
 
 export const showWebhooks: PageHandler = (context) =>
-  render(context, { created: takeFlash<{ name: string; secret: string }>(context.services.config.appSecret, context.req, context.res, 'webhook') ?? undefined })
+  render(context, {
+    created:
+      takeFlash<{ name: string; secret: string }>(context.services.config.appSecret, context.req, context.res, 'webhook') ?? undefined,
+  })
 
 export const createWebhook: PageHandler = async (context) => {
   const { form, attempt } = context
@@ -147,7 +154,9 @@ export const createWebhook: PageHandler = async (context) => {
   else if (values.url === '') error = 'Enter the endpoint URL.'
   else if (!EVENT_CHOICES.some((choice) => choice.value === values.event)) error = 'Choose one event.'
   if (error) return render(context, { values, error }, 422)
-  const created = await attempt((scope) => scope.api('POST', BASE, { body: { name: values.name, url: values.url, events: [values.event] } }))
+  const created = await attempt((scope) =>
+    scope.api('POST', BASE, { body: { name: values.name, url: values.url, events: [values.event] } }),
+  )
   if (!created.ok) {
     const message =
       created.error.code === 'url_not_allowed'
