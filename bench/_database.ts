@@ -20,6 +20,31 @@ export async function provision(): Promise<{ url: string; stop: () => Promise<vo
   }
 }
 
+/** The app secret every benchmark's service runs with (long enough for the config's check). */
+export const BENCH_APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
+
+/** The real API (no worker) in this process on a free port, silent and without a rate limit worth the name. */
+export async function startBenchApi(databaseUrl: string) {
+  const { loadConfig } = await import('../src/config.ts')
+  const { createLogger } = await import('../src/log.ts')
+  const { startService } = await import('../src/service.ts')
+  const config = loadConfig({
+    DATABASE_URL: databaseUrl,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    APP_SECRET: BENCH_APP_SECRET,
+    LOG_LEVEL: 'silent',
+    RATE_LIMIT_PER_MINUTE: '1000000',
+  })
+  return startService({
+    config,
+    logger: createLogger('silent'),
+    worker: false,
+    migrate: false,
+    database: { url: databaseUrl, description: 'bench', stop: async () => {} },
+  })
+}
+
 /** Migrates the database and makes a fresh workspace with one admin (and an API token for it). */
 export async function benchWorkspace(url: string) {
   const { migrate } = await import('../src/db/migrate.ts')

@@ -11,11 +11,10 @@ import { createServer } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import QueryStream from 'pg-query-stream'
-import { benchWorkspace, provision } from './_database.ts'
+import { BENCH_APP_SECRET, benchWorkspace, provision } from './_database.ts'
 
 const DEALS = Number(process.env.BENCH_EXPORT_DEALS ?? 1_000_000)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
-const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 
 async function freePort(): Promise<number> {
   return new Promise((resolve) => {
@@ -71,7 +70,7 @@ async function main(): Promise<void> {
         DATABASE_URL: database.url,
         PORT: String(port),
         HOST: '127.0.0.1',
-        APP_SECRET,
+        APP_SECRET: BENCH_APP_SECRET,
         LOG_LEVEL: 'error',
         RATE_LIMIT_PER_MINUTE: '1000000',
       },

@@ -9,35 +9,17 @@
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { Load } from '../test/faults/load.ts'
-import { benchWorkspace, provision } from './_database.ts'
+import { benchWorkspace, provision, startBenchApi } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const SECONDS = Number(process.env.BENCH_MEMORY_SECONDS ?? 120)
 const SAMPLE_SECONDS = 10
-const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 
 type Sample = { seconds: number; rss: number; heapUsed: number; heapTotal: number; external: number }
 
 // Child: the service, reporting its memory after a full collection.
 async function serve(databaseUrl: string): Promise<void> {
-  const { loadConfig } = await import('../src/config.ts')
-  const { createLogger } = await import('../src/log.ts')
-  const { startService } = await import('../src/service.ts')
-  const config = loadConfig({
-    DATABASE_URL: databaseUrl,
-    PORT: '0',
-    HOST: '127.0.0.1',
-    APP_SECRET,
-    LOG_LEVEL: 'silent',
-    RATE_LIMIT_PER_MINUTE: '1000000',
-  })
-  const service = await startService({
-    config,
-    logger: createLogger('silent'),
-    worker: false,
-    migrate: false,
-    database: { url: databaseUrl, description: 'bench', stop: async () => {} },
-  })
+  const service = await startBenchApi(databaseUrl)
   const collect = (globalThis as { gc?: () => void }).gc
   if (!collect) throw new Error('run the child with --expose-gc')
   const started = Date.now()

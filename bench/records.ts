@@ -12,7 +12,7 @@ import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { benchWorkspace, provision } from './_database.ts'
+import { benchWorkspace, provision, startBenchApi } from './_database.ts'
 
 // autocannon ships no types; this is the part of its API used here. Loaded only by the parent:
 // the server child processes must not carry the load generator.
@@ -28,7 +28,6 @@ const autocannon = (options: Record<string, unknown>) =>
 
 const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
-const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 const CONNECTIONS = 50
 const ROUNDS = 5
 
@@ -49,24 +48,7 @@ const SCENARIOS: Scenario[] = [
 // ---------------------------------------------------------------------------------------------
 // Child process: the real service
 async function serveApi(databaseUrl: string): Promise<void> {
-  const { loadConfig } = await import('../src/config.ts')
-  const { createLogger } = await import('../src/log.ts')
-  const { startService } = await import('../src/service.ts')
-  const config = loadConfig({
-    DATABASE_URL: databaseUrl,
-    PORT: '0',
-    HOST: '127.0.0.1',
-    APP_SECRET,
-    LOG_LEVEL: 'silent',
-    RATE_LIMIT_PER_MINUTE: '1000000',
-  })
-  const service = await startService({
-    config,
-    logger: createLogger('silent'),
-    worker: false,
-    migrate: false,
-    database: { url: databaseUrl, description: 'bench', stop: async () => {} },
-  })
+  const service = await startBenchApi(databaseUrl)
   process.stdout.write(JSON.stringify({ url: service.url }) + '\n')
   process.on('SIGTERM', () => void service.stop().then(() => process.exit(0)))
 }

@@ -26,10 +26,9 @@ import { fileURLToPath } from 'node:url'
 import { Logger, run } from 'graphile-worker'
 import pg from 'pg'
 import { Pool } from 'undici'
-import { postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { BENCH_APP_SECRET, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
-const APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 const WEBHOOK_SECRET = 'whsec_benchsecret_0000000000000000000000000000000'
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 20_000)
 const LOOP_WARM_UP = 5_000
@@ -161,7 +160,7 @@ async function main(): Promise<void> {
     const { loadConfig } = await import('../src/config.ts')
     const config = loadConfig({
       DATABASE_URL: db.url,
-      APP_SECRET,
+      APP_SECRET: BENCH_APP_SECRET,
       LOG_LEVEL: 'silent',
       WEBHOOK_ALLOW_HTTP: 'true',
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8',
@@ -219,7 +218,7 @@ async function main(): Promise<void> {
       `insert into crm.memberships (workspace_id, user_id, role_id) select $1, $2, id from crm.roles where workspace_id = $1 and name = 'admin'`,
       [ws.id, user.id],
     )
-    const sealed = sealWebhookSecret(webhookSecretKey(APP_SECRET), WEBHOOK_SECRET, ws.id)
+    const sealed = sealWebhookSecret(webhookSecretKey(BENCH_APP_SECRET), WEBHOOK_SECRET, ws.id)
     await owner.query(
       `insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4) values ($1, 'bench', $2, '{contact.*}', $3, 'last')`,
       [ws.id, receiverUrl, sealed],
