@@ -202,3 +202,14 @@ t.test('wrong codes on the UI two-factor-off form, even concurrent, count for si
   t.notOk(await twoFactorOn(alan.id))
   t.equal(await attemptsOf('two_factor', alan.id), undefined, 'turning two-factor off ends its count')
 })
+
+t.test('housekeeping removes the counters whose window has ended', async (t) => {
+  const email = 'gone@acme.test'
+  t.equal((await signIn(email, 'not the password!')).status, 401)
+  await endWindow('sign_in', email)
+  const { rows } = await withOwner(url, (client) =>
+    client.query("select removed from crm.housekeeping(30) where step = 'crm.prune_attempt_counters'"),
+  )
+  t.ok(Number(rows[0].removed) >= 1, 'crm.prune_attempt_counters is a housekeeping step')
+  t.equal(await attemptsOf('sign_in', email), undefined)
+})
