@@ -81,6 +81,22 @@ comment on policy associations_select_member on crm.associations is 'Members see
 grant select, delete on crm.associations to crm_api;
 grant insert (contact_id, company_id, deal_id) on crm.associations to crm_api;
 
+create table crm.attempt_counters (
+  purpose text not null,
+  subject text not null,
+  attempts integer not null,
+  window_id uuid default crm.uuid_v7() not null,
+  window_ends_at timestamp with time zone not null,
+  constraint attempt_counters_pkey PRIMARY KEY (purpose, subject),
+  constraint attempt_counters_attempts_not_negative CHECK ((attempts >= 0)),
+  constraint attempt_counters_purpose_known CHECK ((purpose = ANY (ARRAY['sign_in'::text, 'two_factor'::text])))
+);
+alter table crm.attempt_counters enable row level security;
+CREATE INDEX attempt_counters_window_ends_at_idx ON crm.attempt_counters USING btree (window_ends_at);
+comment on table crm.attempt_counters is 'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
+comment on column crm.attempt_counters.attempts is 'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
+comment on column crm.attempt_counters.window_id is 'Names the window, so a release after the window was replaced does not give the new window an attempt back.';
+
 create table crm.companies (
   workspace_id uuid default crm.current_workspace_id() not null,
   id uuid default crm.uuid_v7() not null,
@@ -708,14 +724,6 @@ create table crm.schema_migrations (
 );
 comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
 
-create table crm.sign_in_failures (
-  email text not null,
-  failed_at timestamp with time zone default now() not null
-);
-alter table crm.sign_in_failures enable row level security;
-CREATE INDEX sign_in_failures_email_idx ON crm.sign_in_failures USING btree (email, failed_at);
-comment on table crm.sign_in_failures is 'Failed password checks by email (known or not), for throttling.';
-
 create table crm.team_members (
   workspace_id uuid not null,
   team_id uuid not null,
@@ -1091,6 +1099,15 @@ comment on function crm.api_time(value timestamp with time zone) is 'A timestamp
 grant execute on function crm.api_time(value timestamp with time zone) to crm_api;
 grant execute on function crm.api_time(value timestamp with time zone) to public;
 
+CREATE OR REPLACE FUNCTION crm.attempt_allowance(p_purpose text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select case p_purpose when 'sign_in' then 5 when 'two_factor' then 10 end
+$function$;
+comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
+
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
  RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer)
  LANGUAGE sql
@@ -1224,6 +1241,55 @@ begin
 end
 $function$;
 comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import), after checking membership and grants; locks the import row.';
+
+CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
+ RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_allowance integer := crm.attempt_allowance(p_purpose);
+  v_window_id uuid;
+  v_window_ends_at timestamptz;
+begin
+  insert into crm.attempt_counters as c (purpose, subject, attempts, window_ends_at)
+  values (p_purpose, p_subject, 1, now() + interval '15 minutes')
+  on conflict (purpose, subject) do update
+    set attempts = case when c.window_ends_at <= now() then 1 else c.attempts + 1 end,
+        window_id = case when c.window_ends_at <= now() then crm.uuid_v7() else c.window_id end,
+        window_ends_at = case when c.window_ends_at <= now() then now() + interval '15 minutes' else c.window_ends_at end
+    where c.window_ends_at <= now() or c.attempts < v_allowance
+  returning c.window_id into v_window_id;
+  if v_window_id is not null then
+    return query select true, 0, v_window_id;
+    return;
+  end if;
+  -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
+  select c.window_id, c.window_ends_at into v_window_id, v_window_ends_at
+    from crm.attempt_counters c where c.purpose = p_purpose and c.subject = p_subject;
+  return query select false, greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer, v_window_id;
+end
+$function$;
+comment on function crm.claim_attempt(p_purpose text, p_subject text) is 'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else refused with the seconds until the window ends.';
+
+CREATE OR REPLACE FUNCTION crm.claim_my_two_factor_attempt()
+ RETURNS TABLE(allowed boolean, retry_after_seconds integer)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_user uuid := crm.current_user_id();
+begin
+  if v_user is null then
+    raise exception 'no signed-in user' using errcode = 'CR401', hint = 'token_invalid';
+  end if;
+  return query select c.allowed, c.retry_after_seconds from crm.claim_attempt('two_factor', v_user::text) c;
+end
+$function$;
+comment on function crm.claim_my_two_factor_attempt() is 'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
+grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
+grant execute on function crm.claim_my_two_factor_attempt() to public;
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
@@ -1554,8 +1620,9 @@ CREATE OR REPLACE FUNCTION crm.disable_totp()
 AS $function$
   delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
   delete from crm.user_totp t where t.user_id = crm.current_user_id();
+  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = crm.current_user_id()::text;
 $function$;
-comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first).';
+comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first) and clears their count of two-factor codes.';
 grant execute on function crm.disable_totp() to crm_api;
 grant execute on function crm.disable_totp() to public;
 
@@ -1948,6 +2015,15 @@ comment on function crm.pause_webhook_subscription(p_subscription_id uuid) is 'P
 grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to crm_api;
 grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to public;
 
+CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+  with removed as (delete from crm.attempt_counters where window_ends_at < now() returning 1)
+  select count(*) from removed
+$function$;
+comment on function crm.prune_attempt_counters(log_retention_days integer) is 'Removes attempt counters whose window has ended.';
+
 CREATE OR REPLACE FUNCTION crm.prune_idempotency_keys(log_retention_days integer)
  RETURNS bigint
  LANGUAGE sql
@@ -1999,12 +2075,11 @@ CREATE OR REPLACE FUNCTION crm.prune_tenancy(log_retention_days integer)
  LANGUAGE sql
 AS $function$
   with tokens as (delete from crm.tokens where expires_at < now() - interval '7 days' or revoked_at < now() - interval '7 days' returning 1),
-       failures as (delete from crm.sign_in_failures where failed_at < now() - interval '15 minutes' returning 1),
        counters as (delete from crm.rate_limit_counters where window_start < now() - interval '2 minutes' returning 1),
        challenges as (delete from crm.two_factor_challenges where expires_at < now() - interval '1 hour' returning 1)
-  select (select count(*) from tokens) + (select count(*) from failures) + (select count(*) from counters) + (select count(*) from challenges)
+  select (select count(*) from tokens) + (select count(*) from counters) + (select count(*) from challenges)
 $function$;
-comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes expired tokens (a week after expiry or revocation), old sign-in failures, rate-limit windows and challenges.';
+comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes expired tokens (a week after expiry or revocation), rate-limit windows and challenges.';
 grant execute on function crm.prune_tenancy(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
@@ -2259,6 +2334,16 @@ comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id 
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to public;
 
+CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+  update crm.attempt_counters c set attempts = c.attempts - 1
+   where c.purpose = p_purpose and c.subject = p_subject and c.window_id = p_window_id and c.attempts > 0
+$function$;
+comment on function crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid) is 'Gives back an allowed claim whose check succeeded (a right password or code is no failure).';
+
 CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
  LANGUAGE plpgsql
@@ -2380,19 +2465,6 @@ begin
 end
 $function$;
 comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text) is 'Sets the transaction-local request context with its proof. Not executable by crm_api.';
-
-CREATE OR REPLACE FUNCTION crm.sign_in_failures_recent(p_email text)
- RETURNS TABLE(failures integer, retry_after_seconds integer)
- LANGUAGE sql
- STABLE
-AS $function$
-  select count(*)::integer,
-         coalesce(ceil(extract(epoch from (min(failed_at) + interval '15 minutes' - now())))::integer, 0)
-  from crm.sign_in_failures
-  where email = lower(p_email) and failed_at > now() - interval '15 minutes'
-$function$;
-comment on function crm.sign_in_failures_recent(p_email text) is 'Failed sign-ins for an email in the last 15 minutes, and when the oldest of them leaves the window.';
-grant execute on function crm.sign_in_failures_recent(p_email text) to public;
 
 CREATE OR REPLACE FUNCTION crm.start_totp_enrollment(p_secret_encrypted bytea)
  RETURNS void

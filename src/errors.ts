@@ -118,6 +118,18 @@ export class RateLimitedError extends CrmError {
   }
 }
 
+/** What an attempt limit counts: passwords per email, or two-factor codes per user. */
+export type AttemptPurpose = 'sign_in' | 'two_factor'
+
+/** The attempt limit of one email or user is spent (`too_many_attempts`) until its window ends. */
+export class AttemptLimitError extends RateLimitedError {
+  readonly purpose: AttemptPurpose
+  constructor(purpose: AttemptPurpose, retryAfterSeconds: number, detail: string) {
+    super(retryAfterSeconds, 'too_many_attempts', detail)
+    this.purpose = purpose
+  }
+}
+
 /** The database cannot be reached or gave up (timeout, restart, no connection left). */
 export class UnavailableError extends CrmError {
   readonly retryAfterSeconds = 5

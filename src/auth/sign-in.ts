@@ -6,6 +6,7 @@ import type { Config } from '../config.ts'
 import { type CommonQueryMethods, sql } from '../db/pool.ts'
 import { Bytes, NullableString, rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, RateLimitedError } from '../errors.ts'
+import { claimAttempt, releaseAttempt } from './attempt-limits.ts'
 import { verifyPassword } from './passwords.ts'
 import { hashToken, newToken } from './tokens.ts'
 import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChallenge, signChallenge, totpStep } from './two-factor.ts'
@@ -13,10 +14,7 @@ import { CHALLENGE_MAX_TRIES, CHALLENGE_TTL_SECONDS, hashRecoveryCode, readChall
 export type TokenBody = { token: string; token_type: 'Bearer'; token_id: string; expires_at: string }
 export type ChallengeBody = { two_factor: true; challenge_token: string; expires_at: string }
 
-const MAX_FAILURES = 5
-
 const IssuedRow = rowType(Type.Object({ id: Type.String(), expires_at: Type.String() }))
-const ThrottleRow = rowType(Type.Object({ failures: Type.Integer(), retry_after_seconds: Type.Integer() }))
 const UserRow = rowType(
   Type.Object({
     id: Type.String(),
@@ -44,17 +42,12 @@ export async function issueToken(
   return { token, token_type: 'Bearer', token_id: row.id, expires_at: row.expires_at }
 }
 
-function tooManyAttempts(retryAfterSeconds: number): RateLimitedError {
-  return new RateLimitedError(
-    Math.max(1, retryAfterSeconds),
-    'too_many_attempts',
-    'Too many failed sign-ins for this email; try again later',
-  )
-}
-
 const invalidCredentials = () => new AuthenticationError('invalid_credentials', 'The email or password is wrong')
 
-/** Password step. Unknown email and wrong password take the same path and the same time. */
+/**
+ * Password step. Unknown email and wrong password take the same path and the same time: both claim
+ * an attempt for the email first and both run scrypt. A right password gives its attempt back.
+ */
 export async function signInWithPassword(
   db: CommonQueryMethods,
   config: Config,
@@ -62,8 +55,7 @@ export async function signInWithPassword(
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody | ChallengeBody> {
   const email = input.email.trim().toLowerCase()
-  const throttle = await db.one(sql.type(ThrottleRow)`select failures, retry_after_seconds from crm.sign_in_failures_recent(${email})`)
-  if (throttle.failures >= MAX_FAILURES) throw tooManyAttempts(throttle.retry_after_seconds)
+  const attempt = await claimAttempt(db, 'sign_in', email)
 
   const user = await db.maybeOne(sql.type(UserRow)`
     select u.id, u.password_hash, u.suspended_at, u.api_access, t.confirmed_at is not null as two_factor
@@ -71,10 +63,8 @@ export async function signInWithPassword(
     where u.email = ${email}
   `)
   const passwordMatches = await verifyPassword(input.password, user?.password_hash ?? null)
-  if (!user || !passwordMatches) {
-    await db.query(sql.unsafe`insert into crm.sign_in_failures (email) values (${email})`)
-    throw invalidCredentials()
-  }
+  if (!user || !passwordMatches) throw invalidCredentials()
+  await releaseAttempt(db, attempt)
   if (user.suspended_at) throw new AuthenticationError('user_suspended', 'The user is suspended')
   if (kind === 'token' && !user.api_access) throw new AuthenticationError('api_access_disabled', 'API access is turned off for this user')
 
@@ -93,7 +83,11 @@ export async function signInWithPassword(
   return issueToken(db, config, user.id, kind, input.device_name)
 }
 
-/** Second step: a TOTP code or a recovery code against a challenge; 5 tries per challenge. */
+/**
+ * Second step: a TOTP code or a recovery code against a challenge. 5 tries per challenge, and every
+ * code claims an attempt for its user (10 wrong codes per 15 minutes, across challenges and the
+ * UI's two-factor-off form) before it is checked.
+ */
 export async function completeTwoFactor(
   db: CommonQueryMethods,
   config: Config,
@@ -110,7 +104,9 @@ export async function completeTwoFactor(
     returning user_id, device_name, attempts
   `)
   if (!challenge) throw expired()
-  if (challenge.attempts > CHALLENGE_MAX_TRIES) throw tooManyAttempts(CHALLENGE_TTL_SECONDS)
+  if (challenge.attempts > CHALLENGE_MAX_TRIES)
+    throw new RateLimitedError(CHALLENGE_TTL_SECONDS, 'too_many_attempts', 'Too many codes for this sign-in challenge; sign in again')
+  const attempt = await claimAttempt(db, 'two_factor', challenge.user_id)
 
   let accepted = false
   if (input.code !== undefined) {
@@ -140,6 +136,7 @@ export async function completeTwoFactor(
     `))
   }
   if (!accepted) throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
+  await releaseAttempt(db, attempt)
   const completed =
     null !==
     (await db.maybeOne(sql.unsafe`

@@ -38,6 +38,7 @@ const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolea
 type Totp = Static<typeof TotpSchema>
 const TotpRow = rowType(TotpSchema)
 const ExpiresRow = rowType(Type.Object({ expires_at: Type.String() }))
+const ClaimRow = rowType(Type.Object({ allowed: Type.Boolean(), retry_after_seconds: Type.Integer() }))
 
 const DONE: Record<string, string> = {
   revoked: 'Revoked. It stops working at once.',
@@ -280,6 +281,20 @@ export const disableTwoFactor: PageHandler = async (context) => {
   const totp = await myTotp(context)
   if (!totp?.confirmed) return { redirect: '/security' }
   const code = context.form.get('code').replace(/\s+/g, '')
+  // The same per-user count as the two-factor step of sign-in, claimed before the check: a stolen
+  // session must not guess its way to turning two-factor off.
+  const claim = await context.db.one(sql.type(ClaimRow)`select allowed, retry_after_seconds from crm.claim_my_two_factor_attempt()`)
+  if (!claim.allowed) {
+    context.res.setHeader('Retry-After', String(claim.retry_after_seconds))
+    const minutes = Math.ceil(claim.retry_after_seconds / 60)
+    return render(
+      context,
+      {
+        twoFactorError: `Too many wrong codes. Try again in ${minutes} minute${minutes === 1 ? '' : 's'}. Two-factor sign-in is still on.`,
+      },
+      429,
+    )
+  }
   if (!checkTotp(context.services.config.appSecret, totp.secret_encrypted, code)) {
     return render(context, { twoFactorError: 'That code is not right. Two-factor sign-in is still on.' }, 422)
   }

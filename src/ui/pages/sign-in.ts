@@ -2,6 +2,7 @@
 // code. Both steps call the same functions as POST /api/token, asking for a session token.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
+import { AttemptLimitError } from '../../errors.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { toApiError } from '../../http/problem.ts'
 import type { Services } from '../../http/route.ts'
@@ -227,6 +228,20 @@ export function signInPages(services: Services) {
         startSession(req, res, result.token, result.expires_at)
         return redirect(res, afterSignIn(req))
       } catch (error) {
+        if (error instanceof AttemptLimitError) {
+          // The user's codes are spent until the window ends: say so, rather than send them back to
+          // the password step, which would only lead here again.
+          res.setHeader('Retry-After', String(error.retryAfterSeconds))
+          const minutes = Math.ceil(error.retryAfterSeconds / 60)
+          return codeForm(
+            services,
+            req,
+            res,
+            429,
+            recovery,
+            `Too many wrong codes for this account. Try again in ${minutes} minute${minutes === 1 ? '' : 's'}.`,
+          )
+        }
         const apiError = toApiError(error)
         if (apiError.status >= 500) throw error
         if (apiError.code === 'challenge_expired' || apiError.code === 'too_many_attempts') {
