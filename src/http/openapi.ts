@@ -163,7 +163,7 @@ function operation(route: RouteDefinition): JsonObject {
     responses,
     security: route.auth === 'required' ? [{ bearerAuth: [] }] : [],
   }
-  if (route.body && route.bodyKind !== 'raw') {
+  if (route.body && route.bodyKind !== 'file') {
     result.requestBody = {
       required: true,
       content: {

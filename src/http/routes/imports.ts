@@ -1,6 +1,7 @@
 // CSV import (API.md section 6): upload and inspect a file, start the job, read it, download its
 // errors. The job itself is workers/process_import.ts; every permission is decided in SQL (the
 // imports policies, crm.queue_import, and the import policies on the record tables).
+import { createReadStream } from 'node:fs'
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
 import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
@@ -71,14 +72,16 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Upload a CSV file of ${type} (multipart part "file" or a text/csv body, up to 50 MiB): answers its columns, 5 sample rows and a suggested mapping`,
       tag: type,
       auth: 'required',
-      bodyKind: 'raw',
+      bodyKind: 'file',
+      fileLimit: CSV_BODY_LIMIT,
+      limitedPerWorkspace: 'uploads',
       status: 201,
-      errors: [401, 403, 413, 415, 422],
-      handler: async ({ req, db }) => {
+      errors: [401, 403, 408, 413, 415, 422, 429],
+      handler: async ({ req, db, bodyFile }) => {
         await assertImportGrant(db, type)
         let upload
         try {
-          upload = await uploadFromRequest({ headers: req.headers, body: req }, CSV_BODY_LIMIT)
+          upload = await uploadFromRequest({ headers: req.headers, body: createReadStream(bodyFile!.path) }, CSV_BODY_LIMIT)
         } catch (error) {
           if (!(error instanceof UploadError)) throw error
           if (error.code === 'payload_too_large') throw new PayloadTooLargeError(CSV_BODY_LIMIT)
