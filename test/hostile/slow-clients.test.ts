@@ -24,7 +24,6 @@ const adaToken = victim.members['ada@acme.test'].token
 
 const BOUNDARY = 'slowboundary42'
 const MULTIPART_HEAD = `--${BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="slow.csv"\r\nContent-Type: text/csv\r\n\r\n`
-const multipart = (csv: string) => `${MULTIPART_HEAD}${csv}\r\n--${BOUNDARY}--\r\n`
 const uploadHeaders = (token: string, length: number) => ({
   authorization: `Bearer ${token}`,
   'content-type': `multipart/form-data; boundary=${BOUNDARY}`,
@@ -82,6 +81,24 @@ t.test('a JSON body that stops arriving gets 408 request_timeout and its connect
   t.equal(answered.headers.connection, 'close')
   await answered.closed
   t.pass('the server closed the socket')
+})
+
+t.test('a body that keeps trickling gets 408 once the head start is spent', async (t) => {
+  const { request, answer } = openRequest(server, 'POST', '/api/contacts', {
+    authorization: `Bearer ${adaToken}`,
+    'content-type': 'application/json',
+    'content-length': '1000',
+  })
+  request.write('{"first_name": "')
+  // A byte every 100 ms never trips the idle deadline (500 ms here); the rate deadline cuts it.
+  const trickle = setInterval(() => request.write('a'), 100)
+  const answered = await within(answer, 5000)
+  clearInterval(trickle)
+  request.destroy()
+  t.not(answered, 'no answer', 'answered while the client still owed bytes')
+  if (answered === 'no answer' || answered === null) return
+  t.equal(answered.status, 408)
+  t.match(answered.body, { code: 'request_timeout', detail: /KiB\/s/ })
 })
 
 t.test('an upload that stops arriving gets 408, and its temporary file is removed', async (t) => {
@@ -158,6 +175,38 @@ t.test('a fifth concurrent upload in one workspace gets 429 rate_limited', async
   )
   t.equal((await upload(server, malloryToken, 'contacts', csv)).status, 201, 'and their slots are free again')
   t.same(leftUploads(), [])
+})
+
+t.test('a fifth concurrent export in one workspace gets 429 rate_limited', async (t) => {
+  const blocker = await ownerClient(t, server.databaseUrl)
+  await blocker.query('begin')
+  // Holds every read of crm.contacts: the four exports stay in progress, streaming nothing yet.
+  await blocker.query('lock table crm.contacts in access exclusive mode')
+  const exportContacts = () => server.request('POST', '/api/contacts/export', { token: malloryToken, body: {} })
+  const held = Array.from({ length: 4 }, exportContacts)
+  let waiting = 0
+  for (let i = 0; i < 250 && waiting < 4; i++) {
+    await sleep(20)
+    const { rows } = await blocker.query(
+      `select count(*)::int as waiting from pg_locks where relation = 'crm.contacts'::regclass and not granted`,
+    )
+    waiting = rows[0].waiting
+  }
+  t.equal(waiting, 4, 'four exports are in progress')
+  const fifth = await within(exportContacts(), 5000)
+  await blocker.query('rollback')
+  t.not(fifth, 'no answer', 'the fifth export is answered while four are in progress')
+  if (fifth !== 'no answer') {
+    t.equal(fifth.status, 429)
+    t.equal(fifth.body.code, 'rate_limited')
+    t.equal(fifth.headers.get('retry-after'), '10')
+  }
+  t.same(
+    (await Promise.all(held)).map((response) => response.status),
+    [200, 200, 200, 200],
+    'the four finish once the database moves',
+  )
+  t.equal((await exportContacts()).status, 200, 'and their slots are free again')
 })
 
 t.test('30 uploaders trickling a byte a second leave other tenants answered', async (t) => {
