@@ -125,6 +125,7 @@ export function createApp(
     // limit and deadlines (body.ts), before a connection is taken, so a slow client never holds one.
     if (definition.auth === 'required') extra.checkCredential?.(req)
     if (definition.limitedPerAddress) services.addressRateLimit(req)
+    definition.checkBodyHeaders?.(req)
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
       body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))

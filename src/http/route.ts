@@ -81,6 +81,8 @@ export type RouteDefinition = {
    */
   bodyKind?: 'json' | 'file'
   fileLimit?: number
+  /** Refuses a body from the request's headers alone, before a byte of it is received (throws). */
+  checkBodyHeaders?: (req: IncomingMessage) => void
   /** Counted against the workspace's concurrent uploads or exports (429 past the limit). */
   limitedPerWorkspace?: WorkspaceWork
   /** Success status and schema for the OpenAPI document. */

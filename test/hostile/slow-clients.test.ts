@@ -111,6 +111,16 @@ t.test('an upload that stops arriving gets 408, and its temporary file is remove
   t.equal(answered.status, 408)
   t.equal(answered.body.code, 'request_timeout')
   t.same(leftUploads(), [], 'nothing left in the temporary directory')
+
+  // A Content-Type no upload can have is refused from the headers, before the body is received.
+  const refused = openRequest(server, 'POST', '/api/contacts/import/upload', {
+    ...uploadHeaders(malloryToken, 10_000),
+    'content-type': 'application/pdf',
+  })
+  refused.request.write('%PDF-1.7')
+  const refusal = await within(refused.answer, 5000)
+  refused.request.destroy()
+  t.match(refusal, { status: 415, body: { code: 'unsupported_media_type' } }, 'a wrong Content-Type is refused at once')
 })
 
 t.test('temporary files are gone after a success, a refusal and an abort', async (t) => {

@@ -9,7 +9,7 @@ import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
 import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
-import { UploadError, uploadFromRequest } from '../../imports/multipart.ts'
+import { UploadError, uploadFromRequest, uploadKindOf } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { CSV_BODY_LIMIT } from '../body.ts'
@@ -35,6 +35,14 @@ const StartBody = Type.Object(
   },
   { additionalProperties: false },
 )
+
+/** An upload's refusal as the error the API answers with. */
+function apiErrorOfUpload(error: unknown): unknown {
+  if (!(error instanceof UploadError)) return error
+  if (error.code === 'payload_too_large') return new PayloadTooLargeError(CSV_BODY_LIMIT)
+  if (error.code === 'unsupported_media_type') return new UnsupportedMediaTypeError(error.message)
+  return new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+}
 
 function importId(id: string | undefined): string {
   if (!id || !UUID_PATTERN.test(id)) throw new NotFoundError('No such import')
@@ -75,6 +83,13 @@ function routesFor(type: ImportType): RouteDefinition[] {
       bodyKind: 'file',
       fileLimit: CSV_BODY_LIMIT,
       limitedPerWorkspace: 'uploads',
+      checkBodyHeaders: (req) => {
+        try {
+          uploadKindOf(req.headers)
+        } catch (error) {
+          throw apiErrorOfUpload(error)
+        }
+      },
       status: 201,
       errors: [401, 403, 408, 413, 415, 422, 429],
       handler: async ({ req, db, bodyFile }) => {
@@ -83,10 +98,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
         try {
           upload = await uploadFromRequest({ headers: req.headers, body: createReadStream(bodyFile!.path) }, CSV_BODY_LIMIT)
         } catch (error) {
-          if (!(error instanceof UploadError)) throw error
-          if (error.code === 'payload_too_large') throw new PayloadTooLargeError(CSV_BODY_LIMIT)
-          if (error.code === 'unsupported_media_type') throw new UnsupportedMediaTypeError(error.message)
-          throw new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+          throw apiErrorOfUpload(error)
         }
         let inspection
         try {
