@@ -8,7 +8,7 @@ import { sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
-import { bodyDeadlineMs, CSV_BODY_LIMIT, JSON_BODY_LIMIT, readJsonObject, receiveBodyFile } from './body.ts'
+import { bodyDeadlineMs, ClientWentAwayError, CSV_BODY_LIMIT, JSON_BODY_LIMIT, readJsonObject, receiveBodyFile } from './body.ts'
 import { identifyClient } from './client-address.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
 import { JsonText, type RouteContext, type RouteDefinition, type RouteResult, type Services, validateBody } from './route.ts'
@@ -74,6 +74,11 @@ export function createApp(
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
     const request = req as Request
+    if (error instanceof ClientWentAwayError) {
+      logger.info('client went away', { request_id: request.requestId, method: req.method, path: request.path })
+      res.destroy()
+      return
+    }
     const apiError = toApiError(error)
     if (apiError.status >= 500) {
       const cause = apiError.cause ?? error

@@ -21,6 +21,14 @@ export const CSV_BODY_LIMIT = 50 * 1024 * 1024
 export const DEFAULT_BODY_IDLE_TIMEOUT_MS = 10_000
 export const MIN_BODY_BYTES_PER_SECOND = 64 * 1024
 
+/** The client closed the connection before its body was complete: no one is left to answer. */
+export class ClientWentAwayError extends Error {
+  constructor(cause: unknown) {
+    super('The client closed the connection before sending the whole body', { cause })
+    this.name = 'ClientWentAwayError'
+  }
+}
+
 /** The longest a body of `size` bytes may take under the rate deadline. */
 export function bodyDeadlineMs(size: number, idleTimeoutMs: number): number {
   return idleTimeoutMs + (size * 1000) / MIN_BODY_BYTES_PER_SECOND
@@ -48,7 +56,11 @@ export async function* bodyChunks(
     const expired = new Promise<'expired'>((resolve) => {
       timer = setTimeout(() => resolve('expired'), Math.max(0, Math.min(idleTimeoutMs, untilDeadline)))
     })
-    const next = await Promise.race([chunks.next(), expired]).finally(() => clearTimeout(timer))
+    const next = await Promise.race([chunks.next(), expired])
+      .catch((error: unknown) => {
+        throw req.destroyed ? new ClientWentAwayError(error) : error
+      })
+      .finally(() => clearTimeout(timer))
     if (next === 'expired') {
       req.pause()
       throw new RequestTimeoutError(

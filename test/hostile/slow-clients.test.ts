@@ -266,4 +266,6 @@ t.test('30 uploaders trickling a byte a second leave other tenants answered', as
     left = leftUploads()
   }
   t.same(left, [], 'every aborted upload removed its temporary file')
+  const failures = small.logLines.filter((line) => JSON.parse(line).level === 'error')
+  t.same(failures, [], 'a client that went away is logged as such, not as a failed request')
 })
