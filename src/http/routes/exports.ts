@@ -38,7 +38,7 @@ function routeFor(type: RecordType): RouteDefinition {
     body: ExportBody,
     streams: true,
     limitedPerWorkspace: 'exports',
-    errors: [400, 401, 403, 408, 413, 415, 422, 429],
+    errors: [400, 401, 403, 413, 415, 422, 429],
     example: { request: { format: 'csv', fields: ['id', 'name'], sort: '-created_at' } },
     handler: async ({ db, res, body }) => {
       const request = body as ExportRequest

@@ -91,7 +91,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
         }
       },
       status: 201,
-      errors: [401, 403, 408, 413, 415, 422, 429],
+      errors: [401, 403, 413, 415, 422, 429],
       handler: async ({ req, db, bodyFile }) => {
         await assertImportGrant(db, type)
         let upload
