@@ -4,6 +4,7 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
+import { DEFAULT_BODY_IDLE_TIMEOUT_MS } from './http/body.ts'
 import { type CidrRange, parseCidrList } from './webhooks/address-guard.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
@@ -40,6 +41,8 @@ export type Config = {
   dbPoolSize: number
   /** How long a request may wait for a free database connection before it gets 503. */
   dbWaitMs: number
+  /** A request body that sends no byte for this long gets 408 (and the rate deadline starts after it). */
+  bodyIdleTimeoutMs: number
 }
 
 export class ConfigError extends Error {
@@ -174,6 +177,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     workerConcurrency: integer('WORKER_CONCURRENCY', 20, 1, 1000),
     dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
     dbWaitMs: integer('DB_WAIT_MS', 5000, 1, 600_000),
+    bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -90,6 +90,13 @@ export class PayloadTooLargeError extends CrmError {
   }
 }
 
+/** The client stopped sending its body, or sent it too slowly (API.md section 2). */
+export class RequestTimeoutError extends CrmError {
+  constructor(detail: string) {
+    super('request_timeout', detail)
+  }
+}
+
 export class UnsupportedMediaTypeError extends CrmError {
   constructor(detail: string) {
     super('unsupported_media_type', detail)

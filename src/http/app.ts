@@ -8,11 +8,12 @@ import { sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
-import { readJsonObject } from './body.ts'
+import { bodyDeadlineMs, ClientWentAwayError, CSV_BODY_LIMIT, JSON_BODY_LIMIT, readJsonObject, receiveBodyFile } from './body.ts'
 import { identifyClient } from './client-address.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
-import { JsonText, type RouteContext, type RouteDefinition, type Services, validateBody } from './route.ts'
+import { JsonText, type RouteContext, type RouteDefinition, type RouteResult, type Services, validateBody } from './route.ts'
 import { singleStatementConnection } from './single-statement.ts'
+import { createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 
@@ -69,9 +70,15 @@ export function createApp(
 ): App {
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
+  const workspaceSlots = createWorkspaceSlots()
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
     const request = req as Request
+    if (error instanceof ClientWentAwayError) {
+      logger.info('client went away', { request_id: request.requestId, method: req.method, path: request.path })
+      res.destroy()
+      return
+    }
     const apiError = toApiError(error)
     if (apiError.status >= 500) {
       const cause = apiError.cause ?? error
@@ -119,14 +126,38 @@ export function createApp(
   extra.pages?.(app)
 
   async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
-    // An anonymous client is refused before its body is read; the body is read before a connection
-    // is taken, so a slow client never holds one.
+    // An anonymous client is refused before its body is read; the body is read whole, under its
+    // limit and deadlines (body.ts), before a connection is taken, so a slow client never holds one.
     if (definition.auth === 'required') extra.checkCredential?.(req)
     if (definition.limitedPerAddress) services.addressRateLimit(req)
+    definition.checkBodyHeaders?.(req)
     let body: unknown
-    if (definition.body && definition.bodyKind !== 'raw') body = validateBody(definition.body, await readJsonObject(req))
-    const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, services }
+    if (definition.body && definition.bodyKind !== 'file') {
+      body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
+    }
+    const bodyFile =
+      definition.bodyKind === 'file'
+        ? await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs)
+        : undefined
+    const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile, services }
+    let result: RouteResult
+    try {
+      result = await runHandler(definition, req, res, base)
+    } finally {
+      // Removed before the answer goes out, so a client that has its answer finds nothing left.
+      await bodyFile?.remove()
+    }
+    if (definition.streams) return
+    const status = result?.status ?? definition.status ?? 200
+    sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)
+  }
 
+  async function runHandler(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    base: Omit<RouteContext, 'db' | 'caller'>,
+  ): Promise<RouteResult> {
     const authenticated = (caller: Caller) => {
       req.callerId = caller.userId
       res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
@@ -134,45 +165,50 @@ export function createApp(
       res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
     }
     const statements = extra.statements
-    const result =
-      definition.auth === 'none'
-        ? await definition.handler(base as unknown as RouteContext)
-        : await admission
-            .run(() => {
-              if (definition.singleStatement && statements) {
-                const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
-                return definition
-                  .handler({
-                    ...base,
-                    db: db.connection,
-                    get caller() {
-                      return db.caller()
-                    },
-                  } as RouteContext)
-                  .catch(async (error: unknown) => {
-                    await db.authenticateIfNotSent()
-                    throw error
-                  })
+    return definition.auth === 'none'
+      ? definition.handler(base as unknown as RouteContext)
+      : admission
+          .run(() => {
+            if (definition.singleStatement && statements) {
+              const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
+              return definition
+                .handler({
+                  ...base,
+                  db: db.connection,
+                  get caller() {
+                    return db.caller()
+                  },
+                } as RouteContext)
+                .catch(async (error: unknown) => {
+                  await db.authenticateIfNotSent()
+                  throw error
+                })
+            }
+            return pool.transaction(async (db) => {
+              const caller = await authenticate(db, req, req.requestId)
+              authenticated(caller)
+              const release = definition.limitedPerWorkspace && workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+              try {
+                return await definition.handler({ ...base, db, caller } as RouteContext)
+              } finally {
+                release?.()
               }
-              return pool.transaction(async (db) => {
-                const caller = await authenticate(db, req, req.requestId)
-                authenticated(caller)
-                return definition.handler({ ...base, db, caller } as RouteContext)
-              })
             })
-            .catch(async (error: unknown) => {
-              // The rollback took the rate-limit count with it: count the request again, outside.
-              if (req.callerId && !(error instanceof RateLimitedError)) {
-                await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
-              }
-              throw error
-            })
-    if (definition.streams) return
-    const status = result?.status ?? definition.status ?? 200
-    sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)
+          })
+          .catch(async (error: unknown) => {
+            // The rollback took the rate-limit count with it: count the request again, outside
+            // (unless the refusal is the rate limit itself).
+            if (req.callerId && !(error instanceof RateLimitedError && error.quota)) {
+              await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+            }
+            throw error
+          })
   }
 
   const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)
   const server = createServer(handler)
+  // Node's own limit on receiving a whole request (300 s by default) would cut a slow but steady
+  // 50 MiB upload short with a bare 408; body.ts's deadlines decide, and this stays behind them.
+  server.requestTimeout = bodyDeadlineMs(CSV_BODY_LIMIT, config.bodyIdleTimeoutMs) + 60_000
   return { server, handler }
 }

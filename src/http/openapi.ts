@@ -19,6 +19,7 @@ const STATUS_TEXT: Record<number, string> = {
   402: 'The workspace plan does not include this feature',
   403: 'The record is visible but the action is not allowed, or an admin-only route',
   404: 'No such record, or not visible to this user',
+  408: 'The client stopped sending its body (no byte for 10 s) or sent it too slowly',
   409: 'A unique value is taken (duplicate), or an Idempotency-Key was reused with a different request',
   412: 'If-Match does not match the current ETag',
   413: 'The body is over its limit',
@@ -123,6 +124,9 @@ function responseHeaders(route: RouteDefinition, status: number): JsonObject | u
   return Object.keys(headers).length > 0 ? headers : undefined
 }
 
+/** Every route that reads a body can answer 408 (body.ts's deadlines). */
+const readsBody = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file'
+
 function operation(route: RouteDefinition): JsonObject {
   const pathParameters = [...route.path.matchAll(/:([A-Za-z_]+)/g)].map((match) => ({
     name: match[1],
@@ -153,6 +157,7 @@ function operation(route: RouteDefinition): JsonObject {
   const responses: JsonObject = { [String(status)]: success }
   for (const error of route.errors ?? []) responses[String(error)] = { $ref: `#/components/responses/Problem${error}` }
   if (route.auth === 'required' && !responses['401']) responses['401'] = { $ref: '#/components/responses/Problem401' }
+  if (readsBody(route) && !responses['408']) responses['408'] = { $ref: '#/components/responses/Problem408' }
   responses['500'] = { $ref: '#/components/responses/Problem500' }
 
   const result: JsonObject = {
@@ -163,7 +168,7 @@ function operation(route: RouteDefinition): JsonObject {
     responses,
     security: route.auth === 'required' ? [{ bearerAuth: [] }] : [],
   }
-  if (route.body && route.bodyKind !== 'raw') {
+  if (route.body && route.bodyKind !== 'file') {
     result.requestBody = {
       required: true,
       content: {
@@ -186,6 +191,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
     paths[path] ??= {}
     paths[path][route.method.toLowerCase()] = operation(route)
     for (const error of route.errors ?? []) statuses.add(error)
+    if (readsBody(route)) statuses.add(408)
   }
   const problemResponses = Object.fromEntries(
     [...statuses].sort().map((status) => [

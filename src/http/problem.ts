@@ -16,6 +16,7 @@ import {
   PlanRequiredError,
   PreconditionFailedError,
   RateLimitedError,
+  RequestTimeoutError,
   UnavailableError,
   UnsupportedMediaTypeError,
   ValidationError,
@@ -57,6 +58,7 @@ const ANSWERS: [new (...args: never[]) => CrmError, number, string | ((error: Cr
   [PlanRequiredError, 402, 'Plan required'],
   [ForbiddenError, 403, 'Forbidden'],
   [NotFoundError, 404, (error) => (error.code === 'workspace_not_found' ? 'Workspace not found' : 'Not found')],
+  [RequestTimeoutError, 408, 'Request timeout'],
   [DuplicateError, 409, 'Duplicate value'],
   [ConflictError, 409, 'Conflict'],
   [PreconditionFailedError, 412, 'Precondition failed'],
@@ -69,6 +71,8 @@ const ANSWERS: [new (...args: never[]) => CrmError, number, string | ((error: Cr
 
 function headersOf(error: CrmError): Record<string, string> | undefined {
   if (error instanceof AuthenticationError) return error.invalidToken ? INVALID_TOKEN : undefined
+  // The rest of the body may still be on its way: the connection cannot carry another request.
+  if (error instanceof RequestTimeoutError) return { Connection: 'close' }
   if (error instanceof RateLimitedError && error.quota) {
     const { limit, remaining, resetSeconds } = error.quota
     return {

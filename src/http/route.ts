@@ -9,6 +9,8 @@ import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import { type FieldProblem, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit } from './address-rate-limit.ts'
+import type { ReceivedFile } from './body.ts'
+import type { WorkspaceWork } from './workspace-slots.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
 
@@ -35,6 +37,8 @@ export type RouteContext<Body = any> = {
   params: Record<string, string>
   query: Record<string, string | string[]>
   body: Body
+  /** The received body of a 'file' route. */
+  bodyFile?: ReceivedFile
   services: Services
   /** The request transaction, running as crm_api with the caller's context (auth routes only). */
   db: DatabaseTransactionConnection
@@ -70,8 +74,17 @@ export type RouteDefinition = {
   limitedPerAddress?: boolean
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
   body?: TSchema
-  /** Body handling: 'json' (default when body is set), 'raw' (the handler reads the stream itself). */
-  bodyKind?: 'json' | 'raw'
+  /**
+   * Body handling: 'json' (default when body is set), or 'file': the whole body, up to
+   * `fileLimit` bytes, is received into a temporary file before a database connection is taken;
+   * the handler reads it from `bodyFile`, and the file is removed after the answer.
+   */
+  bodyKind?: 'json' | 'file'
+  fileLimit?: number
+  /** Refuses a body from the request's headers alone, before a byte of it is received (throws). */
+  checkBodyHeaders?: (req: IncomingMessage) => void
+  /** Counted against the workspace's concurrent uploads or exports (429 past the limit). */
+  limitedPerWorkspace?: WorkspaceWork
   /** Success status and schema for the OpenAPI document. */
   status?: number
   response?: TSchema

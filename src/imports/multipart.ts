@@ -45,33 +45,42 @@ type BodyOutcome =
   | { kind: 'no_file_part' }
   | { kind: 'malformed'; reason: string }
 
-/** Reads the uploaded file from the request body, up to `limit` bytes of body. Throws UploadError. */
-export async function uploadFromRequest({ headers, body }: UploadRequest, limit: number): Promise<UploadedFile> {
+/**
+ * What the headers say the body is: a multipart form or a raw UTF-8 CSV file. Throws UploadError
+ * for anything else, so a wrong upload is refused before its body is read.
+ */
+export function uploadKindOf(headers: UploadRequest['headers']): 'multipart' | 'raw' {
   const contentType = headers['content-type'] ?? ''
   const mediaType = contentType.split(';')[0].trim().toLowerCase()
-  const declaredLength = Number(headers['content-length'])
-  let outcome: BodyOutcome
-  // A body declared larger than the limit is refused before a byte of it is read.
-  if (Number.isFinite(declaredLength) && declaredLength > limit) outcome = { kind: 'too_large' }
-  else if (mediaType === 'multipart/form-data') {
+  if (mediaType === 'multipart/form-data') {
     const boundary = headerParameter(contentType, 'boundary')
     if (!boundary || boundary.length > MAX_BOUNDARY_LENGTH)
       throw new UploadError('missing_boundary', 'The multipart/form-data Content-Type has no valid boundary parameter')
-    outcome = await readFilePart(contentType, body, limit)
-  } else if (RAW_CSV_MEDIA_TYPES.has(mediaType)) {
+    return 'multipart'
+  }
+  if (RAW_CSV_MEDIA_TYPES.has(mediaType)) {
     const charset = headerParameter(contentType, 'charset')?.toLowerCase()
     // A declared non-UTF-8 charset is refused up front: the bytes might still decode as UTF-8
     // and be imported garbled.
     if (charset !== undefined && !UTF8_CHARSETS.has(charset)) {
       throw new UploadError('unsupported_media_type', `Only UTF-8 CSV files are accepted (got charset=${charset})`)
     }
-    outcome = await readWholeBody(body, limit)
-  } else {
-    throw new UploadError(
-      'unsupported_media_type',
-      `Send the CSV file as multipart/form-data (a part named "${FILE_PART_NAME}") or as a text/csv body (got ${mediaType || 'no Content-Type'})`,
-    )
+    return 'raw'
   }
+  throw new UploadError(
+    'unsupported_media_type',
+    `Send the CSV file as multipart/form-data (a part named "${FILE_PART_NAME}") or as a text/csv body (got ${mediaType || 'no Content-Type'})`,
+  )
+}
+
+/** Reads the uploaded file from the request body, up to `limit` bytes of body. Throws UploadError. */
+export async function uploadFromRequest({ headers, body }: UploadRequest, limit: number): Promise<UploadedFile> {
+  const declaredLength = Number(headers['content-length'])
+  let outcome: BodyOutcome
+  // A body declared larger than the limit is refused before a byte of it is read.
+  if (Number.isFinite(declaredLength) && declaredLength > limit) outcome = { kind: 'too_large' }
+  else if (uploadKindOf(headers) === 'multipart') outcome = await readFilePart(headers['content-type'] ?? '', body, limit)
+  else outcome = await readWholeBody(body, limit)
   switch (outcome.kind) {
     case 'file':
       return outcome.file

@@ -17,6 +17,7 @@ t.test('defaults', async (t) => {
   t.equal(config.webhook.timeoutMs, 10_000)
   t.equal(config.webhook.allowHttp, false)
   t.equal(config.webhook.logRetentionDays, 30)
+  t.equal(config.bodyIdleTimeoutMs, 10_000)
 })
 
 t.test('a local APP_SECRET is generated once and kept under the data directory', async (t) => {
@@ -45,6 +46,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     PUBLIC_BASE_URL: 'nope',
     TRUST_PROXY: '10.0.0.0/99',
     SMTP_URL: 'http://mail',
+    BODY_IDLE_TIMEOUT_MS: '10s',
   }
   const error = t.throws(() => loadConfig(env, { dataDir: dataDir() })) as unknown as ConfigError
   t.type(error, ConfigError)

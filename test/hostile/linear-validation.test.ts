@@ -68,7 +68,7 @@ function patternsOf(schema: JsonSchema, into: string[] = []): string[] {
 
 const bodyRoutes = allRoutes().filter(
   (route): route is RouteDefinition & { body: NonNullable<RouteDefinition['body']> } =>
-    route.body !== undefined && route.bodyKind !== 'raw',
+    route.body !== undefined && route.bodyKind !== 'file',
 )
 
 t.test('every pattern of a request schema is linear, and every string with a pattern or a format has a maxLength', async (t) => {

@@ -33,6 +33,14 @@ t.test('the document validates and covers every /api route', async (t) => {
   t.ok(createDeal.parameters.some((parameter: any) => parameter.name === 'Idempotency-Key'))
   t.ok(createDeal.responses['201'].headers.Location)
   t.equal(createDeal.responses['422'].$ref, '#/components/responses/Problem422')
+  t.equal(createDeal.responses['408'].$ref, '#/components/responses/Problem408', 'a body can time out')
+  const uploadContacts = document.paths['/api/contacts/import/upload'].post
+  t.same(
+    [uploadContacts.responses['408'], uploadContacts.responses['429']].map((response: any) => response.$ref),
+    ['#/components/responses/Problem408', '#/components/responses/Problem429'],
+  )
+  t.ok(document.components.responses.Problem408.description)
+  t.notOk(document.paths['/api/deals'].get.responses['408'], 'a route without a body cannot')
   t.equal(
     createDeal.requestBody.content['application/json'].schema.additionalProperties,
     false,

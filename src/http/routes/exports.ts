@@ -37,7 +37,8 @@ function routeFor(type: RecordType): RouteDefinition {
     auth: 'required',
     body: ExportBody,
     streams: true,
-    errors: [400, 401, 403, 413, 415, 422],
+    limitedPerWorkspace: 'exports',
+    errors: [400, 401, 403, 413, 415, 422, 429],
     example: { request: { format: 'csv', fields: ['id', 'name'], sort: '-created_at' } },
     handler: async ({ db, res, body }) => {
       const request = body as ExportRequest

@@ -1,6 +1,7 @@
 // CSV import (API.md section 6): upload and inspect a file, start the job, read it, download its
 // errors. The job itself is workers/process_import.ts; every permission is decided in SQL (the
 // imports policies, crm.queue_import, and the import policies on the record tables).
+import { createReadStream } from 'node:fs'
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
 import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
@@ -8,7 +9,7 @@ import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
 import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
-import { UploadError, uploadFromRequest } from '../../imports/multipart.ts'
+import { UploadError, uploadFromRequest, uploadKindOf } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { CSV_BODY_LIMIT } from '../body.ts'
@@ -34,6 +35,14 @@ const StartBody = Type.Object(
   },
   { additionalProperties: false },
 )
+
+/** An upload's refusal as the error the API answers with. */
+function apiErrorOfUpload(error: unknown): unknown {
+  if (!(error instanceof UploadError)) return error
+  if (error.code === 'payload_too_large') return new PayloadTooLargeError(CSV_BODY_LIMIT)
+  if (error.code === 'unsupported_media_type') return new UnsupportedMediaTypeError(error.message)
+  return new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+}
 
 function importId(id: string | undefined): string {
   if (!id || !UUID_PATTERN.test(id)) throw new NotFoundError('No such import')
@@ -71,19 +80,25 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Upload a CSV file of ${type} (multipart part "file" or a text/csv body, up to 50 MiB): answers its columns, 5 sample rows and a suggested mapping`,
       tag: type,
       auth: 'required',
-      bodyKind: 'raw',
+      bodyKind: 'file',
+      fileLimit: CSV_BODY_LIMIT,
+      limitedPerWorkspace: 'uploads',
+      checkBodyHeaders: (req) => {
+        try {
+          uploadKindOf(req.headers)
+        } catch (error) {
+          throw apiErrorOfUpload(error)
+        }
+      },
       status: 201,
-      errors: [401, 403, 413, 415, 422],
-      handler: async ({ req, db }) => {
+      errors: [401, 403, 413, 415, 422, 429],
+      handler: async ({ req, db, bodyFile }) => {
         await assertImportGrant(db, type)
         let upload
         try {
-          upload = await uploadFromRequest({ headers: req.headers, body: req }, CSV_BODY_LIMIT)
+          upload = await uploadFromRequest({ headers: req.headers, body: createReadStream(bodyFile!.path) }, CSV_BODY_LIMIT)
         } catch (error) {
-          if (!(error instanceof UploadError)) throw error
-          if (error.code === 'payload_too_large') throw new PayloadTooLargeError(CSV_BODY_LIMIT)
-          if (error.code === 'unsupported_media_type') throw new UnsupportedMediaTypeError(error.message)
-          throw new ValidationError(error.message, [{ pointer: '/file', code: error.code, message: error.message }])
+          throw apiErrorOfUpload(error)
         }
         let inspection
         try {
