@@ -10,6 +10,7 @@ import { NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
 import { readJsonObject } from './body.ts'
 import { identifyClient } from './client-address.ts'
+import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
 import { JsonText, type RouteContext, type RouteDefinition, type Services, validateBody } from './route.ts'
 import { singleStatementConnection } from './single-statement.ts'
@@ -174,5 +175,6 @@ export function createApp(
 
   const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)
   const server = createServer(handler)
+  server.on('clientError', answerClientError)
   return { server, handler }
 }
