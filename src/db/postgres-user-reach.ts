@@ -58,17 +58,16 @@ function mustReach(path: string, account: Account): void {
 /**
  * Where the postgres user finds the binaries and keeps the cluster: the given places when it can
  * reach them, otherwise a cached copy of the binaries (keyed by the server binary's digest) and a
- * cluster directory keyed by the data directory's real path, with one line saying so.
+ * cluster directory keyed by the data directory's real path, with one line (`notice`) saying so.
  */
 export function placesReachableByPostgres(
   nativeDir: string,
   clusterDir: string,
-  log: (line: string) => void,
-): { nativeDir: string; clusterDir: string } {
+): { nativeDir: string; clusterDir: string; notice: string | null } {
   const account = postgresAccount()
   const binariesOk = reachable(join(nativeDir, 'bin', 'postgres'), account)
   const clusterOk = reachable(dirname(clusterDir), account)
-  if (binariesOk && clusterOk) return { nativeDir, clusterDir }
+  if (binariesOk && clusterOk) return { nativeDir, clusterDir, notice: null }
 
   const root = join(sharedRoot(), 'crm-postgres')
   mkdirSync(root, { recursive: true, mode: 0o755 })
@@ -112,8 +111,8 @@ export function placesReachableByPostgres(
     binariesOk ? null : `its binaries copied to ${placedBinaries}`,
     clusterOk ? null : `its data kept in ${placedCluster}`,
   ].filter(Boolean)
-  log(`the postgres system user cannot reach ${binariesOk ? dirname(clusterDir) : nativeDir}: PostgreSQL runs with ${moved.join(' and ')}`)
-  return { nativeDir: placedBinaries, clusterDir: placedCluster }
+  const notice = `the postgres system user cannot reach ${binariesOk ? dirname(clusterDir) : nativeDir}: PostgreSQL runs with ${moved.join(' and ')}`
+  return { nativeDir: placedBinaries, clusterDir: placedCluster, notice }
 }
 
 let loadedBinaries: string | null = null

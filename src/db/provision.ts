@@ -16,6 +16,8 @@ export type ProvisionedDatabase = {
   description: string
   /** Stops the server when this process started it; a no-op otherwise. */
   stop: () => Promise<void>
+  /** The one line saying where the embedded PostgreSQL runs when not where it was asked to. */
+  notice?: string | null
 }
 
 type EmbeddedRecord = { port: number; user: string; password: string; database: string; pid: number }
@@ -93,12 +95,16 @@ export async function startEmbeddedPostgres(options: {
   const recordFile = join(options.baseDir, 'postgres.json')
   mkdirSync(options.baseDir, { recursive: true })
   let nativeDir = options.nativeDir ?? packagedBinaries()
+  let notice: string | null = null
   // Run as root, the server runs as the postgres user, which must be able to reach its binaries
   // and its directory; out of its reach (a private parent directory), both are placed where it can.
   if (process.getuid?.() === 0) {
     chmodSync(options.baseDir, 0o755)
     ensurePostgresUser()
-    ;({ nativeDir, clusterDir } = placesReachableByPostgres(nativeDir, clusterDir, log))
+    const places = placesReachableByPostgres(nativeDir, clusterDir)
+    ;({ nativeDir, clusterDir } = places)
+    notice = places.notice
+    if (notice !== null) log(notice)
   }
   useBinaries(nativeDir)
 
@@ -168,6 +174,7 @@ export async function startEmbeddedPostgres(options: {
   return {
     url: urlOf(record),
     description: `embedded PostgreSQL on port ${port}, data in ${clusterDir}`,
+    notice,
     stop: async () => {
       await server.stop()
       rmSync(recordFile, { force: true })

@@ -39,6 +39,7 @@ if (process.getuid?.() !== 0) {
     const placed = lines.filter((line) => line.includes('cannot reach'))
     t.equal(placed.length, 1, 'one line says where PostgreSQL runs instead')
     t.match(placed[0], /cannot reach .*checkout.*: PostgreSQL runs with its binaries copied to \S+ and its data kept in \S+/)
+    t.equal(database.notice, placed[0], 'and is handed back for the caller to show (test/run.ts prints it)')
     t.notMatch(database.description, privateDir, 'the cluster is outside the private directory')
 
     const client = new pg.Client({ connectionString: database.url })
