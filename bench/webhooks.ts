@@ -164,6 +164,8 @@ async function main(): Promise<void> {
       LOG_LEVEL: 'silent',
       WEBHOOK_ALLOW_HTTP: 'true',
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8',
+      // One loopback receiver: the per-host cap would measure itself, not the sender.
+      WEBHOOK_HOST_RATE_PER_SECOND: '100000',
       ...(process.env.WORKER_CONCURRENCY ? { WORKER_CONCURRENCY: process.env.WORKER_CONCURRENCY } : {}),
       ...(process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION
         ? { WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION: process.env.WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION }

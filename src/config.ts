@@ -35,6 +35,8 @@ export type Config = {
     allowedCidrs: string
     logRetentionDays: number
     concurrencyPerSubscription: number
+    /** Attempts per second to one destination host, across every workspace, in each worker process. */
+    hostRatePerSecond: number
   }
   smtpUrl: string | null
   workerConcurrency: number
@@ -172,6 +174,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       allowedCidrs,
       logRetentionDays: integer('WEBHOOK_LOG_RETENTION_DAYS', 30, 1, 3650),
       concurrencyPerSubscription: integer('WEBHOOK_CONCURRENCY_PER_SUBSCRIPTION', 10, 1, 1000),
+      hostRatePerSecond: integer('WEBHOOK_HOST_RATE_PER_SECOND', 50, 1, 100_000),
     },
     smtpUrl,
     workerConcurrency: integer('WORKER_CONCURRENCY', 20, 1, 1000),

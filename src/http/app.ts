@@ -10,6 +10,7 @@ import { NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
 import { bodyDeadlineMs, ClientWentAwayError, CSV_BODY_LIMIT, JSON_BODY_LIMIT, readJsonObject, receiveBodyFile } from './body.ts'
 import { identifyClient } from './client-address.ts'
+import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
 import { JsonText, type RouteContext, type RouteDefinition, type RouteResult, type Services, validateBody } from './route.ts'
 import { singleStatementConnection } from './single-statement.ts'
@@ -210,5 +211,6 @@ export function createApp(
   // Node's own limit on receiving a whole request (300 s by default) would cut a slow but steady
   // 50 MiB upload short with a bare 408; body.ts's deadlines decide, and this stays behind them.
   server.requestTimeout = bodyDeadlineMs(CSV_BODY_LIMIT, config.bodyIdleTimeoutMs) + 60_000
+  server.on('clientError', answerClientError)
   return { server, handler }
 }

@@ -19,6 +19,7 @@ import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import { type AddressPolicy, parseCidrList } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
+import { HostRateLimiter, webhookHost } from './host-rate-limiter.ts'
 import { openWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
 import { webhookSigningKey } from './signature.ts'
@@ -31,6 +32,11 @@ export const USER_AGENT = `crm-webhooks/${VERSION}`
 
 /** How long a batch waits for a slot of its subscription before it gives its worker slot back. */
 export const WAIT_FOR_SLOT_MS = 50
+/**
+ * How long an attempt waits for its host's next token (WEBHOOK_HOST_RATE_PER_SECOND); past it, the
+ * batch stops and the rest goes back to the queue, so a capped host does not hold worker slots.
+ */
+export const WAIT_FOR_HOST_MS = 250
 /** No attempt of a batch starts later than this after its first. */
 const BATCH_BUDGET_MS = 2_000
 /**
@@ -139,6 +145,7 @@ export type SendOptions = {
 
 export class WebhookBatchSender {
   readonly limiter: SubscriptionLimiter
+  readonly hostRate: HostRateLimiter
   readonly #config: Config
   readonly #policy: AddressPolicy
   readonly #secretKey: Buffer
@@ -155,6 +162,7 @@ export class WebhookBatchSender {
     this.#secretKey = webhookSecretKey(config.appSecret)
     this.#retryDelays = config.webhook.retryScheduleMs?.map((ms) => `${ms} milliseconds`) ?? null
     this.limiter = new SubscriptionLimiter(config.webhook.concurrencyPerSubscription)
+    this.hostRate = new HostRateLimiter(config.webhook.hostRatePerSecond)
   }
 
   /** A webhook statement, run when one of the process's DATABASE_CONCURRENCY slots is free. */
@@ -192,8 +200,12 @@ export class WebhookBatchSender {
     // WAIT_FOR_SLOT_MS in vain stops (a slow endpoint), and after BATCH_BUDGET_MS no new attempt
     // starts: the rest goes back to the caller, so a slow endpoint cannot hold a worker slot, or the
     // records and retries of attempts already made, for long.
+    // Each attempt also takes a token of its destination host (shared by every subscription of
+    // every workspace in this process); when none comes within WAIT_FOR_HOST_MS the sender stops
+    // likewise. A resume's release keeps its order, so it waits for its token however long.
     const sent: Sent[] = []
     const budgetEnds = performance.now() + BATCH_BUDGET_MS
+    const host = webhookHost(rows[0].url)
     let next = 0
     const sender = async (holdsSlot: boolean) => {
       let holds = holdsSlot
@@ -203,6 +215,8 @@ export class WebhookBatchSender {
             holds = await limiter.acquire(subscriptionId, WAIT_FOR_SLOT_MS)
             if (!holds || next >= rows.length) break
           }
+          if (!(await this.hostRate.take(host, ordered ? Number.POSITIVE_INFINITY : WAIT_FOR_HOST_MS))) break
+          if (next >= rows.length) break
           const row = rows[next++]
           try {
             sent.push(await this.#send(workspaceId, subscriptionId, row, secrets))

@@ -22,6 +22,15 @@ t.test('unknown routes answer a JSON problem, never HTML', async (t) => {
   t.equal(response.body.request_id, response.headers.get('x-request-id'))
 })
 
+t.test('a request line and headers over their limit answer a problem too', async (t) => {
+  const response = await server.request('GET', `/api/contacts/${'x'.repeat(20_000)}`)
+  t.equal(response.status, 431)
+  t.equal(response.headers.get('content-type'), 'application/problem+json')
+  t.match(response.body, { status: 431, code: 'payload_too_large', request_id: /^[0-9a-f-]{36}$/ })
+  t.equal(response.body.request_id, response.headers.get('x-request-id'))
+  t.equal((await server.request('GET', '/healthz')).status, 200, 'the server goes on answering')
+})
+
 t.test('bodies: invalid JSON, wrong type, too large, not an object', async (t) => {
   const json = { 'content-type': 'application/json' }
   t.equal((await server.request('POST', '/api/token', { raw: '{', headers: json })).body.code, 'invalid_json')

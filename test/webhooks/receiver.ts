@@ -59,6 +59,8 @@ export const WEBHOOK_TEST_ENV = {
   WEBHOOK_ALLOW_HTTP: 'true',
   WEBHOOK_ALLOWED_CIDRS: '127.0.0.0/8',
   WEBHOOK_RETRY_SCHEDULE: '50ms,50ms,50ms,50ms,50ms,50ms',
+  // Every test receiver is one loopback host: the per-host cap has its own test (host-rate.test.ts).
+  WEBHOOK_HOST_RATE_PER_SECOND: '100000',
   LOG_LEVEL: 'warn',
 }
 
