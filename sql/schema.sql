@@ -7,7 +7,11 @@
 -- Roles the schema grants to
 
 create role crm_api nologin;
+grant crm_api to crm_runtime;
 grant crm_api to current_user;
+create role crm_runtime login;
+alter role crm_runtime set statement_timeout = '30s';
+alter role crm_runtime set idle_in_transaction_session_timeout = '60s';
 
 -- Extensions
 
@@ -707,6 +711,7 @@ create table crm.schema_migrations (
   constraint schema_migrations_pkey PRIMARY KEY (number)
 );
 comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
+grant select (number) on crm.schema_migrations to crm_runtime;
 
 create table crm.sign_in_failures (
   email text not null,
@@ -1386,6 +1391,7 @@ AS $function$
   on conflict (user_id, window_start, backend_pid) do update set count = c.count + 1
 $function$;
 comment on function crm.count_request(p_user_id uuid) is 'Counts a request whose transaction rolled back against the user''s rate limit.';
+grant execute on function crm.count_request(p_user_id uuid) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.csv_cell(value text)
  RETURNS text
@@ -2258,6 +2264,26 @@ $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to public;
+
+CREATE OR REPLACE FUNCTION crm.require_confined_role()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if exists (select from pg_roles where rolname = current_user and (rolsuper or rolbypassrls))
+    or not pg_has_role(current_user, 'crm_api', 'usage')
+    or pg_has_role(current_user, (select relowner from pg_class where oid = 'crm.contacts'::regclass), 'usage')
+  then
+    raise exception 'a read under row-level security must run as a role confined by it, not as %', current_user
+      using errcode = '42501', hint = 'role_not_confined';
+  end if;
+  return true;
+end
+$function$;
+comment on function crm.require_confined_role() is 'True when the current role is subject to the policies of crm_api; raises 42501 (hint role_not_confined) otherwise.';
+grant execute on function crm.require_confined_role() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
