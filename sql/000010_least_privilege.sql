@@ -50,3 +50,106 @@ grant crm_api to crm_runtime;
 -- request that failed after authenticating is counted again after its rollback.
 grant select (number) on crm.schema_migrations to crm_runtime;
 grant execute on function crm.count_request(uuid) to crm_runtime;
+
+-- EXECUTE on functions. PostgreSQL grants it to PUBLIC on every new function, so every function
+-- of crm loses PUBLIC's grant here, and crm_api gets exactly those it could call until now except
+-- the ones only the owner (the worker, sign-in, sign-up, housekeeping) calls. A function created
+-- later revokes PUBLIC and grants crm_api by name where it is defined (CONVENTIONS.md).
+do $$
+declare
+  v_function regprocedure;
+begin
+  for v_function in
+    select p.oid::regprocedure from pg_proc p
+    where p.pronamespace = 'crm'::regnamespace and p.prokind = 'f'
+      and has_function_privilege('crm_api', p.oid, 'execute')
+  loop
+    execute format('grant execute on function %s to crm_api', v_function);
+  end loop;
+  for v_function in select p.oid::regprocedure from pg_proc p where p.pronamespace = 'crm'::regnamespace and p.prokind = 'f'
+  loop
+    execute format('revoke execute on function %s from public', v_function);
+  end loop;
+end
+$$;
+
+-- Only the worker (as the owner), housekeeping, sign-in and sign-up call these.
+revoke execute on function
+  crm.prune_tenancy(integer), crm.prune_idempotency_keys(integer), crm.prune_invitations(integer),
+  crm.prune_webhook_deliveries(integer), crm.prune_imports(integer),
+  crm.worker_heartbeat(text, text, interval), crm.worker_stopped(text),
+  crm.add_webhook_delivery_jobs(crm.webhook_deliveries[], timestamptz, boolean),
+  crm.webhook_first_attempts_to_send(uuid[], boolean), crm.webhook_deliveries_to_send(uuid, uuid, uuid[], integer[]),
+  crm.continue_webhook_release(uuid, uuid),
+  crm.sign_in_failures_recent(text), crm.issue_token(uuid, text, text, bytea, interval), crm.token_user(bytea),
+  crm.free_workspace_slug(text)
+from crm_api;
+
+-- The plan of a workspace is the caller's business only through crm.require_webhook_access (its
+-- own workspace); the trigger and the fan-out that also read it run as the owner.
+revoke execute on function crm.webhooks_enabled(uuid) from crm_api;
+
+-- The SECURITY DEFINER functions that name public on their search_path (for pgcrypto's hmac and
+-- digest, installed there) get pg_temp last, so a temporary table cannot stand in for a table of
+-- theirs, and nobody but the database owner may create in public, so nothing there can stand in
+-- for a function of theirs either.
+revoke create on schema public from public;
+do $$
+declare
+  v_function regprocedure;
+begin
+  for v_function in
+    select p.oid::regprocedure from pg_proc p
+    where p.pronamespace = 'crm'::regnamespace and p.prosecdef
+      and 'search_path=pg_catalog, public' = any (p.proconfig)
+  loop
+    execute format('alter function %s set search_path = pg_catalog, crm, public, pg_temp', v_function);
+  end loop;
+end
+$$;
+
+-- The event of an association change embeds the addressed record as the caller sees it: the
+-- record must be visible to the caller under the view scope of its type, as the select policies
+-- decide, not merely in the caller's workspace (the function reads as the owner).
+create or replace function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) returns uuid
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_object jsonb;
+  v_id uuid;
+begin
+  if v_workspace is null or crm.current_user_id() is null then
+    raise exception 'no request context' using errcode = '42501';
+  end if;
+  if jsonb_typeof(changes) <> 'object' or changes = '{}'::jsonb then
+    return null;
+  end if;
+  v_object := case record_type
+    when 'contact' then (
+      select crm.contact_json(c)::jsonb from crm.contacts c
+      where c.workspace_id = v_workspace and c.id = record_id
+        and (crm.grant_scope('contacts', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('contacts', 'view'))))
+    when 'company' then (
+      select crm.company_json(c)::jsonb from crm.companies c
+      where c.workspace_id = v_workspace and c.id = record_id
+        and (crm.grant_scope('companies', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('companies', 'view'))))
+    when 'deal' then (
+      select crm.deal_json(d)::jsonb from crm.deals d
+      where d.workspace_id = v_workspace and d.id = record_id
+        and (crm.grant_scope('deals', 'view') = 'all' or d.owner_id = any (crm.scope_owner_ids('deals', 'view'))))
+  end;
+  if v_object is null then
+    raise exception 'no such record' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
+  values (v_workspace, record_type || '.updated', record_type, record_id,
+          jsonb_build_object('object', v_object, 'associations_changed', changes), crm.event_actor())
+  returning id into v_id;
+  perform crm.enqueue_event_fan_out(array[v_id]);
+  return v_id;
+end
+$$;
+comment on function crm.write_associations_changed_event(text, uuid, jsonb) is
+  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
