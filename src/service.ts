@@ -19,6 +19,7 @@ export type RunningService = {
   url: string
   databaseUrl: string
   pool: DatabasePool
+  ownerPool: DatabasePool
   worker: WorkerHandle | null
   stop: () => Promise<void>
 }
@@ -107,5 +108,5 @@ export async function startService(options: {
       await database.stop()
     })())
 
-  return { url, databaseUrl: database.url, pool, worker, stop }
+  return { url, databaseUrl: database.url, pool, ownerPool, worker, stop }
 }
