@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import { freePort } from '../../src/db/provision.ts'
-import { RUNTIME_ROLE, runtimeRolePassword } from '../../src/db/runtime-role.ts'
+import { ensureRuntimeRole, RUNTIME_ROLE, runtimeRolePassword } from '../../src/db/runtime-role.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
@@ -29,7 +29,9 @@ async function behindPgBouncer(t: Test): Promise<void> {
   const database = server.pathname.slice(1)
   const owner = decodeURIComponent(server.username)
   const ownerPassword = decodeURIComponent(server.password)
-  // The service creates its runtime role on first start; pgbouncer needs its password to log in.
+  // The runtime role gets its password before the pooler first logs in as it: PgBouncer holds off a
+  // pool whose server login failed (server_login_retry) and needs the password in its userlist.
+  await ensureRuntimeRole(direct, TEST_APP_SECRET)
   const runtimePassword = runtimeRolePassword(direct, TEST_APP_SECRET)
 
   const dir = mkdtempSync(join(tmpdir(), 'crm-pgbouncer-'))
@@ -67,7 +69,8 @@ async function behindPgBouncer(t: Test): Promise<void> {
   let output = ''
   bouncer.stdout?.on('data', (chunk) => (output += chunk))
   bouncer.stderr?.on('data', (chunk) => (output += chunk))
-  t.teardown(() => void bouncer.kill('SIGINT'))
+  // SIGTERM: immediate shutdown (SIGINT would wait for every client to leave).
+  t.teardown(() => void bouncer.kill('SIGTERM'))
 
   const pooled = new URL(direct)
   pooled.hostname = '127.0.0.1'
