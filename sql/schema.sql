@@ -7,7 +7,11 @@
 -- Roles the schema grants to
 
 create role crm_api nologin;
+grant crm_api to crm_runtime;
 grant crm_api to current_user;
+create role crm_runtime login;
+alter role crm_runtime set statement_timeout = '30s';
+alter role crm_runtime set idle_in_transaction_session_timeout = '60s';
 
 -- Extensions
 
@@ -723,6 +727,7 @@ create table crm.schema_migrations (
   constraint schema_migrations_pkey PRIMARY KEY (number)
 );
 comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
+grant select (number) on crm.schema_migrations to crm_runtime;
 
 create table crm.team_members (
   workspace_id uuid not null,
@@ -1088,7 +1093,6 @@ begin
 end
 $function$;
 comment on function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean) is 'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: [generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their place (resume).';
-grant execute on function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean) to public;
 
 CREATE OR REPLACE FUNCTION crm.api_time(value timestamp with time zone)
  RETURNS text
@@ -1097,7 +1101,6 @@ CREATE OR REPLACE FUNCTION crm.api_time(value timestamp with time zone)
 RETURN to_char((value AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text);
 comment on function crm.api_time(value timestamp with time zone) is 'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below spell the same to_char out inline (one inlining step less per query).';
 grant execute on function crm.api_time(value timestamp with time zone) to crm_api;
-grant execute on function crm.api_time(value timestamp with time zone) to public;
 
 CREATE OR REPLACE FUNCTION crm.attempt_allowance(p_purpose text)
  RETURNS integer
@@ -1112,7 +1115,7 @@ CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_v
  RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer)
  LANGUAGE sql
  SECURITY DEFINER ROWS 1
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
@@ -1205,7 +1208,7 @@ CREATE OR REPLACE FUNCTION crm.begin_import_batch(p_workspace_id uuid, p_import_
  RETURNS TABLE(status text, record_type text, columns text[], mapping jsonb, mode text, match_on text, dry_run boolean, last_row_done integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_user uuid;
@@ -1289,19 +1292,17 @@ end
 $function$;
 comment on function crm.claim_my_two_factor_attempt() is 'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
 grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
-grant execute on function crm.claim_my_two_factor_attempt() to public;
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
   select array(select m.user_id from crm.verified_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
 $function$;
 comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
-grant execute on function crm.colleague_ids() to public;
 
 CREATE OR REPLACE FUNCTION crm.company_json(c crm.companies)
  RETURNS json
@@ -1310,7 +1311,6 @@ CREATE OR REPLACE FUNCTION crm.company_json(c crm.companies)
 RETURN json_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.company_json(c crm.companies) is 'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as crm.api_time writes them).';
 grant execute on function crm.company_json(c crm.companies) to crm_api;
-grant execute on function crm.company_json(c crm.companies) to public;
 
 CREATE OR REPLACE FUNCTION crm.company_jsonb(c crm.companies)
  RETURNS jsonb
@@ -1319,7 +1319,6 @@ CREATE OR REPLACE FUNCTION crm.company_jsonb(c crm.companies)
 RETURN jsonb_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.company_jsonb(c crm.companies) is 'crm.company_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.company_jsonb(c crm.companies) to crm_api;
-grant execute on function crm.company_jsonb(c crm.companies) to public;
 
 CREATE OR REPLACE FUNCTION crm.company_search_text(name text, domain text, phone text)
  RETURNS text
@@ -1330,7 +1329,6 @@ AS $function$
 $function$;
 comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
-grant execute on function crm.company_search_text(name text, domain text, phone text) to public;
 
 CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
  RETURNS void
@@ -1366,7 +1364,6 @@ end
 $function$;
 comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) is 'Turns two-factor on for the current user (the service has checked a code) and replaces the recovery codes.';
 grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) to crm_api;
-grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) to public;
 
 CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
  RETURNS json
@@ -1375,7 +1372,6 @@ CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
 RETURN json_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.contact_json(c crm.contacts) is 'A contact exactly as the API and webhooks show it (times as crm.api_time writes them).';
 grant execute on function crm.contact_json(c crm.contacts) to crm_api;
-grant execute on function crm.contact_json(c crm.contacts) to public;
 
 CREATE OR REPLACE FUNCTION crm.contact_jsonb(c crm.contacts)
  RETURNS jsonb
@@ -1384,7 +1380,6 @@ CREATE OR REPLACE FUNCTION crm.contact_jsonb(c crm.contacts)
 RETURN jsonb_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.contact_jsonb(c crm.contacts) is 'crm.contact_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.contact_jsonb(c crm.contacts) to crm_api;
-grant execute on function crm.contact_jsonb(c crm.contacts) to public;
 
 CREATE OR REPLACE FUNCTION crm.contact_search_text(first_name text, last_name text, email text, phone text)
  RETURNS text
@@ -1395,7 +1390,6 @@ AS $function$
 $function$;
 comment on function crm.contact_search_text(first_name text, last_name text, email text, phone text) is 'The text search matches for a contact: names, email and phone digits, lower-case.';
 grant execute on function crm.contact_search_text(first_name text, last_name text, email text, phone text) to crm_api;
-grant execute on function crm.contact_search_text(first_name text, last_name text, email text, phone text) to public;
 
 CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id text)
  RETURNS bytea
@@ -1410,7 +1404,7 @@ CREATE OR REPLACE FUNCTION crm.context_proof(p_user_id uuid, p_workspace_id uuid
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
   select encode(
     hmac(crm.context_message(p_user_id::text, p_workspace_id::text),
@@ -1439,19 +1433,19 @@ begin
 end
 $function$;
 comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) is 'Adds the job of the next delivery a resume released (event order); false when the release is done.';
-grant execute on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.count_request(p_user_id uuid)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
   insert into crm.rate_limit_counters as c (user_id, window_start, backend_pid, count)
   values (p_user_id, date_trunc('minute', now()), pg_backend_pid(), 1)
   on conflict (user_id, window_start, backend_pid) do update set count = c.count + 1
 $function$;
 comment on function crm.count_request(p_user_id uuid) is 'Counts a request whose transaction rolled back against the user''s rate limit.';
+grant execute on function crm.count_request(p_user_id uuid) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.csv_cell(value text)
  RETURNS text
@@ -1468,13 +1462,12 @@ AS $function$
 $function$;
 comment on function crm.csv_cell(value text) is 'One RFC 4180 CSV cell: quoted when it holds a quote, a comma or a line break; null is empty.';
 grant execute on function crm.csv_cell(value text) to crm_api;
-grant execute on function crm.csv_cell(value text) to public;
 
 CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_import text := nullif(current_setting('crm.import_id', true), '');
@@ -1490,13 +1483,12 @@ end
 $function$;
 comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
-grant execute on function crm.current_import_id() to public;
 
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1507,13 +1499,12 @@ end
 $function$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 grant execute on function crm.current_team_user_ids() to crm_api;
-grant execute on function crm.current_team_user_ids() to public;
 
 CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).user_id;
@@ -1521,7 +1512,6 @@ end
 $function$;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
-grant execute on function crm.current_user_id() to public;
 
 CREATE OR REPLACE FUNCTION crm.current_via()
  RETURNS text
@@ -1532,13 +1522,12 @@ AS $function$
 $function$;
 comment on function crm.current_via() is 'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
 grant execute on function crm.current_via() to crm_api;
-grant execute on function crm.current_via() to public;
 
 CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).workspace_id;
@@ -1546,7 +1535,6 @@ end
 $function$;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
-grant execute on function crm.current_workspace_id() to public;
 
 CREATE OR REPLACE FUNCTION crm.custom_fields_are_valid(fields jsonb)
  RETURNS boolean
@@ -1555,7 +1543,6 @@ CREATE OR REPLACE FUNCTION crm.custom_fields_are_valid(fields jsonb)
 RETURN ((fields = '{}'::jsonb) OR crm.custom_fields_entries_are_valid(fields));
 comment on function crm.custom_fields_are_valid(fields jsonb) is 'CHECK for custom_fields: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null. The empty object is answered inline (no per-row executor).';
 grant execute on function crm.custom_fields_are_valid(fields jsonb) to crm_api;
-grant execute on function crm.custom_fields_are_valid(fields jsonb) to public;
 
 CREATE OR REPLACE FUNCTION crm.custom_fields_entries_are_valid(fields jsonb)
  RETURNS boolean
@@ -1570,7 +1557,6 @@ AS $function$
 $function$;
 comment on function crm.custom_fields_entries_are_valid(fields jsonb) is 'The full custom_fields check: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null.';
 grant execute on function crm.custom_fields_entries_are_valid(fields jsonb) to crm_api;
-grant execute on function crm.custom_fields_entries_are_valid(fields jsonb) to public;
 
 CREATE OR REPLACE FUNCTION crm.deal_json(d crm.deals)
  RETURNS json
@@ -1579,7 +1565,6 @@ CREATE OR REPLACE FUNCTION crm.deal_json(d crm.deals)
 RETURN json_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
 comment on function crm.deal_json(d crm.deals) is 'A deal exactly as the API and webhooks show it (amount as a decimal string, times as crm.api_time writes them).';
 grant execute on function crm.deal_json(d crm.deals) to crm_api;
-grant execute on function crm.deal_json(d crm.deals) to public;
 
 CREATE OR REPLACE FUNCTION crm.deal_jsonb(d crm.deals)
  RETURNS jsonb
@@ -1588,7 +1573,6 @@ CREATE OR REPLACE FUNCTION crm.deal_jsonb(d crm.deals)
 RETURN jsonb_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
 comment on function crm.deal_jsonb(d crm.deals) is 'crm.deal_json(d)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.deal_jsonb(d crm.deals) to crm_api;
-grant execute on function crm.deal_jsonb(d crm.deals) to public;
 
 CREATE OR REPLACE FUNCTION crm.deal_search_text(name text)
  RETURNS text
@@ -1599,7 +1583,6 @@ AS $function$
 $function$;
 comment on function crm.deal_search_text(name text) is 'The text search matches for a deal: its name, lower-case.';
 grant execute on function crm.deal_search_text(name text) to crm_api;
-grant execute on function crm.deal_search_text(name text) to public;
 
 CREATE OR REPLACE FUNCTION crm.digits(value text)
  RETURNS text
@@ -1610,7 +1593,6 @@ AS $function$
 $function$;
 comment on function crm.digits(value text) is 'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
 grant execute on function crm.digits(value text) to crm_api;
-grant execute on function crm.digits(value text) to public;
 
 CREATE OR REPLACE FUNCTION crm.disable_totp()
  RETURNS void
@@ -1624,7 +1606,6 @@ AS $function$
 $function$;
 comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first) and clears their count of two-factor codes.';
 grant execute on function crm.disable_totp() to crm_api;
-grant execute on function crm.disable_totp() to public;
 
 CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
@@ -1653,13 +1634,12 @@ AS $function$
 $function$;
 comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import), or system.';
 grant execute on function crm.event_actor() to crm_api;
-grant execute on function crm.event_actor() to public;
 
 CREATE OR REPLACE FUNCTION crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -1703,13 +1683,12 @@ AS $function$
   limit 1
 $function$;
 comment on function crm.free_workspace_slug(p_base text) is 'The first free slug of base, base-2, base-3, ... (sign-up retries on the rare race for the same one).';
-grant execute on function crm.free_workspace_slug(p_base text) to public;
 
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1720,7 +1699,6 @@ end
 $function$;
 comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null. Read live, so role changes apply on the next statement.';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
-grant execute on function crm.grant_scope(p_resource text, p_action text) to public;
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
@@ -1784,7 +1762,6 @@ end
 $function$;
 comment on function crm.import_check_constraints(p_record_type text) is 'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse (one scan for all of them).';
 grant execute on function crm.import_check_constraints(p_record_type text) to crm_api;
-grant execute on function crm.import_check_constraints(p_record_type text) to public;
 
 CREATE OR REPLACE FUNCTION crm.import_constraint_message(p_constraint text, p_field text)
  RETURNS text
@@ -1802,7 +1779,6 @@ AS $function$
 $function$;
 comment on function crm.import_constraint_message(p_constraint text, p_field text) is 'A readable message for a constraint an import row breaks.';
 grant execute on function crm.import_constraint_message(p_constraint text, p_field text) to crm_api;
-grant execute on function crm.import_constraint_message(p_constraint text, p_field text) to public;
 
 CREATE OR REPLACE FUNCTION crm.import_date(value text)
  RETURNS date
@@ -1820,7 +1796,6 @@ AS $function$
 $function$;
 comment on function crm.import_date(value text) is 'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
 grant execute on function crm.import_date(value text) to crm_api;
-grant execute on function crm.import_date(value text) to public;
 
 CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  RETURNS text
@@ -1829,13 +1804,12 @@ CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
 RETURN CASE p_kind WHEN 'email'::text THEN lower(NULLIF(btrim(p_value), ''::text)) WHEN 'domain'::text THEN rtrim(lower(NULLIF(btrim(p_value), ''::text)), '.'::text) WHEN 'id'::text THEN CASE WHEN (btrim(p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(btrim(p_value)) ELSE NULL::text END ELSE NULL::text END;
 comment on function crm.import_key(p_kind text, p_value text) is 'The match key of a cell as an import compares it: email lower-case, domain lower-case without a trailing dot, id a canonical UUID (anything else has no key).';
 grant execute on function crm.import_key(p_kind text, p_value text) to crm_api;
-grant execute on function crm.import_key(p_kind text, p_value text) to public;
 
 CREATE OR REPLACE FUNCTION crm.import_proof(p_import_id uuid)
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
   select encode(
     hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
@@ -1849,7 +1823,7 @@ CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1864,7 +1838,6 @@ end
 $function$;
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role.';
 grant execute on function crm.is_admin() to crm_api;
-grant execute on function crm.is_admin() to public;
 
 CREATE OR REPLACE FUNCTION crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval)
  RETURNS TABLE(id uuid, expires_at timestamp with time zone)
@@ -1875,7 +1848,6 @@ AS $function$
   returning id, expires_at
 $function$;
 comment on function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval) is 'Stores a new token or session (its SHA-256 only).';
-grant execute on function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval) to public;
 
 CREATE OR REPLACE FUNCTION crm.json_changes(before jsonb, after jsonb)
  RETURNS jsonb
@@ -1889,7 +1861,6 @@ AS $function$
 $function$;
 comment on function crm.json_changes(before jsonb, after jsonb) is 'previous_attributes of an event: the old value of every field that differs (updated_at/updated_by excluded).';
 grant execute on function crm.json_changes(before jsonb, after jsonb) to crm_api;
-grant execute on function crm.json_changes(before jsonb, after jsonb) to public;
 
 CREATE OR REPLACE FUNCTION crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
  RETURNS integer
@@ -1946,19 +1917,17 @@ AS $function$
 $function$;
 comment on function crm.my_totp() is 'The current user''s (encrypted) TOTP secret, whether it is confirmed, and unused recovery codes; no row when two-factor is off.';
 grant execute on function crm.my_totp() to crm_api;
-grant execute on function crm.my_totp() to public;
 
 CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
   select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
 grant execute on function crm.my_workspace_ids() to crm_api;
-grant execute on function crm.my_workspace_ids() to public;
 
 CREATE OR REPLACE FUNCTION crm.oauth_redirect_uris_are_valid(uris text[])
  RETURNS boolean
@@ -1971,7 +1940,6 @@ AS $function$
 $function$;
 comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is 'CHECK for redirect URIs: https, or http on a loopback host; no fragment, no spaces.';
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to crm_api;
-grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to public;
 
 CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
  RETURNS uuid[]
@@ -1994,7 +1962,6 @@ end
 $function$;
 comment on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) is 'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not cover: none for all, every one without a grant.';
 grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to crm_api;
-grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to public;
 
 CREATE OR REPLACE FUNCTION crm.pause_webhook_subscription(p_subscription_id uuid)
  RETURNS void
@@ -2013,7 +1980,6 @@ end
 $function$;
 comment on function crm.pause_webhook_subscription(p_subscription_id uuid) is 'Pauses a subscription (manual): new events and due retries become held.';
 grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to crm_api;
-grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
  RETURNS bigint
@@ -2032,7 +1998,6 @@ AS $function$
   select count(*) from removed
 $function$;
 comment on function crm.prune_idempotency_keys(log_retention_days integer) is 'Removes idempotency keys past their 24 hours (crm.housekeeping runs it).';
-grant execute on function crm.prune_idempotency_keys(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_imports(log_retention_days integer)
  RETURNS bigint
@@ -2055,7 +2020,6 @@ AS $function$
   select (select count(*) from files) + (select count(*) from staged) + (select count(*) from imports)
 $function$;
 comment on function crm.prune_imports(log_retention_days integer) is 'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention (at least 7 days).';
-grant execute on function crm.prune_imports(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_invitations(log_retention_days integer)
  RETURNS bigint
@@ -2068,7 +2032,6 @@ AS $function$
   select count(*) from gone
 $function$;
 comment on function crm.prune_invitations(log_retention_days integer) is 'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
-grant execute on function crm.prune_invitations(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_tenancy(log_retention_days integer)
  RETURNS bigint
@@ -2080,7 +2043,6 @@ AS $function$
   select (select count(*) from tokens) + (select count(*) from counters) + (select count(*) from challenges)
 $function$;
 comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes expired tokens (a week after expiry or revocation), rate-limit windows and challenges.';
-grant execute on function crm.prune_tenancy(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
  RETURNS bigint
@@ -2103,13 +2065,12 @@ begin
 end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
-grant execute on function crm.prune_webhook_deliveries(log_retention_days integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -2332,7 +2293,6 @@ end
 $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
-grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  RETURNS void
@@ -2343,6 +2303,26 @@ AS $function$
    where c.purpose = p_purpose and c.subject = p_subject and c.window_id = p_window_id and c.attempts > 0
 $function$;
 comment on function crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid) is 'Gives back an allowed claim whose check succeeded (a right password or code is no failure).';
+
+CREATE OR REPLACE FUNCTION crm.require_confined_role()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if exists (select from pg_roles where rolname = current_user and (rolsuper or rolbypassrls))
+    or not pg_has_role(current_user, 'crm_api', 'usage')
+    or pg_has_role(current_user, (select relowner from pg_class where oid = 'crm.contacts'::regclass), 'usage')
+  then
+    raise exception 'a read under row-level security must run as a role confined by it, not as %', current_user
+      using errcode = '42501', hint = 'role_not_confined';
+  end if;
+  return true;
+end
+$function$;
+comment on function crm.require_confined_role() is 'True when the current role is subject to the policies of crm_api; raises 42501 (hint role_not_confined) otherwise.';
+grant execute on function crm.require_confined_role() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
@@ -2361,7 +2341,6 @@ end
 $function$;
 comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
-grant execute on function crm.require_webhook_access() to public;
 
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
  RETURNS integer
@@ -2399,7 +2378,6 @@ end
 $function$;
 comment on function crm.resume_webhook_subscription(p_subscription_id uuid) is 'Resumes a subscription and releases its held deliveries in their original order; returns how many.';
 grant execute on function crm.resume_webhook_subscription(p_subscription_id uuid) to crm_api;
-grant execute on function crm.resume_webhook_subscription(p_subscription_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
  RETURNS timestamp with time zone
@@ -2428,13 +2406,12 @@ end
 $function$;
 comment on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) is 'Replaces the secret; the old one keeps signing (second v1) for the grace period, none when it is 0.';
 grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) to crm_api;
-grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) to public;
 
 CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -2449,13 +2426,12 @@ end
 $function$;
 comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately) or no grant.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
-grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to public;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   perform set_config('crm.user_id', p_user_id::text, true);
@@ -2487,7 +2463,6 @@ end
 $function$;
 comment on function crm.start_totp_enrollment(p_secret_encrypted bytea) is 'Stores a new, unconfirmed TOTP secret for the current user (refused while two-factor is on).';
 grant execute on function crm.start_totp_enrollment(p_secret_encrypted bytea) to crm_api;
-grant execute on function crm.start_totp_enrollment(p_secret_encrypted bytea) to public;
 
 CREATE OR REPLACE FUNCTION crm.team_user_ids(p_user_id uuid, p_workspace_id uuid)
  RETURNS uuid[]
@@ -2504,7 +2479,7 @@ AS $function$
   )
 $function$;
 comment on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) is 'A user and everyone sharing a team with them in a workspace (internal; not granted to crm_api).';
-grant execute on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) to public;
+grant execute on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg__assert_company_visible()
  RETURNS trigger
@@ -2536,7 +2511,7 @@ begin
 end
 $function$;
 comment on function crm.tg__assert_company_visible() is 'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
-grant execute on function crm.tg__assert_company_visible() to public;
+grant execute on function crm.tg__assert_company_visible() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg__touch_updated_at()
  RETURNS trigger
@@ -2566,7 +2541,7 @@ begin
 end
 $function$;
 comment on function crm.tg_companies__before_write() is 'Stores domains lower-case without a trailing dot; keeps created_*; records updated_by when something changed.';
-grant execute on function crm.tg_companies__before_write() to public;
+grant execute on function crm.tg_companies__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_companies__write_events()
  RETURNS trigger
@@ -2612,7 +2587,7 @@ begin
 end
 $function$;
 comment on function crm.tg_companies__write_events() is 'Outbox: company.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.company_jsonb.';
-grant execute on function crm.tg_companies__write_events() to public;
+grant execute on function crm.tg_companies__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_contacts__before_write()
  RETURNS trigger
@@ -2631,7 +2606,7 @@ begin
 end
 $function$;
 comment on function crm.tg_contacts__before_write() is 'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
-grant execute on function crm.tg_contacts__before_write() to public;
+grant execute on function crm.tg_contacts__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_contacts__write_events()
  RETURNS trigger
@@ -2677,7 +2652,7 @@ begin
 end
 $function$;
 comment on function crm.tg_contacts__write_events() is 'Outbox: contact.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.contact_jsonb.';
-grant execute on function crm.tg_contacts__write_events() to public;
+grant execute on function crm.tg_contacts__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_deals__before_write()
  RETURNS trigger
@@ -2701,7 +2676,7 @@ begin
 end
 $function$;
 comment on function crm.tg_deals__before_write() is 'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
-grant execute on function crm.tg_deals__before_write() to public;
+grant execute on function crm.tg_deals__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_deals__write_events()
  RETURNS trigger
@@ -2747,13 +2722,13 @@ begin
 end
 $function$;
 comment on function crm.tg_deals__write_events() is 'Outbox: deal.created/updated/deleted for every row the statement wrote; a stage change is a deal.updated with previous_attributes.stage; objects rendered by crm.deal_jsonb.';
-grant execute on function crm.tg_deals__write_events() to public;
+grant execute on function crm.tg_deals__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_memberships__check_seats()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_limit integer;
@@ -2774,13 +2749,13 @@ begin
 end
 $function$;
 comment on function crm.tg_memberships__check_seats() is 'Active members may not exceed the workspace seat limit (on join and on unsuspend).';
-grant execute on function crm.tg_memberships__check_seats() to public;
+grant execute on function crm.tg_memberships__check_seats() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_memberships__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   if exists (select 1 from crm.workspaces where id = old.workspace_id)
@@ -2794,7 +2769,7 @@ begin
 end
 $function$;
 comment on function crm.tg_memberships__keep_an_admin() is 'A workspace always keeps at least one active admin.';
-grant execute on function crm.tg_memberships__keep_an_admin() to public;
+grant execute on function crm.tg_memberships__keep_an_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__protect_builtin()
  RETURNS trigger
@@ -2812,13 +2787,13 @@ begin
 end
 $function$;
 comment on function crm.tg_role_grants__protect_builtin() is 'Refuses grant changes on built-in roles after their creation transaction.';
-grant execute on function crm.tg_role_grants__protect_builtin() to public;
+grant execute on function crm.tg_role_grants__protect_builtin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   if old.is_admin and not new.is_admin and not exists (
@@ -2830,7 +2805,7 @@ begin
 end
 $function$;
 comment on function crm.tg_roles__keep_an_admin() is 'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see this change).';
-grant execute on function crm.tg_roles__keep_an_admin() to public;
+grant execute on function crm.tg_roles__keep_an_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__protect_builtin()
  RETURNS trigger
@@ -2846,13 +2821,13 @@ begin
 end
 $function$;
 comment on function crm.tg_roles__protect_builtin() is 'Refuses changes to built-in roles (they are removed only with their workspace).';
-grant execute on function crm.tg_roles__protect_builtin() to public;
+grant execute on function crm.tg_roles__protect_builtin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__refuse_delete_in_use()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 begin
   -- A workspace being deleted takes its roles with it: only a role of a live workspace is checked.
@@ -2866,7 +2841,7 @@ begin
 end
 $function$;
 comment on function crm.tg_roles__refuse_delete_in_use() is 'A role held by a member or named by a pending invitation cannot be deleted (409 role_in_use).';
-grant execute on function crm.tg_roles__refuse_delete_in_use() to public;
+grant execute on function crm.tg_roles__refuse_delete_in_use() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_user_totp__steps_only_forward()
  RETURNS trigger
@@ -2881,7 +2856,7 @@ begin
 end
 $function$;
 comment on function crm.tg_user_totp__steps_only_forward() is 'Refuses moving last_used_step back or setting it again to the same step: a code is accepted once.';
-grant execute on function crm.tg_user_totp__steps_only_forward() to public;
+grant execute on function crm.tg_user_totp__steps_only_forward() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_attempts__append_only()
  RETURNS trigger
@@ -2892,7 +2867,7 @@ begin
 end
 $function$;
 comment on function crm.tg_webhook_attempts__append_only() is 'An attempt is a fact: never changed (rows leave only with their delivery).';
-grant execute on function crm.tg_webhook_attempts__append_only() to public;
+grant execute on function crm.tg_webhook_attempts__append_only() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_deliveries__keep_identity()
  RETURNS trigger
@@ -2910,7 +2885,7 @@ begin
 end
 $function$;
 comment on function crm.tg_webhook_deliveries__keep_identity() is 'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
-grant execute on function crm.tg_webhook_deliveries__keep_identity() to public;
+grant execute on function crm.tg_webhook_deliveries__keep_identity() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__check_limits()
  RETURNS trigger
@@ -2930,7 +2905,7 @@ begin
 end
 $function$;
 comment on function crm.tg_webhook_subscriptions__check_limits() is 'Refuses a subscription without the plan (402) or beyond 100 per workspace (422).';
-grant execute on function crm.tg_webhook_subscriptions__check_limits() to public;
+grant execute on function crm.tg_webhook_subscriptions__check_limits() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__create_builtin_roles()
  RETURNS trigger
@@ -2958,7 +2933,7 @@ begin
 end
 $function$;
 comment on function crm.tg_workspaces__create_builtin_roles() is 'admin (every grant, all), member (view all; create, update, delete own), read_only (view all).';
-grant execute on function crm.tg_workspaces__create_builtin_roles() to public;
+grant execute on function crm.tg_workspaces__create_builtin_roles() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_records()
  RETURNS trigger
@@ -2974,7 +2949,7 @@ begin
 end
 $function$;
 comment on function crm.tg_workspaces__delete_records() is 'Deletes a workspace''s deals, contacts and companies before the workspace itself (the cascade a workspace foreign key would give: the record tables have none, their owner keys prove the workspace exists).';
-grant execute on function crm.tg_workspaces__delete_records() to public;
+grant execute on function crm.tg_workspaces__delete_records() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__seed_deal_stages()
  RETURNS trigger
@@ -2996,7 +2971,7 @@ begin
 end
 $function$;
 comment on function crm.tg_workspaces__seed_deal_stages() is 'Gives every new workspace the default pipeline: lead, qualified, proposal, negotiation, won, lost.';
-grant execute on function crm.tg_workspaces__seed_deal_stages() to public;
+grant execute on function crm.tg_workspaces__seed_deal_stages() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.token_user(p_token_hash bytea)
  RETURNS TABLE(failure text, user_id uuid)
@@ -3016,7 +2991,6 @@ AS $function$
   left join crm.users u on u.id = t.user_id
 $function$;
 comment on function crm.token_user(p_token_hash bytea) is 'Who a bearer token proves, without choosing a workspace (invitation acceptance by an existing user, who may belong to none yet); failure is the API error code when refused.';
-grant execute on function crm.token_user(p_token_hash bytea) to public;
 
 CREATE OR REPLACE FUNCTION crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean)
  RETURNS boolean
@@ -3051,13 +3025,12 @@ AS $function$
 $function$;
 comment on function crm.uuid_v7_floor(t timestamp with time zone) is 'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
 grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_api;
-grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to public;
 
 CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid)
  RETURNS record
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
 AS $function$
 declare
   v_user text := current_setting('crm.user_id', true);
@@ -3077,7 +3050,7 @@ begin
 end
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) is 'The (user, workspace) of this transaction when its proof checks out; nulls otherwise.';
-grant execute on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) to public;
+grant execute on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
  RETURNS TABLE(status text, cycle_attempts integer, next_attempt_at timestamp with time zone)
@@ -3096,7 +3069,7 @@ AS $function$
                  end as status) o
 $function$;
 comment on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) is 'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
-grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) to public;
+grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
  RETURNS text
@@ -3108,7 +3081,7 @@ AS $function$
          || '","delivered_at":"'
 $function$;
 comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is 'A delivery body up to the value of delivered_at, which each attempt writes.';
-grant execute on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) to public;
+grant execute on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
  RETURNS text
@@ -3119,7 +3092,7 @@ AS $function$
          || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
 $function$;
 comment on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is 'A delivery body after the value of delivered_at.';
-grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to public;
+grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
  RETURNS TABLE(delivery_id uuid, generation integer, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
@@ -3161,7 +3134,6 @@ begin
 end
 $function$;
 comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused or the plan lapsed.';
-grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) to public;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
  RETURNS integer
@@ -3169,7 +3141,7 @@ CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
  IMMUTABLE PARALLEL SAFE
 AS $function$ select 100 $function$;
 comment on function crm.webhook_delivery_batch_size() is 'The most deliveries one deliver_webhook job carries.';
-grant execute on function crm.webhook_delivery_batch_size() to public;
+grant execute on function crm.webhook_delivery_batch_size() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid)
  RETURNS uuid
@@ -3181,7 +3153,7 @@ AS $function$
            52, 1), 53, 1), 54, 1), 55, 0), 70, 0), 71, 1), 'hex')::uuid
 $function$;
 comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) is 'The delivery_id of an event for a subscription, the same every time it is computed: a first attempt re-sent after a crash carries the id the receiver already saw.';
-grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to public;
+grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_event_matches(patterns text[], event text)
  RETURNS boolean
@@ -3192,7 +3164,6 @@ AS $function$
 $function$;
 comment on function crm.webhook_event_matches(patterns text[], event text) is 'Whether an event name matches any of a subscription''s patterns.';
 grant execute on function crm.webhook_event_matches(patterns text[], event text) to crm_api;
-grant execute on function crm.webhook_event_matches(patterns text[], event text) to public;
 
 CREATE OR REPLACE FUNCTION crm.webhook_event_patterns_are_valid(patterns text[])
  RETURNS boolean
@@ -3204,7 +3175,6 @@ AS $function$
 $function$;
 comment on function crm.webhook_event_patterns_are_valid(patterns text[]) is 'CHECK for events: each entry an event name, contact.*, company.*, deal.* or *.';
 grant execute on function crm.webhook_event_patterns_are_valid(patterns text[]) to crm_api;
-grant execute on function crm.webhook_event_patterns_are_valid(patterns text[]) to public;
 
 CREATE OR REPLACE FUNCTION crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean DEFAULT false)
  RETURNS TABLE(workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
@@ -3271,7 +3241,6 @@ begin
 end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
-grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to public;
 
 CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  RETURNS interval[]
@@ -3279,7 +3248,7 @@ CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  IMMUTABLE PARALLEL SAFE
 AS $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
 comment on function crm.webhook_retry_delays() is 'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
-grant execute on function crm.webhook_retry_delays() to public;
+grant execute on function crm.webhook_retry_delays() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid)
  RETURNS json
@@ -3310,7 +3279,6 @@ AS $function$
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is 'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
-grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
  RETURNS boolean
@@ -3321,8 +3289,6 @@ AS $function$
   select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
 $function$;
 comment on function crm.webhooks_enabled(p_workspace_id uuid) is 'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or sent.';
-grant execute on function crm.webhooks_enabled(p_workspace_id uuid) to crm_api;
-grant execute on function crm.webhooks_enabled(p_workspace_id uuid) to public;
 
 CREATE OR REPLACE FUNCTION crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval)
  RETURNS text[]
@@ -3355,7 +3321,6 @@ begin
 end
 $function$;
 comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is 'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
-grant execute on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) to public;
 
 CREATE OR REPLACE FUNCTION crm.worker_stopped(p_worker_id text)
  RETURNS void
@@ -3364,7 +3329,6 @@ AS $function$
   delete from crm.worker_heartbeats where worker_id = p_worker_id
 $function$;
 comment on function crm.worker_stopped(p_worker_id text) is 'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
-grant execute on function crm.worker_stopped(p_worker_id text) to public;
 
 CREATE OR REPLACE FUNCTION crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
  RETURNS uuid
@@ -3384,9 +3348,18 @@ begin
     return null;
   end if;
   v_object := case record_type
-    when 'contact' then (select crm.contact_json(c)::jsonb from crm.contacts c where c.workspace_id = v_workspace and c.id = record_id)
-    when 'company' then (select crm.company_json(c)::jsonb from crm.companies c where c.workspace_id = v_workspace and c.id = record_id)
-    when 'deal' then (select crm.deal_json(d)::jsonb from crm.deals d where d.workspace_id = v_workspace and d.id = record_id)
+    when 'contact' then (
+      select crm.contact_json(c)::jsonb from crm.contacts c
+      where c.workspace_id = v_workspace and c.id = record_id
+        and (crm.grant_scope('contacts', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('contacts', 'view'))))
+    when 'company' then (
+      select crm.company_json(c)::jsonb from crm.companies c
+      where c.workspace_id = v_workspace and c.id = record_id
+        and (crm.grant_scope('companies', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('companies', 'view'))))
+    when 'deal' then (
+      select crm.deal_json(d)::jsonb from crm.deals d
+      where d.workspace_id = v_workspace and d.id = record_id
+        and (crm.grant_scope('deals', 'view') = 'all' or d.owner_id = any (crm.scope_owner_ids('deals', 'view'))))
   end;
   if v_object is null then
     raise exception 'no such record' using errcode = 'CR404', hint = 'not_found';
@@ -3399,5 +3372,5 @@ begin
   return v_id;
 end
 $function$;
-comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is 'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record of the caller''s workspace.';
+comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is 'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
 grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) to crm_api;

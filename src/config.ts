@@ -11,6 +11,8 @@ export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
 export type Config = {
   databaseUrl: string | null
+  /** The role requests and jobs run as; null: the service creates its own (src/db/runtime-role.ts). */
+  runtimeDatabaseUrl: string | null
   host: string
   port: number
   appSecret: string
@@ -89,16 +91,20 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     return fallback
   }
 
-  let databaseUrl: string | null = env.DATABASE_URL || null
-  if (databaseUrl !== null) {
+  const connectionUri = (name: string): string | null => {
+    const raw = env[name] || null
+    if (raw === null) return null
     try {
-      const url = new URL(databaseUrl)
+      const url = new URL(raw)
       if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') throw new Error('scheme')
+      return raw
     } catch {
-      problems.push('DATABASE_URL: expected a postgres:// or postgresql:// connection URI')
-      databaseUrl = null
+      problems.push(`${name}: expected a postgres:// or postgresql:// connection URI`)
+      return null
     }
   }
+  const databaseUrl = connectionUri('DATABASE_URL')
+  const runtimeDatabaseUrl = connectionUri('RUNTIME_DATABASE_URL')
 
   const port = integer('PORT', 3000, 0, 65535)
   const host = env.HOST || '127.0.0.1'
@@ -156,6 +162,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
 
   const config: Config = {
     databaseUrl,
+    runtimeDatabaseUrl,
     host,
     port,
     appSecret,

@@ -5,6 +5,7 @@ import type { IncomingMessage } from 'node:http'
 import Type, { type Static, type TSchema } from 'typebox'
 import type { Config } from '../config.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
+import { RUNTIME_ROLE_SETTINGS } from '../db/runtime-role.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
@@ -136,8 +137,12 @@ export function createAuthenticator(
 ): Authenticator {
   return async (db, req) => {
     const attempt = attemptOf(config, credentialOf, req)
+    // The role and the limits are set inside the transaction, never as startup parameters (a
+    // pooler in transaction mode drops those): a connection that lost them still runs as crm_api.
     const row = await db.one(sql.type(AUTH_ROW)`
-      select a.*, set_config('role', 'crm_api', true) as role
+      select a.*, set_config('role', 'crm_api', true) as role,
+        set_config('statement_timeout', ${RUNTIME_ROLE_SETTINGS.statement_timeout}, true) as statement_timeout,
+        set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout
       from ${authenticateCall(attempt)} a
     `)
     return callerOf(row, attempt)
@@ -154,9 +159,11 @@ const AUTH_SELECT = sql.fragment`case when r.auth_row_number is null or r.auth_r
 
 /**
  * A read that is one statement: crm.authenticate and the route's query travel together, with no
- * BEGIN or COMMIT, so a read costs one round trip like a bare query does. It runs on a connection
- * whose session role is already crm_api (row-level security is decided when a statement is
- * planned, so the role cannot be switched inside the statement that reads). The route's query is
+ * BEGIN or COMMIT, so a read costs one round trip like a bare query does. It runs as the
+ * connection's login role, the runtime role with crm_api's privileges (row-level security is
+ * decided when a statement is planned, so the role cannot be switched inside the statement that
+ * reads); the statement proves that role confined first (crm.require_confined_role, a one-time
+ * filter evaluated before anything else) and refuses to run otherwise. The route's query is
  * a LATERAL subquery that references crm.authenticate's row, so PostgreSQL must run
  * crm.authenticate first (it sets the proven context) and the query after it; when
  * authentication fails the query does not run at all. Were the order ever different, the policy
@@ -178,6 +185,7 @@ export function createStatementAuthenticator(
           where a.failure is null
           offset 0
         ) r on true
+        where (select crm.require_confined_role())
         order by r.auth_row_number`,
       unwrap: (rows) => {
         const first = rows[0] as Record<string, unknown>

@@ -12,14 +12,6 @@ export function toApiTime(text: string): string {
   return new Date(text.replace(' ', 'T').replace(/([+-]\d\d)$/, '$1:00')).toISOString()
 }
 
-/** The connection string with a session role set at connection start (`-c role=...`). */
-export function withSessionRole(url: string, role: string): string {
-  const parsed = new URL(url)
-  const given = parsed.searchParams.get('options')
-  parsed.searchParams.set('options', `${given ? `${given} ` : ''}-c role=${role}`)
-  return parsed.toString()
-}
-
 /**
  * How the API reads values, by PostgreSQL type name: numeric as exact decimal strings, bigint as
  * numbers, timestamps in API form, dates as text. Shared by this pool and the plain pg pool of
@@ -68,8 +60,11 @@ export async function createDatabasePool(
     // Request transactions are retried by slonik on serialization failures; side effects stay outside.
     transactionRetryLimit: 3,
     queryRetryLimit: 0,
-    statementTimeout: 30_000,
-    idleInTransactionSessionTimeout: 60_000,
+    // Slonik would send these as startup parameters, which a pooler in transaction mode refuses or
+    // drops. The runtime role carries them as role settings (src/db/runtime-role.ts), and each
+    // request transaction sets them again, locally (src/auth/authenticate.ts).
+    statementTimeout: 'DISABLE_TIMEOUT',
+    idleInTransactionSessionTimeout: 'DISABLE_TIMEOUT',
     interceptors: [
       ROW_SCHEMA_CHECK,
       ...(options.onQuery

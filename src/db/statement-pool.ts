@@ -5,7 +5,7 @@
 // Everything else keeps using slonik (src/db/pool.ts). Values come back as slonik's pool returns
 // them: numeric as exact strings, bigint as numbers, timestamps as RFC 3339 UTC, dates as text.
 import pg from 'pg'
-import { API_TYPE_PARSERS, pgQueryText, withSessionRole } from './pool.ts'
+import { API_TYPE_PARSERS, pgQueryText } from './pool.ts'
 
 export type StatementQuery = { sql: string; values: readonly unknown[]; name?: string }
 export type StatementPool = {
@@ -22,6 +22,9 @@ const types = {
     (format !== 'binary' && PARSERS.get(oid)) || pg.types.getTypeParser(oid, format as 'text'),
 }
 
+/** invalid_sql_statement_name (the name is not prepared here) and duplicate_prepared_statement. */
+const LOST_NAMED_STATEMENT = new Set(['26000', '42P05'])
+
 /** A connection that refused or timed out while being taken: the API answers 503 for it. */
 export class StatementPoolUnavailable extends Error {
   code = '08006'
@@ -32,19 +35,21 @@ export function createStatementPool(
   options: {
     maxPoolSize: number
     connectionTimeoutMs?: number
-    sessionRole: string
     onQuery?: (text: string) => void
     onError?: (error: Error) => void
+    onWarning?: (message: string) => void
   },
 ): StatementPool {
   const pool = new pg.Pool({
-    connectionString: withSessionRole(url, options.sessionRole),
+    // No startup parameters: a pooler in transaction mode refuses or drops them. The role is the
+    // URL's login role, which each statement proves confined (crm.require_confined_role), and the
+    // limits are that role's settings (src/db/runtime-role.ts).
+    connectionString: url,
     max: options.maxPoolSize,
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 5000,
-    statement_timeout: 30_000,
-    idle_in_transaction_session_timeout: 60_000,
     types,
   })
+  let namedStatements = true
   // An idle connection that breaks (the database restarting) must not take the process down.
   pool.on('error', (error) => options.onError?.(error))
   return {
@@ -53,8 +58,18 @@ export function createStatementPool(
       options.onQuery?.(text)
       let result: pg.QueryResult
       try {
-        result = await pool.query({ text, values: query.values as unknown[], name: query.name })
+        result = await pool.query({ text, values: query.values as unknown[], name: namedStatements ? query.name : undefined })
       } catch (error) {
+        if (namedStatements && query.name && LOST_NAMED_STATEMENT.has((error as { code?: string }).code ?? '')) {
+          // A pooler in transaction mode runs each statement on any of its server connections,
+          // where a name prepared on another is missing (or taken): nothing ran, so the statement
+          // is sent again, unnamed, and so is every later one.
+          namedStatements = false
+          options.onWarning?.(
+            `named statements do not survive these connections (a pooler?): ${(error as Error).message}; reads are sent unnamed from now on`,
+          )
+          return (await pool.query({ text, values: query.values as unknown[] })).rows
+        }
         if (
           error instanceof Error &&
           !('code' in error) &&

@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
 import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
+import { databaseErrorOf } from '../db/database-errors.ts'
 import { sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
@@ -72,6 +73,7 @@ export function createApp(
   const { logger, pool, config } = services
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
+  let singleStatementsRefused = false
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
     const request = req as Request
@@ -165,7 +167,18 @@ export function createApp(
       res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
       res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
     }
-    const statements = extra.statements
+    const statements = singleStatementsRefused ? undefined : extra.statements
+    const inTransaction = () =>
+      pool.transaction(async (db) => {
+        const caller = await authenticate(db, req, req.requestId)
+        authenticated(caller)
+        const release = definition.limitedPerWorkspace && workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+        try {
+          return await definition.handler({ ...base, db, caller } as RouteContext)
+        } finally {
+          release?.()
+        }
+      })
     return definition.auth === 'none'
       ? definition.handler(base as unknown as RouteContext)
       : admission
@@ -181,20 +194,23 @@ export function createApp(
                   },
                 } as RouteContext)
                 .catch(async (error: unknown) => {
+                  // The read's connection is not confined by row-level security (a pooler that
+                  // dropped its role, a wrong RUNTIME_DATABASE_URL): the statement refused to run
+                  // and changed nothing. Reads go through request transactions from now on,
+                  // which switch to crm_api themselves.
+                  if (refusedAsUnconfined(error)) {
+                    singleStatementsRefused = true
+                    logger.error(
+                      'single-statement reads refused to run: their connection is not confined by row-level security; reads use transactions instead',
+                      { error: (error as Error).message },
+                    )
+                    return inTransaction()
+                  }
                   await db.authenticateIfNotSent()
                   throw error
                 })
             }
-            return pool.transaction(async (db) => {
-              const caller = await authenticate(db, req, req.requestId)
-              authenticated(caller)
-              const release = definition.limitedPerWorkspace && workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
-              try {
-                return await definition.handler({ ...base, db, caller } as RouteContext)
-              } finally {
-                release?.()
-              }
-            })
+            return inTransaction()
           })
           .catch(async (error: unknown) => {
             // The rollback took the rate-limit count with it: count the request again, outside
@@ -213,4 +229,10 @@ export function createApp(
   server.requestTimeout = bodyDeadlineMs(CSV_BODY_LIMIT, config.bodyIdleTimeoutMs) + 60_000
   server.on('clientError', answerClientError)
   return { server, handler }
+}
+
+/** crm.require_confined_role's refusal (sql/000009_least_privilege.sql). */
+function refusedAsUnconfined(error: unknown): boolean {
+  const fields = databaseErrorOf(error)
+  return fields?.code === '42501' && fields.hint === 'role_not_confined'
 }

@@ -33,6 +33,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
   const env = {
     PORT: 'eighty',
     DATABASE_URL: 'mysql://x',
+    RUNTIME_DATABASE_URL: 'not a url',
     LOG_LEVEL: 'loud',
     APP_SECRET: 'short',
     TOKEN_TTL_DAYS: '0',

@@ -152,7 +152,7 @@ function signInRefusal(error: ApiError): string {
 }
 
 export function signInPages(services: Services) {
-  const { config, pool } = services
+  const { config, ownerPool: pool } = services
   const afterSignIn = (req: IncomingMessage) => safeReturnPath(query(req).get('next'), '/')
 
   return {

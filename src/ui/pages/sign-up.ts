@@ -77,7 +77,7 @@ type Invitation = Static<typeof InvitationSchema>
 const InvitationRow = rowType(InvitationSchema)
 
 export function signUpPages(services: Services, definitions: RouteDefinition[]) {
-  const { config, pool } = services
+  const { config, ownerPool: pool } = services
 
   /** Signs the browser in with the password just chosen, and revokes the API token the call issued. */
   async function startSession(

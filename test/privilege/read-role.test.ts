@@ -1,0 +1,78 @@
+// Single-statement reads cannot switch their role, so each one proves that its connection is
+// confined by row-level security: run as the owner (a pooler that dropped the role, a wrong
+// RUNTIME_DATABASE_URL) it refuses, and the API answers through a request transaction instead,
+// never with another workspace's record.
+import type { IncomingMessage } from 'node:http'
+import pg from 'pg'
+import { sql } from 'slonik'
+import t from 'tap'
+import { createStatementAuthenticator } from '../../src/auth/authenticate.ts'
+import { pgQueryText } from '../../src/db/pool.ts'
+import { runtimeRolePassword, runtimeUrl } from '../../src/db/runtime-role.ts'
+import { createTenant } from '../helpers/fixtures.ts'
+import { startTestServer } from '../helpers/server.ts'
+
+const server = await startTestServer(t, { countQueries: true })
+const url = server.databaseUrl
+const a = await createTenant(url, { slug: 'read-a', members: { 'admin@a.test': 'admin' } })
+const b = await createTenant(url, { slug: 'read-b', members: { 'admin@b.test': 'admin' } })
+const tokenA = a.members['admin@a.test'].token
+const tokenB = b.members['admin@b.test'].token
+
+const created = await server.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Ada', email: 'ada@a.test' } })
+t.equal(created.status, 201)
+const contactId: string = created.body.data.id
+
+t.test('the runtime role reads in one statement, its own workspace only', async (t) => {
+  server.queries.length = 0
+  t.equal((await server.request('GET', `/api/contacts/${contactId}`, { token: tokenA })).status, 200)
+  t.equal((await server.request('GET', `/api/contacts/${contactId}`, { token: tokenB })).status, 404)
+  t.equal(server.queries.filter((text) => text.includes('crm.require_confined_role()')).length, 2, 'both reads were single statements')
+  t.notOk(
+    server.logLines.some((line) => line.includes('single-statement reads refused')),
+    'no read was refused',
+  )
+})
+
+t.test('the runtime role carries its limits without startup parameters', async (t) => {
+  const runtime = new pg.Client({ connectionString: runtimeUrl(url, runtimeRolePassword(url, server.config.appSecret)) })
+  await runtime.connect()
+  t.teardown(() => runtime.end())
+  const { rows } = await runtime.query(
+    `select current_user as role, current_setting('statement_timeout') as statement_timeout,
+       current_setting('idle_in_transaction_session_timeout') as idle_timeout, crm.require_confined_role() as confined`,
+  )
+  t.same(rows[0], { role: 'crm_runtime', statement_timeout: '30s', idle_timeout: '1min', confined: true })
+})
+
+t.test('as the owner, the read statement refuses to run', async (t) => {
+  const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
+  const wrapped = createStatementAuthenticator(server.config)(request).wrap(sql.unsafe`select id from crm.contacts where id = ${contactId}`)
+  const owner = new pg.Client({ connectionString: url })
+  await owner.connect()
+  t.teardown(() => owner.end())
+  const error = await owner.query(pgQueryText(wrapped.sql), [...wrapped.values]).then(
+    (result) => result.rows,
+    (error: unknown) => error,
+  )
+  t.match(error, { code: '42501', hint: 'role_not_confined' }, 'refused, no rows')
+})
+
+t.test('a server whose read connections are the owner answers 404 across workspaces', async (t) => {
+  // RUNTIME_DATABASE_URL naming the owner stands for a pooler that dropped the role the
+  // connection was meant to have: the read pool's connections are the (superuser) owner.
+  const misconfigured = await startTestServer(t, { databaseUrl: url, env: { RUNTIME_DATABASE_URL: url } })
+  const foreign = await misconfigured.request('GET', `/api/contacts/${contactId}`, { token: tokenB })
+  t.equal(foreign.status, 404, 'another workspace reads nothing')
+  t.equal(foreign.body.code, 'not_found')
+  const own = await misconfigured.request('GET', `/api/contacts/${contactId}`, { token: tokenA })
+  t.equal(own.status, 200, 'the owner of the record still reads it')
+  t.equal(own.body.data.id, contactId)
+  const list = await misconfigured.request('GET', '/api/contacts', { token: tokenB })
+  t.equal(list.status, 200)
+  t.same(list.body.data, [], 'the list of another workspace is empty')
+  t.ok(
+    misconfigured.logLines.some((line) => line.includes('single-statement reads refused')),
+    'the refusal is logged',
+  )
+})
