@@ -44,3 +44,6 @@ export const IdRow = rowType(Type.Object({ id: Type.String() }))
 
 /** `select exists (...)`. */
 export const ExistsRow = rowType(Type.Object({ exists: Type.Boolean() }))
+
+/** `select crm.grant_scope(resource, action) is not null as granted`: the caller's role holds the grant. */
+export const GrantedRow = rowType(Type.Object({ granted: Type.Boolean() }))

@@ -2,6 +2,7 @@
 import Type from 'typebox'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { sql } from '../../db/pool.ts'
+import { IdRow, NullableString, rowType } from '../../db/typed-rows.ts'
 import { NotFoundError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
 import { defineRoutes } from '../route.ts'
@@ -45,6 +46,33 @@ const TokenSummary = Type.Object({
   current: Type.Boolean(),
 })
 
+const CallerRow = rowType(
+  Type.Object({
+    user: Type.Object({ id: Type.String(), email: Type.String(), name: Type.String() }),
+    workspace: Type.Object({
+      id: Type.String(),
+      slug: Type.String(),
+      name: Type.String(),
+      plan: Type.String(),
+      trial_ends_at: NullableString,
+      seat_limit: Type.Union([Type.Integer(), Type.Null()]),
+    }),
+    role: Type.Object({ name: Type.String(), is_admin: Type.Boolean(), permissions: Type.Array(Type.String()) }),
+    token: Type.Object({ id: Type.String(), name: Type.String(), expires_at: Type.String() }),
+  }),
+)
+const WorkspaceOfCallerRow = rowType(
+  Type.Object({
+    slug: Type.String(),
+    name: Type.String(),
+    role: Type.String(),
+    plan: Type.String(),
+    suspended: Type.Boolean(),
+    current: Type.Boolean(),
+  }),
+)
+const TokenSummaryRow = rowType(TokenSummary)
+
 export default defineRoutes(
   {
     method: 'POST',
@@ -81,7 +109,7 @@ export default defineRoutes(
     errors: [401, 404, 429],
     response: Type.Object({ data: Type.Object({ user: Type.Any(), workspace: Type.Any(), role: Type.Any(), token: Type.Any() }) }),
     handler: async ({ db, caller }) => {
-      const data = await db.one(sql.unsafe`
+      const data = await db.one(sql.type(CallerRow)`
         select
           json_build_object('id', u.id, 'email', u.email, 'name', u.name) as user,
           json_build_object('id', w.id, 'slug', w.slug, 'name', w.name, 'plan', w.plan,
@@ -112,7 +140,7 @@ export default defineRoutes(
       data: Type.Array(Type.Object({ slug: Type.String(), name: Type.String(), role: Type.String(), plan: Type.String() })),
     }),
     handler: async ({ db, caller }) => {
-      const rows = await db.any(sql.unsafe`
+      const rows = await db.any(sql.type(WorkspaceOfCallerRow)`
         select w.slug, w.name, r.name as role, w.plan, (m.suspended_at is not null) as suspended, (w.id = ${caller.workspaceId}) as current
         from crm.memberships m
         join crm.workspaces w on w.id = m.workspace_id
@@ -132,7 +160,7 @@ export default defineRoutes(
     errors: [401, 429],
     response: Type.Object({ data: Type.Array(TokenSummary) }),
     handler: async ({ db, caller }) => {
-      const rows = await db.any(sql.unsafe`
+      const rows = await db.any(sql.type(TokenSummaryRow)`
         select id, kind, name, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
         from crm.tokens
         where user_id = ${caller.userId} and revoked_at is null and expires_at > now()
@@ -151,7 +179,7 @@ export default defineRoutes(
     errors: [401, 404, 429],
     handler: async ({ db, params }) => {
       if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw new NotFoundError('No such token')
-      const revoked = await db.maybeOne(sql.unsafe`
+      const revoked = await db.maybeOne(sql.type(IdRow)`
         update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
       `)
       if (!revoked) throw new NotFoundError('No such token')

@@ -1,8 +1,11 @@
 // GET /api/deal-stages: the workspace's pipeline, in order.
 import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { rowType } from '../../db/typed-rows.ts'
 import { DealStageSchema } from '../../records/schemas.ts'
 import { defineRoutes } from '../route.ts'
+
+const DealStageRow = rowType(DealStageSchema)
 
 export default defineRoutes({
   method: 'GET',
@@ -21,7 +24,7 @@ export default defineRoutes({
     },
   },
   handler: async ({ db }) => {
-    const stages = await db.any(sql.unsafe`
+    const stages = await db.any(sql.type(DealStageRow)`
       select key, label, position, is_closed, is_won from crm.deal_stages
        where workspace_id = (select crm.current_workspace_id())
        order by position`)

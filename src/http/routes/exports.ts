@@ -1,6 +1,7 @@
 // POST /api/{type}/export: the caller's visible and exportable records as CSV or NDJSON, streamed.
 import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
+import { GrantedRow } from '../../db/typed-rows.ts'
 import { ForbiddenError } from '../../errors.ts'
 import { type ExportRequest, exportQuery } from '../../exports/export-query.ts'
 import { streamLines } from '../../exports/stream-lines.ts'
@@ -43,7 +44,7 @@ function routeFor(type: RecordType): RouteDefinition {
     handler: async ({ db, res, body }) => {
       const request = body as ExportRequest
       // Checked before the 200 goes out; the query below repeats the scope for every row.
-      const allowed = await db.oneFirst(sql.unsafe`select crm.grant_scope(${type.path}, 'export') is not null`)
+      const allowed = await db.oneFirst(sql.type(GrantedRow)`select crm.grant_scope(${type.path}, 'export') is not null as granted`)
       if (!allowed) throw new ForbiddenError(`Your role does not allow exporting ${type.path}`)
       const { query, header } = exportQuery(type, request)
       const csv = request.format !== 'ndjson'

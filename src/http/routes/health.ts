@@ -2,8 +2,11 @@
 import Type from 'typebox'
 import { schemaIsCurrent } from '../../db/migrate.ts'
 import { sql } from '../../db/pool.ts'
+import { rowType } from '../../db/typed-rows.ts'
 import { UnavailableError } from '../../errors.ts'
 import { defineRoutes } from '../route.ts'
+
+const NewestMigration = rowType(Type.Object({ number: Type.Union([Type.Integer(), Type.Null()]) }))
 
 export default defineRoutes(
   {
@@ -27,7 +30,7 @@ export default defineRoutes(
       let current: boolean
       try {
         current = await schemaIsCurrent(async () => ({
-          rows: [{ number: (await services.pool.oneFirst(sql.unsafe`select max(number) from crm.schema_migrations`)) as number | null }],
+          rows: [await services.pool.one(sql.type(NewestMigration)`select max(number) as number from crm.schema_migrations`)],
         }))
       } catch (error) {
         throw new UnavailableError(error)

@@ -4,6 +4,7 @@
 import { createReadStream } from 'node:fs'
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
+import { GrantedRow, NullableString, rowType } from '../../db/typed-rows.ts'
 import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
 import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
@@ -50,13 +51,45 @@ function importId(id: string | undefined): string {
 }
 
 async function assertImportGrant(db: DatabaseTransactionConnection, type: ImportType): Promise<void> {
-  const allowed = await db.oneFirst(sql.unsafe`select crm.grant_scope(${type}, 'import') is not null`)
+  const allowed = await db.oneFirst(sql.type(GrantedRow)`select crm.grant_scope(${type}, 'import') is not null as granted`)
   if (!allowed) throw new ForbiddenError(`Your role does not allow importing ${type}`)
 }
 
+const ImportJobRow = rowType(
+  Type.Object({
+    id: Type.String(),
+    status: Type.String(),
+    mode: NullableString,
+    match_on: NullableString,
+    dry_run: Type.Boolean(),
+    file_name: NullableString,
+    counts: Type.Object({
+      total: Type.Integer(),
+      created: Type.Integer(),
+      updated: Type.Integer(),
+      skipped: Type.Integer(),
+      failed: Type.Integer(),
+      companies_created: Type.Integer(),
+    }),
+    errors: Type.Array(Type.Object({ row: Type.Integer(), column: NullableString, field: NullableString, message: Type.String() })),
+    failure: NullableString,
+    created_at: Type.String(),
+    started_at: NullableString,
+    finished_at: NullableString,
+  }),
+)
+const CreatedImportRow = rowType(Type.Object({ id: Type.String(), created_at: Type.String() }))
+const UploadColumnsRow = rowType(Type.Object({ columns: Type.Array(Type.String()) }))
+const UploadToStartRow = rowType(
+  Type.Object({
+    columns: Type.Array(Type.String()),
+    suggested_mapping: Type.Record(Type.String(), NullableString),
+  }),
+)
+
 /** The job as GET answers it: counts, the first 100 errors, times. */
 async function readJob(db: DatabaseTransactionConnection, type: ImportType, id: string) {
-  const job = await db.maybeOne(sql.unsafe`
+  const job = await db.maybeOne(sql.type(ImportJobRow)`
     select i.id, i.status, i.mode, i.match_on, i.dry_run, i.file_name,
            json_build_object('total', i.row_count, 'created', i.created, 'updated', i.updated, 'skipped', i.skipped,
                              'failed', i.failed, 'companies_created', i.companies_created) as counts,
@@ -109,11 +142,11 @@ function routesFor(type: ImportType): RouteDefinition[] {
         }
         const suggested = suggestMapping(type, inspection.columns, inspection.sampleRows)
         const fileName = upload.fileName === null ? null : upload.fileName.slice(0, 255)
-        const created = (await db.one(sql.unsafe`
+        const created = await db.one(sql.type(CreatedImportRow)`
           insert into crm.imports (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping)
           values (${type}, ${fileName}, ${sql.binary(upload.bytes)}, ${upload.bytes.length}, ${inspection.delimiter},
                   ${sql.array(inspection.columns, 'text')}, ${inspection.rowCount}, ${sql.jsonb(inspection.sampleRows)}, ${sql.jsonb(suggested)})
-          returning id, crm.api_time(created_at) as created_at`)) as { id: string; created_at: string }
+          returning id, crm.api_time(created_at) as created_at`)
         return {
           status: 201,
           headers: { Location: `${base}/${created.id}` },
@@ -151,12 +184,9 @@ function routesFor(type: ImportType): RouteDefinition[] {
       },
       handler: async ({ db, params, body }) => {
         const id = importId(params.id)
-        const upload = (await db.maybeOne(sql.unsafe`
+        const upload = await db.maybeOne(sql.type(UploadToStartRow)`
           select columns, suggested_mapping from crm.imports
-           where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as {
-          columns: string[]
-          suggested_mapping: Record<string, string | null>
-        } | null
+           where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns
         const mode = body.mode ?? 'create'
@@ -199,12 +229,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
       errors: [401, 404],
       handler: async ({ db, res, params }) => {
         const id = importId(params.id)
-        const upload = (await db.maybeOne(sql.unsafe`
-          select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)) as {
-          columns: string[]
-        } | null
+        const upload = await db.maybeOne(sql.type(UploadColumnsRow)`
+          select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)
         if (!upload) throw new NotFoundError('No such import')
-        const columns = upload.columns as string[]
+        const columns = upload.columns
         const header = [...columns, 'row', 'error'].map(csvTextCell).join(',')
         res.writeHead(200, {
           'Content-Type': 'text/csv; charset=utf-8',
