@@ -9,6 +9,7 @@ import type { Services } from '../../http/route.ts'
 import { readForm } from '../form.ts'
 import { html } from '../html.ts'
 import { errorNotice, hiddenCsrf, redirect, safeReturnPath, sendHtml, signedOutPage } from '../layout.ts'
+import { deviceName, query } from '../request.ts'
 import {
   CHALLENGE_COOKIE,
   clearCookie,
@@ -26,35 +27,6 @@ const NOTICES: Record<string, string> = {
   'session-ended': 'Your session has ended. Sign in again.',
   'signed-out': 'You are signed out.',
   'challenge-expired': 'The sign-in took too long or the code was tried too often. Sign in again.',
-}
-
-function query(req: IncomingMessage): URLSearchParams {
-  return new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
-}
-
-function deviceName(req: IncomingMessage): string {
-  const agent = req.headers['user-agent'] ?? ''
-  const browser = /Edg\//.test(agent)
-    ? 'Edge'
-    : /Firefox\//.test(agent)
-      ? 'Firefox'
-      : /Chrom(e|ium)\//.test(agent)
-        ? 'Chrome'
-        : /Safari\//.test(agent)
-          ? 'Safari'
-          : 'Browser'
-  const system = /Windows/.test(agent)
-    ? 'Windows'
-    : /Mac OS X/.test(agent)
-      ? 'macOS'
-      : /Android/.test(agent)
-        ? 'Android'
-        : /iPhone|iPad/.test(agent)
-          ? 'iOS'
-          : /Linux/.test(agent)
-            ? 'Linux'
-            : ''
-  return `Web session: ${browser}${system ? ` on ${system}` : ''}`
 }
 
 function startSession(req: IncomingMessage, res: ServerResponse, token: string, expiresAt: string): void {

@@ -18,6 +18,7 @@ import { apiCaller } from '../api-calls.ts'
 import { readForm } from '../form.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, redirect, sendHtml, signedOutPage } from '../layout.ts'
+import { deviceName, query } from '../request.ts'
 import {
   clearCookie,
   csrfToken,
@@ -33,24 +34,6 @@ import {
 import { plainRefusal } from './admin-common.ts'
 
 type Request = IncomingMessage & { requestId?: string }
-
-function query(req: IncomingMessage): URLSearchParams {
-  return new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
-}
-
-function deviceName(req: IncomingMessage): string {
-  const agent = req.headers['user-agent'] ?? ''
-  const browser = /Edg\//.test(agent)
-    ? 'Edge'
-    : /Firefox\//.test(agent)
-      ? 'Firefox'
-      : /Chrom(e|ium)\//.test(agent)
-        ? 'Chrome'
-        : /Safari\//.test(agent)
-          ? 'Safari'
-          : 'Browser'
-  return `Web session: ${browser}`
-}
 
 function field(id: string, label: string, input: SafeHtml, hint?: string): SafeHtml {
   return html`<div class="field">
