@@ -780,15 +780,28 @@ create table crm.tokens (
   expires_at timestamp with time zone not null,
   revoked_at timestamp with time zone,
   last_used_at timestamp with time zone,
+  scopes text[],
+  workspace_id uuid,
+  oauth_app_id uuid,
   constraint tokens_pkey PRIMARY KEY (id),
   constraint tokens_token_hash_key UNIQUE (token_hash),
+  constraint tokens_oauth_app_fkey FOREIGN KEY (workspace_id, oauth_app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
   constraint tokens_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE,
-  constraint tokens_kind_known CHECK ((kind = ANY (ARRAY['token'::text, 'session'::text]))),
-  constraint tokens_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200)))
+  constraint tokens_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
+  constraint tokens_kind_known CHECK ((kind = ANY (ARRAY['token'::text, 'session'::text, 'oauth'::text]))),
+  constraint tokens_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+  constraint tokens_oauth_bound CHECK ((((kind = 'oauth'::text) = (workspace_id IS NOT NULL)) AND ((kind = 'oauth'::text) = (oauth_app_id IS NOT NULL)))),
+  constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
 alter table crm.tokens enable row level security;
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
+CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
+comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
+comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
 comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
+comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
+comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
+comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
   with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
 comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself.';
@@ -799,8 +812,8 @@ create policy tokens_update_own on crm.tokens as permissive for update to crm_ap
   using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)))
   with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
 comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions.';
-grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at) on crm.tokens to crm_api;
-grant insert (user_id, kind, name, token_hash, expires_at) on crm.tokens to crm_api;
+grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id) on crm.tokens to crm_api;
+grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 
 create table crm.two_factor_challenges (
@@ -1862,6 +1875,17 @@ $function$;
 comment on function crm.json_changes(before jsonb, after jsonb) is 'previous_attributes of an event: the old value of every field that differs (updated_at/updated_by excluded).';
 grant execute on function crm.json_changes(before jsonb, after jsonb) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.known_scopes()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select array['contacts:read', 'contacts:write', 'companies:read', 'companies:write', 'deals:read', 'deals:write',
+               'webhooks:manage', 'workspace:admin', 'offline_access']
+$function$;
+comment on function crm.known_scopes() is 'Every scope a token may carry (API.md section 4a), in the order the documentation lists them.';
+grant execute on function crm.known_scopes() to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2426,6 +2450,19 @@ end
 $function$;
 comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately) or no grant.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select cardinality(p_scopes) between 1 and 9
+     and p_scopes <@ crm.known_scopes()
+     and array_position(p_scopes, null) is null
+     and cardinality(p_scopes) = (select count(distinct s) from unnest(p_scopes) s)
+$function$;
+comment on function crm.scopes_are_valid(p_scopes text[]) is 'CHECK for a token''s scopes: 1 to 9 known scopes, no null, no repeat.';
+grant execute on function crm.scopes_are_valid(p_scopes text[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
  RETURNS void
