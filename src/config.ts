@@ -47,6 +47,10 @@ export type Config = {
   dbWaitMs: number
   /** A request body that sends no byte for this long gets 408 (and the rate deadline starts after it). */
   bodyIdleTimeoutMs: number
+  /** The longest a statement of a request transaction may run (an export's stream has its own limit). */
+  statementTimeoutMs: number
+  /** The longest an export may stream, slow readers included (its cursor is one statement). */
+  exportTimeoutMs: number
 }
 
 export class ConfigError extends Error {
@@ -188,6 +192,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
     dbWaitMs: integer('DB_WAIT_MS', 5000, 1, 600_000),
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
+    statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
+    exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -141,7 +141,7 @@ export function createAuthenticator(
     // pooler in transaction mode drops those): a connection that lost them still runs as crm_api.
     const row = await db.one(sql.type(AUTH_ROW)`
       select a.*, set_config('role', 'crm_api', true) as role,
-        set_config('statement_timeout', ${RUNTIME_ROLE_SETTINGS.statement_timeout}, true) as statement_timeout,
+        set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
         set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout
       from ${authenticateCall(attempt)} a
     `)
