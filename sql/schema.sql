@@ -61,6 +61,9 @@ comment on index crm.associations_contact_deal is 'One link per contact and deal
 CREATE INDEX associations_deal ON crm.associations USING btree (workspace_id, deal_id, contact_id, company_id);
 comment on index crm.associations_deal is 'A deal''s contacts and companies, and the cascade when a deal is deleted.';
 comment on table crm.associations is 'Many-to-many links between two records of different types; exactly two of contact_id, company_id, deal_id are set.';
+create policy associations_delete_scopes on crm.associations as restrictive for delete to crm_api
+  using (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
+comment on policy associations_delete_scopes on crm.associations is 'A scoped token unlinks records only with write on one end''s type.';
 create policy associations_delete_visible on crm.associations as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((contact_id IS NULL) OR (EXISTS ( SELECT
    FROM crm.contacts c
@@ -70,6 +73,9 @@ create policy associations_delete_visible on crm.associations as permissive for 
    FROM crm.deals d
   WHERE ((d.workspace_id = associations.workspace_id) AND (d.id = associations.deal_id)))))));
 comment on policy associations_delete_visible on crm.associations is 'A link may be removed only when the caller can see both its ends (links to hidden records stay).';
+create policy associations_insert_scopes on crm.associations as restrictive for insert to crm_api
+  with check (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
+comment on policy associations_insert_scopes on crm.associations is 'A scoped token links records only with write on one end''s type.';
 create policy associations_insert_visible on crm.associations as permissive for insert to crm_api
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((contact_id IS NULL) OR (EXISTS ( SELECT
    FROM crm.contacts c
@@ -451,7 +457,9 @@ create table crm.import_errors (
 alter table crm.import_errors enable row level security;
 comment on table crm.import_errors is 'Why a row was not imported: one line per problem (a row may have several).';
 create policy import_errors_select_own_or_admin on crm.import_errors as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
+   FROM crm.imports i
+  WHERE ((i.workspace_id = import_errors.workspace_id) AND (i.id = import_errors.import_id)))))));
 comment on policy import_errors_select_own_or_admin on crm.import_errors is 'Errors are seen like their import.';
 grant select on crm.import_errors to crm_api;
 
@@ -470,7 +478,9 @@ comment on table crm.import_rows is 'Every data record of an import file as pars
 comment on column crm.import_rows.user_id is 'The importing user (copied from crm.imports so the policy needs no join).';
 comment on column crm.import_rows.repeat_of is 'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
 create policy import_rows_select_own_or_admin on crm.import_rows as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
+   FROM crm.imports i
+  WHERE ((i.workspace_id = import_rows.workspace_id) AND (i.id = import_rows.import_id)))))));
 comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged rows are seen like their import.';
 grant select on crm.import_rows to crm_api;
 
@@ -504,6 +514,8 @@ create table crm.imports (
   queued_at timestamp with time zone,
   started_at timestamp with time zone,
   finished_at timestamp with time zone,
+  token_scopes text[],
+  oauth_app_id uuid,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -524,12 +536,14 @@ comment on table crm.imports is 'One uploaded CSV file and the import job run on
 comment on column crm.imports.file_bytes is 'The uploaded file as sent (BOM included); null once pruned.';
 comment on column crm.imports.staged is 'Every record of the file is in crm.import_rows.';
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
+comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
+comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
 create policy imports_insert_with_grant on crm.imports as permissive for insert to crm_api
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (crm.grant_scope(record_type, 'import'::text) IS NOT NULL)));
 comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs the import grant on the record type.';
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
-comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
+comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
 grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
@@ -553,9 +567,9 @@ alter table crm.invitation_teams enable row level security;
 CREATE INDEX invitation_teams_team_idx ON crm.invitation_teams USING btree (workspace_id, team_id);
 comment on table crm.invitation_teams is 'Teams an invited member joins on acceptance (a team deleted meanwhile is simply dropped).';
 create policy invitation_teams_all_admin on crm.invitation_teams as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 
 create table crm.invitations (
@@ -583,9 +597,9 @@ CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, 
 comment on table crm.invitations is 'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
 comment on column crm.invitations.token_hash is 'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when SMTP_URL is set).';
 create policy invitations_all_admin on crm.invitations as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace (a scoped token needs workspace:admin).';
 grant delete on crm.invitations to crm_api;
 grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by) on crm.invitations to crm_api;
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
@@ -608,12 +622,12 @@ CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_
 CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR (workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))));
-comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace.';
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
+comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.memberships to crm_api;
 grant update (role_id, suspended_at) on crm.memberships to crm_api;
 
@@ -641,9 +655,9 @@ CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
 comment on table crm.oauth_apps is 'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
 comment on column crm.oauth_apps.client_secret_hash is 'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
 create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps; others see none.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
 grant delete on crm.oauth_apps to crm_api;
 grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by) on crm.oauth_apps to crm_api;
 grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris) on crm.oauth_apps to crm_api;
@@ -687,9 +701,9 @@ create policy role_grants_select_workspace on crm.role_grants as permissive for 
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy role_grants_select_workspace on crm.role_grants is 'Members see the grants of the current workspace''s roles.';
 create policy role_grants_write_admin on crm.role_grants as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy role_grants_write_admin on crm.role_grants is 'Admins change the grants of custom roles.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy role_grants_write_admin on crm.role_grants is 'Admins change the grants of custom roles (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.role_grants to crm_api;
 
 create table crm.roles (
@@ -713,9 +727,9 @@ create policy roles_select_workspace on crm.roles as permissive for select to cr
   using ((workspace_id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy roles_select_workspace on crm.roles is 'Members see the roles of their workspaces (the workspace list shows their role in each).';
 create policy roles_write_admin on crm.roles as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy roles_write_admin on crm.roles is 'Admins manage custom roles.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy roles_write_admin on crm.roles is 'Admins manage custom roles (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.roles to crm_api;
 grant update (name, is_admin) on crm.roles to crm_api;
 
@@ -744,9 +758,9 @@ create policy team_members_select_workspace on crm.team_members as permissive fo
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy team_members_select_workspace on crm.team_members is 'Members see who is in which team.';
 create policy team_members_write_admin on crm.team_members as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy team_members_write_admin on crm.team_members is 'Admins change team membership.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy team_members_write_admin on crm.team_members is 'Admins change team membership (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.team_members to crm_api;
 
 create table crm.teams (
@@ -765,9 +779,9 @@ create policy teams_select_workspace on crm.teams as permissive for select to cr
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy teams_select_workspace on crm.teams is 'Members see the teams of the current workspace.';
 create policy teams_write_admin on crm.teams as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy teams_write_admin on crm.teams is 'Admins manage teams.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy teams_write_admin on crm.teams is 'Admins manage teams (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.teams to crm_api;
 
 create table crm.tokens (
@@ -803,8 +817,8 @@ comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.
 comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
 comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
-  with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself.';
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
+comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
 comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions.';
@@ -893,8 +907,8 @@ alter table crm.webhook_attempts enable row level security;
 CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
 grant select on crm.webhook_attempts to crm_api;
 
 create table crm.webhook_deliveries (
@@ -937,8 +951,8 @@ comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the curr
 comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
 comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log; writes go through SECURITY DEFINER functions only.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 
 create table crm.webhook_subscriptions (
@@ -975,9 +989,9 @@ comment on table crm.webhook_subscriptions is 'Webhook endpoints of a workspace 
 comment on column crm.webhook_subscriptions.secret_encrypted is 'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
 comment on column crm.webhook_subscriptions.previous_secret_encrypted is 'The secret before the last rotation; signs too until previous_secret_expires_at.';
 create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions; everyone else sees none.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
 grant delete on crm.webhook_subscriptions to crm_api;
 grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by) on crm.webhook_subscriptions to crm_api;
 grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
@@ -1048,9 +1062,93 @@ create view crm.permission_matrix as
      JOIN crm.workspaces w ON w.id = g.workspace_id;
 comment on view crm.permission_matrix is 'Every grant of every role: workspace, role, resource, action, scope.';
 
+create view crm.scope_actions as
+ SELECT s.scope,
+    r.resource,
+    a.action
+   FROM unnest(crm.known_scopes()) WITH ORDINALITY s(scope, "position"),
+    unnest(ARRAY['contacts'::text, 'companies'::text, 'deals'::text]) r(resource),
+    unnest(ARRAY['view'::text, 'create'::text, 'update'::text, 'delete'::text, 'import'::text, 'export'::text]) a(action)
+  WHERE crm.scopes_cover(ARRAY[s.scope], r.resource, a.action)
+  ORDER BY s."position", r.resource, a.action;
+comment on view crm.scope_actions is 'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with its role''s grants.';
+
+create view crm.token_access as
+ WITH live AS (
+         SELECT t.id,
+            t.kind,
+            t.name,
+            t.scopes,
+            t.user_id,
+            t.workspace_id AS bound_workspace_id,
+            t.oauth_app_id,
+            u.email
+           FROM crm.tokens t
+             JOIN crm.users u ON u.id = t.user_id
+          WHERE t.scopes IS NOT NULL AND t.revoked_at IS NULL AND t.expires_at > now() AND u.suspended_at IS NULL AND u.api_access
+        ), membership AS (
+         SELECT l.id,
+            l.kind,
+            l.name,
+            l.scopes,
+            l.user_id,
+            l.bound_workspace_id,
+            l.oauth_app_id,
+            l.email,
+            w.slug,
+            m.workspace_id,
+            m.role_id,
+            r.is_admin,
+            a.name AS app
+           FROM live l
+             JOIN crm.memberships m ON m.user_id = l.user_id AND (l.bound_workspace_id IS NULL OR m.workspace_id = l.bound_workspace_id)
+             JOIN crm.workspaces w ON w.id = m.workspace_id
+             JOIN crm.roles r ON r.workspace_id = m.workspace_id AND r.id = m.role_id
+             LEFT JOIN crm.oauth_apps a ON a.workspace_id = l.bound_workspace_id AND a.id = l.oauth_app_id
+          WHERE m.suspended_at IS NULL
+        )
+ SELECT b.slug AS workspace,
+    b.email,
+    b.id AS token_id,
+    b.kind,
+    b.name AS token_name,
+    b.app,
+    b.scopes,
+    g.resource,
+    g.action,
+    g.scope
+   FROM membership b
+     JOIN crm.role_grants g ON g.workspace_id = b.workspace_id AND g.role_id = b.role_id
+  WHERE crm.scopes_cover(b.scopes, g.resource, g.action)
+UNION ALL
+ SELECT b.slug AS workspace,
+    b.email,
+    b.id AS token_id,
+    b.kind,
+    b.name AS token_name,
+    b.app,
+    b.scopes,
+    split_part(s.scope, ':'::text, 1) AS resource,
+    split_part(s.scope, ':'::text, 2) AS action,
+    'all'::text AS scope
+   FROM membership b
+     CROSS JOIN unnest(ARRAY['webhooks:manage'::text, 'workspace:admin'::text]) s(scope)
+  WHERE b.is_admin AND (s.scope = ANY (b.scopes));
+comment on view crm.token_access is 'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
+
 -- Functions
 
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+begin
+  return crm.act_as(p_email, p_slug, scopes => null);
+end
+$function$;
+comment on function crm.act_as(p_email text, p_slug text) is 'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, as their unscoped tokens and sessions do.';
+
+CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text, scopes text[])
  RETURNS text
  LANGUAGE plpgsql
 AS $function$
@@ -1058,6 +1156,9 @@ declare
   v_user_id uuid;
   v_workspace_id uuid;
 begin
+  if act_as.scopes is not null and not crm.scopes_are_valid(act_as.scopes) then
+    raise exception 'crm.act_as: scopes must be 1 to 9 distinct names of crm.known_scopes()' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
   select u.id, w.id into v_user_id, v_workspace_id
   from crm.users u
   join crm.memberships m on m.user_id = u.id
@@ -1066,13 +1167,14 @@ begin
   if v_user_id is null then
     raise exception 'crm.act_as: % is not a member of workspace %', p_email, p_slug using errcode = 'CR404', hint = 'not_found';
   end if;
-  perform crm.set_context(v_user_id, v_workspace_id, 'system');
+  perform crm.set_context(v_user_id, v_workspace_id, 'system', act_as.scopes, null);
   -- Invoker's rights: only a role allowed to run set_context (the owner, a superuser) gets here.
   perform set_config('role', 'crm_api', true);
-  return format('acting as %s in %s until the end of this transaction', lower(p_email), p_slug);
+  return format('acting as %s in %s%s until the end of this transaction', lower(p_email), p_slug,
+                case when act_as.scopes is null then '' else ' with scopes ' || array_to_string(act_as.scopes, ' ') end);
 end
 $function$;
-comment on function crm.act_as(p_email text, p_slug text) is 'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context: you see exactly what they see through the API.';
+comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is 'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through the API.';
 
 CREATE OR REPLACE FUNCTION crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean DEFAULT false)
  RETURNS void
@@ -1125,33 +1227,36 @@ $function$;
 comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
- RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer)
+ RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid)
  LANGUAGE sql
  SECURITY DEFINER ROWS 1
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
   with caller as (
-    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at,
+    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id,
+           t.workspace_id as bound_workspace_id,
            u.id as user_id, u.suspended_at, u.api_access, u.last_workspace_id
       from crm.tokens t join crm.users u on u.id = t.user_id
      where t.token_hash = p_token_hash
   ),
   -- The workspace named by the slug; without one, the last used, else the oldest joined, an active
-  -- membership preferred over a suspended one.
+  -- membership preferred over a suspended one. A bound token knows only its workspace.
   member as (
     select m.workspace_id, m.suspended_at, w.slug, r.is_admin
       from caller c
       join crm.memberships m on m.user_id = c.user_id
       join crm.workspaces w on w.id = m.workspace_id
       join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where p_slug is null or w.slug = p_slug
+     where (p_slug is null or w.slug = p_slug)
+       and (c.bound_workspace_id is null or m.workspace_id = c.bound_workspace_id)
      order by (m.workspace_id = c.last_workspace_id) desc nulls last, (m.suspended_at is null) desc, m.joined_at
      limit 1
   ),
   verdict as (
-    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, m.workspace_id, m.slug, m.is_admin,
+    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, c.scopes, c.oauth_app_id,
+           m.workspace_id, m.slug, m.is_admin,
            case
              when c.user_id is null then 'token_invalid'
              when c.revoked_at is not null then 'token_revoked'
@@ -1160,7 +1265,7 @@ AS $function$
              -- header it is refused, so turning API access off cannot be side-stepped with it.
              when c.kind = 'session' and p_via is distinct from 'ui' then 'token_invalid'
              when c.suspended_at is not null then 'user_suspended'
-             when c.kind = 'token' and not c.api_access then 'api_access_disabled'
+             when c.kind in ('token', 'oauth') and not c.api_access then 'api_access_disabled'
              when m.workspace_id is null then 'workspace_not_found'
              when m.suspended_at is not null then 'user_suspended'
            end as failure
@@ -1170,7 +1275,8 @@ AS $function$
   ),
   -- A request that passed the checks counts: this backend's counter goes up, and the other
   -- backends' counters for the same user and minute are added (this statement's snapshot does not
-  -- see its own insert, so the new count comes from RETURNING).
+  -- see its own insert, so the new count comes from RETURNING). Counted per user, whatever the
+  -- token: a scoped token or an app's access token shares its user's limit.
   bumped as (
     insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
     select v.user_id, date_trunc('minute', now()), pg_backend_pid(), 1 from verdict v where v.failure is null
@@ -1193,8 +1299,10 @@ AS $function$
     select set_config('crm.user_id', a.user_id::text, true) as user_id,
            set_config('crm.workspace_id', a.workspace_id::text, true) as workspace_id,
            set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.context_proof', encode(hmac(
-             crm.context_message(a.user_id::text, a.workspace_id::text),
+           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
+           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
+           set_config('crm.context_proof', encode(public.hmac(
+             crm.context_message(a.user_id::text, a.workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
              (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
              'sha256'), 'hex'), true) as proof,
            case when a.last_workspace_id is distinct from a.workspace_id
@@ -1209,26 +1317,29 @@ AS $function$
          case when x.proof is not null and x.touched then a.user_id end,
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
-         greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer)
+         greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
+         a.scopes, a.oauth_app_id
     from counted k
     left join admitted a on true
     left join context x on true
 $function$;
-comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context. Returns failure = the API error code when refused.';
+comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused.';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
  RETURNS TABLE(status text, record_type text, columns text[], mapping jsonb, mode text, match_on text, dry_run boolean, last_row_done integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid;
+  v_scopes text[];
+  v_app uuid;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1239,7 +1350,7 @@ begin
                     and m.suspended_at is null and u.suspended_at is null) then
     raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
   end if;
-  perform crm.set_context(v_user, p_workspace_id, 'import');
+  perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
@@ -1256,7 +1367,7 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import), after checking membership and grants; locks the import row.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
 
 CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
  RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
@@ -1409,23 +1520,43 @@ CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id te
  LANGUAGE sql
  STABLE
 AS $function$
-  select convert_to(p_user_id || '/' || p_workspace_id || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8')
+  select crm.context_message(p_user_id, p_workspace_id, '', '')
 $function$;
-comment on function crm.context_message(p_user_id text, p_workspace_id text) is 'What crm.context_proof signs: user, workspace, backend pid and transaction start (ids as uuid text). Inlined into its callers; internal.';
+comment on function crm.context_message(p_user_id text, p_workspace_id text) is 'The message of an unscoped context without an OAuth app (crm.context_message with four arguments). Internal.';
+
+CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id text, p_scopes text, p_oauth_app_id text)
+ RETURNS bytea
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select convert_to(p_user_id || '/' || p_workspace_id || '/' || p_scopes || '/' || p_oauth_app_id || '/'
+                    || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8')
+$function$;
+comment on function crm.context_message(p_user_id text, p_workspace_id text, p_scopes text, p_oauth_app_id text) is 'What crm.context_proof signs: user, workspace, scopes (array text, '''' when unscoped), OAuth app ('''' for none), backend pid and transaction start. Inlined into its callers; internal.';
 
 CREATE OR REPLACE FUNCTION crm.context_proof(p_user_id uuid, p_workspace_id uuid)
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select crm.context_proof(p_user_id, p_workspace_id, null, null)
+$function$;
+comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid) is 'The proof of an unscoped context without an OAuth app.';
+
+CREATE OR REPLACE FUNCTION crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select encode(
-    hmac(crm.context_message(p_user_id::text, p_workspace_id::text),
-         (select value from crm.internal_secrets where name = 'context_proof'),
-         'sha256'),
+    public.hmac(crm.context_message(p_user_id::text, p_workspace_id::text, coalesce(p_scopes::text, ''), coalesce(p_oauth_app_id::text, '')),
+                (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
+                'sha256'),
     'hex')
 $function$;
-comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid) is 'HMAC binding a user and workspace to this backend and this transaction; only SECURITY DEFINER code can compute it.';
+comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid) is 'HMAC binding a user, workspace, token scopes and OAuth app to this backend and this transaction; only SECURITY DEFINER code can compute it.';
 
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
  RETURNS boolean
@@ -1497,6 +1628,36 @@ $function$;
 comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
+ RETURNS uuid
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  return (crm.verified_context()).oauth_app_id;
+end
+$function$;
+comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
+grant execute on function crm.current_oauth_app_id() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.current_scopes()
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_context record := crm.verified_context();
+begin
+  -- Without a proven context: the empty list, which allows nothing.
+  if v_context.user_id is null then return '{}'; end if;
+  return v_context.scopes;
+end
+$function$;
+comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
+grant execute on function crm.current_scopes() to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
  LANGUAGE plpgsql
@@ -1517,7 +1678,7 @@ CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).user_id;
@@ -1540,7 +1701,7 @@ CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).workspace_id;
@@ -1640,12 +1801,16 @@ CREATE OR REPLACE FUNCTION crm.event_actor()
  LANGUAGE sql
  STABLE
 AS $function$
-  select case when crm.current_user_id() is null
+  select case when c.user_id is null
               then jsonb_build_object('type', 'system', 'id', null, 'via', 'system')
-              else jsonb_build_object('type', 'user', 'id', crm.current_user_id(), 'via', coalesce(crm.current_via(), 'api'))
+              when c.app_id is not null
+              then jsonb_build_object('type', 'user', 'id', c.user_id,
+                                      'via', case when c.via = 'api' then 'oauth' else c.via end, 'app_id', c.app_id)
+              else jsonb_build_object('type', 'user', 'id', c.user_id, 'via', c.via)
          end
+    from (select crm.current_user_id() as user_id, crm.current_oauth_app_id() as app_id, coalesce(crm.current_via(), 'api') as via) c
 $function$;
-comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import), or system.';
+comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
 grant execute on function crm.event_actor() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
@@ -1701,16 +1866,16 @@ CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
 begin
-  if v_context.user_id is null then return null; end if;
+  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return null; end if;
   return crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action);
 end
 $function$;
-comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null. Read live, so role changes apply on the next statement.';
+comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
@@ -1836,7 +2001,7 @@ CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1849,8 +2014,28 @@ begin
      where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
 end
 $function$;
-comment on function crm.is_admin() is 'Whether the current member''s role is an admin role.';
+comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_context record := crm.verified_context();
+begin
+  if v_context.user_id is null or not crm.scopes_include(v_context.scopes, p_scope) then return false; end if;
+  return coalesce((
+    select r.is_admin
+      from crm.memberships m
+      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+     where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
+end
+$function$;
+comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
+grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval)
  RETURNS TABLE(id uuid, expires_at timestamp with time zone)
@@ -1952,6 +2137,21 @@ AS $function$
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
 grant execute on function crm.my_workspace_ids() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.non_member_ids(p_user_ids uuid[])
+ RETURNS uuid[]
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select array(
+    select distinct u.id from unnest(p_user_ids) as u (id)
+     where u.id is not null
+       and not exists (select from crm.memberships m where m.workspace_id = (select crm.current_workspace_id()) and m.user_id = u.id)
+     order by u.id)
+$function$;
+comment on function crm.non_member_ids(p_user_ids uuid[]) is 'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
+grant execute on function crm.non_member_ids(p_user_ids uuid[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_redirect_uris_are_valid(uris text[])
  RETURNS boolean
@@ -2094,10 +2294,11 @@ CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
-  v_workspace uuid := crm.current_workspace_id();
+  v_context record := crm.verified_context();
+  v_workspace uuid := v_context.workspace_id;
   v_record_type text;
   v_status text;
   v_dry_run boolean;
@@ -2106,7 +2307,7 @@ begin
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
-   where i.workspace_id = v_workspace and i.id = p_import_id and i.user_id = crm.current_user_id()
+   where i.workspace_id = v_workspace and i.id = p_import_id and i.user_id = v_context.user_id
      for update;
   if not found then
     raise exception 'no such import' using errcode = 'CR404', hint = 'not_found';
@@ -2128,14 +2329,15 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, queued_at = now(), started_at = null, finished_at = null
+         failure = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and adds the process_import job in the same transaction.';
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
 grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
@@ -2352,18 +2554,21 @@ CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if not crm.is_admin() then
     raise exception 'webhooks are managed by workspace admins' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if not crm.is_admin_for('webhooks:manage') then
+    raise exception 'this token''s scopes do not include webhooks:manage' using errcode = 'CR403', hint = 'insufficient_scope';
   end if;
   if not crm.webhooks_enabled(crm.current_workspace_id()) then
     raise exception 'webhooks need the Pro plan or an active trial' using errcode = 'CR402', hint = 'plan_required';
   end if;
 end
 $function$;
-comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, then CR402 plan_required unless the workspace may use webhooks.';
+comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
@@ -2435,12 +2640,12 @@ CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
 begin
-  if v_context.user_id is null then return '{}'; end if;
+  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return '{}'; end if;
   return case crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action)
            when 'own' then array[v_context.user_id]
            when 'team' then crm.team_user_ids(v_context.user_id, v_context.workspace_id)
@@ -2448,7 +2653,7 @@ begin
          end;
 end
 $function$;
-comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately) or no grant.';
+comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
@@ -2464,20 +2669,69 @@ $function$;
 comment on function crm.scopes_are_valid(p_scopes text[]) is 'CHECK for a token''s scopes: 1 to 9 known scopes, no null, no repeat.';
 grant execute on function crm.scopes_are_valid(p_scopes text[]) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_action text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null
+      or (p_resource || ':write') = any (p_scopes)
+      or (p_action in ('view', 'export') and (p_resource || ':read') = any (p_scopes))
+$function$;
+comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is 'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
+grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null
+      or (p_contact_id is not null and 'contacts:write' = any (p_scopes))
+      or (p_company_id is not null and 'companies:write' = any (p_scopes))
+      or (p_deal_id is not null and 'deals:write' = any (p_scopes))
+$function$;
+comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is 'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
+grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.scopes_include(p_scopes text[], p_scope text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null or p_scope = any (p_scopes)
+$function$;
+comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
+grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.set_context(p_user_id, p_workspace_id, p_via, null, null);
+end
+$function$;
+comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text) is 'Sets an unscoped request context without an OAuth app. Not executable by crm_api.';
+
+CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   perform set_config('crm.user_id', p_user_id::text, true);
   perform set_config('crm.workspace_id', p_workspace_id::text, true);
   perform set_config('crm.via', coalesce(p_via, 'api'), true);
-  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id), true);
+  perform set_config('crm.scopes', coalesce(p_scopes::text, ''), true);
+  perform set_config('crm.oauth_app_id', coalesce(p_oauth_app_id::text, ''), true);
+  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id, p_scopes, p_oauth_app_id), true);
 end
 $function$;
-comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text) is 'Sets the transaction-local request context with its proof. Not executable by crm_api.';
+comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
 
 CREATE OR REPLACE FUNCTION crm.start_totp_enrollment(p_secret_encrypted bytea)
  RETURNS void
@@ -3063,31 +3317,36 @@ $function$;
 comment on function crm.uuid_v7_floor(t timestamp with time zone) is 'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
 grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid)
+CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
  RETURNS record
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user text := current_setting('crm.user_id', true);
   v_workspace text := current_setting('crm.workspace_id', true);
+  v_scopes text := coalesce(current_setting('crm.scopes', true), '');
+  v_app text := coalesce(current_setting('crm.oauth_app_id', true), '');
   v_proof text := current_setting('crm.context_proof', true);
 begin
-  if v_proof is null or v_proof = '' or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$' then
+  if v_proof is null or v_proof = '' or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$'
+     or (v_app <> '' and v_app !~ '^[0-9a-f-]{36}$') then
     return;
   end if;
-  if encode(hmac(crm.context_message(v_user, v_workspace),
-                 (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-                 'sha256'), 'hex') is distinct from v_proof then
+  if encode(public.hmac(crm.context_message(v_user, v_workspace, v_scopes, v_app),
+                        (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
+                        'sha256'), 'hex') is distinct from v_proof then
     return;
   end if;
   user_id := v_user::uuid;
   workspace_id := v_workspace::uuid;
+  -- Only a proven value gets here, and only crm.set_context and crm.authenticate write one.
+  scopes := nullif(v_scopes, '')::text[];
+  oauth_app_id := nullif(v_app, '')::uuid;
 end
 $function$;
-comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) is 'The (user, workspace) of this transaction when its proof checks out; nulls otherwise.';
-grant execute on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) to crm_api;
+comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 
 CREATE OR REPLACE FUNCTION crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
  RETURNS TABLE(status text, cycle_attempts integer, next_attempt_at timestamp with time zone)

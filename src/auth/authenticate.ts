@@ -16,8 +16,13 @@ export type Caller = {
   workspaceId: string
   workspaceSlug: string
   tokenId: string
-  tokenKind: 'token' | 'session'
+  tokenKind: 'token' | 'session' | 'oauth'
+  /** The role's admin flag (admin routes also need the scope of their area when the token is scoped). */
   isAdmin: boolean
+  /** The token's scopes, or null for a token that acts with the whole role (API.md section 4a). */
+  scopes: string[] | null
+  /** The OAuth app an access token (kind oauth) was issued to, else null. */
+  oauthAppId: string | null
   via: 'api' | 'ui'
   rateLimit: { limit: number; remaining: number; resetSeconds: number }
 }
@@ -52,8 +57,10 @@ const AuthRowSchema = Type.Union([
     workspace_id: Type.String(),
     workspace_slug: Type.String(),
     token_id: Type.String(),
-    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')]),
     is_admin: Type.Boolean(),
+    scopes: nullable(Type.Array(Type.String())),
+    oauth_app_id: nullable(Type.String()),
     ...RateCount,
   }),
   Type.Object({ failure: Type.String(), ...RateCount }),
@@ -126,6 +133,8 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
     tokenId: row.token_id,
     tokenKind: row.token_kind,
     isAdmin: row.is_admin,
+    scopes: row.scopes,
+    oauthAppId: row.oauth_app_id,
     via: attempt.via,
     rateLimit,
   }
