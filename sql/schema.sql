@@ -911,7 +911,7 @@ create table crm.webhook_deliveries (
   constraint webhook_deliveries_completed_when_final CHECK (((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))),
   constraint webhook_deliveries_cycle_attempts_check CHECK ((cycle_attempts >= 0)),
   constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))),
-  constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text)))))
+  constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
 alter table crm.webhook_deliveries enable row level security;
 CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
