@@ -69,7 +69,7 @@ function card(subscription: Subscription, csrf: string): SafeHtml {
     <form class="inline" method="post" action="/webhooks/${subscription.id}/test">
       ${hiddenCsrf(csrf)}
       ${testEventField(subscription)}
-      <button type="submit" class="small" aria-label="Send test event to ${subscription.name}">Send</button>
+      <button type="submit" class="small" aria-label="Send the sample to ${subscription.name}">Send</button>
     </form>
   </details>
   <details>
