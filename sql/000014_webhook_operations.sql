@@ -245,11 +245,11 @@ declare
   v_count integer;
 begin
   perform crm.require_webhook_access();
-  perform crm.check_webhook_recovery_window(p_since, p_until);
   perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id;
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
   -- Dead deliveries created since p_since completed after it: webhook_deliveries_completed's range.
   select count(*) into v_count from crm.webhook_deliveries d
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
@@ -282,12 +282,12 @@ declare
   v_pending crm.webhook_deliveries[];
 begin
   perform crm.require_webhook_access();
-  perform crm.check_webhook_recovery_window(p_since, p_until);
   select s.status into v_status from crm.webhook_subscriptions s
    where s.workspace_id = v_workspace and s.id = p_subscription_id for share;
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
   with recovered as (
     update crm.webhook_deliveries d
        set status = case when v_status = 'active' then 'pending' else 'held' end,

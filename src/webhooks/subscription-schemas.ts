@@ -120,9 +120,10 @@ export const TestBody = Type.Object(
 )
 const RecoverSince = Type.String({
   format: 'date-time',
+  maxLength: 40,
   description: `Dead deliveries created at or after this time (at most ${RECOVERY_DAYS} days back)`,
 })
-const RecoverUntil = Type.String({ format: 'date-time', description: 'and before this time (default: now)' })
+const RecoverUntil = Type.String({ format: 'date-time', maxLength: 40, description: 'and before this time (default: now)' })
 export const RecoverBody = Type.Object({ since: RecoverSince, until: Type.Optional(RecoverUntil) }, { additionalProperties: false })
 export const Recovered = Type.Object({
   deliveries: Type.Integer({ description: 'How many dead deliveries get a fresh cycle (the preview: would get one)' }),

@@ -320,6 +320,8 @@ export async function previewRecovery(
 ): Promise<{ deliveries: number }> {
   await requireWebhookAccess(db)
   const id = idOf(pathId, 'webhook subscription')
+  // Another workspace's subscription is not found, whatever the query says.
+  await readSubscription(db, id)
   for (const name of parameters.keys()) {
     if (!RECOVERY_PARAMETERS.includes(name)) throw new InvalidParameterError(`Unknown query parameter ${name}`)
   }

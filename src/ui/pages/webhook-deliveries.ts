@@ -323,7 +323,7 @@ function recoverPage(subscription: Subscription, csrf: string, content: SafeHtml
  * asks; with it, sends them again and goes to the log.
  */
 export const recoverDeliveries: PageHandler = async (context) => {
-  const { api, params, form, frame, attempt } = context
+  const { params, form, frame, attempt } = context
   const id = idOf(params.id, 'webhook')
   const subscription = await subscriptionOf(context, id)
   const since = sinceOf(form.get('since'))
