@@ -244,6 +244,31 @@ t.test('what a test event refuses', async (t) => {
   }
   await t.rejects(asUser('bob@a.test', tenant.slug, `select crm.send_webhook_test_event($1, 'deal.created')`), { code: 'CR403' })
   await t.rejects(asUser('admin@b.test', other.slug, `select crm.send_webhook_test_event($1, 'deal.created')`), { code: 'CR404' })
+  await t.rejects(asUser('bob@a.test', tenant.slug, 'select * from crm.webhook_sample_bodies(), (select $1::uuid) x'), { code: 'CR403' })
+  const samples = await asUser(
+    'admin@a.test',
+    tenant.slug,
+    'select event, body_head, body_tail from crm.webhook_sample_bodies(), (select $1::uuid) x',
+  )
+  t.same(
+    samples.rows.map((row) => row.event),
+    [
+      'contact.created',
+      'contact.updated',
+      'contact.deleted',
+      'company.created',
+      'company.updated',
+      'company.deleted',
+      'deal.created',
+      'deal.updated',
+      'deal.deleted',
+    ],
+    'the events page has a sample of every event, for admins',
+  )
+  t.ok(
+    samples.rows.every((row) => JSON.parse(`${row.body_head}2026-11-22T03:00:21.123Z${row.body_tail}`).workspace.slug === tenant.slug),
+    'each a whole body around delivered_at',
+  )
   const made = await asUser('admin@a.test', tenant.slug, `select crm.send_webhook_test_event($1, 'deal.created') as id`)
   t.match(made.rows[0].id, /^[0-9a-f-]{36}$/, 'an admin may')
   await t.rejects(
