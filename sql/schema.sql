@@ -26,7 +26,7 @@ grant usage on schema crm to crm_api;
 
 -- Types
 
-create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text);
+create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text);
 comment on type crm.webhook_attempt_result is 'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
 grant usage on type crm.webhook_attempt_result to public;
 
@@ -896,6 +896,7 @@ create table crm.webhook_attempts (
   response_status integer,
   error text,
   response_body_excerpt text,
+  signature text,
   constraint webhook_attempts_pkey PRIMARY KEY (workspace_id, delivery_id, attempt),
   constraint webhook_attempts_delivery_fkey FOREIGN KEY (workspace_id, delivery_id) REFERENCES crm.webhook_deliveries(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_attempts_attempt_positive CHECK ((attempt >= 1)),
@@ -906,6 +907,7 @@ create table crm.webhook_attempts (
 alter table crm.webhook_attempts enable row level security;
 CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
+comment on column crm.webhook_attempts.signature is 'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
@@ -928,12 +930,15 @@ create table crm.webhook_deliveries (
   created_at timestamp with time zone default now() not null,
   updated_at timestamp with time zone default now() not null,
   completed_at timestamp with time zone,
+  is_test boolean default false not null,
+  test_event jsonb,
   constraint webhook_deliveries_pkey PRIMARY KEY (workspace_id, id),
   constraint webhook_deliveries_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_deliveries_attempt_count_check CHECK ((attempt_count >= 0)),
   constraint webhook_deliveries_completed_when_final CHECK (((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))),
   constraint webhook_deliveries_cycle_attempts_check CHECK ((cycle_attempts >= 0)),
-  constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text])))
+  constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))),
+  constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
 alter table crm.webhook_deliveries enable row level security;
 CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
@@ -950,6 +955,8 @@ comment on table crm.webhook_deliveries is 'One event for one subscription (API.
 comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
 comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
 comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
+comment on column crm.webhook_deliveries.is_test is 'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
+comment on column crm.webhook_deliveries.test_event is 'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
@@ -1368,6 +1375,27 @@ begin
 end
 $function$;
 comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+
+CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if p_since is null then
+    raise exception 'since is required' using errcode = 'CR422', hint = 'validation_failed', detail = '/since';
+  end if;
+  if p_since < now() - interval '30 days' then
+    raise exception 'since must be at most 30 days back' using errcode = 'CR422', hint = 'validation_failed', detail = '/since';
+  end if;
+  if p_until is not null and p_until <= p_since then
+    raise exception 'until must be later than since' using errcode = 'CR422', hint = 'validation_failed', detail = '/until';
+  end if;
+end
+$function$;
+comment on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) is 'Raises CR422 unless since is set and at most 30 days back and until (when set) is later than since.';
+grant execute on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
  RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
@@ -2401,8 +2429,8 @@ begin
       returning d.*
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -2420,7 +2448,7 @@ begin
   if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
                      < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
-      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt)::crm.webhook_attempt_result
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature)::crm.webhook_attempt_result
         from unnest(p_results) r
        cross join lateral (select d.id from crm.webhook_deliveries d
                             where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
@@ -2437,13 +2465,15 @@ begin
              n.cycle_attempts, n.next_attempt_at
         from (select u.* from unnest(v_later) u order by u.delivery_id) r
        cross join lateral (
-         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts from crm.webhook_deliveries d
+         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.is_test from crm.webhook_deliveries d
           where d.workspace_id = p_workspace_id and d.id = r.delivery_id
             for update) d
-       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts, v_subscription_status, v_retry_delays) n
+       -- A test delivery is never held: it goes on as if its subscription were active.
+       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts,
+                                                         case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
+      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d
@@ -2473,12 +2503,13 @@ begin
   perform crm.add_webhook_delivery_jobs(
     array(select c from unnest(v_created) c where c.status in ('retrying', 'pending') order by c.event_id) || v_retrying, null);
 
-  -- Auto-pause (API.md section 8); the subscription row is locked since the batch had failures.
+  -- Auto-pause (API.md section 8), test deliveries left out; the subscription row is locked since
+  -- the batch had failures.
   if v_outcomes ? 'dead' then
     select count(*), count(*) filter (where d.status = 'dead') into v_final_total, v_final_dead
       from crm.webhook_deliveries d
      where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id
-       and d.completed_at is not null and d.completed_at > now() - interval '24 hours';
+       and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test;
     if v_subscription_status = 'active' and v_final_total >= 10 and v_final_dead * 2 >= v_final_total then
       update crm.webhook_subscriptions s set status = 'paused', paused_reason = 'auto', paused_at = now()
        where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
@@ -2489,6 +2520,43 @@ begin
 end
 $function$;
 comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is 'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
+
+CREATE OR REPLACE FUNCTION crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_status text;
+  v_count integer;
+  v_pending crm.webhook_deliveries[];
+begin
+  perform crm.require_webhook_access();
+  select s.status into v_status from crm.webhook_subscriptions s
+   where s.workspace_id = v_workspace and s.id = p_subscription_id for share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
+  with recovered as (
+    update crm.webhook_deliveries d
+       set status = case when v_status = 'active' then 'pending' else 'held' end,
+           cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+           next_attempt_at = case when v_status = 'active' then now() end, updated_at = now()
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
+       and d.completed_at >= p_since and d.status = 'dead' and not d.is_test
+       and d.created_at >= p_since and d.created_at < coalesce(p_until, now())
+    returning d.*
+  )
+  select count(*), array_agg(r order by r.event_id) filter (where r.status = 'pending') into v_count, v_pending from recovered r;
+  perform crm.add_webhook_delivery_jobs(v_pending, now());
+  return v_count;
+end
+$function$;
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
+grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
  RETURNS void
@@ -2502,9 +2570,9 @@ declare
 begin
   perform crm.require_webhook_access();
   update crm.webhook_deliveries d
-     set status = case when s.status = 'active' then 'pending' else 'held' end,
+     set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
-         next_attempt_at = case when s.status = 'active' then now() end
+         next_attempt_at = case when s.status = 'active' or d.is_test then now() end
     from crm.webhook_subscriptions s
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
@@ -2570,6 +2638,21 @@ end
 $function$;
 comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.require_webhook_admin()
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if not coalesce(crm.is_admin_for('webhooks:manage'), false) then
+    raise exception 'webhooks are managed by workspace admins' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+end
+$function$;
+comment on function crm.require_webhook_admin() is 'Raises CR403 forbidden unless the caller is an admin of the current workspace whose token may manage webhooks.';
+grant execute on function crm.require_webhook_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
  RETURNS integer
@@ -2703,6 +2786,39 @@ AS $function$
 $function$;
 comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
 grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.send_webhook_test_event(p_subscription_id uuid, p_event text)
+ RETURNS uuid
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_data jsonb;
+  v_event_id uuid := crm.uuid_v7();
+  v_delivery crm.webhook_deliveries;
+begin
+  perform crm.require_webhook_access();
+  v_data := crm.webhook_sample_event_data(v_workspace, p_event);
+  -- A key-share lock keeps the subscription from being deleted until the delivery exists.
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id for key share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
+                                      next_attempt_at, generation, is_test, test_event)
+  values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
+          split_part(p_event, '.', 1), (v_data -> 'object' ->> 'id')::uuid, 'pending', now(),
+          -- The generation a job carries starts at 2, as everywhere a job is added to a row.
+          2, true, jsonb_build_object('data', v_data, 'actor', crm.event_actor()))
+  returning * into v_delivery;
+  perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
+  return v_delivery.id;
+end
+$function$;
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
+grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
  RETURNS void
@@ -3401,35 +3517,42 @@ CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p
 AS $function$
 declare
   v_subscription crm.webhook_subscriptions;
+  v_enabled boolean;
   v_slug text;
 begin
   select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
   if not found then
     return; -- deleted, and its deliveries with it
   end if;
-  if v_subscription.status <> 'active' or not crm.webhooks_enabled(p_workspace_id) then
+  v_enabled := crm.webhooks_enabled(p_workspace_id);
+  if v_subscription.status <> 'active' or not v_enabled then
     update crm.webhook_deliveries d set status = 'held', next_attempt_at = null, in_release = false
      where d.ctid = any (array(
              select x.ctid from unnest(p_delivery_ids, p_generations) as j(id, generation)
-              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation from crm.webhook_deliveries d2
+              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation, d2.is_test from crm.webhook_deliveries d2
                                    where d2.workspace_id = p_workspace_id and d2.id = j.id limit 1) x
-              where x.subscription_id = p_subscription_id and x.generation = j.generation))
+              where x.subscription_id = p_subscription_id and x.generation = j.generation and (not v_enabled or not x.is_test)))
        and d.status in ('pending', 'retrying');
-    return;
+    if not v_enabled then
+      return;
+    end if;
   end if;
   select w.slug into v_slug from crm.workspaces w where w.id = p_workspace_id;
   return query
-    select d.id, d.generation, e.id, e.event, crm.webhook_body_head(e.id, e.event, e.occurred_at), crm.webhook_body_tail(d.id, p_workspace_id, v_slug, e.data, e.actor),
+    select d.id, d.generation, d.event_id, d.event, crm.webhook_body_head(d.event_id, d.event, coalesce(e.occurred_at, d.created_at)),
+           case when d.is_test then crm.webhook_test_body_tail(d.id, p_workspace_id, v_slug, d.test_event -> 'data', d.test_event -> 'actor')
+                else crm.webhook_body_tail(d.id, p_workspace_id, v_slug, e.data, e.actor) end,
            v_subscription.url, v_subscription.secret_encrypted,
            case when v_subscription.previous_secret_expires_at > now() then v_subscription.previous_secret_encrypted end
       from unnest(p_delivery_ids, p_generations) with ordinality as j(id, generation, i)
      cross join lateral (select d.* from crm.webhook_deliveries d where d.workspace_id = p_workspace_id and d.id = j.id limit 1) d
-     cross join lateral (select e.* from crm.events e where e.workspace_id = p_workspace_id and e.id = d.event_id limit 1) e
+      left join lateral (select e.* from crm.events e where not d.is_test and e.workspace_id = p_workspace_id and e.id = d.event_id limit 1) e on true
      where d.subscription_id = p_subscription_id and d.generation = j.generation and d.status in ('pending', 'retrying')
+       and (d.is_test or e.id is not null) and (v_subscription.status = 'active' or d.is_test)
      order by j.i;
 end
 $function$;
-comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused or the plan lapsed.';
+comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
  RETURNS integer
@@ -3438,6 +3561,30 @@ CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
 AS $function$ select 100 $function$;
 comment on function crm.webhook_delivery_batch_size() is 'The most deliveries one deliver_webhook job carries.';
 grant execute on function crm.webhook_delivery_batch_size() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid)
+ RETURNS TABLE(body_head text, body_tail text)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+begin
+  perform crm.require_webhook_access();
+  return query
+    select crm.webhook_body_head(d.event_id, d.event, coalesce(e.occurred_at, d.created_at)),
+           case when d.is_test then crm.webhook_test_body_tail(d.id, v_workspace, w.slug, d.test_event -> 'data', d.test_event -> 'actor')
+                else crm.webhook_body_tail(d.id, v_workspace, w.slug, e.data, e.actor) end
+      from crm.webhook_deliveries d
+      join crm.workspaces w on w.id = d.workspace_id
+      left join crm.events e on not d.is_test and e.workspace_id = d.workspace_id and e.id = d.event_id
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+       and (d.is_test or e.id is not null);
+end
+$function$;
+comment on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) is 'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. Admins of the workspace with the plan only.';
+grant execute on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid)
  RETURNS uuid
@@ -3538,6 +3685,33 @@ end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
 
+CREATE OR REPLACE FUNCTION crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_count integer;
+begin
+  perform crm.require_webhook_access();
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Dead deliveries created since p_since completed after it: webhook_deliveries_completed's range.
+  select count(*) into v_count from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
+     and d.completed_at >= p_since and d.status = 'dead' and not d.is_test
+     and d.created_at >= p_since and d.created_at < coalesce(p_until, now());
+  return v_count;
+end
+$function$;
+comment on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, under row-level security).';
+grant execute on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  RETURNS interval[]
  LANGUAGE sql
@@ -3545,6 +3719,90 @@ CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
 AS $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
 comment on function crm.webhook_retry_delays() is 'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
 grant execute on function crm.webhook_retry_delays() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_sample_bodies()
+ RETURNS TABLE(event text, body_head text, body_tail text)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_slug text;
+begin
+  perform crm.require_webhook_admin();
+  select w.slug into v_slug from crm.workspaces w where w.id = v_workspace;
+  return query
+    select e.name, crm.webhook_body_head(e.id, e.name, now()),
+           crm.webhook_body_tail(crm.uuid_v7(), v_workspace, v_slug, crm.webhook_sample_event_data(v_workspace, e.name), crm.event_actor())
+      from (select t || '.' || a as name, crm.uuid_v7() as id, ti * 3 + ai as position
+              from unnest(array['contact', 'company', 'deal']) with ordinality as ty(t, ti)
+             cross join unnest(array['created', 'updated', 'deleted']) with ordinality as ac(a, ai)) e
+     order by e.position;
+end
+$function$;
+comment on function crm.webhook_sample_bodies() is 'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real ones; admins only.';
+grant execute on function crm.webhook_sample_bodies() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_sample_event_data(p_workspace_id uuid, p_event text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_type text := split_part(p_event, '.', 1);
+  v_action text := split_part(p_event, '.', 2);
+  v_user uuid := crm.current_user_id();
+  v_created timestamptz := date_trunc('second', now() - interval '41 days');
+  v_updated timestamptz := date_trunc('milliseconds', now());
+  v_common jsonb;
+  v_before jsonb;
+  v_after jsonb;
+  v_object jsonb;
+  v_previous jsonb;
+  v_stages text[];
+begin
+  if p_event is null or p_event !~ '^(contact|company|deal)\.(created|updated|deleted)$' then
+    raise exception 'event must be an event name such as deal.updated' using errcode = 'CR422', hint = 'validation_failed', detail = '/event';
+  end if;
+  v_common := jsonb_build_object('workspace_id', p_workspace_id, 'id', crm.uuid_v7(), 'owner_id', v_user,
+                                 'created_at', v_created, 'updated_at', v_created, 'created_by', v_user, 'updated_by', v_user);
+  if v_type = 'contact' then
+    v_before := v_common || jsonb_build_object(
+      'first_name', 'Ada', 'last_name', 'Lovelace', 'email', 'ada.lovelace@example.com', 'phone', '+44 20 7946 0018',
+      'job_title', 'Analyst', 'city', 'London', 'country', 'United Kingdom', 'company_id', crm.uuid_v7(),
+      'custom_fields', jsonb_build_object('lead_source', 'webinar', 'newsletter', true));
+    v_after := v_before || jsonb_build_object('job_title', 'Head of Analytics', 'updated_at', v_updated);
+    v_object := crm.contact_jsonb(jsonb_populate_record(null::crm.contacts, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.contact_jsonb(jsonb_populate_record(null::crm.contacts, v_before)), v_object);
+  elsif v_type = 'company' then
+    v_before := v_common || jsonb_build_object(
+      'name', 'Analytical Engines Ltd', 'domain', 'analytical-engines.example', 'website', 'https://analytical-engines.example',
+      'industry', 'Computer hardware', 'phone', '+44 20 7946 0410', 'city', 'London', 'country', 'United Kingdom',
+      'employee_count', 95, 'annual_revenue', 4800000.00, 'description', 'Difference and analytical engines, built to order.',
+      'custom_fields', jsonb_build_object('tier', 'enterprise'));
+    v_after := v_before || jsonb_build_object('employee_count', 120, 'updated_at', v_updated);
+    v_object := crm.company_jsonb(jsonb_populate_record(null::crm.companies, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.company_jsonb(jsonb_populate_record(null::crm.companies, v_before)), v_object);
+  else
+    -- A stage change, the update integrators watch for most: from the workspace's second stage to
+    -- its third (qualified to proposal in the default pipeline).
+    select array_agg(s.key order by s.position) into v_stages from crm.deal_stages s where s.workspace_id = p_workspace_id;
+    v_before := v_common || jsonb_build_object(
+      'name', 'Analytical Engines: annual licence', 'amount', 24000.00, 'currency', 'GBP',
+      'stage', coalesce(v_stages[2], v_stages[1], 'qualified'), 'stage_changed_at', v_created,
+      'close_date', (current_date + 30)::text, 'company_id', crm.uuid_v7(),
+      'custom_fields', jsonb_build_object('seats', 40));
+    v_after := v_before || jsonb_build_object('stage', coalesce(v_stages[3], v_stages[2], v_stages[1], 'proposal'),
+                                              'stage_changed_at', v_updated, 'updated_at', v_updated);
+    v_object := crm.deal_jsonb(jsonb_populate_record(null::crm.deals, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.deal_jsonb(jsonb_populate_record(null::crm.deals, v_before)), v_object);
+  end if;
+  return case v_action when 'updated' then jsonb_build_object('object', v_object, 'previous_attributes', v_previous)
+                       else jsonb_build_object('object', v_object) end;
+end
+$function$;
+comment on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) is 'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic record that exists nowhere; 422 for an unknown event name.';
+grant execute on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid)
  RETURNS json
@@ -3562,19 +3820,29 @@ AS $function$
         'success_rate', (select round(count(*) filter (where d.status = 'delivered')::numeric / nullif(count(*), 0), 4)::float8
                            from crm.webhook_deliveries d
                           where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours'),
+                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test),
         'deliveries_24h', (select count(*) from crm.webhook_deliveries d
                             where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                              and d.id >= crm.uuid_v7_floor(now() - interval '24 hours')),
+                              and d.id >= crm.uuid_v7_floor(now() - interval '24 hours') and not d.is_test),
         'last_delivery_at', (select to_char(d.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
                                from crm.webhook_deliveries d
-                              where d.workspace_id = s.workspace_id and d.subscription_id = s.id
+                              where d.workspace_id = s.workspace_id and d.subscription_id = s.id and not d.is_test
                               order by d.id desc limit 1)))
     from crm.webhook_subscriptions s
    where s.workspace_id = p_workspace_id and s.id = p_id
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is 'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select left(crm.webhook_body_tail(p_delivery_id, p_workspace_id, p_workspace_slug, p_data, p_actor), -1) || ',"test":true}'
+$function$;
+comment on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is 'crm.webhook_body_tail of a test event: the same keys, then "test": true.';
+grant execute on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
  RETURNS boolean
