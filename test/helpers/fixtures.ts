@@ -85,12 +85,29 @@ export async function addMember(client: pg.Client, workspaceId: string, email: s
 export async function mintToken(
   client: pg.Client,
   userId: string,
-  options: { kind?: 'token' | 'session'; ttl?: string } = {},
+  options: {
+    kind?: 'token' | 'session' | 'oauth'
+    ttl?: string
+    /** The token's scopes (API.md section 4a); unscoped when left out. */
+    scopes?: string[]
+    /** For kind oauth: the workspace the token is bound to and the app it was issued to. */
+    workspaceId?: string
+    oauthAppId?: string
+  } = {},
 ): Promise<string> {
   const token = newToken()
   await client.query(
-    `insert into crm.tokens (user_id, kind, name, token_hash, expires_at) values ($1, $2, 'test', $3, now() + $4::interval)`,
-    [userId, options.kind ?? 'token', hashToken(token), options.ttl ?? '1 day'],
+    `insert into crm.tokens (user_id, kind, name, token_hash, expires_at, scopes, workspace_id, oauth_app_id)
+     values ($1, $2, 'test', $3, now() + $4::interval, $5, $6, $7)`,
+    [
+      userId,
+      options.kind ?? 'token',
+      hashToken(token),
+      options.ttl ?? '1 day',
+      options.scopes ?? null,
+      options.workspaceId ?? null,
+      options.oauthAppId ?? null,
+    ],
   )
   return token
 }

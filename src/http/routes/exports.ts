@@ -1,5 +1,6 @@
 // POST /api/{type}/export: the caller's visible and exportable records as CSV or NDJSON, streamed.
 import Type from 'typebox'
+import { readScope } from '../../auth/scopes.ts'
 import { sql } from '../../db/pool.ts'
 import { GrantedRow } from '../../db/typed-rows.ts'
 import { ForbiddenError } from '../../errors.ts'
@@ -36,6 +37,7 @@ function routeFor(type: RecordType): RouteDefinition {
     summary: `Export ${type.path} the caller may view and export, streamed as CSV or NDJSON (needs the ${type.path}:export grant)`,
     tag: type.path,
     auth: 'required',
+    scope: readScope(type),
     body: ExportBody,
     streams: true,
     limitedPerWorkspace: 'exports',
