@@ -210,6 +210,7 @@ export default defineRoutes(
     summary: 'Send a test event: a sample of the event with "test": true, signed and logged like any other, sent even while paused',
     tag: TAG,
     auth: 'required',
+    scope: 'webhooks:manage',
     body: TestBody,
     status: 202,
     response: one(Delivery),
@@ -223,6 +224,7 @@ export default defineRoutes(
     summary: `Send again every dead delivery created in a window (since at most ${RECOVERY_DAYS} days back): fresh cycles, same delivery_ids, oldest first`,
     tag: TAG,
     auth: 'required',
+    scope: 'webhooks:manage',
     body: RecoverBody,
     status: 202,
     response: one(Recovered),
@@ -236,6 +238,7 @@ export default defineRoutes(
     summary: 'How many dead deliveries POST .../recover would send again for this window (nothing changes)',
     tag: TAG,
     auth: 'required',
+    scope: 'webhooks:manage',
     response: one(Recovered),
     queryParameters: {
       since: {
