@@ -202,7 +202,7 @@ export async function processImport(client: ImportClient, job: ImportJob, option
           matchOn: current.match_on,
           dryRun: current.dry_run,
         }
-        // A run's first batch marks the file's repeated keys once (still as the owner), committed
+        // A run's first batch marks the file's repeated keys once (as the worker role, through crm.mark_import_repeats), committed
         // with that batch; every batch of the run then reads its rows' marks.
         if (current.last_row_done === 0) {
           const key = repeatKeyOf(plan)
