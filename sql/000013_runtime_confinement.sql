@@ -47,6 +47,7 @@ alter role crm_worker set idle_in_transaction_session_timeout = '5min';
 -- ---------------------------------------------------------------------------------------------
 
 create unlogged table crm.sign_in_tickets (
+  -- Random, not crm.uuid_v7(): a ticket must not be guessable from the time it was made.
   id uuid primary key default gen_random_uuid(),
   email text not null,
   window_id uuid not null,
@@ -141,7 +142,8 @@ begin
   select c.allowed, c.retry_after_seconds, c.window_id into allowed, retry_after_seconds, v_window
     from crm.claim_attempt('sign_in', p_email) c;
   if allowed then
-    insert into crm.sign_in_tickets (email, window_id, expires_at) values (p_email, v_window, now() + interval '1 minute')
+    -- Five minutes: far beyond one scrypt, even queued behind many (a ticket allows one check only).
+    insert into crm.sign_in_tickets (email, window_id, expires_at) values (p_email, v_window, now() + interval '5 minutes')
     returning id into ticket;
     -- scrypt$N$r$p$salt$key without its key.
     select substring(u.password_hash from '^(scrypt\$[0-9]+\$[0-9]+\$[0-9]+\$[A-Za-z0-9_-]+)\$[A-Za-z0-9_-]+$')
