@@ -236,6 +236,7 @@ async function main(): Promise<void> {
     )
     const { createLogger } = await import('../src/log.ts')
     const { startWorker } = await import('../src/worker.ts')
+    const { ensureWorkerRole } = await import('../src/db/runtime-role.ts')
 
     const insertContacts = async (prefix: string, from: number, count: number) => {
       const client = await owner.connect()
@@ -296,7 +297,11 @@ async function main(): Promise<void> {
     const before = await ask<ReceiverStats>(child, 'stats')
     const started = performance.now()
     const deliveryCpuSince = startCpu()
-    const worker = await startWorker({ databaseUrl: db.url, config, logger: createLogger('warn') })
+    const worker = await startWorker({
+      databaseUrl: await ensureWorkerRole(db.url, config.appSecret),
+      config,
+      logger: createLogger('warn'),
+    })
     // The receiver's count over time, for the steady rate: from the 10th to the 90th percentile of
     // arrivals, leaving out the worker's start (connections, first plans) and the tail.
     const arrivalsOverTime: { at: number; count: number }[] = []

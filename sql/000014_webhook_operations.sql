@@ -378,8 +378,8 @@ returns table (
   delivery_id uuid, generation integer, event_id uuid, event text, body_head text, body_tail text,
   url text, secret_encrypted bytea, previous_secret_encrypted bytea
 )
-language plpgsql volatile
-set search_path = pg_catalog, pg_temp
+language plpgsql volatile security definer
+set search_path = pg_catalog, crm, pg_temp
 -- A batch is at most 100 primary-key probes: never a hash, merge or bitmap plan over a whole
 -- workspace, which the statistics of a table that grew fast since its last ANALYZE can suggest.
 set enable_hashjoin = off
@@ -432,8 +432,8 @@ comment on function crm.webhook_deliveries_to_send(uuid, uuid, uuid[], integer[]
 create or replace function crm.record_webhook_attempts(
   p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] default null
 ) returns jsonb
-language plpgsql volatile
-set search_path = pg_catalog, pg_temp
+language plpgsql volatile security definer
+set search_path = pg_catalog, crm, pg_temp
 -- Primary-key probes only (see crm.webhook_deliveries_to_send), even when the delivery tables were
 -- analysed empty: set on the function, enable_seqscan also covers the foreign-key checks its writes
 -- fire, which are planned inside it (otherwise each attempt's check scans every delivery;

@@ -8,10 +8,15 @@
 
 create role crm_api nologin;
 grant crm_api to crm_runtime;
+grant crm_api to crm_worker;
 grant crm_api to current_user;
+create role crm_owner nologin noinherit;
+grant crm_owner to current_user;
 create role crm_runtime login;
 alter role crm_runtime set statement_timeout = '30s';
 alter role crm_runtime set idle_in_transaction_session_timeout = '60s';
+create role crm_worker login noinherit;
+alter role crm_worker set idle_in_transaction_session_timeout = '5min';
 
 -- Extensions
 
@@ -23,6 +28,7 @@ create extension if not exists pgcrypto with schema public;
 create schema crm;
 comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
 grant usage on schema crm to crm_api;
+grant usage on schema crm to crm_worker;
 
 -- Types
 
@@ -48,6 +54,7 @@ create table crm.associations (
   constraint associations_links_two CHECK ((num_nonnulls(contact_id, company_id, deal_id) = 2))
 );
 alter table crm.associations enable row level security;
+alter table crm.associations force row level security;
 CREATE INDEX associations_company ON crm.associations USING btree (workspace_id, company_id, contact_id);
 comment on index crm.associations_company is 'A company''s contacts, and the cascade when a company is deleted.';
 CREATE UNIQUE INDEX associations_company_deal ON crm.associations USING btree (workspace_id, company_id, deal_id) WHERE (contact_id IS NULL);
@@ -61,6 +68,10 @@ comment on index crm.associations_contact_deal is 'One link per contact and deal
 CREATE INDEX associations_deal ON crm.associations USING btree (workspace_id, deal_id, contact_id, company_id);
 comment on index crm.associations_deal is 'A deal''s contacts and companies, and the cascade when a deal is deleted.';
 comment on table crm.associations is 'Many-to-many links between two records of different types; exactly two of contact_id, company_id, deal_id are set.';
+create policy associations_all_owner on crm.associations as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy associations_all_owner on crm.associations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy associations_delete_scopes on crm.associations as restrictive for delete to crm_api
   using (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
 comment on policy associations_delete_scopes on crm.associations is 'A scoped token unlinks records only with write on one end''s type.';
@@ -102,10 +113,15 @@ create table crm.attempt_counters (
   constraint attempt_counters_purpose_known CHECK ((purpose = ANY (ARRAY['sign_in'::text, 'two_factor'::text])))
 );
 alter table crm.attempt_counters enable row level security;
+alter table crm.attempt_counters force row level security;
 CREATE INDEX attempt_counters_window_ends_at_idx ON crm.attempt_counters USING btree (window_ends_at);
 comment on table crm.attempt_counters is 'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
 comment on column crm.attempt_counters.attempts is 'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
 comment on column crm.attempt_counters.window_id is 'Names the window, so a release after the window was replaced does not give the new window an attempt back.';
+create policy attempt_counters_all_owner on crm.attempt_counters as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy attempt_counters_all_owner on crm.attempt_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.companies (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -141,6 +157,7 @@ create table crm.companies (
   constraint companies_website_format CHECK (((length(website) <= 2048) AND (website ~* '^https?://[^\s/?#]+[^\s]*$'::text)))
 );
 alter table crm.companies enable row level security;
+alter table crm.companies force row level security;
 CREATE INDEX companies_created_at ON crm.companies USING btree (workspace_id, created_at, id);
 comment on index crm.companies_created_at is 'The default list order (created_at, id) and its keyset cursor.';
 CREATE INDEX companies_custom_fields ON crm.companies USING gin (custom_fields jsonb_path_ops);
@@ -166,6 +183,10 @@ CREATE TRIGGER tg_companies__events_insert AFTER INSERT ON crm.companies REFEREN
 CREATE TRIGGER tg_companies__events_update AFTER UPDATE ON crm.companies REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_companies__write_events();
 CREATE TRIGGER tg_companies__touch_updated_at BEFORE UPDATE ON crm.companies FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.companies is 'Companies (API.md section 5).';
+create policy companies_all_owner on crm.companies as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy companies_all_owner on crm.companies is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy companies_delete_scoped on crm.companies as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('companies'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('companies'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy companies_delete_scoped on crm.companies is 'companies:delete: all, or the owners the own/team scope covers.';
@@ -226,6 +247,7 @@ create table crm.contacts (
   constraint contacts_phone_format CHECK (((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text)))
 );
 alter table crm.contacts enable row level security;
+alter table crm.contacts force row level security;
 CREATE INDEX contacts_company ON crm.contacts USING btree (workspace_id, company_id);
 comment on index crm.contacts_company is 'filter[company_id] and the ON DELETE SET NULL when a company is deleted.';
 CREATE INDEX contacts_created_at ON crm.contacts USING btree (workspace_id, created_at, id);
@@ -254,6 +276,10 @@ CREATE TRIGGER tg_contacts__events_update AFTER UPDATE ON crm.contacts REFERENCI
 CREATE TRIGGER tg_contacts__touch_updated_at BEFORE UPDATE ON crm.contacts FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.contacts is 'People (API.md section 5); at least one of first name, last name or email.';
 comment on column crm.contacts.company_id is 'The contact''s company (a visible one when set through the API); set to null when that company is deleted.';
+create policy contacts_all_owner on crm.contacts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy contacts_all_owner on crm.contacts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy contacts_delete_scoped on crm.contacts as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('contacts'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('contacts'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy contacts_delete_scoped on crm.contacts is 'contacts:delete: all, or the owners the own/team scope covers.';
@@ -299,7 +325,12 @@ create table crm.deal_stages (
   constraint deal_stages_won_is_closed CHECK (((NOT is_won) OR is_closed))
 );
 alter table crm.deal_stages enable row level security;
+alter table crm.deal_stages force row level security;
 comment on table crm.deal_stages is 'The pipeline of a workspace, in position order; a deal''s stage is one of these keys.';
+create policy deal_stages_all_owner on crm.deal_stages as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy deal_stages_all_owner on crm.deal_stages is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deal_stages_select_member on crm.deal_stages as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy deal_stages_select_member on crm.deal_stages is 'Every member of a workspace sees its pipeline.';
@@ -331,6 +362,7 @@ create table crm.deals (
   constraint deals_name_length CHECK (((length(name) >= 1) AND (length(name) <= 255)))
 );
 alter table crm.deals enable row level security;
+alter table crm.deals force row level security;
 CREATE INDEX deals_amount ON crm.deals USING btree (workspace_id, amount, id);
 comment on index crm.deals_amount is 'sort=-amount and amount ranges.';
 CREATE INDEX deals_company ON crm.deals USING btree (workspace_id, company_id);
@@ -359,6 +391,10 @@ CREATE TRIGGER tg_deals__events_update AFTER UPDATE ON crm.deals REFERENCING OLD
 CREATE TRIGGER tg_deals__touch_updated_at BEFORE UPDATE ON crm.deals FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.deals is 'Deals (API.md section 5): money in numeric(18,2), the stage one of the workspace''s deal_stages.';
 comment on column crm.deals.stage_changed_at is 'When the stage last changed (read-only, kept by tg_deals__before_write).';
+create policy deals_all_owner on crm.deals as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy deals_all_owner on crm.deals is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deals_delete_scoped on crm.deals as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('deals'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('deals'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy deals_delete_scoped on crm.deals is 'deals:delete: all, or the owners the own/team scope covers.';
@@ -405,6 +441,7 @@ create table crm.events (
   constraint events_record_type_check CHECK ((record_type = ANY (ARRAY['contact'::text, 'company'::text, 'deal'::text])))
 );
 alter table crm.events enable row level security;
+alter table crm.events force row level security;
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
@@ -413,6 +450,10 @@ CREATE INDEX webhook_events_id ON crm.events USING btree (id);
 comment on index crm.webhook_events_id is 'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 comment on table crm.events is 'The outbox: one row per record change, written by triggers in the writing transaction (API.md section 8). data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
 comment on column crm.events.data is 'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+create policy events_all_owner on crm.events as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy events_all_owner on crm.events is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.idempotency_keys (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -429,6 +470,7 @@ create table crm.idempotency_keys (
   constraint idempotency_keys_key_length CHECK (((length(key) >= 1) AND (length(key) <= 255)))
 );
 alter table crm.idempotency_keys enable row level security;
+alter table crm.idempotency_keys force row level security;
 CREATE INDEX idempotency_keys_expires_at ON crm.idempotency_keys USING btree (expires_at);
 comment on index crm.idempotency_keys_expires_at is 'Housekeeping deletes expired keys.';
 comment on table crm.idempotency_keys is 'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace when the request is the same (request_hash), 409 otherwise.';
@@ -438,6 +480,10 @@ create policy idempotency_keys_all_own on crm.idempotency_keys as permissive for
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id))))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id))));
 comment on policy idempotency_keys_all_own on crm.idempotency_keys is 'A caller sees and writes only their own keys in the current workspace (the primary key serves it).';
+create policy idempotency_keys_all_owner on crm.idempotency_keys as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy idempotency_keys_all_owner on crm.idempotency_keys is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select on crm.idempotency_keys to crm_api;
 grant insert (key, request_hash, response_status, response_body, response_headers) on crm.idempotency_keys to crm_api;
 grant update (request_hash, response_status, response_body, response_headers, created_at, expires_at) on crm.idempotency_keys to crm_api;
@@ -455,7 +501,12 @@ create table crm.import_errors (
   constraint import_errors_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.import_errors enable row level security;
+alter table crm.import_errors force row level security;
 comment on table crm.import_errors is 'Why a row was not imported: one line per problem (a row may have several).';
+create policy import_errors_all_owner on crm.import_errors as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy import_errors_all_owner on crm.import_errors is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy import_errors_select_own_or_admin on crm.import_errors as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
    FROM crm.imports i
@@ -474,15 +525,24 @@ create table crm.import_rows (
   constraint import_rows_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.import_rows enable row level security;
+alter table crm.import_rows force row level security;
 comment on table crm.import_rows is 'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
 comment on column crm.import_rows.user_id is 'The importing user (copied from crm.imports so the policy needs no join).';
 comment on column crm.import_rows.repeat_of is 'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
+create policy import_rows_all_owner on crm.import_rows as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy import_rows_all_owner on crm.import_rows is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+create policy import_rows_insert_worker on crm.import_rows as permissive for insert to crm_worker
+  with check (true);
+comment on policy import_rows_insert_worker on crm.import_rows is 'The import job stages a file''s records (it reads none back: crm_worker has no select policy or grant here).';
 create policy import_rows_select_own_or_admin on crm.import_rows as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
    FROM crm.imports i
   WHERE ((i.workspace_id = import_rows.workspace_id) AND (i.id = import_rows.import_id)))))));
 comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged rows are seen like their import.';
 grant select on crm.import_rows to crm_api;
+grant insert on crm.import_rows to crm_worker;
 
 create table crm.imports (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -529,6 +589,7 @@ create table crm.imports (
   constraint imports_status_known CHECK ((status = ANY (ARRAY['uploaded'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text])))
 );
 alter table crm.imports enable row level security;
+alter table crm.imports force row level security;
 alter table crm.imports alter column file_bytes set storage external;
 CREATE INDEX imports_created_at ON crm.imports USING btree (created_at);
 comment on index crm.imports_created_at is 'crm.prune_imports: files and imports past their retention.';
@@ -538,6 +599,10 @@ comment on column crm.imports.staged is 'Every record of the file is in crm.impo
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
 comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
 comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
+create policy imports_all_owner on crm.imports as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy imports_all_owner on crm.imports is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy imports_insert_with_grant on crm.imports as permissive for insert to crm_api
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (crm.grant_scope(record_type, 'import'::text) IS NOT NULL)));
 comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs the import grant on the record type.';
@@ -553,7 +618,12 @@ create table crm.internal_secrets (
   constraint internal_secrets_pkey PRIMARY KEY (name)
 );
 alter table crm.internal_secrets enable row level security;
+alter table crm.internal_secrets force row level security;
 comment on table crm.internal_secrets is 'Keys used only inside SECURITY DEFINER functions; crm_api has no grant and no policy here.';
+create policy internal_secrets_all_owner on crm.internal_secrets as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy internal_secrets_all_owner on crm.internal_secrets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.invitation_teams (
   workspace_id uuid not null,
@@ -564,12 +634,17 @@ create table crm.invitation_teams (
   constraint invitation_teams_workspace_id_team_id_fkey FOREIGN KEY (workspace_id, team_id) REFERENCES crm.teams(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.invitation_teams enable row level security;
+alter table crm.invitation_teams force row level security;
 CREATE INDEX invitation_teams_team_idx ON crm.invitation_teams USING btree (workspace_id, team_id);
 comment on table crm.invitation_teams is 'Teams an invited member joins on acceptance (a team deleted meanwhile is simply dropped).';
 create policy invitation_teams_all_admin on crm.invitation_teams as permissive for all to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
 comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only (a scoped token needs workspace:admin).';
+create policy invitation_teams_all_owner on crm.invitation_teams as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy invitation_teams_all_owner on crm.invitation_teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 
 create table crm.invitations (
@@ -592,6 +667,7 @@ create table crm.invitations (
   constraint invitations_email_format CHECK (((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254)))
 );
 alter table crm.invitations enable row level security;
+alter table crm.invitations force row level security;
 CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations USING btree (workspace_id, email) WHERE (accepted_at IS NULL);
 CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, role_id) WHERE (accepted_at IS NULL);
 comment on table crm.invitations is 'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
@@ -600,6 +676,10 @@ create policy invitations_all_admin on crm.invitations as permissive for all to 
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
 comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace (a scoped token needs workspace:admin).';
+create policy invitations_all_owner on crm.invitations as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy invitations_all_owner on crm.invitations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.invitations to crm_api;
 grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by) on crm.invitations to crm_api;
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
@@ -616,11 +696,16 @@ create table crm.memberships (
   constraint memberships_workspace_id_role_id_fkey FOREIGN KEY (workspace_id, role_id) REFERENCES crm.roles(workspace_id, id)
 );
 alter table crm.memberships enable row level security;
+alter table crm.memberships force row level security;
 CREATE INDEX memberships_role_idx ON crm.memberships USING btree (workspace_id, role_id);
 CREATE INDEX memberships_user_idx ON crm.memberships USING btree (user_id, joined_at);
 CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__check_seats();
 CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
+create policy memberships_all_owner on crm.memberships as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy memberships_all_owner on crm.memberships is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
   using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
 comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace (a scoped token only with workspace:admin).';
@@ -651,6 +736,7 @@ create table crm.oauth_apps (
   constraint oauth_apps_redirect_uris_valid CHECK ((((cardinality(redirect_uris) >= 1) AND (cardinality(redirect_uris) <= 10)) AND crm.oauth_redirect_uris_are_valid(redirect_uris)))
 );
 alter table crm.oauth_apps enable row level security;
+alter table crm.oauth_apps force row level security;
 CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
 comment on table crm.oauth_apps is 'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
 comment on column crm.oauth_apps.client_secret_hash is 'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
@@ -658,6 +744,10 @@ create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to cr
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
 comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
+create policy oauth_apps_all_owner on crm.oauth_apps as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_apps_all_owner on crm.oauth_apps is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.oauth_apps to crm_api;
 grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by) on crm.oauth_apps to crm_api;
 grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris) on crm.oauth_apps to crm_api;
@@ -670,7 +760,12 @@ create unlogged table crm.rate_limit_counters (
   constraint rate_limit_counters_pkey PRIMARY KEY (user_id, window_start, backend_pid)
 ) with (fillfactor=10);
 alter table crm.rate_limit_counters enable row level security;
+alter table crm.rate_limit_counters force row level security;
 comment on table crm.rate_limit_counters is 'Requests per user per clock-aligned minute, shared by every API process.';
+create policy rate_limit_counters_all_owner on crm.rate_limit_counters as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy rate_limit_counters_all_owner on crm.rate_limit_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.recovery_codes (
   user_id uuid not null,
@@ -680,7 +775,12 @@ create table crm.recovery_codes (
   constraint recovery_codes_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.recovery_codes enable row level security;
+alter table crm.recovery_codes force row level security;
 comment on table crm.recovery_codes is 'Single-use recovery codes, SHA-256 hashed (they are high-entropy random strings).';
+create policy recovery_codes_all_owner on crm.recovery_codes as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy recovery_codes_all_owner on crm.recovery_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.role_grants (
   workspace_id uuid not null,
@@ -695,8 +795,13 @@ create table crm.role_grants (
   constraint role_grants_scope_known CHECK ((scope = ANY (ARRAY['own'::text, 'team'::text, 'all'::text])))
 );
 alter table crm.role_grants enable row level security;
+alter table crm.role_grants force row level security;
 CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants FOR EACH ROW EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
 comment on table crm.role_grants is 'resource:action:scope grants of a role; one scope per resource and action.';
+create policy role_grants_all_owner on crm.role_grants as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy role_grants_all_owner on crm.role_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy role_grants_select_workspace on crm.role_grants as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy role_grants_select_workspace on crm.role_grants is 'Members see the grants of the current workspace''s roles.';
@@ -719,10 +824,15 @@ create table crm.roles (
   constraint roles_name_format CHECK ((name ~ '^[a-z][a-z0-9_]{0,62}$'::text))
 );
 alter table crm.roles enable row level security;
+alter table crm.roles force row level security;
 CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
 CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__protect_builtin();
 CREATE TRIGGER tg_roles__refuse_delete_in_use BEFORE DELETE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__refuse_delete_in_use();
 comment on table crm.roles is 'Per-workspace roles. Built-in: admin, member, read_only (created by a trigger on crm.workspaces).';
+create policy roles_all_owner on crm.roles as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy roles_all_owner on crm.roles is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy roles_select_workspace on crm.roles as permissive for select to crm_api
   using ((workspace_id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy roles_select_workspace on crm.roles is 'Members see the roles of their workspaces (the workspace list shows their role in each).';
@@ -743,6 +853,22 @@ create table crm.schema_migrations (
 comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
 grant select (number) on crm.schema_migrations to crm_runtime;
 
+create unlogged table crm.sign_in_tickets (
+  id uuid default gen_random_uuid() not null,
+  email text not null,
+  window_id uuid not null,
+  expires_at timestamp with time zone not null,
+  constraint sign_in_tickets_pkey PRIMARY KEY (id)
+);
+alter table crm.sign_in_tickets enable row level security;
+alter table crm.sign_in_tickets force row level security;
+CREATE INDEX sign_in_tickets_expires_at_idx ON crm.sign_in_tickets USING btree (expires_at);
+comment on table crm.sign_in_tickets is 'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
+create policy sign_in_tickets_all_owner on crm.sign_in_tickets as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy sign_in_tickets_all_owner on crm.sign_in_tickets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
 create table crm.team_members (
   workspace_id uuid not null,
   team_id uuid not null,
@@ -752,8 +878,13 @@ create table crm.team_members (
   constraint team_members_workspace_id_user_id_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE
 );
 alter table crm.team_members enable row level security;
+alter table crm.team_members force row level security;
 CREATE INDEX team_members_user_idx ON crm.team_members USING btree (workspace_id, user_id);
 comment on table crm.team_members is 'Which members belong to which teams.';
+create policy team_members_all_owner on crm.team_members as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy team_members_all_owner on crm.team_members is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy team_members_select_workspace on crm.team_members as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy team_members_select_workspace on crm.team_members is 'Members see who is in which team.';
@@ -774,7 +905,12 @@ create table crm.teams (
   constraint teams_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 100)))
 );
 alter table crm.teams enable row level security;
+alter table crm.teams force row level security;
 comment on table crm.teams is 'Groups of members; the team scope covers records owned by anyone sharing a team with the user.';
+create policy teams_all_owner on crm.teams as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy teams_all_owner on crm.teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy teams_select_workspace on crm.teams as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy teams_select_workspace on crm.teams is 'Members see the teams of the current workspace.';
@@ -808,6 +944,7 @@ create table crm.tokens (
   constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
 alter table crm.tokens enable row level security;
+alter table crm.tokens force row level security;
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
 comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
@@ -816,6 +953,10 @@ comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind
 comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
 comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
 comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
+create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
   with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
 comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
@@ -841,7 +982,12 @@ create table crm.two_factor_challenges (
   constraint two_factor_challenges_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.two_factor_challenges enable row level security;
+alter table crm.two_factor_challenges force row level security;
 comment on table crm.two_factor_challenges is 'Pending second steps of a sign-in; the signed challenge token names one row, which allows 5 tries.';
+create policy two_factor_challenges_all_owner on crm.two_factor_challenges as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy two_factor_challenges_all_owner on crm.two_factor_challenges is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.user_totp (
   user_id uuid not null,
@@ -853,9 +999,14 @@ create table crm.user_totp (
   constraint user_totp_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.user_totp enable row level security;
+alter table crm.user_totp force row level security;
 CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp FOR EACH ROW EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
 comment on table crm.user_totp is 'TOTP secrets, AES-256-GCM encrypted with a key derived from APP_SECRET; two-factor is on once confirmed_at is set.';
 comment on column crm.user_totp.last_used_step is 'The RFC 6238 time step of the last code accepted at sign-in; a code of this step or an earlier one is refused.';
+create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy user_totp_all_owner on crm.user_totp is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.users (
   id uuid default crm.uuid_v7() not null,
@@ -873,10 +1024,15 @@ create table crm.users (
   constraint users_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 255)))
 );
 alter table crm.users enable row level security;
+alter table crm.users force row level security;
 comment on table crm.users is 'People who sign in. Email is stored lower-case, so the unique key is case-insensitive.';
 comment on column crm.users.password_hash is 'scrypt (N=32768, r=8, p=1, 16-byte salt), encoded as scrypt$N$r$p$salt$hash (base64url).';
 comment on column crm.users.api_access is 'Platform operator switch: when false, the user''s API tokens stop working at once.';
 comment on column crm.users.suspended_at is 'Platform-wide suspension: every token and session of the user stops at once.';
+create policy users_all_owner on crm.users as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy users_all_owner on crm.users is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy users_select_self_or_colleague on crm.users as permissive for select to crm_api
   using (((id = ( SELECT crm.current_user_id() AS current_user_id)) OR (id = ANY (( SELECT crm.colleague_ids() AS colleague_ids)::uuid[]))));
 comment on policy users_select_self_or_colleague on crm.users is 'A user sees themself and the members of the current workspace.';
@@ -905,9 +1061,14 @@ create table crm.webhook_attempts (
   constraint webhook_attempts_excerpt_length CHECK ((octet_length(response_body_excerpt) <= 8192))
 );
 alter table crm.webhook_attempts enable row level security;
+alter table crm.webhook_attempts force row level security;
 CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
 comment on column crm.webhook_attempts.signature is 'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
+create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_attempts_all_owner on crm.webhook_attempts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
@@ -941,6 +1102,7 @@ create table crm.webhook_deliveries (
   constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
 alter table crm.webhook_deliveries enable row level security;
+alter table crm.webhook_deliveries force row level security;
 CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
 comment on index crm.webhook_deliveries_completed is 'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the retention).';
 CREATE INDEX webhook_deliveries_held ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id) WHERE ((status = 'held'::text) OR in_release);
@@ -957,6 +1119,10 @@ comment on column crm.webhook_deliveries.generation is 'Bumped whenever a delive
 comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
 comment on column crm.webhook_deliveries.is_test is 'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
 comment on column crm.webhook_deliveries.test_event is 'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
+create policy webhook_deliveries_all_owner on crm.webhook_deliveries as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_deliveries_all_owner on crm.webhook_deliveries is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
@@ -990,6 +1156,7 @@ create table crm.webhook_subscriptions (
   constraint webhook_subscriptions_url_length CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
 alter table crm.webhook_subscriptions enable row level security;
+alter table crm.webhook_subscriptions force row level security;
 CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
 CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.webhook_subscriptions is 'Webhook endpoints of a workspace (API.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
@@ -999,6 +1166,10 @@ create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as pe
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
+create policy webhook_subscriptions_all_owner on crm.webhook_subscriptions as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_subscriptions_all_owner on crm.webhook_subscriptions is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.webhook_subscriptions to crm_api;
 grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by) on crm.webhook_subscriptions to crm_api;
 grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
@@ -1012,7 +1183,12 @@ create table crm.worker_heartbeats (
   constraint worker_heartbeats_pkey PRIMARY KEY (worker_id)
 );
 alter table crm.worker_heartbeats enable row level security;
+alter table crm.worker_heartbeats force row level security;
 comment on table crm.worker_heartbeats is 'One row per live graphile-worker pool (its locked_by id); the owner role only.';
+create policy worker_heartbeats_all_owner on crm.worker_heartbeats as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy worker_heartbeats_all_owner on crm.worker_heartbeats is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.workspaces (
   id uuid default crm.uuid_v7() not null,
@@ -1030,12 +1206,17 @@ create table crm.workspaces (
   constraint workspaces_slug_format CHECK ((slug ~ '^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$'::text))
 );
 alter table crm.workspaces enable row level security;
+alter table crm.workspaces force row level security;
 CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
 CREATE TRIGGER tg_workspaces__delete_records BEFORE DELETE ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__delete_records();
 CREATE TRIGGER tg_workspaces__seed_deal_stages AFTER INSERT ON crm.workspaces REFERENCING NEW TABLE AS new_workspaces FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_workspaces__seed_deal_stages();
 comment on table crm.workspaces is 'A tenant. Every tenant table carries workspace_id first in its keys.';
 comment on column crm.workspaces.trial_ends_at is 'Webhooks work on pro, or while now() < trial_ends_at.';
 comment on column crm.workspaces.seat_limit is 'Active (not suspended) members may not exceed this; null means unlimited.';
+create policy workspaces_all_owner on crm.workspaces as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy workspaces_all_owner on crm.workspaces is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy workspaces_select_member on crm.workspaces as permissive for select to crm_api
   using ((id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
@@ -1145,6 +1326,70 @@ comment on view crm.token_access is 'Effective access of every live scoped token
 
 -- Functions
 
+CREATE OR REPLACE FUNCTION crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_invitation record;
+  v_user uuid;
+  v_bearer record;
+begin
+  select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
+    into v_invitation
+    from crm.invitations i join crm.workspaces w on w.id = i.workspace_id
+   where i.token_hash = p_invitation_hash
+     for update of i;
+  failure := case when v_invitation.id is null then 'invitation_invalid'
+                  when v_invitation.accepted then 'invitation_used'
+                  when v_invitation.expired then 'invitation_expired' end;
+  if failure is null and p_bearer_hash is not null then
+    select case when t.id is null then 'token_invalid'
+                when t.revoked_at is not null then 'token_revoked'
+                when t.expires_at <= now() then 'token_expired'
+                when u.suspended_at is not null then 'user_suspended'
+                when t.kind = 'token' and not u.api_access then 'api_access_disabled' end as failure,
+           u.id, u.email
+      into v_bearer
+      from (select 1) one
+      left join crm.tokens t on t.token_hash = p_bearer_hash
+      left join crm.users u on u.id = t.user_id;
+    failure := coalesce(v_bearer.failure, case when v_bearer.email is distinct from v_invitation.email then 'wrong_email' end);
+    v_user := v_bearer.id;
+    if failure is null and exists (select from crm.memberships m where m.workspace_id = v_invitation.workspace_id and m.user_id = v_user) then
+      failure := 'already_member';
+    end if;
+  elsif failure is null then
+    if p_name is null or p_password_hash is null then
+      raise exception 'a new member needs a name and a password' using errcode = '22023';
+    end if;
+    if exists (select from crm.users u where u.email = v_invitation.email) then
+      failure := 'account_exists';
+    end if;
+  end if;
+  if failure is not null then
+    return next;
+    return;
+  end if;
+  if v_user is null then
+    insert into crm.users (email, name, password_hash) values (v_invitation.email, p_name, p_password_hash) returning crm.users.id into v_user;
+  end if;
+  insert into crm.memberships (workspace_id, user_id, role_id) values (v_invitation.workspace_id, v_user, v_invitation.role_id);
+  insert into crm.team_members (workspace_id, team_id, user_id)
+  select it.workspace_id, it.team_id, v_user from crm.invitation_teams it
+   where it.workspace_id = v_invitation.workspace_id and it.invitation_id = v_invitation.id;
+  update crm.invitations i set accepted_at = now(), accepted_by = v_user where i.workspace_id = v_invitation.workspace_id and i.id = v_invitation.id;
+  update crm.users u set last_workspace_id = v_invitation.workspace_id where u.id = v_user;
+  select i.id, i.expires_at into id, expires_at
+    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer token''s user or a new user; answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, wrong_email, account_exists, already_member).';
+grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
  RETURNS text
  LANGUAGE plpgsql
@@ -1186,7 +1431,7 @@ comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is 'Ins
 CREATE OR REPLACE FUNCTION crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean DEFAULT false)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if p_deliveries is null or cardinality(p_deliveries) = 0 then
@@ -1375,6 +1620,7 @@ begin
 end
 $function$;
 comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
  RETURNS void
@@ -1400,7 +1646,7 @@ grant execute on function crm.check_webhook_recovery_window(p_since timestamp wi
 CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
  RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_allowance integer := crm.attempt_allowance(p_purpose);
@@ -1431,7 +1677,7 @@ CREATE OR REPLACE FUNCTION crm.claim_my_two_factor_attempt()
  RETURNS TABLE(allowed boolean, retry_after_seconds integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -1445,11 +1691,81 @@ $function$;
 comment on function crm.claim_my_two_factor_attempt() is 'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
 grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.claim_sign_in(p_email text)
+ RETURNS TABLE(allowed boolean, retry_after_seconds integer, ticket uuid, password_params text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_window uuid;
+begin
+  select c.allowed, c.retry_after_seconds, c.window_id into allowed, retry_after_seconds, v_window
+    from crm.claim_attempt('sign_in', p_email) c;
+  if allowed then
+    -- Five minutes: far beyond one scrypt, even queued behind many (a ticket allows one check only).
+    insert into crm.sign_in_tickets (email, window_id, expires_at) values (p_email, v_window, now() + interval '5 minutes')
+    returning id into ticket;
+    -- scrypt$N$r$p$salt$key without its key.
+    select substring(u.password_hash from '^(scrypt\$[0-9]+\$[0-9]+\$[0-9]+\$[A-Za-z0-9_-]+)\$[A-Za-z0-9_-]+$')
+      into password_params
+      from crm.users u where u.email = p_email;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.claim_sign_in(p_email text) is 'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s parameters and salt (not its key), or allowed = false with the seconds to wait.';
+grant execute on function crm.claim_sign_in(p_email text) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.claim_two_factor(p_challenge_id uuid)
+ RETURNS TABLE(failure text, retry_after_seconds integer, window_id uuid, totp_secret bytea)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_user uuid;
+  v_tries integer;
+  v_allowed boolean;
+begin
+  update crm.two_factor_challenges c set attempts = c.attempts + 1
+   where c.id = p_challenge_id and c.completed_at is null and c.expires_at > now()
+  returning c.user_id, c.attempts into v_user, v_tries;
+  if v_user is null then
+    failure := 'challenge_expired';
+  elsif v_tries > 5 then
+    failure := 'too_many_attempts';
+  else
+    select c.allowed, c.retry_after_seconds, c.window_id into v_allowed, retry_after_seconds, window_id
+      from crm.claim_attempt('two_factor', v_user::text) c;
+    if v_allowed then
+      select t.secret_encrypted into totp_secret from crm.user_totp t where t.user_id = v_user and t.confirmed_at is not null;
+    else
+      failure := 'attempt_limit';
+    end if;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
+grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  delete from crm.import_rows r where r.workspace_id = p_workspace_id and r.import_id = p_import_id
+$function$;
+comment on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) is 'Worker only: removes an import''s staged rows before it is staged again.';
+grant execute on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) to crm_worker;
+
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select array(select m.user_id from crm.verified_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
 $function$;
@@ -1485,6 +1801,8 @@ grant execute on function crm.company_search_text(name text, domain text, phone 
 CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   update crm.imports set status = p_status, failure = p_failure, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
@@ -1496,12 +1814,62 @@ AS $function$
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
 comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_challenge crm.two_factor_challenges;
+  v_accepted boolean := false;
+begin
+  if p_kind not in ('token', 'session') then
+    raise exception 'unknown token kind %', p_kind using errcode = '22023';
+  end if;
+  select c.* into v_challenge from crm.two_factor_challenges c
+   where c.id = p_challenge_id and c.completed_at is null and c.expires_at > now() and c.attempts > 0;
+  if v_challenge.id is null then
+    failure := 'challenge_expired';
+    return next;
+    return;
+  end if;
+  if p_totp_step is not null then
+    update crm.user_totp t set last_used_step = p_totp_step
+     where t.user_id = v_challenge.user_id and t.confirmed_at is not null and (t.last_used_step is null or t.last_used_step < p_totp_step);
+    v_accepted := found;
+  elsif p_recovery_code_hash is not null then
+    update crm.recovery_codes r set used_at = now()
+     where r.user_id = v_challenge.user_id and r.code_hash = p_recovery_code_hash and r.used_at is null;
+    v_accepted := found;
+  end if;
+  if not v_accepted then
+    failure := 'invalid_2fa_code';
+    return next;
+    return;
+  end if;
+  perform crm.release_attempt('two_factor', v_challenge.user_id::text, p_window_id);
+  update crm.two_factor_challenges c set completed_at = now() where c.id = p_challenge_id and c.completed_at is null;
+  if not found then
+    failure := 'challenge_expired';
+    return next;
+    return;
+  end if;
+  select i.id, i.expires_at into id, expires_at
+    from crm.issue_token(v_challenge.user_id, p_kind, v_challenge.device_name, p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
+grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[])
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -1589,7 +1957,8 @@ comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_sco
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_next crm.webhook_deliveries;
@@ -1605,12 +1974,13 @@ begin
 end
 $function$;
 comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) is 'Adds the job of the next delivery a resume released (event order); false when the release is done.';
+grant execute on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.count_request(p_user_id uuid)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   insert into crm.rate_limit_counters as c (user_id, window_start, backend_pid, count)
   values (p_user_id, date_trunc('minute', now()), pg_backend_pid(), 1)
@@ -1639,7 +2009,7 @@ CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_import text := nullif(current_setting('crm.import_id', true), '');
@@ -1690,7 +2060,7 @@ CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1800,7 +2170,7 @@ CREATE OR REPLACE FUNCTION crm.disable_totp()
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
   delete from crm.user_totp t where t.user_id = crm.current_user_id();
@@ -1813,7 +2183,7 @@ CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if event_ids is null or cardinality(event_ids) = 0 then
@@ -1845,7 +2215,7 @@ CREATE OR REPLACE FUNCTION crm.finish_import_batch(p_import_id uuid, p_expected_
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -1890,6 +2260,34 @@ AS $function$
 $function$;
 comment on function crm.free_workspace_slug(p_base text) is 'The first free slug of base, base-2, base-3, ... (sign-up retries on the rare race for the same one).';
 
+CREATE OR REPLACE FUNCTION crm.grant_job_queue_to_worker()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_table regclass;
+begin
+  if to_regnamespace('graphile_worker') is null then
+    return;
+  end if;
+  grant usage on schema graphile_worker to crm_worker;
+  grant select on all tables in schema graphile_worker to crm_worker;
+  grant usage on all sequences in schema graphile_worker to crm_worker;
+  grant execute on all functions in schema graphile_worker to crm_worker;
+  for v_table in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'graphile_worker'::regnamespace and c.relkind = 'r' and c.relrowsecurity
+  loop
+    execute format('grant insert, update, delete on %s to crm_worker', v_table);
+    if not exists (select from pg_policy p where p.polrelid = v_table and p.polname = 'crm_worker_all') then
+      execute format('create policy crm_worker_all on %s for all to crm_worker using (true) with check (true)', v_table);
+    end if;
+  end loop;
+end
+$function$;
+comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
+
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE plpgsql
@@ -1909,28 +2307,31 @@ grant execute on function crm.grant_scope(p_resource text, p_action text) to crm
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
-  v_function regproc;
+  v_function text;
 begin
   for v_function in
-    select p.oid::regproc from pg_proc p
+    select format('crm.%I', p.proname) from pg_proc p
     where p.pronamespace = 'crm'::regnamespace and p.proname like 'prune\_%'
       and p.pronargs = 1 and p.proargtypes[0] = 'integer'::regtype
     order by p.proname
   loop
-    step := v_function::text;
+    step := v_function;
     execute format('select %s($1)', v_function) into removed using log_retention_days;
     return next;
   end loop;
 end
 $function$;
 comment on function crm.housekeeping(log_retention_days integer) is 'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
+grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.import_check_constraints(p_record_type text)
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_broken text;
@@ -2003,6 +2404,18 @@ $function$;
 comment on function crm.import_date(value text) is 'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
 grant execute on function crm.import_date(value text) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select encode(substring(i.file_bytes from p_from for p_length), 'base64')
+    from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) is 'Worker only: p_length bytes of an import''s file from byte p_from (1-based), base64.';
+grant execute on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) to crm_worker;
+
 CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  RETURNS text
  LANGUAGE sql
@@ -2015,15 +2428,43 @@ CREATE OR REPLACE FUNCTION crm.import_proof(p_import_id uuid)
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select encode(
-    hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-         (select value from crm.internal_secrets where name = 'context_proof'),
-         'sha256'),
+    public.hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                (select value from crm.internal_secrets where name = 'context_proof'),
+                'sha256'),
     'hex')
 $function$;
 comment on function crm.import_proof(p_import_id uuid) is 'HMAC binding an import to this backend and transaction.';
+
+CREATE OR REPLACE FUNCTION crm.import_to_process(p_workspace_id uuid, p_import_id uuid)
+ RETURNS TABLE(user_id uuid, status text, staged boolean, delimiter text, file_size double precision, has_file boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select i.user_id, i.status, i.staged, i.delimiter, i.file_size::float8, i.file_bytes is not null
+    from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is 'Worker only: the state of an import its job needs (never the file itself).';
+grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
+ RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select i.email, w.name, w.slug, r.name, i.accepted_at is not null, i.expires_at <= now(),
+         exists (select from crm.users u where u.email = i.email)
+    from crm.invitations i
+    join crm.workspaces w on w.id = i.workspace_id
+    join crm.roles r on r.workspace_id = i.workspace_id and r.id = i.role_id
+   where i.token_hash = p_token_hash
+$function$;
+comment on function crm.invitation_preview(p_token_hash bytea) is 'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email has an account.';
+grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
@@ -2102,7 +2543,8 @@ grant execute on function crm.known_scopes() to crm_api;
 CREATE OR REPLACE FUNCTION crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_nestloop TO 'off'
 AS $function$
 declare
@@ -2127,6 +2569,18 @@ begin
 end
 $function$;
 comment on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) is 'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of crm.import_rows say).';
+grant execute on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  update crm.imports i set staged = true where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) is 'Worker only: every record of the import''s file is in crm.import_rows.';
+grant execute on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.member_scope(p_user_id uuid, p_workspace_id uuid, p_resource text, p_action text)
  RETURNS text
@@ -2145,7 +2599,7 @@ CREATE OR REPLACE FUNCTION crm.my_totp()
  RETURNS TABLE(secret_encrypted bytea, confirmed boolean, recovery_codes_left integer)
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select t.secret_encrypted, t.confirmed_at is not null,
          (select count(*)::integer from crm.recovery_codes r where r.user_id = t.user_id and r.used_at is null)
@@ -2159,7 +2613,7 @@ CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
 $function$;
@@ -2197,7 +2651,7 @@ CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action te
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_covered uuid[];
@@ -2219,7 +2673,7 @@ CREATE OR REPLACE FUNCTION crm.pause_webhook_subscription(p_subscription_id uuid
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   perform crm.require_webhook_access();
@@ -2285,6 +2739,15 @@ AS $function$
 $function$;
 comment on function crm.prune_invitations(log_retention_days integer) is 'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
 
+CREATE OR REPLACE FUNCTION crm.prune_sign_in_tickets(log_retention_days integer)
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+  with removed as (delete from crm.sign_in_tickets where expires_at < now() returning 1)
+  select count(*) from removed
+$function$;
+comment on function crm.prune_sign_in_tickets(log_retention_days integer) is 'Removes sign-in tickets never used.';
+
 CREATE OR REPLACE FUNCTION crm.prune_tenancy(log_retention_days integer)
  RETURNS bigint
  LANGUAGE sql
@@ -2299,7 +2762,7 @@ comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes ex
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
  RETURNS bigint
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_subscription record;
@@ -2371,7 +2834,8 @@ grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -2520,6 +2984,7 @@ begin
 end
 $function$;
 comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is 'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
+grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS integer
@@ -2591,7 +3056,7 @@ grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delive
 CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  RETURNS void
  LANGUAGE sql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   update crm.attempt_counters c set attempts = c.attempts - 1
    where c.purpose = p_purpose and c.subject = p_subject and c.window_id = p_window_id and c.attempts > 0
@@ -2602,7 +3067,7 @@ CREATE OR REPLACE FUNCTION crm.require_confined_role()
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if exists (select from pg_roles where rolname = current_user and (rolsuper or rolbypassrls))
@@ -2658,7 +3123,7 @@ CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uui
  RETURNS integer
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -2695,7 +3160,7 @@ CREATE OR REPLACE FUNCTION crm.rotate_webhook_secret(p_subscription_id uuid, p_s
  RETURNS timestamp with time zone
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_expires timestamptz;
@@ -2849,11 +3314,97 @@ end
 $function$;
 comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
 
+CREATE OR REPLACE FUNCTION crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
+ RETURNS TABLE(failure text, two_factor boolean, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_ticket crm.sign_in_tickets;
+  v_user record;
+begin
+  if p_kind not in ('token', 'session') then
+    raise exception 'unknown token kind %', p_kind using errcode = '22023';
+  end if;
+  delete from crm.sign_in_tickets t where t.id = p_ticket and t.expires_at > now() returning t.* into v_ticket;
+  if v_ticket.id is null then
+    failure := 'invalid_credentials';
+    return next;
+    return;
+  end if;
+  select u.id, u.password_hash, u.suspended_at is not null as suspended, u.api_access, t.confirmed_at is not null as two_factor
+    into v_user
+    from crm.users u left join crm.user_totp t on t.user_id = u.id
+   where u.email = v_ticket.email;
+  -- Digests compared, so the comparison's time says nothing about how much of the key matched.
+  if v_user.id is null or v_user.password_hash is null or p_password_key is null
+     or sha256(convert_to(substring(v_user.password_hash from '\$([A-Za-z0-9_-]+)$'), 'UTF8'))
+        is distinct from sha256(convert_to(p_password_key, 'UTF8')) then
+    failure := 'invalid_credentials';
+    return next;
+    return;
+  end if;
+  perform crm.release_attempt('sign_in', v_ticket.email, v_ticket.window_id);
+  if v_user.suspended then
+    failure := 'user_suspended';
+  elsif p_kind = 'token' and not v_user.api_access then
+    failure := 'api_access_disabled';
+  elsif v_user.two_factor then
+    two_factor := true;
+    insert into crm.two_factor_challenges as c (user_id, device_name, expires_at)
+    values (v_user.id, p_device_name, now() + p_challenge_ttl)
+    returning c.id, c.expires_at into id, expires_at;
+  else
+    two_factor := false;
+    select i.id, i.expires_at into id, expires_at from crm.issue_token(v_user.id, p_kind, p_device_name, p_token_hash, p_token_ttl) i;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) is 'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
+grant execute on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(id uuid, expires_at timestamp with time zone, workspace_slug text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_user uuid;
+  v_workspace uuid;
+  v_constraint text;
+begin
+  insert into crm.users (email, name, password_hash) values (p_email, p_name, p_password_hash) returning crm.users.id into v_user;
+  for v_try in 1..5 loop
+    begin
+      insert into crm.workspaces (slug, name, trial_ends_at)
+      values (crm.free_workspace_slug(p_slug_base), p_workspace_name, now() + interval '14 days')
+      returning crm.workspaces.id, crm.workspaces.slug into v_workspace, workspace_slug;
+      exit;
+    exception when unique_violation then
+      get stacked diagnostics v_constraint = constraint_name;
+      if v_try = 5 or v_constraint <> 'workspaces_slug_key' then
+        raise;
+      end if;
+    end;
+  end loop;
+  insert into crm.memberships (workspace_id, user_id, role_id)
+  select v_workspace, v_user, r.id from crm.roles r where r.workspace_id = v_workspace and r.name = 'admin';
+  update crm.users u set last_workspace_id = v_workspace where u.id = v_user;
+  select i.id, i.expires_at into id, expires_at from crm.issue_token(v_user, 'token', 'sign-up', p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) is 'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with them as admin, and their first token.';
+grant execute on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+
 CREATE OR REPLACE FUNCTION crm.start_totp_enrollment(p_secret_encrypted bytea)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -2954,7 +3505,7 @@ CREATE OR REPLACE FUNCTION crm.tg_companies__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3019,7 +3570,7 @@ CREATE OR REPLACE FUNCTION crm.tg_contacts__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3089,7 +3640,7 @@ CREATE OR REPLACE FUNCTION crm.tg_deals__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3135,7 +3686,7 @@ CREATE OR REPLACE FUNCTION crm.tg_memberships__check_seats()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_limit integer;
@@ -3162,7 +3713,7 @@ CREATE OR REPLACE FUNCTION crm.tg_memberships__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if exists (select 1 from crm.workspaces where id = old.workspace_id)
@@ -3200,7 +3751,7 @@ CREATE OR REPLACE FUNCTION crm.tg_roles__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if old.is_admin and not new.is_admin and not exists (
@@ -3234,7 +3785,7 @@ CREATE OR REPLACE FUNCTION crm.tg_roles__refuse_delete_in_use()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   -- A workspace being deleted takes its roles with it: only a role of a live workspace is checked.
@@ -3298,7 +3849,7 @@ CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__check_limits()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if not crm.webhooks_enabled(new.workspace_id) then
@@ -3317,7 +3868,7 @@ grant execute on function crm.tg_webhook_subscriptions__check_limits() to crm_ap
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__create_builtin_roles()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_admin uuid;
@@ -3345,7 +3896,7 @@ grant execute on function crm.tg_workspaces__create_builtin_roles() to crm_api;
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_records()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   -- Their outbox triggers write *.deleted events, which the workspace's own cascade then removes.
@@ -3362,7 +3913,7 @@ CREATE OR REPLACE FUNCTION crm.tg_workspaces__seed_deal_stages()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   insert into crm.deal_stages (workspace_id, key, label, position, is_closed, is_won)
@@ -3509,7 +4060,8 @@ grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_
 CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
  RETURNS TABLE(delivery_id uuid, generation integer, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -3553,6 +4105,7 @@ begin
 end
 $function$;
 comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
+grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
  RETURNS integer
@@ -3622,7 +4175,8 @@ grant execute on function crm.webhook_event_patterns_are_valid(patterns text[]) 
 CREATE OR REPLACE FUNCTION crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean DEFAULT false)
  RETURNS TABLE(workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -3684,6 +4238,7 @@ begin
 end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
+grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS integer
@@ -3848,7 +4403,7 @@ CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
  RETURNS boolean
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
 $function$;
@@ -3857,7 +4412,8 @@ comment on function crm.webhooks_enabled(p_workspace_id uuid) is 'Webhooks work 
 CREATE OR REPLACE FUNCTION crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval)
  RETURNS text[]
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_dead text[];
@@ -3885,20 +4441,24 @@ begin
 end
 $function$;
 comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is 'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
+grant execute on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.worker_stopped(p_worker_id text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   delete from crm.worker_heartbeats where worker_id = p_worker_id
 $function$;
 comment on function crm.worker_stopped(p_worker_id text) is 'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
+grant execute on function crm.worker_stopped(p_worker_id text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
  RETURNS uuid
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();

@@ -11,8 +11,10 @@ export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
 export type Config = {
   databaseUrl: string | null
-  /** The role requests and jobs run as; null: the service creates its own (src/db/runtime-role.ts). */
+  /** The role requests run as; null: the service creates its own (src/db/runtime-role.ts). */
   runtimeDatabaseUrl: string | null
+  /** The role the worker runs as; null: the service creates its own (src/db/runtime-role.ts). */
+  workerDatabaseUrl: string | null
   host: string
   port: number
   appSecret: string
@@ -109,6 +111,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   }
   const databaseUrl = connectionUri('DATABASE_URL')
   const runtimeDatabaseUrl = connectionUri('RUNTIME_DATABASE_URL')
+  const workerDatabaseUrl = connectionUri('WORKER_DATABASE_URL')
 
   const port = integer('PORT', 3000, 0, 65535)
   const host = env.HOST || '127.0.0.1'
@@ -167,6 +170,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
+    workerDatabaseUrl,
     host,
     port,
     appSecret,

@@ -17,14 +17,13 @@ export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
 
 export type Services = {
   config: Config
-  /** The runtime role's connections (src/db/runtime-role.ts): requests, which switch to crm_api. */
-  pool: DatabasePool
   /**
-   * The owner's connections, for the work done before a caller is known (sign-in, two-factor
-   * completion, sign-up, accepting an invitation): it reads password hashes and records throttled
-   * attempts, which no role confined to a workspace may touch.
+   * The runtime role's connections (src/db/runtime-role.ts): request transactions, which switch to
+   * crm_api, and the work done before a caller is known (sign-in, two-factor completion, sign-up,
+   * accepting an invitation), which calls the narrow functions granted to crm_runtime alone
+   * (sql/000013_runtime_confinement.sql).
    */
-  ownerPool: DatabasePool
+  pool: DatabasePool
   logger: Logger
   /**
    * The base of every link the service sends (an invitation's accept_url): PUBLIC_BASE_URL, else

@@ -113,7 +113,7 @@ export default defineRoutes(
     response: Type.Union([TokenBodySchema, ChallengeSchema]),
     errors: [400, 401, 422, 429],
     example: { request: { email: 'ada@example.com', password: 'correct horse battery', device_name: 'ERP sync' } },
-    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.ownerPool, services.config, body) }),
+    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.pool, services.config, body) }),
   },
   {
     method: 'POST',
@@ -126,7 +126,7 @@ export default defineRoutes(
     response: TokenBodySchema,
     errors: [400, 401, 422, 429],
     example: { request: { challenge_token: 'eyJhbGciOiJIUzI1NiJ9…', code: '123456' } },
-    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.ownerPool, services.config, body) }),
+    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.pool, services.config, body) }),
   },
   {
     method: 'GET',

@@ -106,7 +106,7 @@ export default defineRoutes(
     errors: [401, 403, 409, 422],
     example: { request: { token: 'inv_…', password: 'correct horse battery', name: 'Grace Hopper' } },
     handler: async ({ services, body, req }) => ({
-      body: await acceptInvitation(services.ownerPool, services.config, body, bearerCredential(req)?.token ?? null),
+      body: await acceptInvitation(services.pool, services.config, body, bearerCredential(req)?.token ?? null),
     }),
   },
 )
