@@ -16,7 +16,7 @@ export type Caller = {
   workspaceId: string
   workspaceSlug: string
   tokenId: string
-  tokenKind: 'token' | 'session'
+  tokenKind: 'token' | 'session' | 'oauth'
   isAdmin: boolean
   via: 'api' | 'ui'
   rateLimit: { limit: number; remaining: number; resetSeconds: number }
@@ -52,7 +52,7 @@ const AuthRowSchema = Type.Union([
     workspace_id: Type.String(),
     workspace_slug: Type.String(),
     token_id: Type.String(),
-    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+    token_kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')]),
     is_admin: Type.Boolean(),
     ...RateCount,
   }),

@@ -30,7 +30,7 @@ export type PageContext = {
   attempt: <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>) => Promise<Attempt<T>>
 }
 
-export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml }
+export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml; headers?: Record<string, string> }
 export type PageHandler = (context: PageContext) => Promise<PageResult>
 
 type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
@@ -114,7 +114,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
         })
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
       result.frame.title = result.outcome.title
-      sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content))
+      sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content), result.outcome.headers)
     } catch (error) {
       const apiError = toApiError(error)
       if (apiError.status === 401) {

@@ -38,8 +38,12 @@ const ChallengeBody = Type.Union([
 
 const TokenSummary = Type.Object({
   id: Uuid,
-  kind: Type.Union([Type.Literal('token'), Type.Literal('session')]),
+  kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')], {
+    description: 'oauth: an app the user connected (one entry per authorization; revoking it cuts the app off)',
+  }),
   name: Type.String(),
+  app: Type.Union([Type.Object({ id: Uuid, name: Type.String() }), Type.Null()], { description: 'the connected app (kind oauth)' }),
+  scopes: Type.Union([Type.Array(Type.String()), Type.Null()]),
   created_at: Time,
   last_used_at: Type.Union([Time, Type.Null()]),
   expires_at: Time,
@@ -154,16 +158,25 @@ export default defineRoutes(
   {
     method: 'GET',
     path: '/api/tokens',
-    summary: "The caller's tokens and UI sessions (never their values)",
+    summary: "The caller's tokens, UI sessions and connected OAuth apps (never their values)",
     tag: 'auth',
     auth: 'required',
     errors: [401, 429],
     response: Type.Object({ data: Type.Array(TokenSummary) }),
     handler: async ({ db, caller }) => {
+      // An app is listed once per authorization (its grant), not per access token: an app that
+      // holds only a refresh token is connected all the same, and revoking the entry cuts it off.
       const rows = await db.any(sql.type(TokenSummaryRow)`
-        select id, kind, name, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
+        select id, kind, name, null::json as app, scopes, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
         from crm.tokens
-        where user_id = ${caller.userId} and revoked_at is null and expires_at > now()
+        where user_id = ${caller.userId} and revoked_at is null and expires_at > now() and kind <> 'oauth'
+        union all
+        select g.id, 'oauth', a.name, json_build_object('id', a.id, 'name', a.name), g.scopes, g.created_at,
+               (select max(t.last_used_at) from crm.tokens t where t.workspace_id = g.workspace_id and t.oauth_grant_id = g.id),
+               g.expires_at,
+               exists (select from crm.tokens t where t.id = ${caller.tokenId} and t.oauth_grant_id = g.id)
+        from crm.oauth_grants g join crm.oauth_apps a on a.workspace_id = g.workspace_id and a.id = g.app_id
+        where g.user_id = ${caller.userId} and g.revoked_at is null and g.expires_at > now()
         order by created_at desc
       `)
       return { body: { data: rows } }
@@ -172,16 +185,22 @@ export default defineRoutes(
   {
     method: 'DELETE',
     path: '/api/tokens/:id',
-    summary: 'Revoke one token or session of the caller',
+    summary: 'Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization)',
     tag: 'auth',
     auth: 'required',
     status: 204,
     errors: [401, 404, 429],
-    handler: async ({ db, params }) => {
+    handler: async ({ db, params, caller }) => {
       if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw new NotFoundError('No such token')
-      const revoked = await db.maybeOne(sql.type(IdRow)`
-        update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
-      `)
+      // A token (its revocation revokes its grant, for an OAuth access token), else a connected app's grant.
+      const revoked =
+        (await db.maybeOne(sql.type(IdRow)`
+          update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
+        `)) ??
+        (await db.maybeOne(sql.type(IdRow)`
+          update crm.oauth_grants set revoked_at = now()
+          where id = ${params.id} and user_id = ${caller.userId} and revoked_at is null returning id
+        `))
       if (!revoked) throw new NotFoundError('No such token')
       return { status: 204 }
     },
@@ -189,13 +208,14 @@ export default defineRoutes(
   {
     method: 'DELETE',
     path: '/api/tokens',
-    summary: 'Revoke every token and session of the caller, this one included',
+    summary: 'Revoke every token and session of the caller, this one included, and disconnect every app',
     tag: 'auth',
     auth: 'required',
     status: 204,
     errors: [401, 429],
     handler: async ({ db, caller }) => {
       await db.query(sql.unsafe`update crm.tokens set revoked_at = now() where user_id = ${caller.userId} and revoked_at is null`)
+      await db.query(sql.unsafe`update crm.oauth_grants set revoked_at = now() where user_id = ${caller.userId} and revoked_at is null`)
       return { status: 204 }
     },
   },
