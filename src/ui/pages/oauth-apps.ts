@@ -104,7 +104,7 @@ ${
       <span class="hint" id="app-redirect-uris-hint">One per line, up to 10. HTTPS, or http://127.0.0.1 (any port) for native apps.</span>
     </div>
     <div class="field">
-      <label class="check"><input type="checkbox" name="public" value="on"${values.confidential ? '' : html` checked`} aria-describedby="app-public-hint"> Public app: no client secret</label>
+      <label class="check"><input type="checkbox" name="public" value="on"${values.confidential ? '' : html` checked`} aria-describedby="app-public-hint"> Public app (native or browser, without a secret)</label>
       <span class="hint" id="app-public-hint">For native and browser apps, which cannot keep a secret; PKCE protects their codes.</span>
     </div>
     <div class="actions"><button type="submit">Register app</button></div>
