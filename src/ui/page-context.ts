@@ -11,6 +11,7 @@ import { type ApiCall, apiCaller } from './api-calls.ts'
 import { type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
 import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
+import { query as queryOf } from './request.ts'
 import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookies, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
 
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: ApiError }
@@ -102,7 +103,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
               return { ok: false, error: apiError }
             }
           }
-          const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
+          const query = queryOf(req)
           const outcome = await handler({ req, res, services, db, caller, api, frame, form, params: req.params ?? {}, query, attempt })
           return { outcome, frame }
         })

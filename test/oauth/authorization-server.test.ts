@@ -20,7 +20,11 @@ const ada = acme.members['ada@acme.test']
 const bob = acme.members['bob@acme.test']
 const other = await createTenant(server.databaseUrl, { slug: 'other', members: { 'zed@other.test': 'admin' } })
 const app = await registerApp(server, ada.token)
-const publicApp = await registerApp(server, ada.token, { name: 'Desktop sync', confidential: false, redirect_uris: ['http://127.0.0.1/callback'] })
+const publicApp = await registerApp(server, ada.token, {
+  name: 'Desktop sync',
+  confidential: false,
+  redirect_uris: ['http://127.0.0.1/callback'],
+})
 const bobCookie = await sessionCookie(server, bob.id)
 const me = (token: string) => server.request('GET', '/api/me', { token })
 
@@ -75,9 +79,10 @@ t.test('apps: admins only; a confidential app gets its secret once, a public app
   t.same(changed.body.data.redirect_uris, ['http://127.0.0.1/callback', 'http://[::1]/callback'])
   // The database holds the rule on its own, whatever the API checks.
   const refused = await withOwner(server.databaseUrl, (client) =>
-    client
-      .query(`update crm.oauth_apps set redirect_uris = array['http://localhost/cb'] where id = $1`, [app.id])
-      .then(() => 'stored', (error: { constraint?: string }) => error.constraint),
+    client.query(`update crm.oauth_apps set redirect_uris = array['http://localhost/cb'] where id = $1`, [app.id]).then(
+      () => 'stored',
+      (error: { constraint?: string }) => error.constraint,
+    ),
   )
   t.equal(refused, 'oauth_apps_redirect_uris_valid')
 })
@@ -119,7 +124,11 @@ t.test('authorize: other problems go back to the app with error, state and iss',
   }
   const signedOut = await authorize(server, { ...base, code_challenge: challenge })
   t.equal(signedOut.status, 303)
-  t.match(signedOut.headers.get('location'), /^\/sign-in\?next=%2Foauth%2Fauthorize%3F/, 'a signed-out browser signs in first, then comes back')
+  t.match(
+    signedOut.headers.get('location'),
+    /^\/sign-in\?next=%2Foauth%2Fauthorize%3F/,
+    'a signed-out browser signs in first, then comes back',
+  )
 
   const denied = await consent(server, bobCookie, { ...base, code_challenge: challenge }, 'deny')
   t.equal(denied.searchParams.get('error'), 'access_denied')
@@ -132,7 +141,13 @@ t.test('the consent page names the app, the workspace and each scope; a non-memb
   const { challenge } = pkcePair()
   const page = await authorize(
     server,
-    { client_id: app.client_id, redirect_uri: 'https://app.example/callback', scope: 'deals:read offline_access', state: 's', code_challenge: challenge },
+    {
+      client_id: app.client_id,
+      redirect_uri: 'https://app.example/callback',
+      scope: 'deals:read offline_access',
+      state: 's',
+      code_challenge: challenge,
+    },
     bobCookie,
   )
   const text = await page.text()
@@ -189,7 +204,11 @@ t.test('token endpoint: the code exchange and its RFC 6749 refusals', async (t) 
     t.equal(again.status, 400)
     t.equal(again.body.error, 'invalid_grant', 'a code works once')
     t.equal((await me(answer.body.access_token)).body.code, 'token_revoked', 'its second use revokes the token issued from it')
-    const refresh = await tokenRequest(server, { grant_type: 'refresh_token', refresh_token: answer.body.refresh_token, ...clientFields(app) })
+    const refresh = await tokenRequest(server, {
+      grant_type: 'refresh_token',
+      refresh_token: answer.body.refresh_token,
+      ...clientFields(app),
+    })
     t.equal(refresh.body.error, 'invalid_grant', 'and the refresh token')
   })
 
@@ -243,9 +262,10 @@ t.test('token endpoint: the code exchange and its RFC 6749 refusals', async (t) 
     t.equal(answer.body.error, 'invalid_grant')
     t.match(answer.body.error_description, /expired/)
     const refused = await withOwner(server.databaseUrl, (client) =>
-      client
-        .query(`update crm.oauth_codes set expires_at = created_at + interval '61 seconds'`)
-        .then(() => 'stored', (error: { constraint?: string }) => error.constraint),
+      client.query(`update crm.oauth_codes set expires_at = created_at + interval '61 seconds'`).then(
+        () => 'stored',
+        (error: { constraint?: string }) => error.constraint,
+      ),
     )
     t.equal(refused, 'oauth_codes_lifetime', 'no code lives longer than 60 seconds')
   })
@@ -358,10 +378,18 @@ t.test('connected apps: the user lists and revokes theirs; the admin lists and r
   const listed = (await server.request('GET', '/api/tokens', { token: eve.token })).body.data
   const connected = listed.filter((entry: { kind: string }) => entry.kind === 'oauth')
   t.equal(connected.length, 1, 'one entry per connected app')
-  t.match(connected[0], { name: 'Mail merge', app: { id: app.id, name: 'Mail merge' }, scopes: ['deals:read', 'offline_access'], current: false })
+  t.match(connected[0], {
+    name: 'Mail merge',
+    app: { id: app.id, name: 'Mail merge' },
+    scopes: ['deals:read', 'offline_access'],
+    current: false,
+  })
 
   const connections = await server.request('GET', `/api/oauth-apps/${app.id}/connections`, { token: ada.token })
-  t.ok(connections.body.data.some((entry: { user: { email: string } }) => entry.user.email === 'eve@acme.test'), 'the admin sees eve')
+  t.ok(
+    connections.body.data.some((entry: { user: { email: string } }) => entry.user.email === 'eve@acme.test'),
+    'the admin sees eve',
+  )
   t.equal((await server.request('GET', `/api/oauth-apps/${app.id}/connections`, { token: eve.token })).status, 403)
 
   t.equal((await server.request('DELETE', `/api/tokens/${connected[0].id}`, { token: eve.token })).status, 204)
@@ -415,7 +443,10 @@ t.test('the runtime role reaches codes, refresh tokens and secrets only through 
       ['codes', 'select * from crm.oauth_codes'],
       ['refresh tokens', 'select * from crm.oauth_refresh_tokens'],
       ['client secrets', 'select client_secret_hash from crm.oauth_apps'],
-      ['inserting a grant', `insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at) values (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), array['deals:read'], now())`],
+      [
+        'inserting a grant',
+        `insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at) values (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), array['deals:read'], now())`,
+      ],
       ['the internal client check', `select crm.oauth_client('x', null)`],
     ]) {
       await client.query('begin')
@@ -437,9 +468,37 @@ t.test('the runtime role reaches codes, refresh tokens and secrets only through 
   })
 })
 
+t.test('housekeeping removes grants a week after they were revoked, with their tokens and refresh tokens', async (t) => {
+  const grant = await codeFor(server, bobCookie, app)
+  const tokens = (
+    await tokenRequest(server, {
+      grant_type: 'authorization_code',
+      code: grant.code,
+      redirect_uri: grant.redirect_uri,
+      code_verifier: grant.verifier,
+      ...clientFields(app),
+    })
+  ).body
+  await tokenRequest(server, { token: tokens.refresh_token, ...clientFields(app) }, { path: '/oauth/revoke' })
+  const left = await withOwner(server.databaseUrl, async (client) => {
+    const hash = createHash('sha256').update(tokens.access_token).digest()
+    await client.query(
+      `update crm.oauth_grants set revoked_at = now() - interval '8 days'
+        where id = (select oauth_grant_id from crm.tokens where token_hash = $1)`,
+      [hash],
+    )
+    const pruned = await client.query(`select removed::int from crm.housekeeping(30) where step = 'crm.prune_oauth'`)
+    const token = await client.query('select count(*)::int as n from crm.tokens where token_hash = $1', [hash])
+    return { pruned: pruned.rows[0].removed, token: token.rows[0].n }
+  })
+  t.ok(left.pruned >= 1, `crm.prune_oauth removed ${left.pruned} rows`)
+  t.equal(left.token, 0, 'the access token went with its grant')
+})
+
 t.test('the token endpoint counts against the per-address limit', async (t) => {
   const limited = await startTestServer(t, { env: { UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: '5' } })
   const statuses: number[] = []
-  for (let i = 0; i < 12; i++) statuses.push((await tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' })).status)
+  for (let i = 0; i < 12; i++)
+    statuses.push((await tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' })).status)
   t.ok(statuses.includes(429), `some answered 429 (${statuses.join(' ')})`)
 })

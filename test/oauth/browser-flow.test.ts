@@ -81,6 +81,13 @@ if (browser) {
     return oauth.processAuthorizationCodeResponse(as!, client, response)
   }
 
+  /** The `error` of a token endpoint refusal, as oauth4webapi reports it (a ResponseBodyError). */
+  const refusal = (answer: Promise<unknown>) =>
+    answer.then(
+      () => 'accepted',
+      (error: { error?: string }) => error.error,
+    )
+
   // oauth4webapi's protectedResourceRequest throws on a 401 challenge; refusals are read with fetch.
   const api = (token: string, method: string, path: string, body?: unknown) =>
     fetch(server.url + path, {
@@ -103,7 +110,14 @@ if (browser) {
     t.equal(tokens.expires_in, 3600)
     t.equal(tokens.scope, 'contacts:read deals:read offline_access')
     t.ok(tokens.refresh_token, 'offline_access brought a refresh token')
-    const me = await oauth.protectedResourceRequest(tokens.access_token, 'GET', new URL(`${server.url}/api/me`), undefined, undefined, insecure)
+    const me = await oauth.protectedResourceRequest(
+      tokens.access_token,
+      'GET',
+      new URL(`${server.url}/api/me`),
+      undefined,
+      undefined,
+      insecure,
+    )
     t.equal(me.status, 200)
     t.equal((await me.json()).data.user.email, 'bob@acme.test', 'the token acts for the user who allowed')
     const deals = await api(tokens.access_token, 'GET', '/api/deals')
@@ -130,10 +144,10 @@ if (browser) {
     t.not(rotated.refresh_token, tokens.refresh_token, 'a new refresh token')
     t.equal((await api(rotated.access_token, 'GET', '/api/me')).status, 200)
     const reuse = await oauth.refreshTokenGrantRequest(as, client, clientAuth, tokens.refresh_token!, insecure)
-    await t.rejects(oauth.processRefreshTokenResponse(as, client, reuse), { error: 'invalid_grant' }, 'the used refresh token is refused')
+    t.equal(await refusal(oauth.processRefreshTokenResponse(as, client, reuse)), 'invalid_grant', 'the used refresh token is refused')
     t.equal((await api(rotated.access_token, 'GET', '/api/me')).status, 401, 'every access token of the grant stopped')
     const newest = await oauth.refreshTokenGrantRequest(as, client, clientAuth, rotated.refresh_token!, insecure)
-    await t.rejects(oauth.processRefreshTokenResponse(as, client, newest), { error: 'invalid_grant' }, 'and the newest refresh token')
+    t.equal(await refusal(oauth.processRefreshTokenResponse(as, client, newest)), 'invalid_grant', 'and the newest refresh token')
   })
 
   t.test('revocation (RFC 7009) stops the access token', async (t) => {
@@ -159,13 +173,19 @@ if (browser) {
     await browser.screenshot('security-connected-apps')
     await row.getByRole('button', { name: 'Disconnect Mail merge' }).click()
     await page.waitForURL(`${server.url}/security?done=revoked`)
-    t.equal(await page.getByRole('region', { name: 'Connected apps' }).getByRole('row', { name: /Mail merge/ }).count(), 0)
+    t.equal(
+      await page
+        .getByRole('region', { name: 'Connected apps' })
+        .getByRole('row', { name: /Mail merge/ })
+        .count(),
+      0,
+    )
     t.equal((await api(connected.access_token, 'GET', '/api/me')).status, 401, 'the app is cut off at once')
     const refresh = await oauth.refreshTokenGrantRequest(as, client, clientAuth, connected.refresh_token!, insecure)
-    await t.rejects(oauth.processRefreshTokenResponse(as, client, refresh), { error: 'invalid_grant' }, 'it cannot refresh either')
+    t.equal(await refusal(oauth.processRefreshTokenResponse(as, client, refresh)), 'invalid_grant', 'it cannot refresh either')
   })
 
-  t.test("the admin sees who connected the app and revokes it for the whole workspace", async (t) => {
+  t.test('the admin sees who connected the app and revokes it for the whole workspace', async (t) => {
     const connected = await codeFlow('deals:read offline_access')
     // The browser profile is one; the admin signs in in place of bob, who signs in again below.
     await context.clearCookies()
@@ -175,7 +195,8 @@ if (browser) {
     await adminPage.goto(`${server.url}/oauth-apps`)
     const card = adminPage.getByRole('article', { name: 'Mail merge' })
     t.match(await card.textContent(), /Connected users \(1\)[\s\S]*bob@acme\.test[\s\S]*deals:read offline_access/)
-    if (process.env.UI_SCREENSHOT_DIR) await adminPage.screenshot({ path: `${process.env.UI_SCREENSHOT_DIR}/oauth-apps-connected.png`, fullPage: true })
+    if (process.env.UI_SCREENSHOT_DIR)
+      await adminPage.screenshot({ path: `${process.env.UI_SCREENSHOT_DIR}/oauth-apps-connected.png`, fullPage: true })
     await card.getByRole('button', { name: 'Revoke Mail merge for the whole workspace' }).click()
     await adminPage.waitForURL(`${server.url}/oauth-apps?done=revoked`)
     t.match(await adminPage.getByRole('article', { name: 'Mail merge' }).textContent(), /Connected users \(0\)/)

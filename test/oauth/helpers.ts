@@ -67,7 +67,10 @@ export async function consent(
   if (page.status !== 200) throw new Error(`the consent page answered ${page.status}: ${text.slice(0, 300)}`)
   const form = new URLSearchParams()
   for (const match of text.matchAll(/<input type="hidden" name="([a-z_]+)" value="([^"]*)">/g)) {
-    form.append(match[1], match[2].replaceAll('&amp;', '&').replaceAll('&quot;', '"').replaceAll('&#39;', "'").replaceAll('&lt;', '<').replaceAll('&gt;', '>'))
+    form.append(
+      match[1],
+      match[2].replaceAll('&amp;', '&').replaceAll('&quot;', '"').replaceAll('&#39;', "'").replaceAll('&lt;', '<').replaceAll('&gt;', '>'),
+    )
   }
   form.append('decision', decision)
   const answer = await fetch(`${server.url}/oauth/authorize`, {
