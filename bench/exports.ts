@@ -5,6 +5,7 @@
 //
 //   node bench/exports.ts
 //   BENCH_EXPORT_DEALS=200000 node bench/exports.ts
+//   BENCH_LOG_LEVEL=info node bench/exports.ts      (the API's log lines in the output)
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
@@ -38,10 +39,10 @@ function currentRssMiB(pid: number): number {
 async function main(): Promise<void> {
   const database = await provision()
   let child: ReturnType<typeof spawn> | null = null
+  const client = new pg.Client({ connectionString: database.url })
   try {
     const { tenant, admin } = await benchWorkspace(database.url)
 
-    const client = new pg.Client({ connectionString: database.url })
     await client.connect()
     const loadStarted = performance.now()
     // Loaded as the owner with the outbox trigger off: this bench measures reading, not writing.
@@ -71,10 +72,11 @@ async function main(): Promise<void> {
         PORT: String(port),
         HOST: '127.0.0.1',
         APP_SECRET: BENCH_APP_SECRET,
-        LOG_LEVEL: 'error',
+        LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'error',
         RATE_LIMIT_PER_MINUTE: '1000000',
       },
-      stdio: 'ignore',
+      // The API's log (errors only, unless BENCH_LOG_LEVEL says more) shows in the bench's output.
+      stdio: ['ignore', 'inherit', 'inherit'],
     })
     const base = `http://127.0.0.1:${port}`
     for (let waited = 0; ; waited += 100) {
@@ -127,7 +129,6 @@ async function main(): Promise<void> {
     )
     for await (const _row of stream) baselineRows++
     const baselineSeconds = (performance.now() - started) / 1000
-    await client.end()
 
     const rate = (seconds: number) => Math.round(DEALS / seconds).toLocaleString('en-US')
     const mib = (value: number) => value.toFixed(0)
@@ -147,6 +148,9 @@ Targets: ≥ 100,000 rows/s and peak RSS < 200 MiB.
 `)
   } finally {
     child?.kill('SIGTERM')
+    // Closed before the server stops: a connection the shutdown terminates would raise its own
+    // error and hide the one that ended the run.
+    await client.end().catch(() => {})
     await database.stop()
   }
 }

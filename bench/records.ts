@@ -240,7 +240,12 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
     children.push(api.child)
     const baseline = await startChild(['--serve-baseline', database.url, tenant.id, admin.id, '20'])
     children.push(baseline.child)
-    const auth = { authorization: `Bearer ${admin.token}`, 'x-tenant-slug': slug }
+    // BENCH_TOKEN_SCOPES=deals:read,deals:write: the API is called with a token limited to these
+    // scopes (the proven context then carries them), instead of the admin's unscoped token.
+    const scopes = process.env.BENCH_TOKEN_SCOPES?.split(',')
+    const { mintToken, withOwner } = await import('../test/helpers/fixtures.ts')
+    const token = scopes ? await withOwner(database.url, (owner) => mintToken(owner, admin.id, { scopes })) : admin.token
+    const auth = { authorization: `Bearer ${token}`, 'x-tenant-slug': slug }
 
     const rows: string[] = []
     for (const scenario of SCENARIOS) {

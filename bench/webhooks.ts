@@ -6,6 +6,7 @@
 //
 //   node bench/webhooks.ts       prints a markdown report (DATABASE_URL, or an embedded PostgreSQL)
 //   BENCH_EVENTS=5000 node bench/webhooks.ts      a quicker run
+//   BENCH_RECOVER=500 ...                         fewer deliveries to recover (default 10,000)
 //
 // The events are contacts with every field and a few custom fields filled, so that each delivery
 // body is about 2 KB (the size the issue names). The loop is warmed up before it is timed and runs
@@ -17,6 +18,11 @@
 // and from it a ceiling: the rate the service would reach if its worker and receiver cost no more
 // per delivery than the faster loop's do per request, with PostgreSQL's share as measured and every
 // core busy. It shows how much of the gap to the loop is the database's work that logs each attempt.
+//
+// Recovery (POST .../recover): BENCH_RECOVER deliveries already delivered are turned dead, as a
+// receiver outage would leave them (seven failed attempts cost minutes of schedule, not what is
+// measured here), then one recovery, as an admin, gives them fresh cycles: the time its transaction
+// takes to re-queue them, then the rate at which they are delivered again, against the rate above.
 import { type ChildProcess, fork } from 'node:child_process'
 import { createHmac, createSecretKey } from 'node:crypto'
 import { createServer } from 'node:http'
@@ -35,6 +41,7 @@ const LOOP_WARM_UP = 5_000
 const LOOP_CONCURRENCY = 50
 const LATENCY_RATE = 100
 const LATENCY_SECONDS = Number(process.env.BENCH_LATENCY_SECONDS ?? 10)
+const RECOVER = Number(process.env.BENCH_RECOVER ?? 10_000)
 
 type ReceiverStats = { count: number; bytes: number }
 
@@ -221,12 +228,15 @@ async function main(): Promise<void> {
       [ws.id, user.id],
     )
     const sealed = sealWebhookSecret(webhookSecretKey(BENCH_APP_SECRET), WEBHOOK_SECRET, ws.id)
-    await owner.query(
-      `insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4) values ($1, 'bench', $2, '{contact.*}', $3, 'last')`,
+    const {
+      rows: [subscription],
+    } = await owner.query(
+      `insert into crm.webhook_subscriptions (workspace_id, name, url, events, secret_encrypted, secret_last4) values ($1, 'bench', $2, '{contact.*}', $3, 'last') returning id`,
       [ws.id, receiverUrl, sealed],
     )
     const { createLogger } = await import('../src/log.ts')
     const { startWorker } = await import('../src/worker.ts')
+    const { ensureWorkerRole } = await import('../src/db/runtime-role.ts')
 
     const insertContacts = async (prefix: string, from: number, count: number) => {
       const client = await owner.connect()
@@ -287,7 +297,11 @@ async function main(): Promise<void> {
     const before = await ask<ReceiverStats>(child, 'stats')
     const started = performance.now()
     const deliveryCpuSince = startCpu()
-    const worker = await startWorker({ databaseUrl: db.url, config, logger: createLogger('warn') })
+    const worker = await startWorker({
+      databaseUrl: await ensureWorkerRole(db.url, config.appSecret),
+      config,
+      logger: createLogger('warn'),
+    })
     // The receiver's count over time, for the steady rate: from the 10th to the 90th percentile of
     // arrivals, leaving out the worker's start (connections, first plans) and the tail.
     const arrivalsOverTime: { at: number; count: number }[] = []
@@ -327,6 +341,43 @@ async function main(): Promise<void> {
     await until(async () => (await deliveredCount()) >= EVENTS + latencyEvents, 120_000, 'latency deliveries')
     const { arrivals } = await ask<{ arrivals: [string, number][] }>(child, 'arrivals')
     const latencies = arrivals.map(([tag, at]) => at - (commits.get(tag) ?? at)).sort((a, b) => a - b)
+
+    // Recovery: RECOVER delivered deliveries turned dead, then one recovery as the workspace's admin.
+    const recoverCount = Math.min(RECOVER, EVENTS)
+    await owner.query(
+      `update crm.webhook_deliveries set status = 'dead', completed_at = now()
+        where id in (select id from crm.webhook_deliveries where workspace_id = $1 and status = 'delivered' order by id limit $2)`,
+      [ws.id, recoverCount],
+    )
+    await owner.query('analyze crm.webhook_deliveries')
+    const recoverBefore = await ask<ReceiverStats>(child, 'stats')
+    const deliveredBeforeRecovery = await deliveredCount()
+    const recoverClient = await owner.connect()
+    let requeueMs: number
+    let recovered: number
+    try {
+      const requeueStarted = performance.now()
+      await recoverClient.query('begin')
+      await recoverClient.query(`select crm.act_as('bench@hooks.test', 'bench-hooks')`)
+      const {
+        rows: [answer],
+      } = await recoverClient.query(`select crm.recover_webhook_deliveries($1, now() - interval '1 hour') as n`, [subscription.id])
+      await recoverClient.query('commit')
+      requeueMs = performance.now() - requeueStarted
+      recovered = answer.n
+    } finally {
+      recoverClient.release()
+    }
+    if (recovered !== recoverCount) throw new Error(`recovery re-queued ${recovered} deliveries, not ${recoverCount}`)
+    const recoverStarted = performance.now()
+    await until(
+      async () => (await ask<ReceiverStats>(child, 'stats')).count - recoverBefore.count >= recoverCount,
+      600_000,
+      'recovered deliveries received',
+    )
+    const recoverReceivedMs = performance.now() - recoverStarted
+    await until(async () => (await deliveredCount()) >= deliveredBeforeRecovery + recoverCount, 600_000, 'recovered deliveries recorded')
+    const recoverDeliveredMs = performance.now() - recoverStarted
     await worker.stop()
 
     // Baseline 2 again, after the service.
@@ -362,6 +413,16 @@ async function main(): Promise<void> {
       `${formatted(latencies.length)} events over ${LATENCY_SECONDS} s`,
     ])
     rows.push([`commit to receipt at ${LATENCY_RATE} events/s, p99`, `${percentile(latencies, 99)} ms`, ''])
+    rows.push([
+      `recovery of ${formatted(recoverCount)} dead deliveries: re-queued`,
+      `${formatted(Math.round(requeueMs))} ms`,
+      'one call of crm.recover_webhook_deliveries as the admin (its transaction: one UPDATE and the jobs, 100 deliveries a job)',
+    ])
+    rows.push([
+      `recovery of ${formatted(recoverCount)} dead deliveries: delivered again`,
+      `${formatted(rate(recoverCount, recoverDeliveredMs))} deliveries/s`,
+      `from the commit to the last recorded delivered (${formatted(rate(recoverCount, recoverReceivedMs))}/s to the last received); the usual rate is the delivered row above`,
+    ])
 
     const micros = (n: number) => (Number.isNaN(n) ? 'n/a' : `${formatted(Math.round(n))} µs`)
     const loopCpuRow = (label: string, cpu: CpuPerRequest) => [

@@ -8,10 +8,15 @@
 
 create role crm_api nologin;
 grant crm_api to crm_runtime;
+grant crm_api to crm_worker;
 grant crm_api to current_user;
+create role crm_owner nologin noinherit;
+grant crm_owner to current_user;
 create role crm_runtime login;
 alter role crm_runtime set statement_timeout = '30s';
 alter role crm_runtime set idle_in_transaction_session_timeout = '60s';
+create role crm_worker login noinherit;
+alter role crm_worker set idle_in_transaction_session_timeout = '5min';
 
 -- Extensions
 
@@ -23,10 +28,11 @@ create extension if not exists pgcrypto with schema public;
 create schema crm;
 comment on schema crm is 'CRM data and rules. Every table has row-level security; the API runs as crm_api.';
 grant usage on schema crm to crm_api;
+grant usage on schema crm to crm_worker;
 
 -- Types
 
-create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text);
+create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text);
 comment on type crm.webhook_attempt_result is 'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
 grant usage on type crm.webhook_attempt_result to public;
 
@@ -48,6 +54,7 @@ create table crm.associations (
   constraint associations_links_two CHECK ((num_nonnulls(contact_id, company_id, deal_id) = 2))
 );
 alter table crm.associations enable row level security;
+alter table crm.associations force row level security;
 CREATE INDEX associations_company ON crm.associations USING btree (workspace_id, company_id, contact_id);
 comment on index crm.associations_company is 'A company''s contacts, and the cascade when a company is deleted.';
 CREATE UNIQUE INDEX associations_company_deal ON crm.associations USING btree (workspace_id, company_id, deal_id) WHERE (contact_id IS NULL);
@@ -61,6 +68,13 @@ comment on index crm.associations_contact_deal is 'One link per contact and deal
 CREATE INDEX associations_deal ON crm.associations USING btree (workspace_id, deal_id, contact_id, company_id);
 comment on index crm.associations_deal is 'A deal''s contacts and companies, and the cascade when a deal is deleted.';
 comment on table crm.associations is 'Many-to-many links between two records of different types; exactly two of contact_id, company_id, deal_id are set.';
+create policy associations_all_owner on crm.associations as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy associations_all_owner on crm.associations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+create policy associations_delete_scopes on crm.associations as restrictive for delete to crm_api
+  using (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
+comment on policy associations_delete_scopes on crm.associations is 'A scoped token unlinks records only with write on one end''s type.';
 create policy associations_delete_visible on crm.associations as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((contact_id IS NULL) OR (EXISTS ( SELECT
    FROM crm.contacts c
@@ -70,6 +84,9 @@ create policy associations_delete_visible on crm.associations as permissive for 
    FROM crm.deals d
   WHERE ((d.workspace_id = associations.workspace_id) AND (d.id = associations.deal_id)))))));
 comment on policy associations_delete_visible on crm.associations is 'A link may be removed only when the caller can see both its ends (links to hidden records stay).';
+create policy associations_insert_scopes on crm.associations as restrictive for insert to crm_api
+  with check (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
+comment on policy associations_insert_scopes on crm.associations is 'A scoped token links records only with write on one end''s type.';
 create policy associations_insert_visible on crm.associations as permissive for insert to crm_api
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((contact_id IS NULL) OR (EXISTS ( SELECT
    FROM crm.contacts c
@@ -96,10 +113,15 @@ create table crm.attempt_counters (
   constraint attempt_counters_purpose_known CHECK ((purpose = ANY (ARRAY['sign_in'::text, 'two_factor'::text])))
 );
 alter table crm.attempt_counters enable row level security;
+alter table crm.attempt_counters force row level security;
 CREATE INDEX attempt_counters_window_ends_at_idx ON crm.attempt_counters USING btree (window_ends_at);
 comment on table crm.attempt_counters is 'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
 comment on column crm.attempt_counters.attempts is 'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
 comment on column crm.attempt_counters.window_id is 'Names the window, so a release after the window was replaced does not give the new window an attempt back.';
+create policy attempt_counters_all_owner on crm.attempt_counters as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy attempt_counters_all_owner on crm.attempt_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.companies (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -135,6 +157,7 @@ create table crm.companies (
   constraint companies_website_format CHECK (((length(website) <= 2048) AND (website ~* '^https?://[^\s/?#]+[^\s]*$'::text)))
 );
 alter table crm.companies enable row level security;
+alter table crm.companies force row level security;
 CREATE INDEX companies_created_at ON crm.companies USING btree (workspace_id, created_at, id);
 comment on index crm.companies_created_at is 'The default list order (created_at, id) and its keyset cursor.';
 CREATE INDEX companies_custom_fields ON crm.companies USING gin (custom_fields jsonb_path_ops);
@@ -160,6 +183,10 @@ CREATE TRIGGER tg_companies__events_insert AFTER INSERT ON crm.companies REFEREN
 CREATE TRIGGER tg_companies__events_update AFTER UPDATE ON crm.companies REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_companies__write_events();
 CREATE TRIGGER tg_companies__touch_updated_at BEFORE UPDATE ON crm.companies FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.companies is 'Companies (API.md section 5).';
+create policy companies_all_owner on crm.companies as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy companies_all_owner on crm.companies is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy companies_delete_scoped on crm.companies as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('companies'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('companies'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy companies_delete_scoped on crm.companies is 'companies:delete: all, or the owners the own/team scope covers.';
@@ -220,6 +247,7 @@ create table crm.contacts (
   constraint contacts_phone_format CHECK (((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text)))
 );
 alter table crm.contacts enable row level security;
+alter table crm.contacts force row level security;
 CREATE INDEX contacts_company ON crm.contacts USING btree (workspace_id, company_id);
 comment on index crm.contacts_company is 'filter[company_id] and the ON DELETE SET NULL when a company is deleted.';
 CREATE INDEX contacts_created_at ON crm.contacts USING btree (workspace_id, created_at, id);
@@ -248,6 +276,10 @@ CREATE TRIGGER tg_contacts__events_update AFTER UPDATE ON crm.contacts REFERENCI
 CREATE TRIGGER tg_contacts__touch_updated_at BEFORE UPDATE ON crm.contacts FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.contacts is 'People (API.md section 5); at least one of first name, last name or email.';
 comment on column crm.contacts.company_id is 'The contact''s company (a visible one when set through the API); set to null when that company is deleted.';
+create policy contacts_all_owner on crm.contacts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy contacts_all_owner on crm.contacts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy contacts_delete_scoped on crm.contacts as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('contacts'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('contacts'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy contacts_delete_scoped on crm.contacts is 'contacts:delete: all, or the owners the own/team scope covers.';
@@ -293,7 +325,12 @@ create table crm.deal_stages (
   constraint deal_stages_won_is_closed CHECK (((NOT is_won) OR is_closed))
 );
 alter table crm.deal_stages enable row level security;
+alter table crm.deal_stages force row level security;
 comment on table crm.deal_stages is 'The pipeline of a workspace, in position order; a deal''s stage is one of these keys.';
+create policy deal_stages_all_owner on crm.deal_stages as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy deal_stages_all_owner on crm.deal_stages is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deal_stages_select_member on crm.deal_stages as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy deal_stages_select_member on crm.deal_stages is 'Every member of a workspace sees its pipeline.';
@@ -325,6 +362,7 @@ create table crm.deals (
   constraint deals_name_length CHECK (((length(name) >= 1) AND (length(name) <= 255)))
 );
 alter table crm.deals enable row level security;
+alter table crm.deals force row level security;
 CREATE INDEX deals_amount ON crm.deals USING btree (workspace_id, amount, id);
 comment on index crm.deals_amount is 'sort=-amount and amount ranges.';
 CREATE INDEX deals_company ON crm.deals USING btree (workspace_id, company_id);
@@ -353,6 +391,10 @@ CREATE TRIGGER tg_deals__events_update AFTER UPDATE ON crm.deals REFERENCING OLD
 CREATE TRIGGER tg_deals__touch_updated_at BEFORE UPDATE ON crm.deals FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.deals is 'Deals (API.md section 5): money in numeric(18,2), the stage one of the workspace''s deal_stages.';
 comment on column crm.deals.stage_changed_at is 'When the stage last changed (read-only, kept by tg_deals__before_write).';
+create policy deals_all_owner on crm.deals as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy deals_all_owner on crm.deals is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deals_delete_scoped on crm.deals as permissive for delete to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((( SELECT crm.grant_scope('deals'::text, 'delete'::text) AS grant_scope) = 'all'::text) OR (owner_id = ANY (( SELECT crm.scope_owner_ids('deals'::text, 'delete'::text) AS scope_owner_ids)::uuid[])))));
 comment on policy deals_delete_scoped on crm.deals is 'deals:delete: all, or the owners the own/team scope covers.';
@@ -399,6 +441,7 @@ create table crm.events (
   constraint events_record_type_check CHECK ((record_type = ANY (ARRAY['contact'::text, 'company'::text, 'deal'::text])))
 );
 alter table crm.events enable row level security;
+alter table crm.events force row level security;
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
@@ -407,6 +450,10 @@ CREATE INDEX webhook_events_id ON crm.events USING btree (id);
 comment on index crm.webhook_events_id is 'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 comment on table crm.events is 'The outbox: one row per record change, written by triggers in the writing transaction (API.md section 8). data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
 comment on column crm.events.data is 'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+create policy events_all_owner on crm.events as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy events_all_owner on crm.events is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.idempotency_keys (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -423,6 +470,7 @@ create table crm.idempotency_keys (
   constraint idempotency_keys_key_length CHECK (((length(key) >= 1) AND (length(key) <= 255)))
 );
 alter table crm.idempotency_keys enable row level security;
+alter table crm.idempotency_keys force row level security;
 CREATE INDEX idempotency_keys_expires_at ON crm.idempotency_keys USING btree (expires_at);
 comment on index crm.idempotency_keys_expires_at is 'Housekeeping deletes expired keys.';
 comment on table crm.idempotency_keys is 'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace when the request is the same (request_hash), 409 otherwise.';
@@ -432,6 +480,10 @@ create policy idempotency_keys_all_own on crm.idempotency_keys as permissive for
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id))))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id))));
 comment on policy idempotency_keys_all_own on crm.idempotency_keys is 'A caller sees and writes only their own keys in the current workspace (the primary key serves it).';
+create policy idempotency_keys_all_owner on crm.idempotency_keys as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy idempotency_keys_all_owner on crm.idempotency_keys is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select on crm.idempotency_keys to crm_api;
 grant insert (key, request_hash, response_status, response_body, response_headers) on crm.idempotency_keys to crm_api;
 grant update (request_hash, response_status, response_body, response_headers, created_at, expires_at) on crm.idempotency_keys to crm_api;
@@ -449,9 +501,16 @@ create table crm.import_errors (
   constraint import_errors_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.import_errors enable row level security;
+alter table crm.import_errors force row level security;
 comment on table crm.import_errors is 'Why a row was not imported: one line per problem (a row may have several).';
+create policy import_errors_all_owner on crm.import_errors as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy import_errors_all_owner on crm.import_errors is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy import_errors_select_own_or_admin on crm.import_errors as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
+   FROM crm.imports i
+  WHERE ((i.workspace_id = import_errors.workspace_id) AND (i.id = import_errors.import_id)))))));
 comment on policy import_errors_select_own_or_admin on crm.import_errors is 'Errors are seen like their import.';
 grant select on crm.import_errors to crm_api;
 
@@ -466,13 +525,24 @@ create table crm.import_rows (
   constraint import_rows_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.import_rows enable row level security;
+alter table crm.import_rows force row level security;
 comment on table crm.import_rows is 'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
 comment on column crm.import_rows.user_id is 'The importing user (copied from crm.imports so the policy needs no join).';
 comment on column crm.import_rows.repeat_of is 'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
+create policy import_rows_all_owner on crm.import_rows as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy import_rows_all_owner on crm.import_rows is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+create policy import_rows_insert_worker on crm.import_rows as permissive for insert to crm_worker
+  with check (true);
+comment on policy import_rows_insert_worker on crm.import_rows is 'The import job stages a file''s records (it reads none back: crm_worker has no select policy or grant here).';
 create policy import_rows_select_own_or_admin on crm.import_rows as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (EXISTS ( SELECT
+   FROM crm.imports i
+  WHERE ((i.workspace_id = import_rows.workspace_id) AND (i.id = import_rows.import_id)))))));
 comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged rows are seen like their import.';
 grant select on crm.import_rows to crm_api;
+grant insert on crm.import_rows to crm_worker;
 
 create table crm.imports (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -504,6 +574,8 @@ create table crm.imports (
   queued_at timestamp with time zone,
   started_at timestamp with time zone,
   finished_at timestamp with time zone,
+  token_scopes text[],
+  oauth_app_id uuid,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -517,6 +589,7 @@ create table crm.imports (
   constraint imports_status_known CHECK ((status = ANY (ARRAY['uploaded'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text])))
 );
 alter table crm.imports enable row level security;
+alter table crm.imports force row level security;
 alter table crm.imports alter column file_bytes set storage external;
 CREATE INDEX imports_created_at ON crm.imports USING btree (created_at);
 comment on index crm.imports_created_at is 'crm.prune_imports: files and imports past their retention.';
@@ -524,12 +597,18 @@ comment on table crm.imports is 'One uploaded CSV file and the import job run on
 comment on column crm.imports.file_bytes is 'The uploaded file as sent (BOM included); null once pruned.';
 comment on column crm.imports.staged is 'Every record of the file is in crm.import_rows.';
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
+comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
+comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
+create policy imports_all_owner on crm.imports as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy imports_all_owner on crm.imports is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy imports_insert_with_grant on crm.imports as permissive for insert to crm_api
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND (user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (crm.grant_scope(record_type, 'import'::text) IS NOT NULL)));
 comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs the import grant on the record type.';
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))));
-comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
+comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
 grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
@@ -539,7 +618,12 @@ create table crm.internal_secrets (
   constraint internal_secrets_pkey PRIMARY KEY (name)
 );
 alter table crm.internal_secrets enable row level security;
+alter table crm.internal_secrets force row level security;
 comment on table crm.internal_secrets is 'Keys used only inside SECURITY DEFINER functions; crm_api has no grant and no policy here.';
+create policy internal_secrets_all_owner on crm.internal_secrets as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy internal_secrets_all_owner on crm.internal_secrets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.invitation_teams (
   workspace_id uuid not null,
@@ -550,12 +634,17 @@ create table crm.invitation_teams (
   constraint invitation_teams_workspace_id_team_id_fkey FOREIGN KEY (workspace_id, team_id) REFERENCES crm.teams(workspace_id, id) ON DELETE CASCADE
 );
 alter table crm.invitation_teams enable row level security;
+alter table crm.invitation_teams force row level security;
 CREATE INDEX invitation_teams_team_idx ON crm.invitation_teams USING btree (workspace_id, team_id);
 comment on table crm.invitation_teams is 'Teams an invited member joins on acceptance (a team deleted meanwhile is simply dropped).';
 create policy invitation_teams_all_admin on crm.invitation_teams as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only (a scoped token needs workspace:admin).';
+create policy invitation_teams_all_owner on crm.invitation_teams as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy invitation_teams_all_owner on crm.invitation_teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 
 create table crm.invitations (
@@ -578,14 +667,19 @@ create table crm.invitations (
   constraint invitations_email_format CHECK (((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254)))
 );
 alter table crm.invitations enable row level security;
+alter table crm.invitations force row level security;
 CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations USING btree (workspace_id, email) WHERE (accepted_at IS NULL);
 CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, role_id) WHERE (accepted_at IS NULL);
 comment on table crm.invitations is 'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
 comment on column crm.invitations.token_hash is 'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when SMTP_URL is set).';
 create policy invitations_all_admin on crm.invitations as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace (a scoped token needs workspace:admin).';
+create policy invitations_all_owner on crm.invitations as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy invitations_all_owner on crm.invitations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.invitations to crm_api;
 grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by) on crm.invitations to crm_api;
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
@@ -602,18 +696,23 @@ create table crm.memberships (
   constraint memberships_workspace_id_role_id_fkey FOREIGN KEY (workspace_id, role_id) REFERENCES crm.roles(workspace_id, id)
 );
 alter table crm.memberships enable row level security;
+alter table crm.memberships force row level security;
 CREATE INDEX memberships_role_idx ON crm.memberships USING btree (workspace_id, role_id);
 CREATE INDEX memberships_user_idx ON crm.memberships USING btree (user_id, joined_at);
 CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__check_seats();
 CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
+create policy memberships_all_owner on crm.memberships as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy memberships_all_owner on crm.memberships is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR (workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))));
-comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace.';
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
+comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.memberships to crm_api;
 grant update (role_id, suspended_at) on crm.memberships to crm_api;
 
@@ -639,15 +738,20 @@ create table crm.oauth_apps (
   constraint oauth_apps_secret_if_confidential CHECK (((confidential = (client_secret_hash IS NOT NULL)) AND (confidential = (client_secret_last4 IS NOT NULL))))
 );
 alter table crm.oauth_apps enable row level security;
+alter table crm.oauth_apps force row level security;
 CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
 comment on constraint oauth_apps_secret_if_confidential on crm.oauth_apps is 'A confidential app has a secret; a public app has none.';
 comment on table crm.oauth_apps is 'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
 comment on column crm.oauth_apps.client_secret_hash is 'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
 comment on column crm.oauth_apps.confidential is 'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without a secret.';
 create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps; others see none.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
+create policy oauth_apps_all_owner on crm.oauth_apps as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_apps_all_owner on crm.oauth_apps is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy oauth_apps_select_connected on crm.oauth_apps as permissive for select to crm_api
   using ((EXISTS ( SELECT
    FROM crm.oauth_grants g
@@ -675,10 +779,15 @@ create table crm.oauth_codes (
   constraint oauth_codes_redirect_uri_length CHECK ((length(redirect_uri) <= 2000))
 );
 alter table crm.oauth_codes enable row level security;
+alter table crm.oauth_codes force row level security;
 CREATE UNIQUE INDEX oauth_codes_code_hash_key ON crm.oauth_codes USING btree (code_hash);
 comment on table crm.oauth_codes is 'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE S256 challenge. No policy: only the OAuth functions read them.';
 comment on column crm.oauth_codes.code_challenge is 'BASE64URL(SHA256(code_verifier)) as the client sent it (RFC 7636 S256, the only method accepted).';
 comment on column crm.oauth_codes.used_at is 'Set by the first exchange, successful or not; a second one revokes the grant and every token issued from the code.';
+create policy oauth_codes_all_owner on crm.oauth_codes as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_codes_all_owner on crm.oauth_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.oauth_grants (
   workspace_id uuid not null,
@@ -696,6 +805,7 @@ create table crm.oauth_grants (
   constraint oauth_grants_scopes_known CHECK (crm.scopes_are_valid(scopes))
 );
 alter table crm.oauth_grants enable row level security;
+alter table crm.oauth_grants force row level security;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
 CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
@@ -703,6 +813,10 @@ comment on table crm.oauth_grants is 'One consent: a member allowed an app these
 comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
 comment on column crm.oauth_grants.last_issued_at is 'When an access token was last issued under the grant (the code exchange or a refresh).';
 comment on column crm.oauth_grants.expires_at is 'When the last token issued under the grant expires (its newest refresh token, else its access token).';
+create policy oauth_grants_all_owner on crm.oauth_grants as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_grants_all_owner on crm.oauth_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive for select to crm_api
   using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin))));
 comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is 'A user sees the apps they connected (in every workspace); admins see every app connection of the current workspace.';
@@ -726,10 +840,15 @@ create table crm.oauth_refresh_tokens (
   constraint oauth_refresh_tokens_token_hash_length CHECK ((length(token_hash) = 32))
 );
 alter table crm.oauth_refresh_tokens enable row level security;
+alter table crm.oauth_refresh_tokens force row level security;
 CREATE INDEX oauth_refresh_tokens_grant_idx ON crm.oauth_refresh_tokens USING btree (workspace_id, grant_id);
 CREATE UNIQUE INDEX oauth_refresh_tokens_token_hash_key ON crm.oauth_refresh_tokens USING btree (token_hash);
 comment on table crm.oauth_refresh_tokens is 'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only the OAuth functions read them.';
 comment on column crm.oauth_refresh_tokens.used_at is 'Set when the token is exchanged for the next one; presenting it again revokes the grant.';
+create policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create unlogged table crm.rate_limit_counters (
   user_id uuid not null,
@@ -739,7 +858,12 @@ create unlogged table crm.rate_limit_counters (
   constraint rate_limit_counters_pkey PRIMARY KEY (user_id, window_start, backend_pid)
 ) with (fillfactor=10);
 alter table crm.rate_limit_counters enable row level security;
+alter table crm.rate_limit_counters force row level security;
 comment on table crm.rate_limit_counters is 'Requests per user per clock-aligned minute, shared by every API process.';
+create policy rate_limit_counters_all_owner on crm.rate_limit_counters as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy rate_limit_counters_all_owner on crm.rate_limit_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.recovery_codes (
   user_id uuid not null,
@@ -749,7 +873,12 @@ create table crm.recovery_codes (
   constraint recovery_codes_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.recovery_codes enable row level security;
+alter table crm.recovery_codes force row level security;
 comment on table crm.recovery_codes is 'Single-use recovery codes, SHA-256 hashed (they are high-entropy random strings).';
+create policy recovery_codes_all_owner on crm.recovery_codes as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy recovery_codes_all_owner on crm.recovery_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.role_grants (
   workspace_id uuid not null,
@@ -764,15 +893,20 @@ create table crm.role_grants (
   constraint role_grants_scope_known CHECK ((scope = ANY (ARRAY['own'::text, 'team'::text, 'all'::text])))
 );
 alter table crm.role_grants enable row level security;
+alter table crm.role_grants force row level security;
 CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants FOR EACH ROW EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
 comment on table crm.role_grants is 'resource:action:scope grants of a role; one scope per resource and action.';
+create policy role_grants_all_owner on crm.role_grants as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy role_grants_all_owner on crm.role_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy role_grants_select_workspace on crm.role_grants as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy role_grants_select_workspace on crm.role_grants is 'Members see the grants of the current workspace''s roles.';
 create policy role_grants_write_admin on crm.role_grants as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy role_grants_write_admin on crm.role_grants is 'Admins change the grants of custom roles.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy role_grants_write_admin on crm.role_grants is 'Admins change the grants of custom roles (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.role_grants to crm_api;
 
 create table crm.roles (
@@ -788,17 +922,22 @@ create table crm.roles (
   constraint roles_name_format CHECK ((name ~ '^[a-z][a-z0-9_]{0,62}$'::text))
 );
 alter table crm.roles enable row level security;
+alter table crm.roles force row level security;
 CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
 CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__protect_builtin();
 CREATE TRIGGER tg_roles__refuse_delete_in_use BEFORE DELETE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__refuse_delete_in_use();
 comment on table crm.roles is 'Per-workspace roles. Built-in: admin, member, read_only (created by a trigger on crm.workspaces).';
+create policy roles_all_owner on crm.roles as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy roles_all_owner on crm.roles is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy roles_select_workspace on crm.roles as permissive for select to crm_api
   using ((workspace_id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy roles_select_workspace on crm.roles is 'Members see the roles of their workspaces (the workspace list shows their role in each).';
 create policy roles_write_admin on crm.roles as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy roles_write_admin on crm.roles is 'Admins manage custom roles.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy roles_write_admin on crm.roles is 'Admins manage custom roles (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.roles to crm_api;
 grant update (name, is_admin) on crm.roles to crm_api;
 
@@ -812,6 +951,22 @@ create table crm.schema_migrations (
 comment on table crm.schema_migrations is 'One row per applied sql/ migration file, with its sha256.';
 grant select (number) on crm.schema_migrations to crm_runtime;
 
+create unlogged table crm.sign_in_tickets (
+  id uuid default gen_random_uuid() not null,
+  email text not null,
+  window_id uuid not null,
+  expires_at timestamp with time zone not null,
+  constraint sign_in_tickets_pkey PRIMARY KEY (id)
+);
+alter table crm.sign_in_tickets enable row level security;
+alter table crm.sign_in_tickets force row level security;
+CREATE INDEX sign_in_tickets_expires_at_idx ON crm.sign_in_tickets USING btree (expires_at);
+comment on table crm.sign_in_tickets is 'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
+create policy sign_in_tickets_all_owner on crm.sign_in_tickets as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy sign_in_tickets_all_owner on crm.sign_in_tickets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
 create table crm.team_members (
   workspace_id uuid not null,
   team_id uuid not null,
@@ -821,15 +976,20 @@ create table crm.team_members (
   constraint team_members_workspace_id_user_id_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE
 );
 alter table crm.team_members enable row level security;
+alter table crm.team_members force row level security;
 CREATE INDEX team_members_user_idx ON crm.team_members USING btree (workspace_id, user_id);
 comment on table crm.team_members is 'Which members belong to which teams.';
+create policy team_members_all_owner on crm.team_members as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy team_members_all_owner on crm.team_members is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy team_members_select_workspace on crm.team_members as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy team_members_select_workspace on crm.team_members is 'Members see who is in which team.';
 create policy team_members_write_admin on crm.team_members as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy team_members_write_admin on crm.team_members is 'Admins change team membership.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy team_members_write_admin on crm.team_members is 'Admins change team membership (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.team_members to crm_api;
 
 create table crm.teams (
@@ -843,14 +1003,19 @@ create table crm.teams (
   constraint teams_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 100)))
 );
 alter table crm.teams enable row level security;
+alter table crm.teams force row level security;
 comment on table crm.teams is 'Groups of members; the team scope covers records owned by anyone sharing a team with the user.';
+create policy teams_all_owner on crm.teams as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy teams_all_owner on crm.teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy teams_select_workspace on crm.teams as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy teams_select_workspace on crm.teams is 'Members see the teams of the current workspace.';
 create policy teams_write_admin on crm.teams as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy teams_write_admin on crm.teams is 'Admins manage teams.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
+comment on policy teams_write_admin on crm.teams is 'Admins manage teams (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.teams to crm_api;
 
 create table crm.tokens (
@@ -880,6 +1045,7 @@ create table crm.tokens (
   constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
 alter table crm.tokens enable row level security;
+alter table crm.tokens force row level security;
 CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
@@ -892,9 +1058,13 @@ comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.
 comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
 comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
 comment on column crm.tokens.oauth_grant_id is 'The grant an OAuth access token was issued under; revoking either revokes the other.';
+create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
-  with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself.';
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
+comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
 comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions.';
@@ -917,7 +1087,12 @@ create table crm.two_factor_challenges (
   constraint two_factor_challenges_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.two_factor_challenges enable row level security;
+alter table crm.two_factor_challenges force row level security;
 comment on table crm.two_factor_challenges is 'Pending second steps of a sign-in; the signed challenge token names one row, which allows 5 tries.';
+create policy two_factor_challenges_all_owner on crm.two_factor_challenges as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy two_factor_challenges_all_owner on crm.two_factor_challenges is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.user_totp (
   user_id uuid not null,
@@ -929,9 +1104,14 @@ create table crm.user_totp (
   constraint user_totp_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
 alter table crm.user_totp enable row level security;
+alter table crm.user_totp force row level security;
 CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp FOR EACH ROW EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
 comment on table crm.user_totp is 'TOTP secrets, AES-256-GCM encrypted with a key derived from APP_SECRET; two-factor is on once confirmed_at is set.';
 comment on column crm.user_totp.last_used_step is 'The RFC 6238 time step of the last code accepted at sign-in; a code of this step or an earlier one is refused.';
+create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy user_totp_all_owner on crm.user_totp is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.users (
   id uuid default crm.uuid_v7() not null,
@@ -949,10 +1129,15 @@ create table crm.users (
   constraint users_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 255)))
 );
 alter table crm.users enable row level security;
+alter table crm.users force row level security;
 comment on table crm.users is 'People who sign in. Email is stored lower-case, so the unique key is case-insensitive.';
 comment on column crm.users.password_hash is 'scrypt (N=32768, r=8, p=1, 16-byte salt), encoded as scrypt$N$r$p$salt$hash (base64url).';
 comment on column crm.users.api_access is 'Platform operator switch: when false, the user''s API tokens stop working at once.';
 comment on column crm.users.suspended_at is 'Platform-wide suspension: every token and session of the user stops at once.';
+create policy users_all_owner on crm.users as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy users_all_owner on crm.users is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy users_select_self_or_colleague on crm.users as permissive for select to crm_api
   using (((id = ( SELECT crm.current_user_id() AS current_user_id)) OR (id = ANY (( SELECT crm.colleague_ids() AS colleague_ids)::uuid[]))));
 comment on policy users_select_self_or_colleague on crm.users is 'A user sees themself and the members of the current workspace.';
@@ -972,6 +1157,7 @@ create table crm.webhook_attempts (
   response_status integer,
   error text,
   response_body_excerpt text,
+  signature text,
   constraint webhook_attempts_pkey PRIMARY KEY (workspace_id, delivery_id, attempt),
   constraint webhook_attempts_delivery_fkey FOREIGN KEY (workspace_id, delivery_id) REFERENCES crm.webhook_deliveries(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_attempts_attempt_positive CHECK ((attempt >= 1)),
@@ -980,11 +1166,17 @@ create table crm.webhook_attempts (
   constraint webhook_attempts_excerpt_length CHECK ((octet_length(response_body_excerpt) <= 8192))
 );
 alter table crm.webhook_attempts enable row level security;
+alter table crm.webhook_attempts force row level security;
 CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
+comment on column crm.webhook_attempts.signature is 'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
+create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_attempts_all_owner on crm.webhook_attempts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
 grant select on crm.webhook_attempts to crm_api;
 
 create table crm.webhook_deliveries (
@@ -1004,14 +1196,18 @@ create table crm.webhook_deliveries (
   created_at timestamp with time zone default now() not null,
   updated_at timestamp with time zone default now() not null,
   completed_at timestamp with time zone,
+  is_test boolean default false not null,
+  test_event jsonb,
   constraint webhook_deliveries_pkey PRIMARY KEY (workspace_id, id),
   constraint webhook_deliveries_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_deliveries_attempt_count_check CHECK ((attempt_count >= 0)),
   constraint webhook_deliveries_completed_when_final CHECK (((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))),
   constraint webhook_deliveries_cycle_attempts_check CHECK ((cycle_attempts >= 0)),
-  constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text])))
+  constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))),
+  constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
 alter table crm.webhook_deliveries enable row level security;
+alter table crm.webhook_deliveries force row level security;
 CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
 comment on index crm.webhook_deliveries_completed is 'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the retention).';
 CREATE INDEX webhook_deliveries_held ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id) WHERE ((status = 'held'::text) OR in_release);
@@ -1026,9 +1222,15 @@ comment on table crm.webhook_deliveries is 'One event for one subscription (API.
 comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
 comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
 comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
+comment on column crm.webhook_deliveries.is_test is 'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
+comment on column crm.webhook_deliveries.test_event is 'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
+create policy webhook_deliveries_all_owner on crm.webhook_deliveries as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_deliveries_all_owner on crm.webhook_deliveries is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log; writes go through SECURITY DEFINER functions only.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 
 create table crm.webhook_subscriptions (
@@ -1059,15 +1261,20 @@ create table crm.webhook_subscriptions (
   constraint webhook_subscriptions_url_length CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
 alter table crm.webhook_subscriptions enable row level security;
+alter table crm.webhook_subscriptions force row level security;
 CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
 CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg__touch_updated_at();
 comment on table crm.webhook_subscriptions is 'Webhook endpoints of a workspace (API.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
 comment on column crm.webhook_subscriptions.secret_encrypted is 'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
 comment on column crm.webhook_subscriptions.previous_secret_encrypted is 'The secret before the last rotation; signs too until previous_secret_expires_at.';
 create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as permissive for all to crm_api
-  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)))
-  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin)));
-comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions; everyone else sees none.';
+  using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)))
+  with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
+comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
+create policy webhook_subscriptions_all_owner on crm.webhook_subscriptions as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_subscriptions_all_owner on crm.webhook_subscriptions is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.webhook_subscriptions to crm_api;
 grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by) on crm.webhook_subscriptions to crm_api;
 grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
@@ -1081,7 +1288,12 @@ create table crm.worker_heartbeats (
   constraint worker_heartbeats_pkey PRIMARY KEY (worker_id)
 );
 alter table crm.worker_heartbeats enable row level security;
+alter table crm.worker_heartbeats force row level security;
 comment on table crm.worker_heartbeats is 'One row per live graphile-worker pool (its locked_by id); the owner role only.';
+create policy worker_heartbeats_all_owner on crm.worker_heartbeats as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy worker_heartbeats_all_owner on crm.worker_heartbeats is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.workspaces (
   id uuid default crm.uuid_v7() not null,
@@ -1099,12 +1311,17 @@ create table crm.workspaces (
   constraint workspaces_slug_format CHECK ((slug ~ '^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$'::text))
 );
 alter table crm.workspaces enable row level security;
+alter table crm.workspaces force row level security;
 CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
 CREATE TRIGGER tg_workspaces__delete_records BEFORE DELETE ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__delete_records();
 CREATE TRIGGER tg_workspaces__seed_deal_stages AFTER INSERT ON crm.workspaces REFERENCING NEW TABLE AS new_workspaces FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_workspaces__seed_deal_stages();
 comment on table crm.workspaces is 'A tenant. Every tenant table carries workspace_id first in its keys.';
 comment on column crm.workspaces.trial_ends_at is 'Webhooks work on pro, or while now() < trial_ends_at.';
 comment on column crm.workspaces.seat_limit is 'Active (not suspended) members may not exceed this; null means unlimited.';
+create policy workspaces_all_owner on crm.workspaces as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy workspaces_all_owner on crm.workspaces is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy workspaces_select_member on crm.workspaces as permissive for select to crm_api
   using ((id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
@@ -1138,9 +1355,157 @@ create view crm.permission_matrix as
      JOIN crm.workspaces w ON w.id = g.workspace_id;
 comment on view crm.permission_matrix is 'Every grant of every role: workspace, role, resource, action, scope.';
 
+create view crm.scope_actions as
+ SELECT s.scope,
+    r.resource,
+    a.action
+   FROM unnest(crm.known_scopes()) WITH ORDINALITY s(scope, "position"),
+    unnest(ARRAY['contacts'::text, 'companies'::text, 'deals'::text]) r(resource),
+    unnest(ARRAY['view'::text, 'create'::text, 'update'::text, 'delete'::text, 'import'::text, 'export'::text]) a(action)
+  WHERE crm.scopes_cover(ARRAY[s.scope], r.resource, a.action)
+  ORDER BY s."position", r.resource, a.action;
+comment on view crm.scope_actions is 'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with its role''s grants.';
+
+create view crm.token_access as
+ WITH live AS (
+         SELECT t.id,
+            t.kind,
+            t.name,
+            t.scopes,
+            t.user_id,
+            t.workspace_id AS bound_workspace_id,
+            t.oauth_app_id,
+            u.email
+           FROM crm.tokens t
+             JOIN crm.users u ON u.id = t.user_id
+          WHERE t.scopes IS NOT NULL AND t.revoked_at IS NULL AND t.expires_at > now() AND u.suspended_at IS NULL AND u.api_access
+        ), membership AS (
+         SELECT l.id,
+            l.kind,
+            l.name,
+            l.scopes,
+            l.user_id,
+            l.bound_workspace_id,
+            l.oauth_app_id,
+            l.email,
+            w.slug,
+            m.workspace_id,
+            m.role_id,
+            r.is_admin,
+            a.name AS app
+           FROM live l
+             JOIN crm.memberships m ON m.user_id = l.user_id AND (l.bound_workspace_id IS NULL OR m.workspace_id = l.bound_workspace_id)
+             JOIN crm.workspaces w ON w.id = m.workspace_id
+             JOIN crm.roles r ON r.workspace_id = m.workspace_id AND r.id = m.role_id
+             LEFT JOIN crm.oauth_apps a ON a.workspace_id = l.bound_workspace_id AND a.id = l.oauth_app_id
+          WHERE m.suspended_at IS NULL
+        )
+ SELECT b.slug AS workspace,
+    b.email,
+    b.id AS token_id,
+    b.kind,
+    b.name AS token_name,
+    b.app,
+    b.scopes,
+    g.resource,
+    g.action,
+    g.scope
+   FROM membership b
+     JOIN crm.role_grants g ON g.workspace_id = b.workspace_id AND g.role_id = b.role_id
+  WHERE crm.scopes_cover(b.scopes, g.resource, g.action)
+UNION ALL
+ SELECT b.slug AS workspace,
+    b.email,
+    b.id AS token_id,
+    b.kind,
+    b.name AS token_name,
+    b.app,
+    b.scopes,
+    split_part(s.scope, ':'::text, 1) AS resource,
+    split_part(s.scope, ':'::text, 2) AS action,
+    'all'::text AS scope
+   FROM membership b
+     CROSS JOIN unnest(ARRAY['webhooks:manage'::text, 'workspace:admin'::text]) s(scope)
+  WHERE b.is_admin AND (s.scope = ANY (b.scopes));
+comment on view crm.token_access is 'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
+
 -- Functions
 
+CREATE OR REPLACE FUNCTION crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_invitation record;
+  v_user uuid;
+  v_bearer record;
+begin
+  select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
+    into v_invitation
+    from crm.invitations i join crm.workspaces w on w.id = i.workspace_id
+   where i.token_hash = p_invitation_hash
+     for update of i;
+  failure := case when v_invitation.id is null then 'invitation_invalid'
+                  when v_invitation.accepted then 'invitation_used'
+                  when v_invitation.expired then 'invitation_expired' end;
+  if failure is null and p_bearer_hash is not null then
+    select case when t.id is null then 'token_invalid'
+                when t.revoked_at is not null then 'token_revoked'
+                when t.expires_at <= now() then 'token_expired'
+                when u.suspended_at is not null then 'user_suspended'
+                when t.kind = 'token' and not u.api_access then 'api_access_disabled' end as failure,
+           u.id, u.email
+      into v_bearer
+      from (select 1) one
+      left join crm.tokens t on t.token_hash = p_bearer_hash
+      left join crm.users u on u.id = t.user_id;
+    failure := coalesce(v_bearer.failure, case when v_bearer.email is distinct from v_invitation.email then 'wrong_email' end);
+    v_user := v_bearer.id;
+    if failure is null and exists (select from crm.memberships m where m.workspace_id = v_invitation.workspace_id and m.user_id = v_user) then
+      failure := 'already_member';
+    end if;
+  elsif failure is null then
+    if p_name is null or p_password_hash is null then
+      raise exception 'a new member needs a name and a password' using errcode = '22023';
+    end if;
+    if exists (select from crm.users u where u.email = v_invitation.email) then
+      failure := 'account_exists';
+    end if;
+  end if;
+  if failure is not null then
+    return next;
+    return;
+  end if;
+  if v_user is null then
+    insert into crm.users (email, name, password_hash) values (v_invitation.email, p_name, p_password_hash) returning crm.users.id into v_user;
+  end if;
+  insert into crm.memberships (workspace_id, user_id, role_id) values (v_invitation.workspace_id, v_user, v_invitation.role_id);
+  insert into crm.team_members (workspace_id, team_id, user_id)
+  select it.workspace_id, it.team_id, v_user from crm.invitation_teams it
+   where it.workspace_id = v_invitation.workspace_id and it.invitation_id = v_invitation.id;
+  update crm.invitations i set accepted_at = now(), accepted_by = v_user where i.workspace_id = v_invitation.workspace_id and i.id = v_invitation.id;
+  update crm.users u set last_workspace_id = v_invitation.workspace_id where u.id = v_user;
+  select i.id, i.expires_at into id, expires_at
+    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer token''s user or a new user; answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, wrong_email, account_exists, already_member).';
+grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+begin
+  return crm.act_as(p_email, p_slug, scopes => null);
+end
+$function$;
+comment on function crm.act_as(p_email text, p_slug text) is 'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, as their unscoped tokens and sessions do.';
+
+CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text, scopes text[])
  RETURNS text
  LANGUAGE plpgsql
 AS $function$
@@ -1148,6 +1513,9 @@ declare
   v_user_id uuid;
   v_workspace_id uuid;
 begin
+  if act_as.scopes is not null and not crm.scopes_are_valid(act_as.scopes) then
+    raise exception 'crm.act_as: scopes must be 1 to 9 distinct names of crm.known_scopes()' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
   select u.id, w.id into v_user_id, v_workspace_id
   from crm.users u
   join crm.memberships m on m.user_id = u.id
@@ -1156,18 +1524,19 @@ begin
   if v_user_id is null then
     raise exception 'crm.act_as: % is not a member of workspace %', p_email, p_slug using errcode = 'CR404', hint = 'not_found';
   end if;
-  perform crm.set_context(v_user_id, v_workspace_id, 'system');
+  perform crm.set_context(v_user_id, v_workspace_id, 'system', act_as.scopes, null);
   -- Invoker's rights: only a role allowed to run set_context (the owner, a superuser) gets here.
   perform set_config('role', 'crm_api', true);
-  return format('acting as %s in %s until the end of this transaction', lower(p_email), p_slug);
+  return format('acting as %s in %s%s until the end of this transaction', lower(p_email), p_slug,
+                case when act_as.scopes is null then '' else ' with scopes ' || array_to_string(act_as.scopes, ' ') end);
 end
 $function$;
-comment on function crm.act_as(p_email text, p_slug text) is 'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context: you see exactly what they see through the API.';
+comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is 'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through the API.';
 
 CREATE OR REPLACE FUNCTION crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean DEFAULT false)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if p_deliveries is null or cardinality(p_deliveries) = 0 then
@@ -1215,33 +1584,36 @@ $function$;
 comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
- RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer)
+ RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid)
  LANGUAGE sql
  SECURITY DEFINER ROWS 1
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
   with caller as (
-    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at,
+    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id,
+           t.workspace_id as bound_workspace_id,
            u.id as user_id, u.suspended_at, u.api_access, u.last_workspace_id
       from crm.tokens t join crm.users u on u.id = t.user_id
      where t.token_hash = p_token_hash
   ),
   -- The workspace named by the slug; without one, the last used, else the oldest joined, an active
-  -- membership preferred over a suspended one.
+  -- membership preferred over a suspended one. A bound token knows only its workspace.
   member as (
     select m.workspace_id, m.suspended_at, w.slug, r.is_admin
       from caller c
       join crm.memberships m on m.user_id = c.user_id
       join crm.workspaces w on w.id = m.workspace_id
       join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where p_slug is null or w.slug = p_slug
+     where (p_slug is null or w.slug = p_slug)
+       and (c.bound_workspace_id is null or m.workspace_id = c.bound_workspace_id)
      order by (m.workspace_id = c.last_workspace_id) desc nulls last, (m.suspended_at is null) desc, m.joined_at
      limit 1
   ),
   verdict as (
-    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, m.workspace_id, m.slug, m.is_admin,
+    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, c.scopes, c.oauth_app_id,
+           m.workspace_id, m.slug, m.is_admin,
            case
              when c.user_id is null then 'token_invalid'
              when c.revoked_at is not null then 'token_revoked'
@@ -1250,7 +1622,7 @@ AS $function$
              -- header it is refused, so turning API access off cannot be side-stepped with it.
              when c.kind = 'session' and p_via is distinct from 'ui' then 'token_invalid'
              when c.suspended_at is not null then 'user_suspended'
-             when c.kind = 'token' and not c.api_access then 'api_access_disabled'
+             when c.kind in ('token', 'oauth') and not c.api_access then 'api_access_disabled'
              when m.workspace_id is null then 'workspace_not_found'
              when m.suspended_at is not null then 'user_suspended'
            end as failure
@@ -1260,7 +1632,8 @@ AS $function$
   ),
   -- A request that passed the checks counts: this backend's counter goes up, and the other
   -- backends' counters for the same user and minute are added (this statement's snapshot does not
-  -- see its own insert, so the new count comes from RETURNING).
+  -- see its own insert, so the new count comes from RETURNING). Counted per user, whatever the
+  -- token: a scoped token or an app's access token shares its user's limit.
   bumped as (
     insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
     select v.user_id, date_trunc('minute', now()), pg_backend_pid(), 1 from verdict v where v.failure is null
@@ -1283,8 +1656,10 @@ AS $function$
     select set_config('crm.user_id', a.user_id::text, true) as user_id,
            set_config('crm.workspace_id', a.workspace_id::text, true) as workspace_id,
            set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.context_proof', encode(hmac(
-             crm.context_message(a.user_id::text, a.workspace_id::text),
+           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
+           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
+           set_config('crm.context_proof', encode(public.hmac(
+             crm.context_message(a.user_id::text, a.workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
              (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
              'sha256'), 'hex'), true) as proof,
            case when a.last_workspace_id is distinct from a.workspace_id
@@ -1299,26 +1674,29 @@ AS $function$
          case when x.proof is not null and x.touched then a.user_id end,
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
-         greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer)
+         greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
+         a.scopes, a.oauth_app_id
     from counted k
     left join admitted a on true
     left join context x on true
 $function$;
-comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context. Returns failure = the API error code when refused.';
+comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused.';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
  RETURNS TABLE(status text, record_type text, columns text[], mapping jsonb, mode text, match_on text, dry_run boolean, last_row_done integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid;
+  v_scopes text[];
+  v_app uuid;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1329,7 +1707,7 @@ begin
                     and m.suspended_at is null and u.suspended_at is null) then
     raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
   end if;
-  perform crm.set_context(v_user, p_workspace_id, 'import');
+  perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
@@ -1346,12 +1724,34 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import), after checking membership and grants; locks the import row.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if p_since is null then
+    raise exception 'since is required' using errcode = 'CR422', hint = 'validation_failed', detail = '/since';
+  end if;
+  if p_since < now() - interval '30 days' then
+    raise exception 'since must be at most 30 days back' using errcode = 'CR422', hint = 'validation_failed', detail = '/since';
+  end if;
+  if p_until is not null and p_until <= p_since then
+    raise exception 'until must be later than since' using errcode = 'CR422', hint = 'validation_failed', detail = '/until';
+  end if;
+end
+$function$;
+comment on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) is 'Raises CR422 unless since is set and at most 30 days back and until (when set) is later than since.';
+grant execute on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
  RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_allowance integer := crm.attempt_allowance(p_purpose);
@@ -1382,7 +1782,7 @@ CREATE OR REPLACE FUNCTION crm.claim_my_two_factor_attempt()
  RETURNS TABLE(allowed boolean, retry_after_seconds integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -1396,11 +1796,81 @@ $function$;
 comment on function crm.claim_my_two_factor_attempt() is 'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
 grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.claim_sign_in(p_email text)
+ RETURNS TABLE(allowed boolean, retry_after_seconds integer, ticket uuid, password_params text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_window uuid;
+begin
+  select c.allowed, c.retry_after_seconds, c.window_id into allowed, retry_after_seconds, v_window
+    from crm.claim_attempt('sign_in', p_email) c;
+  if allowed then
+    -- Five minutes: far beyond one scrypt, even queued behind many (a ticket allows one check only).
+    insert into crm.sign_in_tickets (email, window_id, expires_at) values (p_email, v_window, now() + interval '5 minutes')
+    returning id into ticket;
+    -- scrypt$N$r$p$salt$key without its key.
+    select substring(u.password_hash from '^(scrypt\$[0-9]+\$[0-9]+\$[0-9]+\$[A-Za-z0-9_-]+)\$[A-Za-z0-9_-]+$')
+      into password_params
+      from crm.users u where u.email = p_email;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.claim_sign_in(p_email text) is 'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s parameters and salt (not its key), or allowed = false with the seconds to wait.';
+grant execute on function crm.claim_sign_in(p_email text) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.claim_two_factor(p_challenge_id uuid)
+ RETURNS TABLE(failure text, retry_after_seconds integer, window_id uuid, totp_secret bytea)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_user uuid;
+  v_tries integer;
+  v_allowed boolean;
+begin
+  update crm.two_factor_challenges c set attempts = c.attempts + 1
+   where c.id = p_challenge_id and c.completed_at is null and c.expires_at > now()
+  returning c.user_id, c.attempts into v_user, v_tries;
+  if v_user is null then
+    failure := 'challenge_expired';
+  elsif v_tries > 5 then
+    failure := 'too_many_attempts';
+  else
+    select c.allowed, c.retry_after_seconds, c.window_id into v_allowed, retry_after_seconds, window_id
+      from crm.claim_attempt('two_factor', v_user::text) c;
+    if v_allowed then
+      select t.secret_encrypted into totp_secret from crm.user_totp t where t.user_id = v_user and t.confirmed_at is not null;
+    else
+      failure := 'attempt_limit';
+    end if;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
+grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  delete from crm.import_rows r where r.workspace_id = p_workspace_id and r.import_id = p_import_id
+$function$;
+comment on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) is 'Worker only: removes an import''s staged rows before it is staged again.';
+grant execute on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) to crm_worker;
+
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select array(select m.user_id from crm.verified_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
 $function$;
@@ -1436,6 +1906,8 @@ grant execute on function crm.company_search_text(name text, domain text, phone 
 CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   update crm.imports set status = p_status, failure = p_failure, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
@@ -1447,12 +1919,62 @@ AS $function$
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
 comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_challenge crm.two_factor_challenges;
+  v_accepted boolean := false;
+begin
+  if p_kind not in ('token', 'session') then
+    raise exception 'unknown token kind %', p_kind using errcode = '22023';
+  end if;
+  select c.* into v_challenge from crm.two_factor_challenges c
+   where c.id = p_challenge_id and c.completed_at is null and c.expires_at > now() and c.attempts > 0;
+  if v_challenge.id is null then
+    failure := 'challenge_expired';
+    return next;
+    return;
+  end if;
+  if p_totp_step is not null then
+    update crm.user_totp t set last_used_step = p_totp_step
+     where t.user_id = v_challenge.user_id and t.confirmed_at is not null and (t.last_used_step is null or t.last_used_step < p_totp_step);
+    v_accepted := found;
+  elsif p_recovery_code_hash is not null then
+    update crm.recovery_codes r set used_at = now()
+     where r.user_id = v_challenge.user_id and r.code_hash = p_recovery_code_hash and r.used_at is null;
+    v_accepted := found;
+  end if;
+  if not v_accepted then
+    failure := 'invalid_2fa_code';
+    return next;
+    return;
+  end if;
+  perform crm.release_attempt('two_factor', v_challenge.user_id::text, p_window_id);
+  update crm.two_factor_challenges c set completed_at = now() where c.id = p_challenge_id and c.completed_at is null;
+  if not found then
+    failure := 'challenge_expired';
+    return next;
+    return;
+  end if;
+  select i.id, i.expires_at into id, expires_at
+    from crm.issue_token(v_challenge.user_id, p_kind, v_challenge.device_name, p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
+grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[])
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -1499,28 +2021,49 @@ CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id te
  LANGUAGE sql
  STABLE
 AS $function$
-  select convert_to(p_user_id || '/' || p_workspace_id || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8')
+  select crm.context_message(p_user_id, p_workspace_id, '', '')
 $function$;
-comment on function crm.context_message(p_user_id text, p_workspace_id text) is 'What crm.context_proof signs: user, workspace, backend pid and transaction start (ids as uuid text). Inlined into its callers; internal.';
+comment on function crm.context_message(p_user_id text, p_workspace_id text) is 'The message of an unscoped context without an OAuth app (crm.context_message with four arguments). Internal.';
+
+CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id text, p_scopes text, p_oauth_app_id text)
+ RETURNS bytea
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select convert_to(p_user_id || '/' || p_workspace_id || '/' || p_scopes || '/' || p_oauth_app_id || '/'
+                    || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8')
+$function$;
+comment on function crm.context_message(p_user_id text, p_workspace_id text, p_scopes text, p_oauth_app_id text) is 'What crm.context_proof signs: user, workspace, scopes (array text, '''' when unscoped), OAuth app ('''' for none), backend pid and transaction start. Inlined into its callers; internal.';
 
 CREATE OR REPLACE FUNCTION crm.context_proof(p_user_id uuid, p_workspace_id uuid)
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select crm.context_proof(p_user_id, p_workspace_id, null, null)
+$function$;
+comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid) is 'The proof of an unscoped context without an OAuth app.';
+
+CREATE OR REPLACE FUNCTION crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select encode(
-    hmac(crm.context_message(p_user_id::text, p_workspace_id::text),
-         (select value from crm.internal_secrets where name = 'context_proof'),
-         'sha256'),
+    public.hmac(crm.context_message(p_user_id::text, p_workspace_id::text, coalesce(p_scopes::text, ''), coalesce(p_oauth_app_id::text, '')),
+                (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
+                'sha256'),
     'hex')
 $function$;
-comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid) is 'HMAC binding a user and workspace to this backend and this transaction; only SECURITY DEFINER code can compute it.';
+comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid) is 'HMAC binding a user, workspace, token scopes and OAuth app to this backend and this transaction; only SECURITY DEFINER code can compute it.';
 
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_next crm.webhook_deliveries;
@@ -1536,12 +2079,13 @@ begin
 end
 $function$;
 comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) is 'Adds the job of the next delivery a resume released (event order); false when the release is done.';
+grant execute on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.count_request(p_user_id uuid)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   insert into crm.rate_limit_counters as c (user_id, window_start, backend_pid, count)
   values (p_user_id, date_trunc('minute', now()), pg_backend_pid(), 1)
@@ -1570,7 +2114,7 @@ CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_import text := nullif(current_setting('crm.import_id', true), '');
@@ -1587,11 +2131,41 @@ $function$;
 comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
+ RETURNS uuid
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  return (crm.verified_context()).oauth_app_id;
+end
+$function$;
+comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
+grant execute on function crm.current_oauth_app_id() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.current_scopes()
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_context record := crm.verified_context();
+begin
+  -- Without a proven context: the empty list, which allows nothing.
+  if v_context.user_id is null then return '{}'; end if;
+  return v_context.scopes;
+end
+$function$;
+comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
+grant execute on function crm.current_scopes() to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1607,7 +2181,7 @@ CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).user_id;
@@ -1630,7 +2204,7 @@ CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   return (crm.verified_context()).workspace_id;
@@ -1701,7 +2275,7 @@ CREATE OR REPLACE FUNCTION crm.disable_totp()
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
   delete from crm.user_totp t where t.user_id = crm.current_user_id();
@@ -1714,7 +2288,7 @@ CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if event_ids is null or cardinality(event_ids) = 0 then
@@ -1730,19 +2304,23 @@ CREATE OR REPLACE FUNCTION crm.event_actor()
  LANGUAGE sql
  STABLE
 AS $function$
-  select case when crm.current_user_id() is null
+  select case when c.user_id is null
               then jsonb_build_object('type', 'system', 'id', null, 'via', 'system')
-              else jsonb_build_object('type', 'user', 'id', crm.current_user_id(), 'via', coalesce(crm.current_via(), 'api'))
+              when c.app_id is not null
+              then jsonb_build_object('type', 'user', 'id', c.user_id,
+                                      'via', case when c.via = 'api' then 'oauth' else c.via end, 'app_id', c.app_id)
+              else jsonb_build_object('type', 'user', 'id', c.user_id, 'via', c.via)
          end
+    from (select crm.current_user_id() as user_id, crm.current_oauth_app_id() as app_id, coalesce(crm.current_via(), 'api') as via) c
 $function$;
-comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import), or system.';
+comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
 grant execute on function crm.event_actor() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -1787,47 +2365,78 @@ AS $function$
 $function$;
 comment on function crm.free_workspace_slug(p_base text) is 'The first free slug of base, base-2, base-3, ... (sign-up retries on the rare race for the same one).';
 
+CREATE OR REPLACE FUNCTION crm.grant_job_queue_to_worker()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_table regclass;
+begin
+  if to_regnamespace('graphile_worker') is null then
+    return;
+  end if;
+  grant usage on schema graphile_worker to crm_worker;
+  grant select on all tables in schema graphile_worker to crm_worker;
+  grant usage on all sequences in schema graphile_worker to crm_worker;
+  grant execute on all functions in schema graphile_worker to crm_worker;
+  for v_table in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'graphile_worker'::regnamespace and c.relkind = 'r' and c.relrowsecurity
+  loop
+    execute format('grant insert, update, delete on %s to crm_worker', v_table);
+    if not exists (select from pg_policy p where p.polrelid = v_table and p.polname = 'crm_worker_all') then
+      execute format('create policy crm_worker_all on %s for all to crm_worker using (true) with check (true)', v_table);
+    end if;
+  end loop;
+end
+$function$;
+comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
+
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
 begin
-  if v_context.user_id is null then return null; end if;
+  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return null; end if;
   return crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action);
 end
 $function$;
-comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null. Read live, so role changes apply on the next statement.';
+comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
-  v_function regproc;
+  v_function text;
 begin
   for v_function in
-    select p.oid::regproc from pg_proc p
+    select format('crm.%I', p.proname) from pg_proc p
     where p.pronamespace = 'crm'::regnamespace and p.proname like 'prune\_%'
       and p.pronargs = 1 and p.proargtypes[0] = 'integer'::regtype
     order by p.proname
   loop
-    step := v_function::text;
+    step := v_function;
     execute format('select %s($1)', v_function) into removed using log_retention_days;
     return next;
   end loop;
 end
 $function$;
 comment on function crm.housekeeping(log_retention_days integer) is 'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
+grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.import_check_constraints(p_record_type text)
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_broken text;
@@ -1900,6 +2509,18 @@ $function$;
 comment on function crm.import_date(value text) is 'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
 grant execute on function crm.import_date(value text) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select encode(substring(i.file_bytes from p_from for p_length), 'base64')
+    from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) is 'Worker only: p_length bytes of an import''s file from byte p_from (1-based), base64.';
+grant execute on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) to crm_worker;
+
 CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  RETURNS text
  LANGUAGE sql
@@ -1912,21 +2533,49 @@ CREATE OR REPLACE FUNCTION crm.import_proof(p_import_id uuid)
  RETURNS text
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select encode(
-    hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-         (select value from crm.internal_secrets where name = 'context_proof'),
-         'sha256'),
+    public.hmac(convert_to('import/' || p_import_id::text || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                (select value from crm.internal_secrets where name = 'context_proof'),
+                'sha256'),
     'hex')
 $function$;
 comment on function crm.import_proof(p_import_id uuid) is 'HMAC binding an import to this backend and transaction.';
+
+CREATE OR REPLACE FUNCTION crm.import_to_process(p_workspace_id uuid, p_import_id uuid)
+ RETURNS TABLE(user_id uuid, status text, staged boolean, delimiter text, file_size double precision, has_file boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select i.user_id, i.status, i.staged, i.delimiter, i.file_size::float8, i.file_bytes is not null
+    from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is 'Worker only: the state of an import its job needs (never the file itself).';
+grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
+ RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select i.email, w.name, w.slug, r.name, i.accepted_at is not null, i.expires_at <= now(),
+         exists (select from crm.users u where u.email = i.email)
+    from crm.invitations i
+    join crm.workspaces w on w.id = i.workspace_id
+    join crm.roles r on r.workspace_id = i.workspace_id and r.id = i.role_id
+   where i.token_hash = p_token_hash
+$function$;
+comment on function crm.invitation_preview(p_token_hash bytea) is 'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email has an account.';
+grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
@@ -1939,8 +2588,28 @@ begin
      where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
 end
 $function$;
-comment on function crm.is_admin() is 'Whether the current member''s role is an admin role.';
+comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_context record := crm.verified_context();
+begin
+  if v_context.user_id is null or not crm.scopes_include(v_context.scopes, p_scope) then return false; end if;
+  return coalesce((
+    select r.is_admin
+      from crm.memberships m
+      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+     where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
+end
+$function$;
+comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
+grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval)
  RETURNS TABLE(id uuid, expires_at timestamp with time zone)
@@ -1979,7 +2648,8 @@ grant execute on function crm.known_scopes() to crm_api;
 CREATE OR REPLACE FUNCTION crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_nestloop TO 'off'
 AS $function$
 declare
@@ -2004,6 +2674,18 @@ begin
 end
 $function$;
 comment on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) is 'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of crm.import_rows say).';
+grant execute on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  update crm.imports i set staged = true where i.workspace_id = p_workspace_id and i.id = p_import_id
+$function$;
+comment on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) is 'Worker only: every record of the import''s file is in crm.import_rows.';
+grant execute on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.member_scope(p_user_id uuid, p_workspace_id uuid, p_resource text, p_action text)
  RETURNS text
@@ -2022,7 +2704,7 @@ CREATE OR REPLACE FUNCTION crm.my_totp()
  RETURNS TABLE(secret_encrypted bytea, confirmed boolean, recovery_codes_left integer)
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select t.secret_encrypted, t.confirmed_at is not null,
          (select count(*)::integer from crm.recovery_codes r where r.user_id = t.user_id and r.used_at is null)
@@ -2036,12 +2718,27 @@ CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  RETURNS uuid[]
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
 grant execute on function crm.my_workspace_ids() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.non_member_ids(p_user_ids uuid[])
+ RETURNS uuid[]
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select array(
+    select distinct u.id from unnest(p_user_ids) as u (id)
+     where u.id is not null
+       and not exists (select from crm.memberships m where m.workspace_id = (select crm.current_workspace_id()) and m.user_id = u.id)
+     order by u.id)
+$function$;
+comment on function crm.non_member_ids(p_user_ids uuid[]) is 'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
+grant execute on function crm.non_member_ids(p_user_ids uuid[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_access_token_lifetime()
  RETURNS interval
@@ -2326,7 +3023,7 @@ CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action te
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_covered uuid[];
@@ -2348,7 +3045,7 @@ CREATE OR REPLACE FUNCTION crm.pause_webhook_subscription(p_subscription_id uuid
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   perform crm.require_webhook_access();
@@ -2428,6 +3125,15 @@ AS $function$
 $function$;
 comment on function crm.prune_oauth(log_retention_days integer) is 'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';
 
+CREATE OR REPLACE FUNCTION crm.prune_sign_in_tickets(log_retention_days integer)
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+  with removed as (delete from crm.sign_in_tickets where expires_at < now() returning 1)
+  select count(*) from removed
+$function$;
+comment on function crm.prune_sign_in_tickets(log_retention_days integer) is 'Removes sign-in tickets never used.';
+
 CREATE OR REPLACE FUNCTION crm.prune_tenancy(log_retention_days integer)
  RETURNS bigint
  LANGUAGE sql
@@ -2442,7 +3148,7 @@ comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes ex
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
  RETURNS bigint
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_subscription record;
@@ -2465,10 +3171,11 @@ CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
-  v_workspace uuid := crm.current_workspace_id();
+  v_context record := crm.verified_context();
+  v_workspace uuid := v_context.workspace_id;
   v_record_type text;
   v_status text;
   v_dry_run boolean;
@@ -2477,7 +3184,7 @@ begin
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
-   where i.workspace_id = v_workspace and i.id = p_import_id and i.user_id = crm.current_user_id()
+   where i.workspace_id = v_workspace and i.id = p_import_id and i.user_id = v_context.user_id
      for update;
   if not found then
     raise exception 'no such import' using errcode = 'CR404', hint = 'not_found';
@@ -2499,20 +3206,22 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, queued_at = now(), started_at = null, finished_at = null
+         failure = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and adds the process_import job in the same transaction.';
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
 grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -2570,8 +3279,8 @@ begin
       returning d.*
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -2589,7 +3298,7 @@ begin
   if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
                      < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
-      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt)::crm.webhook_attempt_result
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature)::crm.webhook_attempt_result
         from unnest(p_results) r
        cross join lateral (select d.id from crm.webhook_deliveries d
                             where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
@@ -2606,13 +3315,15 @@ begin
              n.cycle_attempts, n.next_attempt_at
         from (select u.* from unnest(v_later) u order by u.delivery_id) r
        cross join lateral (
-         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts from crm.webhook_deliveries d
+         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.is_test from crm.webhook_deliveries d
           where d.workspace_id = p_workspace_id and d.id = r.delivery_id
             for update) d
-       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts, v_subscription_status, v_retry_delays) n
+       -- A test delivery is never held: it goes on as if its subscription were active.
+       cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts,
+                                                         case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt)
-      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
+      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d
@@ -2642,12 +3353,13 @@ begin
   perform crm.add_webhook_delivery_jobs(
     array(select c from unnest(v_created) c where c.status in ('retrying', 'pending') order by c.event_id) || v_retrying, null);
 
-  -- Auto-pause (API.md section 8); the subscription row is locked since the batch had failures.
+  -- Auto-pause (API.md section 8), test deliveries left out; the subscription row is locked since
+  -- the batch had failures.
   if v_outcomes ? 'dead' then
     select count(*), count(*) filter (where d.status = 'dead') into v_final_total, v_final_dead
       from crm.webhook_deliveries d
      where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id
-       and d.completed_at is not null and d.completed_at > now() - interval '24 hours';
+       and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test;
     if v_subscription_status = 'active' and v_final_total >= 10 and v_final_dead * 2 >= v_final_total then
       update crm.webhook_subscriptions s set status = 'paused', paused_reason = 'auto', paused_at = now()
        where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
@@ -2658,6 +3370,44 @@ begin
 end
 $function$;
 comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is 'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
+grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_status text;
+  v_count integer;
+  v_pending crm.webhook_deliveries[];
+begin
+  perform crm.require_webhook_access();
+  select s.status into v_status from crm.webhook_subscriptions s
+   where s.workspace_id = v_workspace and s.id = p_subscription_id for share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
+  with recovered as (
+    update crm.webhook_deliveries d
+       set status = case when v_status = 'active' then 'pending' else 'held' end,
+           cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+           next_attempt_at = case when v_status = 'active' then now() end, updated_at = now()
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
+       and d.completed_at >= p_since and d.status = 'dead' and not d.is_test
+       and d.created_at >= p_since and d.created_at < coalesce(p_until, now())
+    returning d.*
+  )
+  select count(*), array_agg(r order by r.event_id) filter (where r.status = 'pending') into v_count, v_pending from recovered r;
+  perform crm.add_webhook_delivery_jobs(v_pending, now());
+  return v_count;
+end
+$function$;
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
+grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
  RETURNS void
@@ -2671,9 +3421,9 @@ declare
 begin
   perform crm.require_webhook_access();
   update crm.webhook_deliveries d
-     set status = case when s.status = 'active' then 'pending' else 'held' end,
+     set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
-         next_attempt_at = case when s.status = 'active' then now() end
+         next_attempt_at = case when s.status = 'active' or d.is_test then now() end
     from crm.webhook_subscriptions s
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
@@ -2692,7 +3442,7 @@ grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delive
 CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  RETURNS void
  LANGUAGE sql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   update crm.attempt_counters c set attempts = c.attempts - 1
    where c.purpose = p_purpose and c.subject = p_subject and c.window_id = p_window_id and c.attempts > 0
@@ -2703,7 +3453,7 @@ CREATE OR REPLACE FUNCTION crm.require_confined_role()
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if exists (select from pg_roles where rolname = current_user and (rolsuper or rolbypassrls))
@@ -2723,25 +3473,43 @@ CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if not crm.is_admin() then
     raise exception 'webhooks are managed by workspace admins' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  if not crm.is_admin_for('webhooks:manage') then
+    raise exception 'this token''s scopes do not include webhooks:manage' using errcode = 'CR403', hint = 'insufficient_scope';
   end if;
   if not crm.webhooks_enabled(crm.current_workspace_id()) then
     raise exception 'webhooks need the Pro plan or an active trial' using errcode = 'CR402', hint = 'plan_required';
   end if;
 end
 $function$;
-comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, then CR402 plan_required unless the workspace may use webhooks.';
+comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.require_webhook_admin()
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  if not coalesce(crm.is_admin_for('webhooks:manage'), false) then
+    raise exception 'webhooks are managed by workspace admins' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+end
+$function$;
+comment on function crm.require_webhook_admin() is 'Raises CR403 forbidden unless the caller is an admin of the current workspace whose token may manage webhooks.';
+grant execute on function crm.require_webhook_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
  RETURNS integer
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
@@ -2778,7 +3546,7 @@ CREATE OR REPLACE FUNCTION crm.rotate_webhook_secret(p_subscription_id uuid, p_s
  RETURNS timestamp with time zone
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_expires timestamptz;
@@ -2806,12 +3574,12 @@ CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_context record := crm.verified_context();
 begin
-  if v_context.user_id is null then return '{}'; end if;
+  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return '{}'; end if;
   return case crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action)
            when 'own' then array[v_context.user_id]
            when 'team' then crm.team_user_ids(v_context.user_id, v_context.workspace_id)
@@ -2819,7 +3587,7 @@ begin
          end;
 end
 $function$;
-comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately) or no grant.';
+comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
@@ -2835,26 +3603,194 @@ $function$;
 comment on function crm.scopes_are_valid(p_scopes text[]) is 'CHECK for a token''s scopes: 1 to 9 known scopes, no null, no repeat.';
 grant execute on function crm.scopes_are_valid(p_scopes text[]) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_action text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null
+      or (p_resource || ':write') = any (p_scopes)
+      or (p_action in ('view', 'export') and (p_resource || ':read') = any (p_scopes))
+$function$;
+comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is 'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
+grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null
+      or (p_contact_id is not null and 'contacts:write' = any (p_scopes))
+      or (p_company_id is not null and 'companies:write' = any (p_scopes))
+      or (p_deal_id is not null and 'deals:write' = any (p_scopes))
+$function$;
+comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is 'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
+grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.scopes_include(p_scopes text[], p_scope text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_scopes is null or p_scope = any (p_scopes)
+$function$;
+comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
+grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.send_webhook_test_event(p_subscription_id uuid, p_event text)
+ RETURNS uuid
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_data jsonb;
+  v_event_id uuid := crm.uuid_v7();
+  v_delivery crm.webhook_deliveries;
+begin
+  perform crm.require_webhook_access();
+  v_data := crm.webhook_sample_event_data(v_workspace, p_event);
+  -- A key-share lock keeps the subscription from being deleted until the delivery exists.
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id for key share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
+                                      next_attempt_at, generation, is_test, test_event)
+  values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
+          split_part(p_event, '.', 1), (v_data -> 'object' ->> 'id')::uuid, 'pending', now(),
+          -- The generation a job carries starts at 2, as everywhere a job is added to a row.
+          2, true, jsonb_build_object('data', v_data, 'actor', crm.event_actor()))
+  returning * into v_delivery;
+  perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
+  return v_delivery.id;
+end
+$function$;
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
+grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.set_context(p_user_id, p_workspace_id, p_via, null, null);
+end
+$function$;
+comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text) is 'Sets an unscoped request context without an OAuth app. Not executable by crm_api.';
+
+CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   perform set_config('crm.user_id', p_user_id::text, true);
   perform set_config('crm.workspace_id', p_workspace_id::text, true);
   perform set_config('crm.via', coalesce(p_via, 'api'), true);
-  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id), true);
+  perform set_config('crm.scopes', coalesce(p_scopes::text, ''), true);
+  perform set_config('crm.oauth_app_id', coalesce(p_oauth_app_id::text, ''), true);
+  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id, p_scopes, p_oauth_app_id), true);
 end
 $function$;
-comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text) is 'Sets the transaction-local request context with its proof. Not executable by crm_api.';
+comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
+
+CREATE OR REPLACE FUNCTION crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
+ RETURNS TABLE(failure text, two_factor boolean, id uuid, expires_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_ticket crm.sign_in_tickets;
+  v_user record;
+begin
+  if p_kind not in ('token', 'session') then
+    raise exception 'unknown token kind %', p_kind using errcode = '22023';
+  end if;
+  delete from crm.sign_in_tickets t where t.id = p_ticket and t.expires_at > now() returning t.* into v_ticket;
+  if v_ticket.id is null then
+    failure := 'invalid_credentials';
+    return next;
+    return;
+  end if;
+  select u.id, u.password_hash, u.suspended_at is not null as suspended, u.api_access, t.confirmed_at is not null as two_factor
+    into v_user
+    from crm.users u left join crm.user_totp t on t.user_id = u.id
+   where u.email = v_ticket.email;
+  -- Digests compared, so the comparison's time says nothing about how much of the key matched.
+  if v_user.id is null or v_user.password_hash is null or p_password_key is null
+     or sha256(convert_to(substring(v_user.password_hash from '\$([A-Za-z0-9_-]+)$'), 'UTF8'))
+        is distinct from sha256(convert_to(p_password_key, 'UTF8')) then
+    failure := 'invalid_credentials';
+    return next;
+    return;
+  end if;
+  perform crm.release_attempt('sign_in', v_ticket.email, v_ticket.window_id);
+  if v_user.suspended then
+    failure := 'user_suspended';
+  elsif p_kind = 'token' and not v_user.api_access then
+    failure := 'api_access_disabled';
+  elsif v_user.two_factor then
+    two_factor := true;
+    insert into crm.two_factor_challenges as c (user_id, device_name, expires_at)
+    values (v_user.id, p_device_name, now() + p_challenge_ttl)
+    returning c.id, c.expires_at into id, expires_at;
+  else
+    two_factor := false;
+    select i.id, i.expires_at into id, expires_at from crm.issue_token(v_user.id, p_kind, p_device_name, p_token_hash, p_token_ttl) i;
+  end if;
+  return next;
+end
+$function$;
+comment on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) is 'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
+grant execute on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
+ RETURNS TABLE(id uuid, expires_at timestamp with time zone, workspace_slug text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_user uuid;
+  v_workspace uuid;
+  v_constraint text;
+begin
+  insert into crm.users (email, name, password_hash) values (p_email, p_name, p_password_hash) returning crm.users.id into v_user;
+  for v_try in 1..5 loop
+    begin
+      insert into crm.workspaces (slug, name, trial_ends_at)
+      values (crm.free_workspace_slug(p_slug_base), p_workspace_name, now() + interval '14 days')
+      returning crm.workspaces.id, crm.workspaces.slug into v_workspace, workspace_slug;
+      exit;
+    exception when unique_violation then
+      get stacked diagnostics v_constraint = constraint_name;
+      if v_try = 5 or v_constraint <> 'workspaces_slug_key' then
+        raise;
+      end if;
+    end;
+  end loop;
+  insert into crm.memberships (workspace_id, user_id, role_id)
+  select v_workspace, v_user, r.id from crm.roles r where r.workspace_id = v_workspace and r.name = 'admin';
+  update crm.users u set last_workspace_id = v_workspace where u.id = v_user;
+  select i.id, i.expires_at into id, expires_at from crm.issue_token(v_user, 'token', 'sign-up', p_token_hash, p_token_ttl) i;
+  return next;
+end
+$function$;
+comment on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) is 'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with them as admin, and their first token.';
+grant execute on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.start_totp_enrollment(p_secret_encrypted bytea)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user uuid := crm.current_user_id();
@@ -2955,7 +3891,7 @@ CREATE OR REPLACE FUNCTION crm.tg_companies__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3020,7 +3956,7 @@ CREATE OR REPLACE FUNCTION crm.tg_contacts__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3090,7 +4026,7 @@ CREATE OR REPLACE FUNCTION crm.tg_deals__write_events()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_actor jsonb := crm.event_actor();
@@ -3136,7 +4072,7 @@ CREATE OR REPLACE FUNCTION crm.tg_memberships__check_seats()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_limit integer;
@@ -3163,7 +4099,7 @@ CREATE OR REPLACE FUNCTION crm.tg_memberships__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if exists (select 1 from crm.workspaces where id = old.workspace_id)
@@ -3216,7 +4152,7 @@ CREATE OR REPLACE FUNCTION crm.tg_roles__keep_an_admin()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if old.is_admin and not new.is_admin and not exists (
@@ -3250,7 +4186,7 @@ CREATE OR REPLACE FUNCTION crm.tg_roles__refuse_delete_in_use()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   -- A workspace being deleted takes its roles with it: only a role of a live workspace is checked.
@@ -3329,7 +4265,7 @@ CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__check_limits()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   if not crm.webhooks_enabled(new.workspace_id) then
@@ -3348,7 +4284,7 @@ grant execute on function crm.tg_webhook_subscriptions__check_limits() to crm_ap
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__create_builtin_roles()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'public'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_admin uuid;
@@ -3376,7 +4312,7 @@ grant execute on function crm.tg_workspaces__create_builtin_roles() to crm_api;
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_records()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   -- Their outbox triggers write *.deleted events, which the workspace's own cascade then removes.
@@ -3393,7 +4329,7 @@ CREATE OR REPLACE FUNCTION crm.tg_workspaces__seed_deal_stages()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
   insert into crm.deal_stages (workspace_id, key, label, position, is_closed, is_won)
@@ -3464,31 +4400,36 @@ $function$;
 comment on function crm.uuid_v7_floor(t timestamp with time zone) is 'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
 grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid)
+CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
  RETURNS record
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'public', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_user text := current_setting('crm.user_id', true);
   v_workspace text := current_setting('crm.workspace_id', true);
+  v_scopes text := coalesce(current_setting('crm.scopes', true), '');
+  v_app text := coalesce(current_setting('crm.oauth_app_id', true), '');
   v_proof text := current_setting('crm.context_proof', true);
 begin
-  if v_proof is null or v_proof = '' or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$' then
+  if v_proof is null or v_proof = '' or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$'
+     or (v_app <> '' and v_app !~ '^[0-9a-f-]{36}$') then
     return;
   end if;
-  if encode(hmac(crm.context_message(v_user, v_workspace),
-                 (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-                 'sha256'), 'hex') is distinct from v_proof then
+  if encode(public.hmac(crm.context_message(v_user, v_workspace, v_scopes, v_app),
+                        (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
+                        'sha256'), 'hex') is distinct from v_proof then
     return;
   end if;
   user_id := v_user::uuid;
   workspace_id := v_workspace::uuid;
+  -- Only a proven value gets here, and only crm.set_context and crm.authenticate write one.
+  scopes := nullif(v_scopes, '')::text[];
+  oauth_app_id := nullif(v_app, '')::uuid;
 end
 $function$;
-comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) is 'The (user, workspace) of this transaction when its proof checks out; nulls otherwise.';
-grant execute on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid) to crm_api;
+comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 
 CREATE OR REPLACE FUNCTION crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
  RETURNS TABLE(status text, cycle_attempts integer, next_attempt_at timestamp with time zone)
@@ -3535,7 +4476,8 @@ grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_
 CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
  RETURNS TABLE(delivery_id uuid, generation integer, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -3543,35 +4485,43 @@ CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p
 AS $function$
 declare
   v_subscription crm.webhook_subscriptions;
+  v_enabled boolean;
   v_slug text;
 begin
   select * into v_subscription from crm.webhook_subscriptions s where s.workspace_id = p_workspace_id and s.id = p_subscription_id;
   if not found then
     return; -- deleted, and its deliveries with it
   end if;
-  if v_subscription.status <> 'active' or not crm.webhooks_enabled(p_workspace_id) then
+  v_enabled := crm.webhooks_enabled(p_workspace_id);
+  if v_subscription.status <> 'active' or not v_enabled then
     update crm.webhook_deliveries d set status = 'held', next_attempt_at = null, in_release = false
      where d.ctid = any (array(
              select x.ctid from unnest(p_delivery_ids, p_generations) as j(id, generation)
-              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation from crm.webhook_deliveries d2
+              cross join lateral (select d2.ctid, d2.subscription_id, d2.generation, d2.is_test from crm.webhook_deliveries d2
                                    where d2.workspace_id = p_workspace_id and d2.id = j.id limit 1) x
-              where x.subscription_id = p_subscription_id and x.generation = j.generation))
+              where x.subscription_id = p_subscription_id and x.generation = j.generation and (not v_enabled or not x.is_test)))
        and d.status in ('pending', 'retrying');
-    return;
+    if not v_enabled then
+      return;
+    end if;
   end if;
   select w.slug into v_slug from crm.workspaces w where w.id = p_workspace_id;
   return query
-    select d.id, d.generation, e.id, e.event, crm.webhook_body_head(e.id, e.event, e.occurred_at), crm.webhook_body_tail(d.id, p_workspace_id, v_slug, e.data, e.actor),
+    select d.id, d.generation, d.event_id, d.event, crm.webhook_body_head(d.event_id, d.event, coalesce(e.occurred_at, d.created_at)),
+           case when d.is_test then crm.webhook_test_body_tail(d.id, p_workspace_id, v_slug, d.test_event -> 'data', d.test_event -> 'actor')
+                else crm.webhook_body_tail(d.id, p_workspace_id, v_slug, e.data, e.actor) end,
            v_subscription.url, v_subscription.secret_encrypted,
            case when v_subscription.previous_secret_expires_at > now() then v_subscription.previous_secret_encrypted end
       from unnest(p_delivery_ids, p_generations) with ordinality as j(id, generation, i)
      cross join lateral (select d.* from crm.webhook_deliveries d where d.workspace_id = p_workspace_id and d.id = j.id limit 1) d
-     cross join lateral (select e.* from crm.events e where e.workspace_id = p_workspace_id and e.id = d.event_id limit 1) e
+      left join lateral (select e.* from crm.events e where not d.is_test and e.workspace_id = p_workspace_id and e.id = d.event_id limit 1) e on true
      where d.subscription_id = p_subscription_id and d.generation = j.generation and d.status in ('pending', 'retrying')
+       and (d.is_test or e.id is not null) and (v_subscription.status = 'active' or d.is_test)
      order by j.i;
 end
 $function$;
-comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused or the plan lapsed.';
+comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
+grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
  RETURNS integer
@@ -3580,6 +4530,30 @@ CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
 AS $function$ select 100 $function$;
 comment on function crm.webhook_delivery_batch_size() is 'The most deliveries one deliver_webhook job carries.';
 grant execute on function crm.webhook_delivery_batch_size() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid)
+ RETURNS TABLE(body_head text, body_tail text)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+begin
+  perform crm.require_webhook_access();
+  return query
+    select crm.webhook_body_head(d.event_id, d.event, coalesce(e.occurred_at, d.created_at)),
+           case when d.is_test then crm.webhook_test_body_tail(d.id, v_workspace, w.slug, d.test_event -> 'data', d.test_event -> 'actor')
+                else crm.webhook_body_tail(d.id, v_workspace, w.slug, e.data, e.actor) end
+      from crm.webhook_deliveries d
+      join crm.workspaces w on w.id = d.workspace_id
+      left join crm.events e on not d.is_test and e.workspace_id = d.workspace_id and e.id = d.event_id
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+       and (d.is_test or e.id is not null);
+end
+$function$;
+comment on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) is 'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. Admins of the workspace with the plan only.';
+grant execute on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid)
  RETURNS uuid
@@ -3617,7 +4591,8 @@ grant execute on function crm.webhook_event_patterns_are_valid(patterns text[]) 
 CREATE OR REPLACE FUNCTION crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean DEFAULT false)
  RETURNS TABLE(workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -3679,6 +4654,34 @@ begin
 end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
+grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_count integer;
+begin
+  perform crm.require_webhook_access();
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Dead deliveries created since p_since completed after it: webhook_deliveries_completed's range.
+  select count(*) into v_count from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
+     and d.completed_at >= p_since and d.status = 'dead' and not d.is_test
+     and d.created_at >= p_since and d.created_at < coalesce(p_until, now());
+  return v_count;
+end
+$function$;
+comment on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, under row-level security).';
+grant execute on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  RETURNS interval[]
@@ -3687,6 +4690,90 @@ CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
 AS $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
 comment on function crm.webhook_retry_delays() is 'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
 grant execute on function crm.webhook_retry_delays() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_sample_bodies()
+ RETURNS TABLE(event text, body_head text, body_tail text)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_slug text;
+begin
+  perform crm.require_webhook_admin();
+  select w.slug into v_slug from crm.workspaces w where w.id = v_workspace;
+  return query
+    select e.name, crm.webhook_body_head(e.id, e.name, now()),
+           crm.webhook_body_tail(crm.uuid_v7(), v_workspace, v_slug, crm.webhook_sample_event_data(v_workspace, e.name), crm.event_actor())
+      from (select t || '.' || a as name, crm.uuid_v7() as id, ti * 3 + ai as position
+              from unnest(array['contact', 'company', 'deal']) with ordinality as ty(t, ti)
+             cross join unnest(array['created', 'updated', 'deleted']) with ordinality as ac(a, ai)) e
+     order by e.position;
+end
+$function$;
+comment on function crm.webhook_sample_bodies() is 'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real ones; admins only.';
+grant execute on function crm.webhook_sample_bodies() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.webhook_sample_event_data(p_workspace_id uuid, p_event text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_type text := split_part(p_event, '.', 1);
+  v_action text := split_part(p_event, '.', 2);
+  v_user uuid := crm.current_user_id();
+  v_created timestamptz := date_trunc('second', now() - interval '41 days');
+  v_updated timestamptz := date_trunc('milliseconds', now());
+  v_common jsonb;
+  v_before jsonb;
+  v_after jsonb;
+  v_object jsonb;
+  v_previous jsonb;
+  v_stages text[];
+begin
+  if p_event is null or p_event !~ '^(contact|company|deal)\.(created|updated|deleted)$' then
+    raise exception 'event must be an event name such as deal.updated' using errcode = 'CR422', hint = 'validation_failed', detail = '/event';
+  end if;
+  v_common := jsonb_build_object('workspace_id', p_workspace_id, 'id', crm.uuid_v7(), 'owner_id', v_user,
+                                 'created_at', v_created, 'updated_at', v_created, 'created_by', v_user, 'updated_by', v_user);
+  if v_type = 'contact' then
+    v_before := v_common || jsonb_build_object(
+      'first_name', 'Ada', 'last_name', 'Lovelace', 'email', 'ada.lovelace@example.com', 'phone', '+44 20 7946 0018',
+      'job_title', 'Analyst', 'city', 'London', 'country', 'United Kingdom', 'company_id', crm.uuid_v7(),
+      'custom_fields', jsonb_build_object('lead_source', 'webinar', 'newsletter', true));
+    v_after := v_before || jsonb_build_object('job_title', 'Head of Analytics', 'updated_at', v_updated);
+    v_object := crm.contact_jsonb(jsonb_populate_record(null::crm.contacts, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.contact_jsonb(jsonb_populate_record(null::crm.contacts, v_before)), v_object);
+  elsif v_type = 'company' then
+    v_before := v_common || jsonb_build_object(
+      'name', 'Analytical Engines Ltd', 'domain', 'analytical-engines.example', 'website', 'https://analytical-engines.example',
+      'industry', 'Computer hardware', 'phone', '+44 20 7946 0410', 'city', 'London', 'country', 'United Kingdom',
+      'employee_count', 95, 'annual_revenue', 4800000.00, 'description', 'Difference and analytical engines, built to order.',
+      'custom_fields', jsonb_build_object('tier', 'enterprise'));
+    v_after := v_before || jsonb_build_object('employee_count', 120, 'updated_at', v_updated);
+    v_object := crm.company_jsonb(jsonb_populate_record(null::crm.companies, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.company_jsonb(jsonb_populate_record(null::crm.companies, v_before)), v_object);
+  else
+    -- A stage change, the update integrators watch for most: from the workspace's second stage to
+    -- its third (qualified to proposal in the default pipeline).
+    select array_agg(s.key order by s.position) into v_stages from crm.deal_stages s where s.workspace_id = p_workspace_id;
+    v_before := v_common || jsonb_build_object(
+      'name', 'Analytical Engines: annual licence', 'amount', 24000.00, 'currency', 'GBP',
+      'stage', coalesce(v_stages[2], v_stages[1], 'qualified'), 'stage_changed_at', v_created,
+      'close_date', (current_date + 30)::text, 'company_id', crm.uuid_v7(),
+      'custom_fields', jsonb_build_object('seats', 40));
+    v_after := v_before || jsonb_build_object('stage', coalesce(v_stages[3], v_stages[2], v_stages[1], 'proposal'),
+                                              'stage_changed_at', v_updated, 'updated_at', v_updated);
+    v_object := crm.deal_jsonb(jsonb_populate_record(null::crm.deals, case v_action when 'updated' then v_after else v_before end));
+    v_previous := crm.json_changes(crm.deal_jsonb(jsonb_populate_record(null::crm.deals, v_before)), v_object);
+  end if;
+  return case v_action when 'updated' then jsonb_build_object('object', v_object, 'previous_attributes', v_previous)
+                       else jsonb_build_object('object', v_object) end;
+end
+$function$;
+comment on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) is 'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic record that exists nowhere; 422 for an unknown event name.';
+grant execute on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid)
  RETURNS json
@@ -3704,13 +4791,13 @@ AS $function$
         'success_rate', (select round(count(*) filter (where d.status = 'delivered')::numeric / nullif(count(*), 0), 4)::float8
                            from crm.webhook_deliveries d
                           where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours'),
+                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test),
         'deliveries_24h', (select count(*) from crm.webhook_deliveries d
                             where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                              and d.id >= crm.uuid_v7_floor(now() - interval '24 hours')),
+                              and d.id >= crm.uuid_v7_floor(now() - interval '24 hours') and not d.is_test),
         'last_delivery_at', (select to_char(d.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
                                from crm.webhook_deliveries d
-                              where d.workspace_id = s.workspace_id and d.subscription_id = s.id
+                              where d.workspace_id = s.workspace_id and d.subscription_id = s.id and not d.is_test
                               order by d.id desc limit 1)))
     from crm.webhook_subscriptions s
    where s.workspace_id = p_workspace_id and s.id = p_id
@@ -3718,11 +4805,21 @@ $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is 'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select left(crm.webhook_body_tail(p_delivery_id, p_workspace_id, p_workspace_slug, p_data, p_actor), -1) || ',"test":true}'
+$function$;
+comment on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is 'crm.webhook_body_tail of a test event: the same keys, then "test": true.';
+grant execute on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
  RETURNS boolean
  LANGUAGE sql
  STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
 $function$;
@@ -3731,7 +4828,8 @@ comment on function crm.webhooks_enabled(p_workspace_id uuid) is 'Webhooks work 
 CREATE OR REPLACE FUNCTION crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval)
  RETURNS text[]
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_dead text[];
@@ -3759,20 +4857,24 @@ begin
 end
 $function$;
 comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is 'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
+grant execute on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.worker_stopped(p_worker_id text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
   delete from crm.worker_heartbeats where worker_id = p_worker_id
 $function$;
 comment on function crm.worker_stopped(p_worker_id text) is 'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
+grant execute on function crm.worker_stopped(p_worker_id text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
  RETURNS uuid
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();

@@ -11,8 +11,10 @@ export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
 export type Config = {
   databaseUrl: string | null
-  /** The role requests and jobs run as; null: the service creates its own (src/db/runtime-role.ts). */
+  /** The role requests run as; null: the service creates its own (src/db/runtime-role.ts). */
   runtimeDatabaseUrl: string | null
+  /** The role the worker runs as; null: the service creates its own (src/db/runtime-role.ts). */
+  workerDatabaseUrl: string | null
   host: string
   port: number
   appSecret: string
@@ -49,6 +51,10 @@ export type Config = {
   dbWaitMs: number
   /** A request body that sends no byte for this long gets 408 (and the rate deadline starts after it). */
   bodyIdleTimeoutMs: number
+  /** The longest a statement of a request transaction may run (an export's stream has its own limit). */
+  statementTimeoutMs: number
+  /** The longest an export may stream, slow readers included (its cursor is one statement). */
+  exportTimeoutMs: number
 }
 
 export class ConfigError extends Error {
@@ -107,6 +113,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   }
   const databaseUrl = connectionUri('DATABASE_URL')
   const runtimeDatabaseUrl = connectionUri('RUNTIME_DATABASE_URL')
+  const workerDatabaseUrl = connectionUri('WORKER_DATABASE_URL')
 
   const port = integer('PORT', 3000, 0, 65535)
   const host = env.HOST || '127.0.0.1'
@@ -165,6 +172,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
+    workerDatabaseUrl,
     host,
     port,
     appSecret,
@@ -191,6 +199,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
     dbWaitMs: integer('DB_WAIT_MS', 5000, 1, 600_000),
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
+    statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
+    exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

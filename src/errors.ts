@@ -60,6 +60,21 @@ export class ForbiddenError extends CrmError {
   }
 }
 
+/**
+ * The token's scopes do not cover the route (`insufficient_scope`): `scope` names what the route
+ * accepts (space-separated), or is empty when the database refused without naming it.
+ */
+export class InsufficientScopeError extends ForbiddenError {
+  readonly scope: string
+  constructor(
+    scope: string,
+    detail = scope ? `This token's scopes do not include ${scope.split(' ').join(' or ')}` : "This token's scopes do not allow this",
+  ) {
+    super(detail, 'insufficient_scope')
+    this.scope = scope
+  }
+}
+
 /** No such thing, or not visible to the caller (`not_found`, `workspace_not_found`). */
 export class NotFoundError extends CrmError {
   constructor(detail = 'No such record', code = 'not_found') {

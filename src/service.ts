@@ -6,7 +6,7 @@ import type { Config } from './config.ts'
 import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
-import { ensureRuntimeRole } from './db/runtime-role.ts'
+import { ensureRuntimeRole, ensureWorkerRole } from './db/runtime-role.ts'
 import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
@@ -19,7 +19,6 @@ export type RunningService = {
   url: string
   databaseUrl: string
   pool: DatabasePool
-  ownerPool: DatabasePool
   worker: WorkerHandle | null
   stop: () => Promise<void>
 }
@@ -42,10 +41,11 @@ export async function startService(options: {
     const result = await migrate(database.url, { log: (line) => logger.info(line) })
     logger.info('schema is current', { applied_now: result.applied.length })
   }
+  // The owner only migrates (and sets the login roles' passwords): requests run as the runtime
+  // role, the worker as its own (src/db/runtime-role.ts, sql/000013_runtime_confinement.sql).
   const runtimeUrl = config.runtimeDatabaseUrl ?? (await ensureRuntimeRole(database.url, config.appSecret))
-  // Requests run as the runtime role (src/db/runtime-role.ts); the owner only migrates.
+  const workerUrl = options.worker === false ? null : (config.workerDatabaseUrl ?? (await ensureWorkerRole(database.url, config.appSecret)))
   const pool = await createDatabasePool(runtimeUrl, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
-  const ownerPool = await createDatabasePool(database.url, { maxPoolSize: Math.min(config.dbPoolSize, 5), onQuery: options.onQuery })
   // Single-statement reads run as the runtime role, which has crm_api's privileges and policies
   // and is proven confined by each statement (see createStatementAuthenticator); the admission
   // gate keeps the two pools' sum in bounds.
@@ -55,7 +55,7 @@ export async function startService(options: {
     onError: (error) => logger.warn('idle statement connection failed', { error: error.message }),
     onWarning: (message) => logger.warn(message),
   })
-  const worker = options.worker === false ? null : await startWorker({ databaseUrl: database.url, config, logger })
+  const worker = workerUrl === null ? null : await startWorker({ databaseUrl: workerUrl, config, logger })
   if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
     logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {
       WEBHOOK_ALLOW_HTTP: config.webhook.allowHttp,
@@ -69,7 +69,6 @@ export async function startService(options: {
     const services = {
       config,
       pool,
-      ownerPool,
       logger,
       worker,
       baseUrl: config.publicBaseUrl ?? '',
@@ -104,9 +103,9 @@ export async function startService(options: {
     (stopping ??= (async () => {
       await closeServer()
       await worker?.stop()
-      await Promise.all([pool.end(), ownerPool.end(), statementPool.end()])
+      await Promise.all([pool.end(), statementPool.end()])
       await database.stop()
     })())
 
-  return { url, databaseUrl: database.url, pool, ownerPool, worker, stop }
+  return { url, databaseUrl: database.url, pool, worker, stop }
 }

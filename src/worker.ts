@@ -34,6 +34,11 @@ export function guardAgainstLocalQueueRejections(logger: AppLogger): void {
   process.on('unhandledRejection', unhandledRejectionGuard)
 }
 
+/**
+ * Starts the runner. `databaseUrl` names the worker's login role (crm_worker, src/db/runtime-role.ts),
+ * never the owner: graphile-worker's schema is installed and migrated by `migrate` beforehand, so
+ * the runner only checks that it is current.
+ */
 export async function startWorker(options: { databaseUrl: string; config: Config; logger: AppLogger }): Promise<WorkerHandle> {
   const { config, logger } = options
   guardAgainstLocalQueueRejections(logger)

@@ -17,7 +17,12 @@ export type Caller = {
   workspaceSlug: string
   tokenId: string
   tokenKind: 'token' | 'session' | 'oauth'
+  /** The role's admin flag (admin routes also need the scope of their area when the token is scoped). */
   isAdmin: boolean
+  /** The token's scopes, or null for a token that acts with the whole role (API.md section 4a). */
+  scopes: string[] | null
+  /** The OAuth app an access token (kind oauth) was issued to, else null. */
+  oauthAppId: string | null
   via: 'api' | 'ui'
   rateLimit: { limit: number; remaining: number; resetSeconds: number }
 }
@@ -54,6 +59,8 @@ const AuthRowSchema = Type.Union([
     token_id: Type.String(),
     token_kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')]),
     is_admin: Type.Boolean(),
+    scopes: nullable(Type.Array(Type.String())),
+    oauth_app_id: nullable(Type.String()),
     ...RateCount,
   }),
   Type.Object({ failure: Type.String(), ...RateCount }),
@@ -126,6 +133,8 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
     tokenId: row.token_id,
     tokenKind: row.token_kind,
     isAdmin: row.is_admin,
+    scopes: row.scopes,
+    oauthAppId: row.oauth_app_id,
     via: attempt.via,
     rateLimit,
   }
@@ -141,7 +150,7 @@ export function createAuthenticator(
     // pooler in transaction mode drops those): a connection that lost them still runs as crm_api.
     const row = await db.one(sql.type(AUTH_ROW)`
       select a.*, set_config('role', 'crm_api', true) as role,
-        set_config('statement_timeout', ${RUNTIME_ROLE_SETTINGS.statement_timeout}, true) as statement_timeout,
+        set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
         set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout
       from ${authenticateCall(attempt)} a
     `)

@@ -1,7 +1,7 @@
 // Password hashing with scrypt from node:crypto: memory-hard like argon2id, and built into Node,
 // so nothing native has to compile or download at install. N=2^15, r=8, p=1 uses 32 MiB and about
 // 60-100 ms per check on this machine: slow for guessing, fine for sign-in.
-import { randomBytes, scrypt, timingSafeEqual } from 'node:crypto'
+import { randomBytes, scrypt } from 'node:crypto'
 
 const N = 32768
 const R = 8
@@ -23,16 +23,23 @@ export async function hashPassword(password: string): Promise<string> {
   return `scrypt$${N}$${R}$${P}$${salt.toString('base64url')}$${key.toString('base64url')}`
 }
 
-/** A fixed hash checked when the email is unknown, so both refusals take the same time. */
+/** A fixed hash whose parameters stand in for an unknown email's, so both refusals take the same time. */
 const DECOY_HASH = `scrypt$${N}$${R}$${P}$${Buffer.alloc(16).toString('base64url')}$${Buffer.alloc(KEY_LENGTH).toString('base64url')}`
 
-export async function verifyPassword(password: string, stored: string | null): Promise<boolean> {
-  const parts = (stored ?? DECOY_HASH).split('$')
-  if (parts.length !== 6 || parts[0] !== 'scrypt') return false
-  const [, n, r, p, salt, hash] = parts
-  const expected = Buffer.from(hash, 'base64url')
-  const actual = await derive(password, Buffer.from(salt, 'base64url'), Number(n), Number(r), Number(p))
-  return stored !== null && expected.length === actual.length && timingSafeEqual(expected, actual)
+/** A stored hash without its key: `scrypt$N$r$p$salt`, what the database hands out before sign-in (crm.claim_sign_in). */
+const DECOY_PARAMS = DECOY_HASH.slice(0, DECOY_HASH.lastIndexOf('$'))
+
+/**
+ * The key (base64url) a password derives under a stored hash's parameters and salt, for the
+ * database to compare with the stored key (crm.sign_in). Null or malformed parameters (an unknown
+ * email) derive against a decoy, so every refusal costs the same scrypt.
+ */
+export async function passwordKey(password: string, params: string | null): Promise<string> {
+  let parts = (params ?? DECOY_PARAMS).split('$')
+  if (parts.length !== 5 || parts[0] !== 'scrypt') parts = DECOY_PARAMS.split('$')
+  const [, n, r, p, salt] = parts
+  const key = await derive(password, Buffer.from(salt, 'base64url'), Number(n), Number(r), Number(p))
+  return key.toString('base64url')
 }
 
 export function passwordProblem(password: string, email: string): string | null {

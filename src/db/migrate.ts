@@ -113,6 +113,9 @@ export async function migrate(databaseUrl: string, options: { dir?: string; log?
       options.log?.(`applied ${file.name}`)
     }
     await runWorkerMigrations({ connectionString: databaseUrl, logger: quietWorkerLogger() })
+    // graphile-worker's schema exists only now: the worker's login role gets its queue (every time,
+    // so a graphile-worker upgrade's new tables are covered too).
+    await client.query('select crm.grant_job_queue_to_worker()')
     return { applied, alreadyApplied: files.length - applied.length }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY]).catch(() => {})

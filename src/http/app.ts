@@ -13,7 +13,16 @@ import { bodyDeadlineMs, ClientWentAwayError, CSV_BODY_LIMIT, JSON_BODY_LIMIT, r
 import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
-import { JsonText, type RouteContext, type RouteDefinition, type RouteResult, type Services, validateBody } from './route.ts'
+import {
+  assertScopesDeclared,
+  JsonText,
+  type RouteContext,
+  type RouteDefinition,
+  type RouteResult,
+  requireRouteScope,
+  type Services,
+  validateBody,
+} from './route.ts'
 import { singleStatementConnection } from './single-statement.ts'
 import { createWorkspaceSlots } from './workspace-slots.ts'
 
@@ -71,6 +80,7 @@ export function createApp(
   } = {},
 ): App {
   const { logger, pool, config } = services
+  assertScopesDeclared(definitions)
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   let singleStatementsRefused = false
@@ -166,6 +176,9 @@ export function createApp(
       res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
       res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
       res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
+      // Before the handler in a transaction; in a single-statement read, as soon as its one
+      // statement answers (which saw nothing the scopes do not cover: RLS applied them).
+      requireRouteScope(definition, caller)
     }
     const statements = singleStatementsRefused ? undefined : extra.statements
     const inTransaction = () =>

@@ -2,7 +2,7 @@
 // validate requests), so the document cannot drift from what the API accepts and answers.
 import { readFileSync } from 'node:fs'
 import type { TSchema } from 'typebox'
-import { SCOPE_WORDS } from '../oauth/scopes.ts'
+import { SCOPE_DESCRIPTIONS, satisfyingScopes, type TokenScope } from '../auth/scopes.ts'
 import type { RouteDefinition } from './route.ts'
 
 type JsonObject = Record<string, unknown>
@@ -18,7 +18,7 @@ const STATUS_TEXT: Record<number, string> = {
   400: 'A query parameter is malformed or names an unknown field (invalid_parameter), or the body is not JSON (invalid_json)',
   401: 'No, bad, expired or revoked credentials',
   402: 'The workspace plan does not include this feature',
-  403: 'The record is visible but the action is not allowed, or an admin-only route',
+  403: "The record is visible but the action is not allowed, an admin-only route (forbidden), or the token's scopes do not cover the route (insufficient_scope)",
   404: 'No such record, or not visible to this user',
   408: 'The client stopped sending its body (no byte for 10 s) or sent it too slowly',
   409: 'A unique value is taken (duplicate), or an Idempotency-Key was reused with a different request',
@@ -125,6 +125,14 @@ function responseHeaders(route: RouteDefinition, status: number): JsonObject | u
   return Object.keys(headers).length > 0 ? headers : undefined
 }
 
+/**
+ * The scopes any one of which lets a token call the route (a write scope also satisfies its type's
+ * read need); empty for a route every token may call. For security requirements (oauth2).
+ */
+export function routeScopes(route: RouteDefinition): TokenScope[] {
+  return route.auth === 'required' ? satisfyingScopes(route.scope ?? 'none') : []
+}
+
 /** Every route that reads a body can answer 408 (body.ts's deadlines). */
 const readsBody = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file' || route.formBody !== undefined
 
@@ -169,6 +177,7 @@ function operation(route: RouteDefinition): JsonObject {
         : { $ref: `#/components/responses/Problem${error}` }
   }
   if (route.auth === 'required' && !responses['401']) responses['401'] = { $ref: '#/components/responses/Problem401' }
+  if (routeScopes(route).length > 0 && !responses['403']) responses['403'] = { $ref: '#/components/responses/Problem403' }
   if (readsBody(route) && !responses['408']) responses['408'] = { $ref: '#/components/responses/Problem408' }
   responses['500'] = { $ref: '#/components/responses/Problem500' }
 
@@ -178,7 +187,7 @@ function operation(route: RouteDefinition): JsonObject {
     tags: [route.tag],
     parameters: [...pathParameters, ...queryParameters, ...headerParameters(route)],
     responses,
-    security: route.auth === 'required' ? [{ bearerAuth: [] }, { oauth2: [] }] : [],
+    security: route.auth === 'required' ? [{ bearerAuth: [] }, { oauth2: routeScopes(route) }] : [],
   }
   if (route.formBody) {
     result.requestBody = {
@@ -186,6 +195,8 @@ function operation(route: RouteDefinition): JsonObject {
       content: { 'application/x-www-form-urlencoded': { schema: plainSchema(route.formBody) } },
     }
   }
+  // The scope a scoped token needs (API.md section 4a): one name, or a list of which any one will do.
+  if (route.auth === 'required') result['x-required-scope'] = route.scope === 'none' || route.scope === undefined ? null : route.scope
   if (route.body && route.bodyKind !== 'file') {
     result.requestBody = {
       required: true,
@@ -209,6 +220,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
     paths[path] ??= {}
     paths[path][route.method.toLowerCase()] = operation(route)
     for (const error of route.errors ?? []) statuses.add(error)
+    if (routeScopes(route).length > 0) statuses.add(403)
     if (readsBody(route)) statuses.add(408)
   }
   const problemResponses = Object.fromEntries(
@@ -244,7 +256,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
               authorizationUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/authorize`,
               tokenUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/token`,
               refreshUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/token`,
-              scopes: SCOPE_WORDS,
+              scopes: SCOPE_DESCRIPTIONS,
             },
           },
         },

@@ -9,6 +9,7 @@ import {
   DuplicateError,
   type FieldProblem,
   ForbiddenError,
+  InsufficientScopeError,
   InvalidJsonError,
   InvalidParameterError,
   NotFoundError,
@@ -69,8 +70,18 @@ const ANSWERS: [new (...args: never[]) => CrmError, number, string | ((error: Cr
   [UnavailableError, 503, 'Service unavailable'],
 ]
 
+/** RFC 6750 section 3: the challenge of a token whose scopes fall short, naming what would do. */
+function insufficientScope(scope: string): Record<string, string> {
+  return {
+    'WWW-Authenticate': `Bearer realm="crm", error="insufficient_scope"${scope ? `, scope="${scope}"` : ''}`,
+  }
+}
+
 function headersOf(error: CrmError): Record<string, string> | undefined {
   if (error instanceof AuthenticationError) return error.invalidToken ? INVALID_TOKEN : undefined
+  if (error instanceof InsufficientScopeError) return insufficientScope(error.scope)
+  // A refusal the database named without the scope (a SECURITY DEFINER gate, CR403 insufficient_scope).
+  if (error instanceof ForbiddenError && error.code === 'insufficient_scope') return insufficientScope('')
   // The rest of the body may still be on its way: the connection cannot carry another request.
   if (error instanceof RequestTimeoutError) return { Connection: 'close' }
   if (error instanceof RateLimitedError && error.quota) {

@@ -4,9 +4,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { TSchema } from 'typebox'
 import { Compile } from 'typebox/compile'
 import type { Caller } from '../auth/authenticate.ts'
+import { type RouteScope, scopeAttribute, scopesAllow } from '../auth/scopes.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import { type FieldProblem, ValidationError } from '../errors.ts'
+import { type FieldProblem, InsufficientScopeError, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
@@ -16,14 +17,13 @@ export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
 
 export type Services = {
   config: Config
-  /** The runtime role's connections (src/db/runtime-role.ts): requests, which switch to crm_api. */
-  pool: DatabasePool
   /**
-   * The owner's connections, for the work done before a caller is known (sign-in, two-factor
-   * completion, sign-up, accepting an invitation): it reads password hashes and records throttled
-   * attempts, which no role confined to a workspace may touch.
+   * The runtime role's connections (src/db/runtime-role.ts): request transactions, which switch to
+   * crm_api, and the work done before a caller is known (sign-in, two-factor completion, sign-up,
+   * accepting an invitation), which calls the narrow functions granted to crm_runtime alone
+   * (sql/000013_runtime_confinement.sql).
    */
-  ownerPool: DatabasePool
+  pool: DatabasePool
   logger: Logger
   /**
    * The base of every link the service sends (an invitation's accept_url): PUBLIC_BASE_URL, else
@@ -77,6 +77,13 @@ export type RouteDefinition = {
   summary: string
   tag: string
   auth: AuthMode
+  /**
+   * The token scope the route needs (API.md section 4a), required when auth is 'required': a scoped
+   * token without it is refused with 403 insufficient_scope before the handler runs. A list means
+   * any one of them; 'none' is for what every token may do. Row-level security applies the same
+   * scopes underneath; this check answers first and names the missing scope.
+   */
+  scope?: RouteScope
   /** Counted against UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE per client address (sign-in and the like). */
   limitedPerAddress?: boolean
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
@@ -219,4 +226,17 @@ export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteD
     { ...definition, method: 'PATCH' },
     { ...definition, method: 'PUT' },
   ]
+}
+
+/** Refuses a caller whose token's scopes do not cover the route (403 insufficient_scope). */
+export function requireRouteScope(definition: Pick<RouteDefinition, 'scope'>, caller: Pick<Caller, 'scopes'>): void {
+  const needed = definition.scope ?? 'none'
+  if (!scopesAllow(caller.scopes, needed)) throw new InsufficientScopeError(scopeAttribute(needed))
+}
+
+/** Every authenticated route must say which scope it needs: checked when the app is built. */
+export function assertScopesDeclared(definitions: RouteDefinition[]): void {
+  const missing = definitions.filter((definition) => definition.auth === 'required' && definition.scope === undefined)
+  if (missing.length > 0)
+    throw new Error(`routes without a scope: ${missing.map((definition) => `${definition.method} ${definition.path}`).join(', ')}`)
 }

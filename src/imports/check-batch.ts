@@ -286,7 +286,8 @@ export async function checkReferencesAndScope(db: Queryable, batch: BatchMapping
     db,
     'owner_id',
     sql.fragment`'owner_id must be a member of this workspace'`,
-    sql.fragment`t.owner_id is not null and not exists (select from crm.memberships m where m.workspace_id = ${workspace} and m.user_id = t.owner_id)`,
+    // Asked of a function: a scoped token without workspace:admin sees only its own membership.
+    sql.fragment`t.owner_id = any ((select crm.non_member_ids(array(select distinct o.owner_id from import_typed o)))::uuid[])`,
   )
   await reportRows(
     db,

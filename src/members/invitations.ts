@@ -4,10 +4,10 @@
 import { randomBytes } from 'node:crypto'
 import Type, { type Static } from 'typebox'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
-import { issueToken, type TokenBody } from '../auth/sign-in.ts'
+import { IssuedRow, newIssuedToken, type TokenBody, tokenBody } from '../auth/sign-in.ts'
 import { hashToken, TOKEN_PATTERN } from '../auth/tokens.ts'
 import type { Config } from '../config.ts'
-import { type CommonQueryMethods, type DatabasePool, sql } from '../db/pool.ts'
+import { type CommonQueryMethods, sql } from '../db/pool.ts'
 import { IdRow, NullableString, rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, DuplicateError, type FieldProblem, ForbiddenError, NotFoundError, ValidationError } from '../errors.ts'
 import { type Actor, isUuid, requireAdmin } from './admin-only.ts'
@@ -28,18 +28,6 @@ const InvitationRow = Type.Object({
 export type Invitation = Static<typeof InvitationRow>
 const INVITATION = rowType(InvitationRow)
 const NamesRow = rowType(Type.Object({ workspace_name: Type.String(), inviter_name: Type.String() }))
-const InvitationToAccept = rowType(
-  Type.Object({
-    workspace_id: Type.String(),
-    id: Type.String(),
-    email: Type.String(),
-    role_id: Type.String(),
-    accepted: Type.Boolean(),
-    expired: Type.Boolean(),
-    slug: Type.String(),
-  }),
-)
-const TokenUser = rowType(Type.Object({ failure: NullableString, user_id: NullableString }))
 /** The answer to a new invitation: the only time the secret (inside accept_url) is shown. */
 export type NewInvitation = Invitation & { accept_url: string; workspace_name: string; inviter_name: string }
 
@@ -129,19 +117,39 @@ export type AcceptInput = { token: string; password?: string; name?: string }
 
 const invalidInvitation = (message: string) => new ValidationError(`token ${message}`, [{ pointer: '/token', code: 'invalid', message }])
 
+const InvitationPreviewFields = Type.Object({
+  email: Type.String(),
+  workspace_name: Type.String(),
+  slug: Type.String(),
+  role: Type.String(),
+  accepted: Type.Boolean(),
+  expired: Type.Boolean(),
+  has_account: Type.Boolean(),
+})
+const InvitationPreviewRow = rowType(InvitationPreviewFields)
+export type InvitationPreview = Static<typeof InvitationPreviewFields>
+
+/** The invitation a secret names (who is invited where, and its state), or null: only to whoever holds the secret. */
+export async function previewInvitation(db: CommonQueryMethods, secret: string): Promise<InvitationPreview | null> {
+  return db.maybeOne(sql.type(InvitationPreviewRow)`
+    select email, workspace_name, slug, role, accepted, expired, has_account from crm.invitation_preview(${sql.binary(hashToken(secret))})
+  `)
+}
+
 /**
  * Accepts an invitation. With `bearerToken` the holder of that token (whose email must be the
- * invited one) joins; without it a new user is created from `password` and `name`. Runs as the
- * owner role in one transaction: the invitee is nobody in the workspace yet, so no policy could
- * let them in. The seat trigger answers 422 seat_limit_reached when the workspace is full.
+ * invited one) joins; without it a new user is created from `password` and `name`. There is no
+ * caller yet: it runs as the runtime role, through crm.accept_invitation alone, in one statement.
+ * The seat trigger answers 422 seat_limit_reached when the workspace is full.
  */
 export async function acceptInvitation(
-  pool: DatabasePool,
+  db: CommonQueryMethods,
   config: Config,
   input: AcceptInput,
   bearerToken: string | null,
 ): Promise<TokenBody> {
   let passwordHash: string | null = null
+  let invitedEmail = ''
   if (bearerToken === null) {
     const missing: FieldProblem[] = (['password', 'name'] as const)
       .filter((name) => input[name] === undefined)
@@ -151,61 +159,45 @@ export async function acceptInvitation(
         message: 'is required (or accept as a signed-in user with Authorization: Bearer)',
       }))
     if (missing.length) throw new ValidationError(`${missing[0].pointer.slice(1)} is required`, missing)
-    // Hashing is slow on purpose: done before the transaction so no connection waits on it.
+    // The password's rules name the invited email: read it first (the acceptance checks it all again).
+    const invitation = await previewInvitation(db, input.token)
+    if (!invitation) throw invalidInvitation('is not a valid invitation')
+    if (invitation.accepted) throw invalidInvitation('was already used')
+    if (invitation.expired) throw invalidInvitation('has expired; ask for a new invitation')
+    invitedEmail = invitation.email
+    const problem = passwordProblem(input.password as string, invitation.email)
+    if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
+    // Hashing is slow on purpose: done before the statement, so no connection waits on it.
     passwordHash = await hashPassword(input.password as string)
   } else if (!TOKEN_PATTERN.test(bearerToken)) {
     throw new AuthenticationError('token_invalid', 'The token is not valid')
   }
 
-  return pool.transaction(async (db) => {
-    const invitation = await db.maybeOne(sql.type(InvitationToAccept)`
-      select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
-      from crm.invitations i join crm.workspaces w on w.id = i.workspace_id
-      where i.token_hash = ${sql.binary(hashToken(input.token))}
-      for update of i
-    `)
-    if (!invitation) throw invalidInvitation('is not a valid invitation')
-    if (invitation.accepted) throw invalidInvitation('was already used')
-    if (invitation.expired) throw invalidInvitation('has expired; ask for a new invitation')
-
-    let userId: string
-    if (bearerToken !== null) {
-      const proof = await db.one(sql.type(TokenUser)`select failure, user_id from crm.token_user(${sql.binary(hashToken(bearerToken))})`)
-      if (proof.failure || proof.user_id === null)
-        throw new AuthenticationError(proof.failure ?? 'token_invalid', 'The bearer token cannot be used')
-      const email = await db.oneFirst(sql.unsafe`select email from crm.users where id = ${proof.user_id}`)
-      if (email !== invitation.email) throw new ForbiddenError('This invitation was sent to another email address')
-      userId = proof.user_id
-    } else {
-      const problem = passwordProblem(input.password as string, invitation.email)
-      if (problem) throw new ValidationError(`password ${problem}`, [{ pointer: '/password', code: 'invalid', message: problem }])
-      const existing = await db.maybeOneFirst(sql.unsafe`select id from crm.users where email = ${invitation.email}`)
-      if (existing !== null) {
-        throw new DuplicateError(
-          `${invitation.email} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`,
-        )
-      }
-      userId = await db.oneFirst(sql.type(IdRow)`
-        insert into crm.users (email, name, password_hash) values (${invitation.email}, ${(input.name as string).trim()}, ${passwordHash}) returning id
-      `)
-    }
-
-    const already = await db.maybeOneFirst(
-      sql.unsafe`select 1 from crm.memberships where workspace_id = ${invitation.workspace_id} and user_id = ${userId}`,
-    )
-    if (already !== null) throw new DuplicateError('You are already a member of this workspace')
-    await db.query(
-      sql.unsafe`insert into crm.memberships (workspace_id, user_id, role_id) values (${invitation.workspace_id}, ${userId}, ${invitation.role_id})`,
-    )
-    await db.query(sql.unsafe`
-      insert into crm.team_members (workspace_id, team_id, user_id)
-      select workspace_id, team_id, ${userId} from crm.invitation_teams where workspace_id = ${invitation.workspace_id} and invitation_id = ${invitation.id}
-    `)
-    await db.query(
-      sql.unsafe`update crm.invitations set accepted_at = now(), accepted_by = ${userId} where workspace_id = ${invitation.workspace_id} and id = ${invitation.id}`,
-    )
-    // The workspace just joined becomes the default for requests without X-Tenant-Slug.
-    await db.query(sql.unsafe`update crm.users set last_workspace_id = ${invitation.workspace_id} where id = ${userId}`)
-    return issueToken(db, config, userId, 'token', `invitation to ${invitation.slug}`)
-  })
+  const issued = newIssuedToken()
+  const result = await db.one(sql.type(IssuedRow)`
+    select failure, id, expires_at
+      from crm.accept_invitation(${sql.binary(hashToken(input.token))}, ${bearerToken === null ? null : sql.binary(hashToken(bearerToken))},
+                                 ${bearerToken === null ? (input.name as string).trim() : null}, ${passwordHash},
+                                 ${sql.binary(issued.hash)}, make_interval(days => ${config.tokenTtlDays}))
+  `)
+  switch (result.failure) {
+    case null:
+      return tokenBody(issued.token, result)
+    case 'invitation_invalid':
+      throw invalidInvitation('is not a valid invitation')
+    case 'invitation_used':
+      throw invalidInvitation('was already used')
+    case 'invitation_expired':
+      throw invalidInvitation('has expired; ask for a new invitation')
+    case 'wrong_email':
+      throw new ForbiddenError('This invitation was sent to another email address')
+    case 'already_member':
+      throw new DuplicateError('You are already a member of this workspace')
+    case 'account_exists':
+      throw new DuplicateError(
+        `${invitedEmail} already has an account: accept with its bearer token (Authorization: Bearer) instead of a password`,
+      )
+    default:
+      throw new AuthenticationError(result.failure, 'The bearer token cannot be used')
+  }
 }

@@ -3,7 +3,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Caller } from '../auth/authenticate.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
-import { type HttpMethod, JsonText, type RouteDefinition, type Services, validateBody } from '../http/route.ts'
+import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, type Services, validateBody } from '../http/route.ts'
 
 export type ApiCall = <T = any>(
   method: HttpMethod,
@@ -23,6 +23,7 @@ export function apiCaller(
   return async (method, path, options = {}) => {
     const definition = definitions.find((candidate) => candidate.method === method && candidate.path === path)
     if (!definition) throw new Error(`ui: no API route ${method} ${path}`)
+    requireRouteScope(definition, caller)
     const body = definition.body ? validateBody(definition.body, options.body ?? {}) : undefined
     // Handlers that read the query string parse req.url: give them one of their own.
     const request = Object.create(req, { url: { value: `${path}${options.query ? `?${options.query}` : ''}` } }) as IncomingMessage

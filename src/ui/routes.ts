@@ -26,6 +26,8 @@ import {
 import { signInPages } from './pages/sign-in.ts'
 import { signUpPages } from './pages/sign-up.ts'
 import { createTeam, deleteTeam, renameTeam, showTeams, teamMembership } from './pages/teams.ts'
+import { recoverDeliveries, redeliverDelivery, sendTestEvent, showDeliveries, showDelivery } from './pages/webhook-deliveries.ts'
+import { showEvents } from './pages/webhook-events.ts'
 import { changeWebhook, createWebhook, showWebhooks } from './pages/webhooks.ts'
 import { clearCookie, SESSION_COOKIE, sessionCredential, setCookie, WORKSPACE_COOKIE } from './session.ts'
 
@@ -107,6 +109,12 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.post('/webhooks', page(createWebhook))
   app.post('/webhooks/:id/pause', page(changeWebhook('pause')))
   app.post('/webhooks/:id/resume', page(changeWebhook('resume')))
+  app.get('/webhooks/events', page(showEvents))
+  app.get('/webhooks/:id/deliveries', page(showDeliveries))
+  app.get('/webhooks/:id/deliveries/:delivery_id', page(showDelivery))
+  app.post('/webhooks/:id/deliveries/:delivery_id/redeliver', page(redeliverDelivery))
+  app.post('/webhooks/:id/test', page(sendTestEvent))
+  app.post('/webhooks/:id/recover', page(recoverDeliveries))
 
   app.get('/security', page(showSecurity))
   app.post('/security/tokens', page(createToken))

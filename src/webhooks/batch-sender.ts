@@ -11,24 +11,19 @@
 // receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
 
 import type { KeyObject } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
-import Type from 'typebox'
-import { Compile } from 'typebox/compile'
 import type { Config } from '../config.ts'
 import { type AddressPolicy, parseCidrList } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
 import { HostRateLimiter, webhookHost } from './host-rate-limiter.ts'
+import { deliveryHeaders } from './request-headers.ts'
 import { openWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
 import { webhookSigningKey } from './signature.ts'
 import { SubscriptionLimiter } from './subscription-limiter.ts'
 
-const VERSION = Compile(Type.Object({ version: Type.String() })).Parse(
-  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')),
-).version
-export const USER_AGENT = `crm-webhooks/${VERSION}`
+export { USER_AGENT } from './request-headers.ts'
 
 /** How long a batch waits for a slot of its subscription before it gives its worker slot back. */
 export const WAIT_FOR_SLOT_MS = 50
@@ -81,6 +76,8 @@ export type AttemptResult = {
   response_status: number | null
   error: string | null
   response_body_excerpt: string | null
+  /** The X-Service-Signature header the attempt sent (absent or null: none). */
+  signature?: string | null
 }
 
 /** The fields of crm.webhook_attempt_result, in the type's order. */
@@ -93,6 +90,7 @@ const ATTEMPT_RESULT_FIELDS = [
   'response_status',
   'error',
   'response_body_excerpt',
+  'signature',
 ] as const satisfies readonly (keyof AttemptResult)[]
 
 /**
@@ -104,7 +102,7 @@ const ATTEMPT_RESULT_FIELDS = [
 export function attemptResultRecord(result: AttemptResult): string {
   const fields = ATTEMPT_RESULT_FIELDS.map((name) => {
     const value = result[name]
-    return value === null ? '' : `"${String(value).replace(/["\\]/g, '\\$&')}"`
+    return value === null || value === undefined ? '' : `"${String(value).replace(/["\\]/g, '\\$&')}"`
   })
   return `(${fields.join(',')})`
 }
@@ -118,6 +116,7 @@ const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
   response_status: result.status,
   error: result.error,
   response_body_excerpt: result.bodyExcerpt,
+  signature: result.signature,
 })
 
 const notAttempted = (row: DeliveryToSend): AttemptResult => ({
@@ -129,6 +128,7 @@ const notAttempted = (row: DeliveryToSend): AttemptResult => ({
   response_status: null,
   error: null,
   response_body_excerpt: null,
+  signature: null,
 })
 
 export type SendOptions = {
@@ -279,12 +279,7 @@ export class WebhookBatchSender {
       secrets,
       body: deliveryBody(row, startedAt),
       timeoutMs: this.#config.webhook.timeoutMs,
-      headers: {
-        'user-agent': USER_AGENT,
-        'x-service-event': row.event,
-        'x-service-delivery-id': row.delivery_id,
-        'x-service-webhook-id': subscriptionId,
-      },
+      headers: deliveryHeaders({ event: row.event, deliveryId: row.delivery_id, subscriptionId }),
     })
     return { row, startedAt, result }
   }

@@ -8,6 +8,7 @@ import { isIP, type LookupFunction } from 'node:net'
 import type { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import { type AddressPolicy, checkWebhookUrl, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
+import { CONTENT_TYPE } from './request-headers.ts'
 import { signatureHeader } from './signature.ts'
 
 export type WebhookAttemptError =
@@ -27,6 +28,8 @@ export type WebhookAttempt = {
   bodyExcerpt: string | null
   /** A human sentence for logs and the delivery log; null on success. */
   detail: string | null
+  /** The X-Service-Signature header sent; null when no request went out (the address was refused). */
+  signature: string | null
 }
 
 export type SignedWebhookRequest = {
@@ -56,21 +59,22 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
 
   let status: number | null = null
   let excerpt: ExcerptReader | null = null
+  let signature: string | null = null
   try {
     const pending = checkTarget(request.url, request.policy)
     const check = pending instanceof Promise ? await beforeDeadline(pending, deadline.signal) : pending
     if (!check.ok) {
       const error = check.code === 'dns_failed' ? 'dns_failed' : 'address_refused'
-      return { status: null, error, durationMs: elapsed(), bodyExcerpt: null, detail: check.reason }
+      return { status: null, error, durationMs: elapsed(), bodyExcerpt: null, detail: check.reason, signature }
     }
 
     const body = typeof request.body === 'string' ? Buffer.from(request.body, 'utf8') : request.body
     // Signed per attempt, so a retry hours later still falls inside the receiver's tolerance.
-    const signature = signatureHeader(request.secrets, Math.floor(Date.now() / 1000), body)
+    signature = signatureHeader(request.secrets, Math.floor(Date.now() / 1000), body)
     const response = await pinnedPool(check.url.origin, check.addresses[0]).request({
       method: 'POST',
       path: check.url.pathname + check.url.search,
-      headers: { 'content-type': 'application/json', ...request.headers, 'x-service-signature': signature },
+      headers: { 'content-type': CONTENT_TYPE, ...request.headers, 'x-service-signature': signature },
       body,
       signal: deadline.signal,
       headersTimeout: timeoutMs,
@@ -81,7 +85,7 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
     await excerpt.consume(response.body)
 
     const bodyExcerpt = excerpt.text()
-    if (status >= 200 && status < 300) return { status, error: null, durationMs: elapsed(), bodyExcerpt, detail: null }
+    if (status >= 200 && status < 300) return { status, error: null, durationMs: elapsed(), bodyExcerpt, detail: null, signature }
     if (status >= 300 && status < 400) {
       const location = String(response.headers.location ?? '(no Location header)').slice(0, 200)
       return {
@@ -90,13 +94,14 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
         durationMs: elapsed(),
         bodyExcerpt,
         detail: `HTTP ${status} redirect to ${location} was not followed`,
+        signature,
       }
     }
-    return { status, error: 'http_status', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status}` }
+    return { status, error: 'http_status', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status}`, signature }
   } catch (error) {
     const attemptError = deadline.signal.aborted ? 'timeout' : attemptErrorOf(error)
     const detail = deadline.signal.aborted ? (deadline.signal.reason as Error).message : describe(error)
-    return { status, error: attemptError, durationMs: elapsed(), bodyExcerpt: excerpt?.text() ?? null, detail }
+    return { status, error: attemptError, durationMs: elapsed(), bodyExcerpt: excerpt?.text() ?? null, detail, signature }
   } finally {
     clearTimeout(timer)
   }

@@ -7,6 +7,13 @@ const EVENT_PATTERN = '^(\\*|(contact|company|deal)\\.(\\*|created|updated|delet
 /** One event name (no wildcards), as the deliveries filter takes it. */
 export const EVENT_NAME = /^(contact|company|deal)\.(created|updated|deleted)$/
 export const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'held']
+/** The 9 events (API.md section 8), in the order the events page lists them. */
+export const EVENT_NAMES = ['contact', 'company', 'deal'].flatMap((type) =>
+  ['created', 'updated', 'deleted'].map((action) => `${type}.${action}`),
+)
+export const DEFAULT_TEST_EVENT = 'contact.created'
+/** How far back a recovery may reach: the delivery log's retention (sql: crm.check_webhook_recovery_window). */
+export const RECOVERY_DAYS = 30
 
 const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
 const Time = Type.String({ format: 'date-time' })
@@ -50,6 +57,7 @@ export const Attempt = Type.Object({
   response_status: nullable(Type.Integer()),
   error: nullable(Type.String()),
   response_body_excerpt: nullable(Type.String()),
+  signature: nullable(Type.String({ description: 'The X-Service-Signature header this attempt sent (null: no request was sent)' })),
 })
 export const Delivery = Type.Object({
   delivery_id: Uuid,
@@ -63,7 +71,21 @@ export const Delivery = Type.Object({
   next_attempt_at: nullable(Time),
   created_at: Time,
   completed_at: nullable(Time),
+  test: Type.Boolean({ description: 'A test event (POST .../test): not counted in the stats or auto-pause, never recovered' }),
   attempts: Type.Optional(Type.Array(Attempt)),
+  request_headers: Type.Optional(
+    Type.Record(Type.String(), Type.String(), {
+      description: 'The headers every attempt sends, X-Service-Signature aside (each attempt has its own signature)',
+    }),
+  ),
+  body: Type.Optional(
+    nullable(
+      Type.String({
+        description:
+          'The body as the latest attempt sent it, byte for byte (earlier attempts differ only in delivered_at); null before the first',
+      }),
+    ),
+  ),
 })
 export const RotatedSecret = Type.Object({ id: Uuid, secret: Type.String(), previous_secret_expires_at: nullable(Time) })
 
@@ -83,6 +105,29 @@ export const RotateBody = Type.Object(
   { grace_period_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 86_400 })) },
   { additionalProperties: false },
 )
+
+export const TestBody = Type.Object(
+  {
+    event: Type.Optional(
+      Type.String({
+        enum: EVENT_NAMES,
+        default: DEFAULT_TEST_EVENT,
+        description: 'The event to send a sample of (default contact.created)',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+)
+const RecoverSince = Type.String({
+  format: 'date-time',
+  maxLength: 40,
+  description: `Dead deliveries created at or after this time (at most ${RECOVERY_DAYS} days back)`,
+})
+const RecoverUntil = Type.String({ format: 'date-time', maxLength: 40, description: 'and before this time (default: now)' })
+export const RecoverBody = Type.Object({ since: RecoverSince, until: Type.Optional(RecoverUntil) }, { additionalProperties: false })
+export const Recovered = Type.Object({
+  deliveries: Type.Integer({ description: 'How many dead deliveries get a fresh cycle (the preview: would get one)' }),
+})
 
 export const one = <T extends TSchema>(schema: T) => Type.Object({ data: schema })
 export const page = <T extends TSchema>(schema: T) => Type.Object({ data: Type.Array(schema), next_cursor: nullable(Type.String()) })

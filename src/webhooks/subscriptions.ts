@@ -1,7 +1,7 @@
 // Webhook subscriptions and their delivery log, as the API manages them (API.md section 7). Every
 // operation first calls crm.require_webhook_access() (403 for non-admins, 402 without the plan);
 // RLS repeats the admin rule, so a member sees zero rows even in SQL. Deliveries are read here and
-// written only through SECURITY DEFINER functions (pause, resume, redeliver, rotate).
+// written only through SECURITY DEFINER functions (pause, resume, redeliver, rotate, test, recover).
 import type { Static } from 'typebox'
 import Type from 'typebox'
 import type { Config } from '../config.ts'
@@ -11,9 +11,11 @@ import { InvalidParameterError, NotFoundError, ValidationError } from '../errors
 import { decodeCursor, encodeCursor, limitOf } from '../paging.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 import { type AddressPolicy, checkWebhookUrl, parseCidrList } from './address-guard.ts'
+import { deliveryBody } from './delivery-body.ts'
+import { requestHeaders } from './request-headers.ts'
 import { sealWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { newWebhookSecret } from './signature.ts'
-import { DELIVERY_STATUSES, Delivery, EVENT_NAME, Subscription } from './subscription-schemas.ts'
+import { DEFAULT_TEST_EVENT, DELIVERY_STATUSES, Delivery, EVENT_NAME, RECOVERY_DAYS, Subscription } from './subscription-schemas.ts'
 
 export type SubscriptionJson = Static<typeof Subscription>
 export type DeliveryJson = Static<typeof Delivery>
@@ -23,10 +25,12 @@ const SubscriptionRow = rowType(Type.Object({ subscription: Subscription }))
 const DeliveryRow = rowType(Delivery)
 const IdRow = rowType(Type.Object({ id: Type.String() }))
 const ExpiryRow = rowType(Type.Object({ expires_at: Type.Union([Type.String(), Type.Null()]) }))
+const CountRow = rowType(Type.Object({ deliveries: Type.Integer() }))
+const BodyPartsRow = rowType(Type.Object({ body_head: Type.String(), body_tail: Type.String() }))
 
 const DELIVERY_COLUMNS = sql.fragment`
   d.id as delivery_id, d.subscription_id, d.event, d.event_id, d.record_type, d.record_id, d.status, d.attempt_count,
-  d.next_attempt_at, d.created_at, d.completed_at`
+  d.next_attempt_at, d.created_at, d.completed_at, d.is_test as test`
 
 /** Subscriptions run oldest first, deliveries newest first; the cursor records which. */
 const SUBSCRIPTION_ORDER = 'id'
@@ -234,13 +238,21 @@ export async function readDelivery(
     select ${DELIVERY_COLUMNS},
            coalesce((select json_agg(json_build_object(
                       'attempt', a.attempt, 'started_at', crm.api_time(a.started_at), 'duration_ms', a.duration_ms,
-                      'response_status', a.response_status, 'error', a.error, 'response_body_excerpt', a.response_body_excerpt)
+                      'response_status', a.response_status, 'error', a.error, 'response_body_excerpt', a.response_body_excerpt,
+                      'signature', a.signature)
                       order by a.attempt)
                       from crm.webhook_attempts a where a.workspace_id = d.workspace_id and a.delivery_id = d.id), '[]') as attempts
       from crm.webhook_deliveries d
      where d.workspace_id = (select crm.current_workspace_id()) and d.subscription_id = ${id} and d.id = ${deliveryId}`)
   if (delivery === null) throw new NotFoundError('No such delivery')
-  return delivery
+  const latest = delivery.attempts?.at(-1)
+  const headers = requestHeaders({ event: delivery.event, deliveryId: delivery.delivery_id, subscriptionId: id }, null)
+  if (latest === undefined) return { ...delivery, request_headers: headers, body: null }
+  // The body of the latest attempt: built as the worker built it, around that attempt's start,
+  // which is the delivered_at it sent.
+  const parts = await db.maybeOne(sql.type(BodyPartsRow)`select * from crm.webhook_delivery_body(${id}, ${deliveryId})`)
+  const body = parts === null ? null : deliveryBody(parts, new Date(latest.started_at)).toString('latin1')
+  return { ...delivery, request_headers: headers, body }
 }
 
 /** A fresh cycle of attempts for a delivery, the first at once (the function checks access itself). */
@@ -255,4 +267,77 @@ export async function redeliver(
   return db.one(sql.type(DeliveryRow)`
     select ${DELIVERY_COLUMNS} from crm.webhook_deliveries d
      where d.workspace_id = (select crm.current_workspace_id()) and d.id = ${deliveryId}`)
+}
+
+/** A sample of an event sent to the subscription as a test delivery (sent even while paused). */
+export async function sendTestEvent(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  body: { event?: string },
+): Promise<DeliveryJson> {
+  const id = idOf(pathId, 'webhook subscription')
+  const { delivery_id } = await db.one(
+    sql.type(rowType(Type.Object({ delivery_id: Type.String() })))`
+      select crm.send_webhook_test_event(${id}, ${body.event ?? DEFAULT_TEST_EVENT}) as delivery_id`,
+  )
+  return db.one(sql.type(DeliveryRow)`
+    select ${DELIVERY_COLUMNS} from crm.webhook_deliveries d
+     where d.workspace_id = (select crm.current_workspace_id()) and d.id = ${delivery_id}`)
+}
+
+export type RecoveryWindow = { since: string; until?: string }
+
+/** A time of the API's format (the schema checked its shape) as an instant PostgreSQL can hold. */
+function instantOf(value: string, pointer: string): string {
+  const time = new Date(value)
+  if (Number.isNaN(time.getTime()) || time.getUTCFullYear() < 1 || time.getUTCFullYear() > 9999)
+    throw new ValidationError(`${pointer.slice(1)} must be an RFC 3339 time`, [
+      { pointer, code: 'format', message: 'must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z' },
+    ])
+  return time.toISOString()
+}
+
+/** Every dead delivery created in the window gets a fresh cycle (the function checks access and the window). */
+export async function recoverDeliveries(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  window: RecoveryWindow,
+): Promise<{ deliveries: number }> {
+  const id = idOf(pathId, 'webhook subscription')
+  const since = instantOf(window.since, '/since')
+  const until = window.until === undefined ? null : instantOf(window.until, '/until')
+  return db.one(sql.type(CountRow)`select crm.recover_webhook_deliveries(${id}, ${since}, ${until}) as deliveries`)
+}
+
+const RECOVERY_PARAMETERS = ['since', 'until']
+const RFC3339 = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$/i
+
+/** How many deliveries a recovery with this window would send again; nothing changes. */
+export async function previewRecovery(
+  db: DatabaseTransactionConnection,
+  pathId: string | undefined,
+  parameters: Map<string, string>,
+): Promise<{ deliveries: number }> {
+  await requireWebhookAccess(db)
+  const id = idOf(pathId, 'webhook subscription')
+  // Another workspace's subscription is not found, whatever the query says.
+  await readSubscription(db, id)
+  for (const name of parameters.keys()) {
+    if (!RECOVERY_PARAMETERS.includes(name)) throw new InvalidParameterError(`Unknown query parameter ${name}`)
+  }
+  const instant = (name: string): string | null => {
+    const value = parameters.get(name)
+    if (value === undefined) return null
+    const time = new Date(value)
+    if (value.length > 40 || !RFC3339.test(value) || Number.isNaN(time.getTime()) || time.getUTCFullYear() > 9999)
+      throw new InvalidParameterError(`${name} must be an RFC 3339 time such as 2026-11-22T03:00:21.123Z`)
+    return time.toISOString()
+  }
+  const since = instant('since')
+  const until = instant('until')
+  if (since === null) throw new InvalidParameterError('since is required')
+  if (Date.parse(since) < Date.now() - RECOVERY_DAYS * 86_400_000)
+    throw new InvalidParameterError(`since must be at most ${RECOVERY_DAYS} days back`)
+  if (until !== null && Date.parse(until) <= Date.parse(since)) throw new InvalidParameterError('until must be later than since')
+  return db.one(sql.type(CountRow)`select crm.webhook_recovery_count(${id}, ${since}, ${until}) as deliveries`)
 }

@@ -119,3 +119,46 @@ t.test('export streams what the caller may export, and re-importing it changes n
   const own = await server.request('POST', '/api/contacts/export', { token: bob.token, body: { fields: ['email'] } })
   t.equal(own.text, 'email\r\nbobs@example.com\r\n', 'export:own gives only his own records')
 })
+
+// The stream is one statement for as long as the client reads. With the request statement timeout
+// shortened to 300 ms, a reader that pauses between chunks keeps it running for seconds: the
+// export must still arrive whole (it runs under EXPORT_TIMEOUT_MS), and past that limit it is cut.
+t.test('an export outlasts the request statement timeout, within its own limit', async (t) => {
+  const deals = 40_000
+  const slowExport = async (env: Record<string, string>) => {
+    const server = await startTestServer(t, { env: { STATEMENT_TIMEOUT_MS: '300', ...env } })
+    const tenant = await createTenant(server.databaseUrl, { members: { 'admin@slow.test': 'admin' } })
+    const admin = tenant.members['admin@slow.test']
+    const db = await ownerClient(t, server.databaseUrl)
+    // Loaded without the outbox triggers: this test is about reading.
+    await db.query('set session_replication_role = replica')
+    await db.query(
+      `insert into crm.deals (workspace_id, owner_id, created_by, updated_by, name, amount, currency, stage)
+       select $1, $2, $2, $2, 'Deal ' || g || repeat(' padding', 24), g, 'EUR', 'lead' from generate_series(1, ${deals}) g`,
+      [tenant.id, admin.id],
+    )
+    const response = await fetch(`${server.url}/api/deals/export`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ format: 'ndjson', fields: ['id', 'name'] }),
+    })
+    t.equal(response.status, 200)
+    let lines = 0
+    const started = Date.now()
+    try {
+      for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) {
+        for (const byte of chunk) if (byte === 0x0a) lines++
+        // Slow enough that the kernel's socket buffers fill and the cursor waits on the reader.
+        await new Promise((resolve) => setTimeout(resolve, 30))
+      }
+    } catch {
+      // The connection was cut: counted by the lines that arrived.
+    }
+    return { lines, seconds: (Date.now() - started) / 1000 }
+  }
+
+  const whole = await slowExport({})
+  t.equal(whole.lines, deals, `every row arrived (the slow read took ${whole.seconds.toFixed(1)} s)`)
+  const cut = await slowExport({ EXPORT_TIMEOUT_MS: '1000' })
+  t.ok(cut.lines < deals, `past EXPORT_TIMEOUT_MS the stream is cut (${cut.lines} of ${deals} rows arrived)`)
+})

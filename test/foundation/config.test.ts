@@ -34,6 +34,7 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     PORT: 'eighty',
     DATABASE_URL: 'mysql://x',
     RUNTIME_DATABASE_URL: 'not a url',
+    WORKER_DATABASE_URL: 'mysql://worker',
     LOG_LEVEL: 'loud',
     APP_SECRET: 'short',
     TOKEN_TTL_DAYS: '0',

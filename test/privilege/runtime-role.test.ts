@@ -1,6 +1,6 @@
 // The login role requests run as, tried by hand: whatever it sets in its session it sees no row of
 // any workspace without a proven context, cannot become the owner, and cannot call what only the
-// owner (the worker, housekeeping, sign-in) calls.
+// owner or the worker calls (housekeeping, the heartbeat, the attempt counters themselves).
 import pg from 'pg'
 import t from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'

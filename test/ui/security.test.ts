@@ -31,11 +31,22 @@ if (browser) {
     await page.waitForURL(`${server.url}/security`)
     const sessionRow = page.getByRole('row', { name: /this browser/ })
     t.match(await sessionRow.textContent(), /Browser session/)
-    t.same((await page.getByRole('columnheader').allTextContents()).slice(0, 5), ['Name', 'Type', 'Created', 'Last used', 'Expires'])
+    t.same((await page.getByRole('columnheader').allTextContents()).slice(0, 6), [
+      'Name',
+      'Type',
+      'Scopes',
+      'Created',
+      'Last used',
+      'Expires',
+    ])
+    t.match(await sessionRow.textContent(), /Full role/, 'a session is not scoped')
 
     await page.getByLabel('Name').fill('ERP sync')
     t.equal(await page.getByLabel('Expires in').inputValue(), '14', 'a new token expires in 14 days unless told otherwise')
     await page.getByLabel('Expires in').selectOption({ label: '7 days' })
+    // Scopes limit the token; none checked would give it the whole role.
+    await page.getByLabel('contacts:read', { exact: true }).check()
+    await page.getByLabel('deals:write', { exact: true }).check()
     await page.getByRole('button', { name: 'Create token' }).click()
     await page.waitForURL(`${server.url}/security`)
     const token = await page.getByLabel('Token', { exact: true }).inputValue()
@@ -45,6 +56,8 @@ if (browser) {
     const works = await me(token)
     t.equal(works.status, 200, 'the API accepts the new token')
     t.equal(works.body.data.token.name, 'ERP sync')
+    t.same(works.body.data.token.scopes, ['contacts:read', 'deals:write'], 'the checked scopes, in the documented order')
+    t.equal((await server.request('GET', '/api/companies', { token })).body.code, 'insufficient_scope', 'and only them')
     const lifetimeDays = (Date.parse(works.body.data.token.expires_at) - Date.now()) / 86_400_000
     t.ok(lifetimeDays > 6.9 && lifetimeDays <= 7, 'expires in 7 days')
 
@@ -52,6 +65,7 @@ if (browser) {
     t.equal(await page.getByLabel('Token', { exact: true }).count(), 0, 'shown only once')
     const row = page.getByRole('row', { name: /ERP sync/ })
     t.match(await row.textContent(), /API token/)
+    t.match(await row.textContent(), /contacts:read\s*deals:write/, 'the list shows the scopes')
     await row.getByRole('button', { name: 'Revoke' }).click()
     await page.waitForURL(`${server.url}/security?done=revoked`)
     t.equal(await page.getByRole('row', { name: /ERP sync/ }).count(), 0, 'gone from the list')

@@ -1,4 +1,6 @@
 // PUT/GET /api/associations/{type}/{id}: the records linked to one record, by type.
+
+import { readScope, writeScope } from '../../auth/scopes.ts'
 import {
   type Associations,
   associationsBodySchema,
@@ -23,6 +25,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `The ${others.map((other) => other.path).join(' and ')} linked to a ${type.label}`,
       tag: 'associations',
       auth: 'required',
+      scope: readScope(type),
       response: associationsResponseSchema(type),
       errors: [401, 404],
       example: { response: { data: example } },
@@ -34,6 +37,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `Replace the linked ${others.map((other) => other.path).join(' and/or ')} of a ${type.label} (each key sent replaces its set; needs update on the ${type.label})`,
       tag: 'associations',
       auth: 'required',
+      scope: writeScope(type),
       body: associationsBodySchema(type),
       response: associationsResponseSchema(type),
       errors: [401, 403, 404, 413, 415, 422],

@@ -1,9 +1,11 @@
 // Sign-in (tokens, two-factor), the caller's identity, workspaces and tokens (API.md section 3).
 import Type from 'typebox'
+import { PERSONAL_TOKEN_SCOPES, TOKEN_SCOPES } from '../../auth/scopes.ts'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
+import { hashToken, newToken } from '../../auth/tokens.ts'
 import { sql } from '../../db/pool.ts'
 import { IdRow, NullableString, rowType } from '../../db/typed-rows.ts'
-import { NotFoundError } from '../../errors.ts'
+import { ForbiddenError, InsufficientScopeError, NotFoundError, ValidationError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
 import { defineRoutes } from '../route.ts'
 
@@ -36,6 +38,10 @@ const ChallengeBody = Type.Union([
   ),
 ])
 
+const Scopes = Type.Union([Type.Array(Type.String()), Type.Null()], {
+  description: 'The scopes the token is limited to (API.md section 4a); null: the whole role',
+})
+
 const TokenSummary = Type.Object({
   id: Uuid,
   kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')], {
@@ -43,7 +49,7 @@ const TokenSummary = Type.Object({
   }),
   name: Type.String(),
   app: Type.Union([Type.Object({ id: Uuid, name: Type.String() }), Type.Null()], { description: 'the connected app (kind oauth)' }),
-  scopes: Type.Union([Type.Array(Type.String()), Type.Null()]),
+  scopes: Scopes,
   created_at: Time,
   last_used_at: Type.Union([Time, Type.Null()]),
   expires_at: Time,
@@ -62,9 +68,30 @@ const CallerRow = rowType(
       seat_limit: Type.Union([Type.Integer(), Type.Null()]),
     }),
     role: Type.Object({ name: Type.String(), is_admin: Type.Boolean(), permissions: Type.Array(Type.String()) }),
-    token: Type.Object({ id: Type.String(), name: Type.String(), expires_at: Type.String() }),
+    token: Type.Object({ id: Type.String(), name: Type.String(), expires_at: Type.String(), scopes: Scopes }),
   }),
 )
+
+const NewTokenBody = Type.Object(
+  {
+    name: Type.String({ minLength: 1, maxLength: 200, description: 'Where the token is used, e.g. "ERP sync"' }),
+    expires_in_days: Type.Optional(Type.Integer({ minimum: 1, maximum: 365, description: 'Lifetime in days (default 14)' })),
+    scopes: Type.Optional(
+      Type.Array(Type.Union(TOKEN_SCOPES.map((scope) => Type.Literal(scope))), {
+        minItems: 1,
+        maxItems: 9,
+        description: 'Limit the token to these scopes (distinct; offline_access is for OAuth apps only); leave out for the whole role',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+)
+const NewTokenSchema = Type.Object({
+  ...TokenBodySchema.properties,
+  name: Type.String(),
+  scopes: Scopes,
+})
+const NewTokenRow = rowType(Type.Object({ id: Type.String(), expires_at: Type.String() }))
 const WorkspaceOfCallerRow = rowType(
   Type.Object({
     slug: Type.String(),
@@ -89,7 +116,7 @@ export default defineRoutes(
     response: Type.Union([TokenBodySchema, ChallengeSchema]),
     errors: [400, 401, 422, 429],
     example: { request: { email: 'ada@example.com', password: 'correct horse battery', device_name: 'ERP sync' } },
-    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.ownerPool, services.config, body) }),
+    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.pool, services.config, body) }),
   },
   {
     method: 'POST',
@@ -102,7 +129,7 @@ export default defineRoutes(
     response: TokenBodySchema,
     errors: [400, 401, 422, 429],
     example: { request: { challenge_token: 'eyJhbGciOiJIUzI1NiJ9…', code: '123456' } },
-    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.ownerPool, services.config, body) }),
+    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.pool, services.config, body) }),
   },
   {
     method: 'GET',
@@ -110,6 +137,7 @@ export default defineRoutes(
     summary: 'The caller: user, workspace, role with its permissions, and the token in use',
     tag: 'auth',
     auth: 'required',
+    scope: 'none',
     errors: [401, 404, 429],
     response: Type.Object({ data: Type.Object({ user: Type.Any(), workspace: Type.Any(), role: Type.Any(), token: Type.Any() }) }),
     handler: async ({ db, caller }) => {
@@ -122,7 +150,7 @@ export default defineRoutes(
             coalesce((select json_agg(g.resource || ':' || g.action || ':' || g.scope order by g.resource, g.action)
                       from crm.role_grants g where g.workspace_id = r.workspace_id and g.role_id = r.id), '[]'::json)) as role,
           json_build_object('id', t.id, 'name', t.name,
-            'expires_at', to_char(t.expires_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')) as token
+            'expires_at', to_char(t.expires_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'scopes', t.scopes) as token
         from crm.users u
         join crm.memberships m on m.user_id = u.id and m.workspace_id = ${caller.workspaceId}
         join crm.workspaces w on w.id = m.workspace_id
@@ -139,6 +167,7 @@ export default defineRoutes(
     summary: "The caller's workspaces with their role and plan",
     tag: 'auth',
     auth: 'required',
+    scope: 'none',
     errors: [401, 429],
     response: Type.Object({
       data: Type.Array(Type.Object({ slug: Type.String(), name: Type.String(), role: Type.String(), plan: Type.String() })),
@@ -161,6 +190,7 @@ export default defineRoutes(
     summary: "The caller's tokens, UI sessions and connected OAuth apps (never their values)",
     tag: 'auth',
     auth: 'required',
+    scope: 'none',
     errors: [401, 429],
     response: Type.Object({ data: Type.Array(TokenSummary) }),
     handler: async ({ db, caller }) => {
@@ -183,11 +213,70 @@ export default defineRoutes(
     },
   },
   {
+    method: 'POST',
+    path: '/api/tokens',
+    summary: 'Create a named personal API token, optionally limited to scopes; the value is shown this once',
+    tag: 'auth',
+    auth: 'required',
+    scope: 'none',
+    body: NewTokenBody,
+    status: 201,
+    response: NewTokenSchema,
+    errors: [401, 403, 413, 415, 422, 429],
+    example: {
+      request: { name: 'Reporting', expires_in_days: 30, scopes: ['deals:read'] },
+      response: {
+        token: 'crm_…',
+        token_type: 'Bearer',
+        token_id: '01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d',
+        expires_at: '2026-12-23T03:00:21.123Z',
+        name: 'Reporting',
+        scopes: ['deals:read'],
+      },
+    },
+    handler: async ({ db, caller, body, services }) => {
+      const input = body as { name: string; expires_in_days?: number; scopes?: string[] }
+      const name = input.name.trim()
+      if (name === '')
+        throw new ValidationError('name must not be blank', [{ pointer: '/name', code: 'minLength', message: 'must not be blank' }])
+      const scopes = input.scopes ?? null
+      if (scopes) {
+        const problems = scopes.flatMap((scope, index) => {
+          if (!(PERSONAL_TOKEN_SCOPES as readonly string[]).includes(scope))
+            return [{ pointer: `/scopes/${index}`, code: 'enum', message: 'offline_access is for OAuth apps only' }]
+          if (scopes.indexOf(scope) !== index) return [{ pointer: `/scopes/${index}`, code: 'uniqueItems', message: 'is listed twice' }]
+          return []
+        })
+        if (problems.length > 0) throw new ValidationError(`${problems[0].pointer.slice(1)} ${problems[0].message}`, problems)
+      }
+      // The database refuses the same (tokens_insert_own); these answers say why.
+      if (caller.oauthAppId !== null) throw new ForbiddenError("An OAuth app's access token cannot create personal tokens")
+      if (caller.scopes !== null) {
+        if (scopes === null) throw new InsufficientScopeError('', 'A scoped token creates only tokens limited to scopes it holds itself')
+        const missing = scopes.filter((scope) => !caller.scopes!.includes(scope))
+        if (missing.length > 0)
+          throw new InsufficientScopeError(missing.join(' '), `This token cannot give scopes it does not hold: ${missing.join(', ')}`)
+      }
+      const value = newToken()
+      const days = input.expires_in_days ?? Math.min(services.config.tokenTtlDays, 365)
+      const created = await db.one(sql.type(NewTokenRow)`
+        insert into crm.tokens (user_id, kind, name, token_hash, expires_at, scopes)
+        values (${caller.userId}, 'token', ${name}, ${sql.binary(hashToken(value))}, now() + make_interval(days => ${days}),
+                ${scopes === null ? null : sql.array(scopes, 'text')})
+        returning id, expires_at`)
+      return {
+        status: 201,
+        body: { token: value, token_type: 'Bearer', token_id: created.id, expires_at: created.expires_at, name, scopes },
+      }
+    },
+  },
+  {
     method: 'DELETE',
     path: '/api/tokens/:id',
     summary: 'Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization)',
     tag: 'auth',
     auth: 'required',
+    scope: 'none',
     status: 204,
     errors: [401, 404, 429],
     handler: async ({ db, params, caller }) => {
@@ -211,6 +300,7 @@ export default defineRoutes(
     summary: 'Revoke every token and session of the caller, this one included, and disconnect every app',
     tag: 'auth',
     auth: 'required',
+    scope: 'none',
     status: 204,
     errors: [401, 429],
     handler: async ({ db, caller }) => {

@@ -13,6 +13,7 @@ export default defineRoutes({
   summary: 'The deal stages of the workspace, in pipeline order',
   tag: 'deals',
   auth: 'required',
+  scope: 'deals:read',
   response: Type.Object({ data: Type.Array(DealStageSchema) }),
   errors: [401],
   example: {

@@ -1,5 +1,6 @@
 // POST /api/{type}/export: the caller's visible and exportable records as CSV or NDJSON, streamed.
 import Type from 'typebox'
+import { readScope } from '../../auth/scopes.ts'
 import { sql } from '../../db/pool.ts'
 import { GrantedRow } from '../../db/typed-rows.ts'
 import { ForbiddenError } from '../../errors.ts'
@@ -36,12 +37,13 @@ function routeFor(type: RecordType): RouteDefinition {
     summary: `Export ${type.path} the caller may view and export, streamed as CSV or NDJSON (needs the ${type.path}:export grant)`,
     tag: type.path,
     auth: 'required',
+    scope: readScope(type),
     body: ExportBody,
     streams: true,
     limitedPerWorkspace: 'exports',
     errors: [400, 401, 403, 413, 415, 422, 429],
     example: { request: { format: 'csv', fields: ['id', 'name'], sort: '-created_at' } },
-    handler: async ({ db, res, body }) => {
+    handler: async ({ db, res, body, services }) => {
       const request = body as ExportRequest
       // Checked before the 200 goes out; the query below repeats the scope for every row.
       const allowed = await db.oneFirst(sql.type(GrantedRow)`select crm.grant_scope(${type.path}, 'export') is not null as granted`)
@@ -54,6 +56,9 @@ function routeFor(type: RecordType): RouteDefinition {
         'Content-Disposition': `attachment; filename="${type.path}-${new Date().toISOString().slice(0, 10)}.${extension}"`,
         'Cache-Control': 'no-store',
       })
+      // The stream is one statement for as long as the client reads: a million rows outlast the
+      // request transaction's statement timeout, so the export gets its own, transaction-local.
+      await db.query(sql.unsafe`select set_config('statement_timeout', ${`${services.config.exportTimeoutMs}ms`}, true)`)
       if (header !== null) res.write(header + '\r\n')
       else res.flushHeaders()
       await streamLines(db, query, res, csv ? '\r\n' : '\n')

@@ -3,6 +3,7 @@
 // imports policies, crm.queue_import, and the import policies on the record tables).
 import { createReadStream } from 'node:fs'
 import Type from 'typebox'
+import { writeScope } from '../../auth/scopes.ts'
 import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
 import { GrantedRow, NullableString, rowType } from '../../db/typed-rows.ts'
 import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
@@ -113,6 +114,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Upload a CSV file of ${type} (multipart part "file" or a text/csv body, up to 50 MiB): answers its columns, 5 sample rows and a suggested mapping`,
       tag: type,
       auth: 'required',
+      scope: writeScope({ path: type }),
       bodyKind: 'file',
       fileLimit: CSV_BODY_LIMIT,
       limitedPerWorkspace: 'uploads',
@@ -171,6 +173,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Start importing an uploaded file of ${type} (202 with the job; needs the import grant, and update for upsert)`,
       tag: type,
       auth: 'required',
+      scope: writeScope({ path: type }),
       body: StartBody,
       status: 202,
       errors: [401, 403, 404, 409, 413, 415, 422],
@@ -216,6 +219,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Read an import job of ${type}: status, counts, the first 100 errors`,
       tag: type,
       auth: 'required',
+      scope: writeScope({ path: type }),
       errors: [401, 404],
       handler: async ({ db, params }) => ({ body: { data: await readJob(db, type, importId(params.id)) } }),
     },
@@ -225,6 +229,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       summary: `Every row of an import of ${type} that was not imported: the file's columns plus row and error`,
       tag: type,
       auth: 'required',
+      scope: writeScope({ path: type }),
       streams: true,
       errors: [401, 404],
       handler: async ({ db, res, params }) => {

@@ -47,6 +47,7 @@ export default defineRoutes(
     summary: 'Invite an email to this workspace with a role and teams (admins); mailed when SMTP_URL is set',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     body: InvitationBody,
     status: 201,
     response: Type.Object({ data: Type.Intersect([InvitationSchema, Type.Object({ accept_url: Type.String() })]) }),
@@ -74,6 +75,7 @@ export default defineRoutes(
     summary: 'Invitations not accepted yet, newest first (admins)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     response: Type.Object({ data: Type.Array(InvitationSchema), next_cursor: Type.Null() }),
     errors: [401, 403],
     handler: async ({ db, caller }) => ({ body: { data: await listInvitations(db, caller), next_cursor: null } }),
@@ -84,6 +86,7 @@ export default defineRoutes(
     summary: 'Withdraw an invitation (its link stops working)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     status: 204,
     errors: [401, 403, 404],
     handler: async ({ db, caller, params }) => {
@@ -103,7 +106,7 @@ export default defineRoutes(
     errors: [401, 403, 409, 422],
     example: { request: { token: 'inv_…', password: 'correct horse battery', name: 'Grace Hopper' } },
     handler: async ({ services, body, req }) => ({
-      body: await acceptInvitation(services.ownerPool, services.config, body, bearerCredential(req)?.token ?? null),
+      body: await acceptInvitation(services.pool, services.config, body, bearerCredential(req)?.token ?? null),
     }),
   },
 )

@@ -41,6 +41,7 @@ const members = defineRoutes(
     summary: 'Members of this workspace with seat usage (non-admins see only themselves)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     response: Type.Object({
       data: Type.Array(MemberSchema),
       seats: Type.Object({ used: Type.Integer(), limit: Type.Union([Type.Integer(), Type.Null()]) }),
@@ -55,6 +56,7 @@ const members = defineRoutes(
     summary: 'One member (non-admins: only themselves)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     response: one,
     errors: [401, 404],
     handler: async ({ db, caller, params }) => ({ body: { data: await getMember(db, caller, params.user_id) } }),
@@ -64,6 +66,7 @@ const members = defineRoutes(
     summary: "Change a member's role and teams (admins; takes effect on the member's next request)",
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     body: MemberChangeBody,
     response: one,
     errors: [401, 403, 404, 422],
@@ -76,6 +79,7 @@ const members = defineRoutes(
     summary: 'Suspend a member: their tokens and sessions stop in this workspace at once (admins)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     response: one,
     errors: [401, 403, 404, 422],
     handler: async ({ db, caller, params }) => ({ body: { data: await setSuspended(db, caller, params.user_id, true) } }),
@@ -86,6 +90,7 @@ const members = defineRoutes(
     summary: 'Lift a suspension; needs a free seat (admins)',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     response: one,
     errors: [401, 403, 404, 422],
     handler: async ({ db, caller, params }) => ({ body: { data: await setSuspended(db, caller, params.user_id, false) } }),
@@ -96,6 +101,7 @@ const members = defineRoutes(
     summary: 'Remove a member from this workspace (admins); their records go to reassign_to, else 409 while they own any',
     tag: 'workspace administration',
     auth: 'required',
+    scope: 'workspace:admin',
     status: 204,
     queryParameters: {
       reassign_to: {

@@ -1,6 +1,7 @@
 // /api/contacts, /api/companies, /api/deals: list, search, read, create, update, delete. The
 // three types share one set of handlers driven by the whitelist in src/records/fields.ts.
 import type { IncomingMessage } from 'node:http'
+import { readScope, writeScope } from '../../auth/scopes.ts'
 import { NotFoundError } from '../../errors.ts'
 import { pageHeaders } from '../../paging.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
@@ -52,6 +53,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `Search ${type.path} (exact, then prefix, then fuzzy matches; same paging, sort and filters as the list)`,
       tag,
       auth: 'required',
+      scope: readScope(type),
       response: page(record),
       queryParameters: {
         q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } },
@@ -72,6 +74,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `List ${type.path}`,
       tag,
       auth: 'required',
+      scope: readScope(type),
       response: page(record),
       queryParameters: LIST_PARAMETERS,
       errors: [400, 401],
@@ -93,6 +96,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `Create a ${type.label} (honours Idempotency-Key)`,
       tag,
       auth: 'required',
+      scope: writeScope(type),
       body: schemas.create,
       status: 201,
       response: one(record),
@@ -112,6 +116,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `Read a ${type.label} (sends ETag; If-None-Match answers 304)`,
       tag,
       auth: 'required',
+      scope: readScope(type),
       response: one(record),
       errors: [401, 404],
       example: { response: { data: schemas.exampleRecord } },
@@ -134,6 +139,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
         summary: `Update a ${type.label}: only the fields sent change${method === 'PATCH' ? ' (alias of PUT)' : ''}; honours If-Match`,
         tag,
         auth: 'required',
+        scope: writeScope(type),
         body: schemas.update,
         response: one(record),
         errors: [401, 403, 404, 409, 412, 413, 415, 422],
@@ -153,6 +159,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       summary: `Delete a ${type.label}`,
       tag,
       auth: 'required',
+      scope: writeScope(type),
       status: 204,
       errors: [401, 403, 404],
       handler: async ({ db, params }) => {

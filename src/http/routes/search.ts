@@ -1,5 +1,6 @@
 // GET /api/search: one query across contacts, companies and deals, best matches first.
 import Type from 'typebox'
+import { readScope } from '../../auth/scopes.ts'
 import { InvalidParameterError } from '../../errors.ts'
 import { limitOf } from '../../paging.ts'
 import { RECORD_TYPES, type RecordType, recordTypeByPath } from '../../records/fields.ts'
@@ -24,6 +25,8 @@ export default defineRoutes({
   summary: 'Search contacts, companies and deals at once (exact, then prefix, then fuzzy matches)',
   tag: 'search',
   auth: 'required',
+  // Any read (or write) scope of a type; the results hold only the types the scopes cover.
+  scope: RECORD_TYPES.map(readScope),
   response: Type.Object({ data: Type.Array(SearchResult) }),
   queryParameters: {
     q: { description: 'The text to search for (1 to 200 characters)', schema: { type: 'string', minLength: 1, maxLength: 200 } },

@@ -38,7 +38,7 @@ export default defineRoutes({
   errors: [400, 409, 413, 415, 422],
   example: { request: { email: 'ada@example.com', password: 'correct horse battery', name: 'Ada Lovelace', workspace_name: 'Acme' } },
   handler: async ({ services, body }) => {
-    const { workspace_slug: _slug, ...token } = await signUp(services.ownerPool, services.config, body)
+    const { workspace_slug: _slug, ...token } = await signUp(services.pool, services.config, body)
     return { status: 201, body: token }
   },
 })

@@ -11,7 +11,7 @@ import { type CommonQueryMethods, sql } from '../../db/pool.ts'
 import { rowType } from '../../db/typed-rows.ts'
 import type { Services } from '../../http/route.ts'
 import { type AuthorizationRequest, checkRequest, clientOfRequest, parametersOf, redirectBack } from '../../oauth/authorization-request.ts'
-import { SCOPE_WORDS } from '../../oauth/scopes.ts'
+import { scopeWords } from '../../oauth/scopes.ts'
 import type { Form } from '../form.ts'
 import { html } from '../html.ts'
 import { allowingFormRedirectTo, hiddenCsrf, redirect } from '../layout.ts'
@@ -77,7 +77,7 @@ function consent(context: PageContext, client: Client, request: AuthorizationReq
     <dt>Workspace</dt><dd>${client.workspace_name}</dd>
   </dl>
   <p>If you allow it, ${client.app_name} will be able to:</p>
-  <ul class="scopes">${request.scopes.map((scope) => html`<li><strong>${SCOPE_WORDS[scope]}</strong> <code>${scope}</code></li>`)}</ul>
+  <ul class="scopes">${request.scopes.map((scope) => html`<li><strong>${scopeWords(scope)}</strong> <code>${scope}</code></li>`)}</ul>
   <p class="muted">Never more than your own role allows in this workspace. You can disconnect it at any time on your Security page.</p>
   <form class="actions" method="post" action="/oauth/authorize">
     ${hiddenCsrf(frame.csrf)}

@@ -3,7 +3,7 @@
 // the whole workspace; delete it. Every change goes through the API's own route handlers
 // (/api/oauth-apps), so the page and the API share validation and SQL.
 import type { Connection, OAuthApp } from '../../oauth/apps.ts'
-import { SCOPE_WORDS } from '../../oauth/scopes.ts'
+import { scopeWords } from '../../oauth/scopes.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -25,7 +25,7 @@ function connectionList(connections: readonly Connection[]): SafeHtml {
   return html`<ul class="connections">${connections.map(
     (connection) =>
       html`<li><strong>${connection.user.name}</strong> <span class="muted">${connection.user.email}</span>
-      · <span title="${connection.scopes.map((scope) => SCOPE_WORDS[scope] ?? scope).join('; ')}">${connection.scopes.join(' ')}</span>
+      · <span title="${connection.scopes.map((scope) => scopeWords(scope)).join('; ')}">${connection.scopes.join(' ')}</span>
       · connected ${when(connection.created_at)}</li>`,
   )}</ul>`
 }

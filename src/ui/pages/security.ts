@@ -2,13 +2,13 @@
 // shown once, and two-factor enrollment with a QR code, a confirming code and recovery codes.
 
 import Type, { type Static } from 'typebox'
+import { PERSONAL_TOKEN_SCOPES, SCOPE_DESCRIPTIONS } from '../../auth/scopes.ts'
 import { open } from '../../auth/secret-box.ts'
-import { hashToken, newToken } from '../../auth/tokens.ts'
 import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
 import { sql } from '../../db/pool.ts'
 import { Bytes, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
-import { SCOPE_WORDS } from '../../oauth/scopes.ts'
+import { scopeWords } from '../../oauth/scopes.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml, trusted } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -40,7 +40,6 @@ type TokenRow = {
 const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolean(), recovery_codes_left: Type.Integer() })
 type Totp = Static<typeof TotpSchema>
 const TotpRow = rowType(TotpSchema)
-const ExpiresRow = rowType(Type.Object({ expires_at: Type.String() }))
 const ClaimRow = rowType(Type.Object({ allowed: Type.Boolean(), retry_after_seconds: Type.Integer() }))
 
 const DONE: Record<string, string> = {
@@ -56,12 +55,13 @@ function tokenTable(tokens: TokenRow[], csrf: string): SafeHtml {
   if (tokens.length === 0) return html`<p class="muted">No active tokens or sessions.</p>`
   return html`<table>
   <caption class="sr-only">API tokens and browser sessions</caption>
-  <thead><tr><th scope="col">Name</th><th scope="col">Type</th><th scope="col">Created</th><th scope="col">Last used</th><th scope="col">Expires</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
+  <thead><tr><th scope="col">Name</th><th scope="col">Type</th><th scope="col">Scopes</th><th scope="col">Created</th><th scope="col">Last used</th><th scope="col">Expires</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
   <tbody>
   ${tokens.map(
     (token) => html`<tr>
     <th scope="row">${token.name}${token.current ? html` <span class="tag">this browser</span>` : ''}</th>
-    <td>${token.kind === 'session' ? 'Browser session' : 'API token'}</td>
+    <td>${token.kind === 'session' ? 'Browser session' : token.kind === 'oauth' ? 'App access' : 'API token'}</td>
+    <td>${token.scopes ? token.scopes.map((scope) => html`<span class="tag">${scope}</span> `) : html`<span class="muted">Full role</span>`}</td>
     <td>${when(token.created_at)}</td>
     <td>${when(token.last_used_at, 'Never')}</td>
     <td>${when(token.expires_at)}</td>
@@ -82,7 +82,7 @@ function connectedApps(apps: TokenRow[], csrf: string): SafeHtml {
   ${apps.map(
     (app) => html`<tr>
     <th scope="row">${app.name}</th>
-    <td>${(app.scopes ?? []).map((scope) => html`<span class="tag" title="${SCOPE_WORDS[scope] ?? scope}">${scope}</span> `)}</td>
+    <td>${(app.scopes ?? []).map((scope) => html`<span class="tag" title="${scopeWords(scope)}">${scope}</span> `)}</td>
     <td>${when(app.created_at)}</td>
     <td>${when(app.last_used_at, 'Never')}</td>
     <td><form method="post" action="/security/tokens/${app.id}/revoke">${hiddenCsrf(csrf)}<button type="submit" class="danger small" aria-label="Disconnect ${app.name}">Disconnect</button></form></td>
@@ -91,11 +91,13 @@ function connectedApps(apps: TokenRow[], csrf: string): SafeHtml {
   </tbody>
 </table>`
 }
+type NewToken = { name: string; value: string; expires_at: string; scopes?: string[] | null }
 
 type State = {
   tokenError?: string
   tokenName?: string
-  newToken?: { name: string; value: string; expires_at: string }
+  tokenScopes?: string[]
+  newToken?: NewToken
   twoFactorError?: string
 }
 
@@ -116,7 +118,8 @@ ${
   state.newToken
     ? html`<section class="notice success" aria-labelledby="token-heading">
   <h2 id="token-heading">API token “${state.newToken.name}” created</h2>
-  <p>Copy it now: it is shown only once. It expires on ${when(state.newToken.expires_at)}. Send it as <code>Authorization: Bearer …</code>.</p>
+  <p>Copy it now: it is shown only once. It expires on ${when(state.newToken.expires_at)}. Send it as <code>Authorization: Bearer …</code>.
+  ${state.newToken.scopes ? html`It is limited to ${state.newToken.scopes.map((scope) => html`<code>${scope}</code> `)}.` : 'It may do everything your role allows.'}</p>
   ${shownOnce('new-token', 'Token', state.newToken.value)}
 </section>`
     : ''
@@ -145,6 +148,14 @@ ${
       <input type="text" id="token-name" name="name" value="${state.tokenName ?? ''}" maxlength="200" required aria-describedby="token-name-hint">
       <span class="hint" id="token-name-hint">Say where it is used, for example “ERP sync”.</span>
     </div>
+    <fieldset class="checks" aria-describedby="token-scopes-hint">
+      <legend>Scopes</legend>
+      ${PERSONAL_TOKEN_SCOPES.map(
+        (scope) =>
+          html`<label title="${SCOPE_DESCRIPTIONS[scope]}"><input type="checkbox" name="scope-${scope}" value="on"${state.tokenScopes?.includes(scope) ? html` checked` : ''}> <code>${scope}</code></label>`,
+      )}
+    </fieldset>
+    <span class="hint" id="token-scopes-hint">Limit what the token may do within your role. None checked: everything your role allows.</span>
     <div class="field">
       <label for="token-expiry">Expires in</label>
       <select id="token-expiry" name="expires_in_days">
@@ -181,32 +192,33 @@ ${
 
 export const showSecurity: PageHandler = (context) =>
   render(context, {
-    newToken:
-      takeFlash<{ name: string; value: string; expires_at: string }>(
-        context.services.config.appSecret,
-        context.req,
-        context.res,
-        'token',
-      ) ?? undefined,
+    newToken: takeFlash<NewToken>(context.services.config.appSecret, context.req, context.res, 'token') ?? undefined,
   })
 
 export const createToken: PageHandler = async (context) => {
   const { form, attempt } = context
   const name = form.get('name').trim()
   const days = Number(form.get('expires_in_days'))
-  if (name === '') return render(context, { tokenError: 'Enter a name for the token.' }, 422)
-  if (name.length > 200) return render(context, { tokenError: 'The name is too long (at most 200 characters).', tokenName: name }, 422)
+  // One checkbox per scope (named scope-<scope>), so the form needs no repeated fields.
+  const scopes = PERSONAL_TOKEN_SCOPES.filter((scope) => form.get(`scope-${scope}`) === 'on')
+  const again = { tokenName: name, tokenScopes: scopes }
+  if (name === '') return render(context, { ...again, tokenError: 'Enter a name for the token.' }, 422)
+  if (name.length > 200) return render(context, { ...again, tokenError: 'The name is too long (at most 200 characters).' }, 422)
   if (!EXPIRY_CHOICES.some((choice) => choice.days === days))
-    return render(context, { tokenError: 'Choose when the token expires.', tokenName: name }, 422)
-  const value = newToken()
-  const created = await attempt(async (scope) =>
-    scope.db.one(sql.type(ExpiresRow)`
-        insert into crm.tokens (user_id, kind, name, token_hash, expires_at)
-        values ((select crm.current_user_id()), 'token', ${name}, ${sql.binary(hashToken(value))}, now() + make_interval(days => ${days}))
-        returning expires_at`),
+    return render(context, { ...again, tokenError: 'Choose when the token expires.' }, 422)
+  // The API's own route: the same validation and the same rules (a scoped session could only give its scopes).
+  const created = await attempt(({ api }) =>
+    api<{ token: string; expires_at: string }>('POST', '/api/tokens', {
+      body: { name, expires_in_days: days, ...(scopes.length > 0 ? { scopes } : {}) },
+    }),
   )
-  if (!created.ok) return render(context, { tokenError: created.error.message, tokenName: name }, created.error.status)
-  setFlash(context.services.config.appSecret, context.req, context.res, 'token', { name, value, expires_at: created.value.expires_at })
+  if (!created.ok) return render(context, { ...again, tokenError: created.error.message }, created.error.status)
+  setFlash(context.services.config.appSecret, context.req, context.res, 'token', {
+    name,
+    value: created.value.token,
+    expires_at: created.value.expires_at,
+    scopes: scopes.length > 0 ? scopes : null,
+  })
   return { redirect: '/security' }
 }
 

@@ -124,7 +124,7 @@ function signInRefusal(error: ApiError): string {
 }
 
 export function signInPages(services: Services) {
-  const { config, ownerPool: pool } = services
+  const { config, pool } = services
   const afterSignIn = (req: IncomingMessage) => safeReturnPath(query(req).get('next'), '/')
 
   return {

@@ -12,7 +12,7 @@ import { rowType } from '../../db/typed-rows.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { toApiError } from '../../http/problem.ts'
 import { type RouteDefinition, type Services, validateBody } from '../../http/route.ts'
-import { acceptInvitation } from '../../members/invitations.ts'
+import { acceptInvitation, type InvitationPreview, previewInvitation } from '../../members/invitations.ts'
 import { signUp } from '../../members/signup.ts'
 import { apiCaller } from '../api-calls.ts'
 import { readForm } from '../form.ts'
@@ -47,20 +47,10 @@ const PASSWORD_HINT = 'At least 10 characters, and not your email.'
 
 type SignUpValues = { email: string; name: string; workspace_name: string }
 
-const InvitationSchema = Type.Object({
-  email: Type.String(),
-  workspace_name: Type.String(),
-  slug: Type.String(),
-  role: Type.String(),
-  accepted: Type.Boolean(),
-  expired: Type.Boolean(),
-  has_account: Type.Boolean(),
-})
-type Invitation = Static<typeof InvitationSchema>
-const InvitationRow = rowType(InvitationSchema)
+type Invitation = InvitationPreview
 
 export function signUpPages(services: Services, definitions: RouteDefinition[]) {
-  const { config, ownerPool: pool } = services
+  const { config, pool } = services
 
   /** Signs the browser in with the password just chosen, and revokes the API token the call issued. */
   async function startSession(
@@ -111,14 +101,7 @@ ${errorNotice(error)}
   async function findInvitation(token: string): Promise<Invitation | null> {
     if (token === '' || token.length > 200) return null
     // Read-only preview for the page (who is invited where); acceptInvitation re-checks everything.
-    return pool.maybeOne(sql.type(InvitationRow)`
-      select i.email, w.name as workspace_name, w.slug, r.name as role, i.accepted_at is not null as accepted, i.expires_at <= now() as expired,
-             exists (select 1 from crm.users u where u.email = i.email) as has_account
-      from crm.invitations i
-      join crm.workspaces w on w.id = i.workspace_id
-      join crm.roles r on r.workspace_id = i.workspace_id and r.id = i.role_id
-      where i.token_hash = ${sql.binary(hashToken(token))}
-    `)
+    return previewInvitation(pool, token)
   }
 
   function acceptPage(

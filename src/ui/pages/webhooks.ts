@@ -1,6 +1,7 @@
-// Webhooks (admins): one card per subscription with its 24-hour stats, pause and resume, and a
-// form that creates one and shows its signing secret once. Everything goes through the handlers
-// of /api/webhook-subscriptions, so the plan gate, the address guard and the limits are theirs.
+// Webhooks (admins): one card per subscription with its 24-hour stats, pause and resume, its
+// delivery log, a test event and the recovery of failed deliveries (src/ui/pages/webhook-deliveries.ts),
+// and a form that creates one and shows its signing secret once. Everything goes through the
+// handlers of /api/webhook-subscriptions, so the plan gate, the address guard and the limits are theirs.
 import Type, { type Static } from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { rowType } from '../../db/typed-rows.ts'
@@ -10,6 +11,7 @@ import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
 import { describeRefusal, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
+import { recoverSinceField, testEventField } from './webhook-deliveries.ts'
 
 const BASE = '/api/webhook-subscriptions'
 
@@ -55,10 +57,29 @@ function card(subscription: Subscription, csrf: string): SafeHtml {
     <dt>Last delivery</dt><dd>${when(subscription.stats.last_delivery_at, 'Never')}</dd>
     <dt>Secret</dt><dd><span class="mono" aria-label="Secret ending in ${subscription.secret_last4}">…${subscription.secret_last4}</span></dd>
   </dl>
-  <form class="actions" method="post" action="/webhooks/${subscription.id}/${paused ? 'resume' : 'pause'}">
-    ${hiddenCsrf(csrf)}
-    <button type="submit" class="secondary small" aria-label="${paused ? 'Resume' : 'Pause'} ${subscription.name}">${paused ? 'Resume' : 'Pause'}</button>
-  </form>
+  <div class="actions">
+    <form method="post" action="/webhooks/${subscription.id}/${paused ? 'resume' : 'pause'}">
+      ${hiddenCsrf(csrf)}
+      <button type="submit" class="secondary small" aria-label="${paused ? 'Resume' : 'Pause'} ${subscription.name}">${paused ? 'Resume' : 'Pause'}</button>
+    </form>
+    <a href="/webhooks/${subscription.id}/deliveries" aria-label="Delivery log of ${subscription.name}">Delivery log</a>
+  </div>
+  <details>
+    <summary>Send test event</summary>
+    <form class="inline" method="post" action="/webhooks/${subscription.id}/test">
+      ${hiddenCsrf(csrf)}
+      ${testEventField(subscription)}
+      <button type="submit" class="small" aria-label="Send the sample to ${subscription.name}">Send</button>
+    </form>
+  </details>
+  <details>
+    <summary>Recover failed since…</summary>
+    <form class="inline" method="post" action="/webhooks/${subscription.id}/recover">
+      ${hiddenCsrf(csrf)}
+      ${recoverSinceField(subscription.id, null)}
+      <button type="submit" class="small secondary" aria-label="Review failed deliveries of ${subscription.name}">Review</button>
+    </form>
+  </details>
 </article>`
 }
 
@@ -122,7 +143,7 @@ async function render(context: PageContext, state: FormState, status = 200): Pro
     status,
     title: 'Webhooks',
     content: html`<h1>Webhooks</h1>
-<p class="lead">Signed HTTP requests to your endpoints when contacts, companies and deals change.</p>
+<p class="lead">Signed HTTP requests to your endpoints when contacts, companies and deals change. <a href="/webhooks/events">The events and their bodies</a></p>
 ${
   created
     ? html`<section class="notice success" aria-labelledby="secret-heading">
