@@ -4,12 +4,16 @@
 -- Access tokens are rows of crm.tokens (kind oauth) bound to their grant, so crm.authenticate
 -- treats them like any other token.
 --
--- Who runs what: the consent (a signed-in user) issues a code through crm.oauth_issue_code, inside
--- the user's crm_api transaction; the token and revocation endpoints run before any user is known,
--- as the runtime role, and reach codes, refresh tokens and client secrets only through the narrow
--- SECURITY DEFINER functions below (crm.oauth_exchange_code, crm.oauth_refresh, crm.oauth_revoke),
--- which authenticate the client themselves. Codes and refresh tokens have no grant and no policy
--- for crm_api at all.
+-- Who runs what (sql/CONVENTIONS.md): the consent (a signed-in user) issues a code through
+-- crm.oauth_issue_code, inside the user's crm_api transaction; the authorization endpoint's first
+-- check (crm.oauth_client_redirect_ok) and the token and revocation endpoints run before any user
+-- is known, as crm_runtime itself, and reach codes, refresh tokens and client secrets only through
+-- the narrow SECURITY DEFINER functions below (crm.oauth_exchange_code, crm.oauth_refresh,
+-- crm.oauth_revoke), which authenticate the client themselves; those are granted to crm_runtime
+-- only, so SQL inside a request transaction cannot call them. Codes and refresh tokens have no
+-- grant and no policy for crm_api at all; the owner reaches every table through its
+-- <table>_all_owner policy (FORCE ROW LEVEL SECURITY). Housekeeping (crm.prune_oauth) runs inside
+-- crm.housekeeping, the worker's.
 
 set local lock_timeout = '5s';
 set local statement_timeout = '60s';
@@ -103,6 +107,7 @@ create table crm.oauth_grants (
   foreign key (workspace_id, user_id) references crm.memberships (workspace_id, user_id) on delete cascade
 );
 alter table crm.oauth_grants enable row level security;
+alter table crm.oauth_grants force row level security;
 -- Serves the app's connected users (the admin's page) and revoking an app for the workspace.
 create index oauth_grants_app_idx on crm.oauth_grants (workspace_id, app_id);
 -- Serves a user's connected apps (GET /api/tokens) and the select policy's own-grants branch.
@@ -113,18 +118,23 @@ comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refre
 comment on column crm.oauth_grants.last_issued_at is 'When an access token was last issued under the grant (the code exchange or a refresh).';
 comment on column crm.oauth_grants.expires_at is 'When the last token issued under the grant expires (its newest refresh token, else its access token).';
 
+-- An OAuth app's access token (crm.current_oauth_app_id() set) sees and revokes the connections
+-- of its own app only, never the user's other apps; a personal token or session sees them all.
 create policy oauth_grants_select_own_or_admin on crm.oauth_grants for select to crm_api
-  using (user_id = (select crm.current_user_id())
-         or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin())));
+  using ((user_id = (select crm.current_user_id())
+          and ((select crm.current_oauth_app_id()) is null or app_id = (select crm.current_oauth_app_id())))
+         or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin_for('workspace:admin'))));
 comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is
-  'A user sees the apps they connected (in every workspace); admins see every app connection of the current workspace.';
+  'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
 create policy oauth_grants_update_own_or_admin on crm.oauth_grants for update to crm_api
-  using (user_id = (select crm.current_user_id())
-         or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin())))
-  with check (user_id = (select crm.current_user_id())
-              or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin())));
+  using ((user_id = (select crm.current_user_id())
+          and ((select crm.current_oauth_app_id()) is null or app_id = (select crm.current_oauth_app_id())))
+         or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin_for('workspace:admin'))))
+  with check ((user_id = (select crm.current_user_id())
+               and ((select crm.current_oauth_app_id()) is null or app_id = (select crm.current_oauth_app_id())))
+              or (workspace_id = (select crm.current_workspace_id()) and (select crm.is_admin_for('workspace:admin'))));
 comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is
-  'A user revokes an app they connected; an admin revokes any connection in the current workspace.';
+  'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
 -- Grants are created by crm.oauth_issue_code only; revoking is the one change a caller makes.
 grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
@@ -134,7 +144,8 @@ create policy oauth_apps_select_connected on crm.oauth_apps for select to crm_ap
   using (exists (select from crm.oauth_grants g
                   where g.workspace_id = oauth_apps.workspace_id and g.app_id = oauth_apps.id
                     and g.user_id = (select crm.current_user_id())));
-comment on policy oauth_apps_select_connected on crm.oauth_apps is 'A user sees the apps they connected (their name on the security page).';
+comment on policy oauth_apps_select_connected on crm.oauth_apps is
+  'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Authorization codes: one per grant, SHA-256 only, single use, at most 60 seconds (RFC 6749
@@ -153,6 +164,7 @@ create table crm.oauth_codes (
   foreign key (workspace_id, grant_id) references crm.oauth_grants (workspace_id, id) on delete cascade
 );
 alter table crm.oauth_codes enable row level security;
+alter table crm.oauth_codes force row level security;
 -- Serves the token endpoint's lookup of a presented code.
 create unique index oauth_codes_code_hash_key on crm.oauth_codes (code_hash);
 comment on table crm.oauth_codes is
@@ -175,6 +187,7 @@ create table crm.oauth_refresh_tokens (
   foreign key (workspace_id, grant_id) references crm.oauth_grants (workspace_id, id) on delete cascade
 );
 alter table crm.oauth_refresh_tokens enable row level security;
+alter table crm.oauth_refresh_tokens force row level security;
 -- Serves the token endpoint's lookup of a presented refresh token.
 create unique index oauth_refresh_tokens_token_hash_key on crm.oauth_refresh_tokens (token_hash);
 -- Serves the foreign key's cascade from a grant.
@@ -199,6 +212,64 @@ comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access
 -- squawk-ignore require-concurrent-index-creation
 create index tokens_oauth_grant_idx on crm.tokens (workspace_id, oauth_grant_id) where oauth_grant_id is not null;
 grant select (oauth_grant_id) on crm.tokens to crm_api;
+
+-- ---------------------------------------------------------------------------------------------
+-- What an app's access token sees of its user: the user's personal tokens, sessions and other
+-- apps are none of an app's business, nor are the user's other workspaces (the token is bound to
+-- one). It sees and revokes the tokens of its own app; GET /api/workspaces lists its workspace only.
+drop policy tokens_select_own on crm.tokens;
+create policy tokens_select_own on crm.tokens for select to crm_api
+  using (user_id = (select crm.current_user_id())
+         and ((select crm.current_oauth_app_id()) is null or oauth_app_id = (select crm.current_oauth_app_id())));
+comment on policy tokens_select_own on crm.tokens is
+  'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+drop policy tokens_update_own on crm.tokens;
+create policy tokens_update_own on crm.tokens for update to crm_api
+  using (user_id = (select crm.current_user_id())
+         and ((select crm.current_oauth_app_id()) is null or oauth_app_id = (select crm.current_oauth_app_id())))
+  with check (user_id = (select crm.current_user_id())
+              and ((select crm.current_oauth_app_id()) is null or oauth_app_id = (select crm.current_oauth_app_id())));
+comment on policy tokens_update_own on crm.tokens is
+  'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+
+drop policy memberships_select_own_or_workspace on crm.memberships;
+create policy memberships_select_own_or_workspace on crm.memberships for select to crm_api
+  using ((user_id = (select crm.current_user_id())
+          and ((select crm.current_oauth_app_id()) is null or workspace_id = (select crm.current_workspace_id())))
+         or (workspace_id = (select crm.current_workspace_id()) and crm.scopes_include((select crm.current_scopes()), 'workspace:admin')));
+comment on policy memberships_select_own_or_workspace on crm.memberships is
+  'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
+
+-- The workspaces and role names the workspace list reads (policies of crm.workspaces, crm.roles).
+create or replace function crm.my_workspace_ids() returns uuid[]
+language sql stable security definer
+set search_path = pg_catalog, crm, pg_temp
+as $$
+  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id
+                where c.oauth_app_id is null or m.workspace_id = c.workspace_id)
+$$;
+comment on function crm.my_workspace_ids() is
+  'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
+
+-- ---------------------------------------------------------------------------------------------
+-- The owner's access (sql/CONVENTIONS.md): every table forces row-level security (above) and names
+-- the owner's access in <table>_all_owner. The group role crm_owner and that policy on every
+-- table come from 000013_runtime_confinement.sql: on a database migrated from scratch it runs
+-- after this file and gives these tables the policy with all the others; on a database that has
+-- it already (its policy on crm.tokens exists), the policy is created here.
+do $$
+declare
+  v_table text;
+begin
+  if exists (select from pg_policy where polrelid = 'crm.tokens'::regclass and polname = 'tokens_all_owner') then
+    foreach v_table in array array['oauth_grants', 'oauth_codes', 'oauth_refresh_tokens'] loop
+      execute format('create policy %I on crm.%I for all to crm_owner using (true) with check (true)', v_table || '_all_owner', v_table);
+      execute format('comment on policy %I on crm.%I is %L', v_table || '_all_owner', v_table,
+        'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.');
+    end loop;
+  end if;
+end
+$$;
 
 -- Revoking a grant (its user on the security page, an admin for the workspace, a reused code or
 -- refresh token) revokes its access tokens at once. SECURITY DEFINER: an admin revokes other
@@ -251,8 +322,8 @@ comment on function crm.oauth_refresh_token_lifetime() is 'How long a refresh to
 revoke execute on function crm.oauth_refresh_token_lifetime() from public;
 
 -- ---------------------------------------------------------------------------------------------
--- The app a client id names, for the authorization page: what the user is shown, whether the
--- redirect URI is one of the app's, and whether the current user (when there is one) is an active
+-- The app a client id names, for the consent page (a signed-in user, crm_api): what the user is
+-- shown, whether the redirect URI is one of the app's, and whether the current user is an active
 -- member of the app's workspace. The client id is public; nothing secret comes back.
 create function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text)
 returns table (app_id uuid, app_name text, workspace_id uuid, workspace_slug text, workspace_name text,
@@ -273,6 +344,21 @@ comment on function crm.oauth_authorization_client(text, text) is
   'For GET /oauth/authorize: the app of a client id (name, workspace), whether the redirect URI is registered, whether the current user may connect it.';
 revoke execute on function crm.oauth_authorization_client(text, text) from public;
 grant execute on function crm.oauth_authorization_client(text, text) to crm_api;
+
+-- GET /oauth/authorize before anyone signs in (crm_runtime): whether a client id names an app
+-- registered with this redirect URI, which decides between an error page and a redirect to the
+-- app. Answers nothing else.
+create function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) returns boolean
+language sql stable security definer
+set search_path = pg_catalog, crm, pg_temp
+as $$
+  select coalesce((select crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri)
+                     from crm.oauth_apps a where a.client_id = p_client_id), false)
+$$;
+comment on function crm.oauth_client_redirect_ok(text, text) is
+  'For GET /oauth/authorize before sign-in (crm_runtime): whether the client id is registered with this redirect URI.';
+revoke execute on function crm.oauth_client_redirect_ok(text, text) from public;
+grant execute on function crm.oauth_client_redirect_ok(text, text) to crm_runtime;
 
 -- The consent: the signed-in user (the proven context) allows the app these scopes in its
 -- workspace. Creates the grant and its code (60 seconds at most: the service may ask for less,
@@ -433,7 +519,7 @@ $$;
 comment on function crm.oauth_exchange_code(text, bytea, bytea, text, text, bytea, bytea) is
   'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
 revoke execute on function crm.oauth_exchange_code(text, bytea, bytea, text, text, bytea, bytea) from public;
-grant execute on function crm.oauth_exchange_code(text, bytea, bytea, text, text, bytea, bytea) to crm_api;
+grant execute on function crm.oauth_exchange_code(text, bytea, bytea, text, text, bytea, bytea) to crm_runtime;
 
 -- grant_type=refresh_token (RFC 6749 section 6): rotation with reuse detection (RFC 9700 section
 -- 4.14.2). An optional narrower scope applies to the new access token; the new refresh token keeps
@@ -488,7 +574,7 @@ $$;
 comment on function crm.oauth_refresh(text, bytea, bytea, text[], bytea, bytea) is
   'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
 revoke execute on function crm.oauth_refresh(text, bytea, bytea, text[], bytea, bytea) from public;
-grant execute on function crm.oauth_refresh(text, bytea, bytea, text[], bytea, bytea) to crm_api;
+grant execute on function crm.oauth_refresh(text, bytea, bytea, text[], bytea, bytea) to crm_runtime;
 
 -- POST /oauth/revoke (RFC 7009): an access token or a refresh token the authenticated client
 -- holds. Either revokes the whole grant (RFC 7009 section 2.1 allows it; an app that lost one
@@ -517,7 +603,7 @@ $$;
 comment on function crm.oauth_revoke(text, bytea, bytea) is
   'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
 revoke execute on function crm.oauth_revoke(text, bytea, bytea) from public;
-grant execute on function crm.oauth_revoke(text, bytea, bytea) to crm_api;
+grant execute on function crm.oauth_revoke(text, bytea, bytea) to crm_runtime;
 
 -- ---------------------------------------------------------------------------------------------
 -- Housekeeping: codes a day after they expired, refresh tokens a week after use or expiry, and

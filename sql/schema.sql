@@ -707,8 +707,8 @@ create policy memberships_all_owner on crm.memberships as permissive for all to 
   with check (true);
 comment on policy memberships_all_owner on crm.memberships is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
-comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace (a scoped token only with workspace:admin).';
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
+comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
@@ -756,7 +756,7 @@ create policy oauth_apps_select_connected on crm.oauth_apps as permissive for se
   using ((EXISTS ( SELECT
    FROM crm.oauth_grants g
   WHERE ((g.workspace_id = oauth_apps.workspace_id) AND (g.app_id = oauth_apps.id) AND (g.user_id = ( SELECT crm.current_user_id() AS current_user_id))))));
-comment on policy oauth_apps_select_connected on crm.oauth_apps is 'A user sees the apps they connected (their name on the security page).';
+comment on policy oauth_apps_select_connected on crm.oauth_apps is 'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
 grant delete on crm.oauth_apps to crm_api;
 grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by, confidential) on crm.oauth_apps to crm_api;
 grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential) on crm.oauth_apps to crm_api;
@@ -818,12 +818,12 @@ create policy oauth_grants_all_owner on crm.oauth_grants as permissive for all t
   with check (true);
 comment on policy oauth_grants_all_owner on crm.oauth_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive for select to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin))));
-comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is 'A user sees the apps they connected (in every workspace); admins see every app connection of the current workspace.';
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))));
+comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is 'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
 create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive for update to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin))))
-  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin() AS is_admin))));
-comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is 'A user revokes an app they connected; an admin revokes any connection in the current workspace.';
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))))
+  with check ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))));
+comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is 'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
 grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 
@@ -1066,12 +1066,12 @@ create policy tokens_insert_own on crm.tokens as permissive for insert to crm_ap
   with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
 comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
-  using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions.';
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
+comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
 create policy tokens_update_own on crm.tokens as permissive for update to crm_api
-  using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)))
-  with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions.';
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))))
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
+comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
 grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
@@ -2720,9 +2720,10 @@ CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
+  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id
+                where c.oauth_app_id is null or m.workspace_id = c.workspace_id)
 $function$;
-comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
+comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.non_member_ids(p_user_ids uuid[])
@@ -2778,6 +2779,18 @@ AS $function$
 $function$;
 comment on function crm.oauth_client(p_client_id text, p_client_secret_hash bytea) is 'The app a client id and secret authenticate (a public app presents no secret), or null. Internal.';
 
+CREATE OR REPLACE FUNCTION crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select coalesce((select crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri)
+                     from crm.oauth_apps a where a.client_id = p_client_id), false)
+$function$;
+comment on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize before sign-in (crm_runtime): whether the client id is registered with this redirect URI.';
+grant execute on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) to crm_runtime;
+
 CREATE OR REPLACE FUNCTION crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
  RETURNS TABLE(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
  LANGUAGE plpgsql
@@ -2832,7 +2845,7 @@ begin
 end
 $function$;
 comment on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) to crm_api;
+grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid)
  RETURNS boolean
@@ -2985,7 +2998,7 @@ begin
 end
 $function$;
 comment on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) to crm_api;
+grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.oauth_refresh_token_lifetime()
  RETURNS interval
@@ -3017,7 +3030,7 @@ begin
 end
 $function$;
 comment on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) is 'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
-grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) to crm_api;
+grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
  RETURNS uuid[]

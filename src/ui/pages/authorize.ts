@@ -29,6 +29,7 @@ const ClientSchema = Type.Object({
 })
 type Client = Static<typeof ClientSchema>
 const CLIENT = rowType(ClientSchema)
+const REGISTERED = rowType(Type.Object({ ok: Type.Boolean() }))
 
 const NOT_VALID =
   'This link to connect an app is not valid: the app is not registered here, or it asked to return to an address it did not register. Nothing was shared. Ask the app’s developer for help.'
@@ -144,8 +145,13 @@ export function authorizationEndpoint(services: Services, consentPage: (req: Inc
   return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const parameters = parametersOf(query(req))
     const client = clientOfRequest(parameters)
-    const found = client && (await lookUpClient(services.pool, client))
-    if (!client || !found) return errorPage(res, 400, NOT_VALID)
+    // Before sign-in, as the runtime role: only whether the app has this redirect URI.
+    const registered =
+      client &&
+      (await services.pool.oneFirst(
+        sql.type(REGISTERED)`select crm.oauth_client_redirect_ok(${client.clientId}, ${client.redirectUri}) as ok`,
+      ))
+    if (!client || !registered) return errorPage(res, 400, NOT_VALID)
     const checked = checkRequest(parameters, client)
     if (!checked.ok) {
       const { error, description, state } = checked
