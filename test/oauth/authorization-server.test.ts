@@ -6,9 +6,13 @@
 // what the database refuses on its own. The whole flow with an independent client in a real
 // browser: browser-flow.test.ts.
 import { createHash } from 'node:crypto'
+import pg from 'pg'
 import t from 'tap'
-import { addMember, createTenant, withOwner } from '../helpers/fixtures.ts'
-import { startTestServer } from '../helpers/server.ts'
+import { SCOPE_DESCRIPTIONS, TOKEN_SCOPES } from '../../src/auth/scopes.ts'
+import { hashToken } from '../../src/auth/tokens.ts'
+import { ensureRuntimeRole, ensureWorkerRole } from '../../src/db/runtime-role.ts'
+import { addMember, createTenant, mintToken, type Teardown, withOwner } from '../helpers/fixtures.ts'
+import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
 import { authorize, clientFields, codeFor, consent, pkcePair, registerApp, sessionCookie, tokenRequest } from './helpers.ts'
 
 const server = await startTestServer(t, { env: { OAUTH_CODE_TTL_SECONDS: '1' } })
@@ -27,6 +31,33 @@ const publicApp = await registerApp(server, ada.token, {
 })
 const bobCookie = await sessionCookie(server, bob.id)
 const me = (token: string) => server.request('GET', '/api/me', { token })
+
+/** A user's consent and the code exchange over HTTP: the token endpoint's answer. */
+async function connect(cookie: string, to = app, scope = 'contacts:read deals:read offline_access') {
+  const grant = await codeFor(server, cookie, to, { scope })
+  const answer = await tokenRequest(server, {
+    grant_type: 'authorization_code',
+    code: grant.code,
+    redirect_uri: grant.redirect_uri,
+    code_verifier: grant.verifier,
+    ...clientFields(to),
+  })
+  if (answer.status !== 200) throw new Error(`the code exchange answered ${answer.status}: ${JSON.stringify(answer.body)}`)
+  return answer.body as { access_token: string; refresh_token?: string; scope: string }
+}
+
+/** A plain client of a login role, closed when the test ends. */
+async function loginAs(t: Teardown, connectionString: string): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString })
+  await client.connect()
+  t.teardown(() => client.end())
+  return client
+}
+const codeOf = (client: pg.Client, text: string, values: unknown[] = []) =>
+  client.query(text, values).then(
+    () => null,
+    (error: { code?: string }) => error.code ?? 'error',
+  )
 
 t.test('metadata (RFC 8414): the issuer is the base URL, PKCE S256 only', async (t) => {
   const response = await server.request('GET', '/.well-known/oauth-authorization-server')
@@ -154,8 +185,8 @@ t.test('the consent page names the app, the workspace and each scope; a non-memb
   t.equal(page.status, 200)
   t.match(text, /Connect Mail merge/)
   t.match(text, /Workspace<\/dt><dd>acme/)
-  t.match(text, /See your deals/)
-  t.match(text, /Stay connected when you are away/)
+  t.match(text, /See and export deals, their stages and associations/)
+  t.match(text, /Stay connected: receive a refresh token/)
   t.match(page.headers.get('content-security-policy'), /form-action 'self' https:\/\/app\.example/, 'the form may redirect to the app')
   const zedCookie = await sessionCookie(server, other.members['zed@other.test'].id)
   const outsider = await authorize(
@@ -480,14 +511,19 @@ t.test('housekeeping removes grants a week after they were revoked, with their t
     })
   ).body
   await tokenRequest(server, { token: tokens.refresh_token, ...clientFields(app) }, { path: '/oauth/revoke' })
-  const left = await withOwner(server.databaseUrl, async (client) => {
-    const hash = createHash('sha256').update(tokens.access_token).digest()
-    await client.query(
+  const worker = await loginAs(t, await ensureWorkerRole(server.databaseUrl, TEST_APP_SECRET))
+  const hash = createHash('sha256').update(tokens.access_token).digest()
+  await withOwner(server.databaseUrl, (client) =>
+    client.query(
       `update crm.oauth_grants set revoked_at = now() - interval '8 days'
         where id = (select oauth_grant_id from crm.tokens where token_hash = $1)`,
       [hash],
-    )
-    const pruned = await client.query(`select removed::int from crm.housekeeping(30) where step = 'crm.prune_oauth'`)
+    ),
+  )
+  // The worker's housekeeping (crm_worker) runs crm.prune_oauth with the other prune_* functions.
+  const pruned = await worker.query(`select removed::int from crm.housekeeping(30) where step = 'crm.prune_oauth'`)
+  t.equal(await codeOf(worker, 'select crm.prune_oauth(30)'), '42501', 'only through housekeeping')
+  const left = await withOwner(server.databaseUrl, async (client) => {
     const token = await client.query('select count(*)::int as n from crm.tokens where token_hash = $1', [hash])
     return { pruned: pruned.rows[0].removed, token: token.rows[0].n }
   })
@@ -501,4 +537,187 @@ t.test('the token endpoint counts against the per-address limit', async (t) => {
   for (let i = 0; i < 12; i++)
     statuses.push((await tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' })).status)
   t.ok(statuses.includes(429), `some answered 429 (${statuses.join(' ')})`)
+})
+
+t.test('a change made through an app names the app in the event (actor via oauth, app_id)', async (t) => {
+  const tokens = await connect(bobCookie, app, 'deals:write')
+  const created = await server.request('POST', '/api/deals', { token: tokens.access_token, body: { name: 'Through Mail merge' } })
+  t.equal(created.status, 201)
+  const actor = await withOwner(server.databaseUrl, async (client) => {
+    const { rows } = await client.query(`select actor from crm.events where record_id = $1 and event = 'deal.created'`, [
+      created.body.data.id,
+    ])
+    return rows[0].actor
+  })
+  t.same(actor, { type: 'user', id: bob.id, via: 'oauth', app_id: app.id })
+  const personal = await server.request('POST', '/api/deals', { token: bob.token, body: { name: 'By hand' } })
+  const byHand = await withOwner(server.databaseUrl, async (client) => {
+    const { rows } = await client.query(`select actor from crm.events where record_id = $1 and event = 'deal.created'`, [
+      personal.body.data.id,
+    ])
+    return rows[0].actor
+  })
+  t.same(byHand, { type: 'user', id: bob.id, via: 'api' }, 'a personal token names no app')
+})
+
+t.test("an app's access token sees and revokes only its own authorization, and lists only its workspace", async (t) => {
+  const dora = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, acme.id, 'dora@acme.test', 'member')
+    await addMember(client, other.id, 'dora@acme.test', 'member')
+    return member
+  })
+  const doraCookie = await sessionCookie(server, dora.id)
+  const otherApp = await registerApp(server, ada.token, { name: 'Calendar sync' })
+  const mine = await connect(doraCookie, app, 'deals:read offline_access')
+  const sameAppAgain = await connect(doraCookie, app, 'contacts:read')
+  const theOtherApp = await connect(doraCookie, otherApp, 'deals:read')
+  const grantOf = (tokens: { access_token: string }) =>
+    withOwner(server.databaseUrl, async (client) => {
+      const { rows } = await client.query('select oauth_grant_id from crm.tokens where token_hash = $1', [hashToken(tokens.access_token)])
+      return rows[0].oauth_grant_id as string
+    })
+  const [myGrant, sameAppGrant, otherAppGrant] = [await grantOf(mine), await grantOf(sameAppAgain), await grantOf(theOtherApp)]
+  type Entry = { id: string; kind: string }
+  const list = async (token: string) => (await server.request('GET', '/api/tokens', { token })).body.data as Entry[]
+  const revoke = async (token: string, id: string) => (await server.request('DELETE', `/api/tokens/${id}`, { token })).status
+
+  const seen = await list(mine.access_token)
+  t.equal(seen.length, 1, 'GET /api/tokens: one entry, its own authorization')
+  t.match(seen[0], {
+    id: myGrant,
+    kind: 'oauth',
+    app: { id: app.id, name: 'Mail merge' },
+    scopes: ['deals:read', 'offline_access'],
+    current: true,
+  })
+  const everything = await list(dora.token)
+  t.same(
+    everything
+      .filter((entry) => entry.kind === 'oauth')
+      .map((entry) => entry.id)
+      .sort(),
+    [myGrant, sameAppGrant, otherAppGrant].sort(),
+    "the user's own token sees every connection",
+  )
+  const personal = everything.find((entry) => entry.kind === 'token')!
+
+  const workspaces = (await server.request('GET', '/api/workspaces', { token: mine.access_token })).body.data
+  t.same(
+    workspaces.map((entry: { slug: string }) => entry.slug),
+    ['acme'],
+    'GET /api/workspaces: its own workspace only',
+  )
+  const both = (await server.request('GET', '/api/workspaces', { token: dora.token })).body.data
+  t.same(both.map((entry: { slug: string }) => entry.slug).sort(), ['acme', 'other'], "the user's own token lists both")
+
+  t.equal(await revoke(mine.access_token, personal.id), 404, "the user's personal token is not found for the app")
+  t.equal(await revoke(mine.access_token, otherAppGrant), 404, "nor another app's connection")
+  t.equal(await revoke(mine.access_token, sameAppGrant), 404, 'nor another connection of the same app')
+  t.equal((await me(dora.token)).status, 200)
+  t.equal((await me(theOtherApp.access_token)).status, 200)
+  t.equal((await me(sameAppAgain.access_token)).status, 200)
+
+  t.equal((await server.request('DELETE', '/api/tokens', { token: mine.access_token })).status, 204, 'DELETE /api/tokens')
+  t.equal((await me(mine.access_token)).body.code, 'token_revoked', 'revoked its own authorization')
+  const refreshed = await tokenRequest(server, { grant_type: 'refresh_token', refresh_token: mine.refresh_token!, ...clientFields(app) })
+  t.equal(refreshed.body.error, 'invalid_grant', 'with its refresh token')
+  t.equal((await me(dora.token)).status, 200, "and nothing else: the user's personal token works")
+  t.equal((await me(theOtherApp.access_token)).status, 200, 'the other app too')
+  t.equal((await me(sameAppAgain.access_token)).status, 200, 'and the other connection of the same app')
+
+  t.equal(await revoke(sameAppAgain.access_token, sameAppGrant), 204, 'DELETE /api/tokens/{its own grant}')
+  t.equal((await me(sameAppAgain.access_token)).body.code, 'token_revoked')
+  t.equal((await me(theOtherApp.access_token)).status, 200)
+})
+
+t.test('a scoped personal token keeps the whole token list and every workspace', async (t) => {
+  const eva = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, acme.id, 'eva@acme.test', 'member')
+    await addMember(client, other.id, 'eva@acme.test', 'member')
+    return { ...member, scoped: await mintToken(client, member.id, { scopes: ['deals:read'] }) }
+  })
+  const tokens = (await server.request('GET', '/api/tokens', { token: eva.scoped })).body.data
+  t.equal(tokens.length, 3, 'its own and the two unscoped ones')
+  const workspaces = (await server.request('GET', '/api/workspaces', { token: eva.scoped })).body.data
+  t.same(workspaces.map((entry: { slug: string }) => entry.slug).sort(), ['acme', 'other'])
+  const refused = await server.request('GET', '/api/oauth-apps', { token: eva.scoped })
+  t.equal(refused.status, 403)
+  t.equal(refused.body.code, 'insufficient_scope', 'the OAuth apps need workspace:admin')
+  t.match(refused.headers.get('www-authenticate'), /scope="workspace:admin"/)
+})
+
+t.test("SQL: in an app's proven context the user's other tokens, apps and workspaces are not there", async (t) => {
+  const finn = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, acme.id, 'finn@acme.test', 'member')
+    await addMember(client, other.id, 'finn@acme.test', 'member')
+    return member
+  })
+  const finnCookie = await sessionCookie(server, finn.id)
+  const viaApp = await connect(finnCookie, app, 'deals:read')
+  await connect(finnCookie, publicApp, 'deals:read')
+  const answers = await withOwner(server.databaseUrl, async (client) => {
+    const inContext = async (token: string) => {
+      await client.query('begin')
+      try {
+        await client.query(`select a.failure, set_config('role', 'crm_api', true) from crm.authenticate($1, 'acme', 'api', 600) a`, [
+          hashToken(token),
+        ])
+        const { rows } = await client.query(
+          `select
+            (select count(*)::int from crm.tokens) as tokens,
+            (select count(*)::int from crm.oauth_grants) as grants,
+            (select count(*)::int from crm.oauth_apps) as apps,
+            (select count(*)::int from crm.workspaces) as workspaces,
+            (select count(*)::int from crm.memberships where user_id = $1) as memberships`,
+          [finn.id],
+        )
+        const { rowCount } = await client.query('update crm.tokens set revoked_at = now() where kind <> $1', ['oauth'])
+        return { ...rows[0], revocable: rowCount }
+      } finally {
+        await client.query('rollback')
+      }
+    }
+    return { app: await inContext(viaApp.access_token), personal: await inContext(finn.token) }
+  })
+  t.same(answers.app, { tokens: 1, grants: 1, apps: 1, workspaces: 1, memberships: 1, revocable: 0 }, 'the app: its own')
+  t.same(
+    answers.personal,
+    // Two personal tokens (one per membership made), the session and the two apps' access tokens.
+    { tokens: 5, grants: 2, apps: 2, workspaces: 2, memberships: 2, revocable: 3 },
+    'the personal token: every token, connection and workspace of the user',
+  )
+})
+
+t.test('the token endpoint functions are the runtime role’s: SQL inside a request cannot call them', async (t) => {
+  const runtime = await loginAs(t, await ensureRuntimeRole(server.databaseUrl, TEST_APP_SECRET))
+  const calls = [
+    `select * from crm.oauth_exchange_code('x', null, $1, 'https://app.example/callback', 'v', $1, null)`,
+    `select * from crm.oauth_refresh('x', null, $1, null, $1, null)`,
+    `select crm.oauth_revoke('x', null, $1)`,
+    `select crm.oauth_client_redirect_ok('x', 'https://app.example/callback')`,
+  ]
+  const hash = Buffer.alloc(32)
+  for (const call of calls) {
+    t.equal(await codeOf(runtime, call, call.includes('$1') ? [hash] : []), null, `crm_runtime: ${call.slice(0, 40)}`)
+    await runtime.query('begin')
+    await runtime.query(`select set_config('role', 'crm_api', true)`)
+    t.equal(await codeOf(runtime, call, call.includes('$1') ? [hash] : []), '42501', `as crm_api: refused`)
+    await runtime.query('rollback')
+  }
+})
+
+t.test('the OpenAPI document: the oauth2 scheme lists the scopes, each operation names the ones it accepts', async (t) => {
+  const document = (await server.request('GET', '/api/openapi.json')).body
+  const scheme = document.components.securitySchemes.oauth2
+  t.equal(scheme.type, 'oauth2')
+  t.same(Object.keys(scheme.flows.authorizationCode.scopes).sort(), [...TOKEN_SCOPES].sort(), 'every scope, with its words')
+  t.equal(scheme.flows.authorizationCode.scopes['deals:read'], SCOPE_DESCRIPTIONS['deals:read'])
+  const requirement = (path: string, method: string) =>
+    document.paths[path][method].security.find((entry: Record<string, string[]>) => 'oauth2' in entry).oauth2
+  t.same(requirement('/api/deals', 'get'), ['deals:read', 'deals:write'])
+  t.same(requirement('/api/deals', 'post'), ['deals:write'])
+  t.same(requirement('/api/oauth-apps', 'get'), ['workspace:admin'])
+  t.same(requirement('/api/oauth-apps/{id}/connections', 'delete'), ['workspace:admin'])
+  t.same(requirement('/api/me', 'get'), [], 'a route every token may call')
+  t.same(document.paths['/oauth/token'].post.security, [], 'the token endpoint authenticates the client itself')
 })

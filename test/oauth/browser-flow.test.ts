@@ -124,16 +124,15 @@ if (browser) {
     t.equal(deals.status, 200, 'a read the scopes cover')
   })
 
-  t.test(
-    'a write outside the scopes is refused (403 insufficient_scope)',
-    { todo: 'needs the scope enforcement of sql/000011_scoped_access.sql (helper H2)' },
-    async (t) => {
-      const refused = await api(tokens.access_token, 'POST', '/api/deals', { name: 'Not allowed' })
-      t.equal(refused.status, 403)
-      t.equal((await refused.json()).code, 'insufficient_scope')
-      t.match(refused.headers.get('www-authenticate'), /error="insufficient_scope"/)
-    },
-  )
+  t.test('a write outside the scopes is refused (403 insufficient_scope)', async (t) => {
+    const refused = await api(tokens.access_token, 'POST', '/api/deals', { name: 'Not allowed' })
+    t.equal(refused.status, 403)
+    t.equal((await refused.json()).code, 'insufficient_scope')
+    t.match(refused.headers.get('www-authenticate'), /error="insufficient_scope"/)
+    t.match(refused.headers.get('www-authenticate'), /scope="deals:write"/, 'the challenge names the scope it needs')
+    const admin = await api(tokens.access_token, 'GET', '/api/oauth-apps')
+    t.equal(admin.status, 403, 'nor the admin routes (workspace:admin)')
+  })
 
   t.test('refresh rotates; the old refresh token presented again revokes the whole grant', async (t) => {
     const rotated = await oauth.processRefreshTokenResponse(
