@@ -707,8 +707,8 @@ create policy memberships_all_owner on crm.memberships as permissive for all to 
   with check (true);
 comment on policy memberships_all_owner on crm.memberships is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
-  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
-comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships and the members of the current workspace (a scoped token only with workspace:admin).';
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text))));
+comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
@@ -721,11 +721,12 @@ create table crm.oauth_apps (
   id uuid default crm.uuid_v7() not null,
   name text not null,
   client_id text not null,
-  client_secret_hash bytea not null,
-  client_secret_last4 text not null,
+  client_secret_hash bytea,
+  client_secret_last4 text,
   redirect_uris text[] not null,
   created_at timestamp with time zone default now() not null,
   created_by uuid default crm.current_user_id(),
+  confidential boolean default true not null,
   constraint oauth_apps_pkey PRIMARY KEY (workspace_id, id),
   constraint oauth_apps_client_id_key UNIQUE (workspace_id, client_id),
   constraint oauth_apps_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -733,13 +734,16 @@ create table crm.oauth_apps (
   constraint oauth_apps_client_secret_hash_length CHECK ((length(client_secret_hash) = 32)),
   constraint oauth_apps_client_secret_last4_length CHECK ((length(client_secret_last4) = 4)),
   constraint oauth_apps_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 100))),
-  constraint oauth_apps_redirect_uris_valid CHECK ((((cardinality(redirect_uris) >= 1) AND (cardinality(redirect_uris) <= 10)) AND crm.oauth_redirect_uris_are_valid(redirect_uris)))
+  constraint oauth_apps_redirect_uris_valid CHECK ((((cardinality(redirect_uris) >= 1) AND (cardinality(redirect_uris) <= 10)) AND crm.oauth_redirect_uris_are_valid(redirect_uris))),
+  constraint oauth_apps_secret_if_confidential CHECK (((confidential = (client_secret_hash IS NOT NULL)) AND (confidential = (client_secret_last4 IS NOT NULL))))
 );
 alter table crm.oauth_apps enable row level security;
 alter table crm.oauth_apps force row level security;
 CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
+comment on constraint oauth_apps_secret_if_confidential on crm.oauth_apps is 'A confidential app has a secret; a public app has none.';
 comment on table crm.oauth_apps is 'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
 comment on column crm.oauth_apps.client_secret_hash is 'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
+comment on column crm.oauth_apps.confidential is 'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without a secret.';
 create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   with check (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)));
@@ -748,9 +752,103 @@ create policy oauth_apps_all_owner on crm.oauth_apps as permissive for all to cr
   using (true)
   with check (true);
 comment on policy oauth_apps_all_owner on crm.oauth_apps is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+create policy oauth_apps_select_connected on crm.oauth_apps as permissive for select to crm_api
+  using ((EXISTS ( SELECT
+   FROM crm.oauth_grants g
+  WHERE ((g.workspace_id = oauth_apps.workspace_id) AND (g.app_id = oauth_apps.id) AND (g.user_id = ( SELECT crm.current_user_id() AS current_user_id))))));
+comment on policy oauth_apps_select_connected on crm.oauth_apps is 'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
 grant delete on crm.oauth_apps to crm_api;
-grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by) on crm.oauth_apps to crm_api;
-grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris) on crm.oauth_apps to crm_api;
+grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by, confidential) on crm.oauth_apps to crm_api;
+grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential) on crm.oauth_apps to crm_api;
+grant update (name, redirect_uris) on crm.oauth_apps to crm_api;
+
+create table crm.oauth_codes (
+  workspace_id uuid not null,
+  grant_id uuid not null,
+  code_hash bytea not null,
+  redirect_uri text not null,
+  code_challenge text not null,
+  created_at timestamp with time zone default now() not null,
+  expires_at timestamp with time zone not null,
+  used_at timestamp with time zone,
+  constraint oauth_codes_pkey PRIMARY KEY (workspace_id, grant_id),
+  constraint oauth_codes_workspace_id_grant_id_fkey FOREIGN KEY (workspace_id, grant_id) REFERENCES crm.oauth_grants(workspace_id, id) ON DELETE CASCADE,
+  constraint oauth_codes_code_challenge_s256 CHECK ((code_challenge ~ '^[A-Za-z0-9_-]{43}$'::text)),
+  constraint oauth_codes_code_hash_length CHECK ((length(code_hash) = 32)),
+  constraint oauth_codes_lifetime CHECK ((expires_at <= (created_at + '00:01:00'::interval))),
+  constraint oauth_codes_redirect_uri_length CHECK ((length(redirect_uri) <= 2000))
+);
+alter table crm.oauth_codes enable row level security;
+alter table crm.oauth_codes force row level security;
+CREATE UNIQUE INDEX oauth_codes_code_hash_key ON crm.oauth_codes USING btree (code_hash);
+comment on table crm.oauth_codes is 'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE S256 challenge. No policy: only the OAuth functions read them.';
+comment on column crm.oauth_codes.code_challenge is 'BASE64URL(SHA256(code_verifier)) as the client sent it (RFC 7636 S256, the only method accepted).';
+comment on column crm.oauth_codes.used_at is 'Set by the first exchange, successful or not; a second one revokes the grant and every token issued from the code.';
+create policy oauth_codes_all_owner on crm.oauth_codes as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_codes_all_owner on crm.oauth_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
+create table crm.oauth_grants (
+  workspace_id uuid not null,
+  id uuid default crm.uuid_v7() not null,
+  app_id uuid not null,
+  user_id uuid not null,
+  scopes text[] not null,
+  created_at timestamp with time zone default now() not null,
+  last_issued_at timestamp with time zone default now() not null,
+  expires_at timestamp with time zone not null,
+  revoked_at timestamp with time zone,
+  constraint oauth_grants_pkey PRIMARY KEY (workspace_id, id),
+  constraint oauth_grants_workspace_id_app_id_fkey FOREIGN KEY (workspace_id, app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
+  constraint oauth_grants_workspace_id_user_id_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
+  constraint oauth_grants_scopes_known CHECK (crm.scopes_are_valid(scopes))
+);
+alter table crm.oauth_grants enable row level security;
+alter table crm.oauth_grants force row level security;
+CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
+CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
+CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
+comment on table crm.oauth_grants is 'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
+comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
+comment on column crm.oauth_grants.last_issued_at is 'When an access token was last issued under the grant (the code exchange or a refresh).';
+comment on column crm.oauth_grants.expires_at is 'When the last token issued under the grant expires (its newest refresh token, else its access token).';
+create policy oauth_grants_all_owner on crm.oauth_grants as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_grants_all_owner on crm.oauth_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive for select to crm_api
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))));
+comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is 'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
+create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive for update to crm_api
+  using ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))))
+  with check ((((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))) OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))));
+comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is 'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
+grant select on crm.oauth_grants to crm_api;
+grant update (revoked_at) on crm.oauth_grants to crm_api;
+
+create table crm.oauth_refresh_tokens (
+  workspace_id uuid not null,
+  id uuid default crm.uuid_v7() not null,
+  grant_id uuid not null,
+  token_hash bytea not null,
+  created_at timestamp with time zone default now() not null,
+  expires_at timestamp with time zone not null,
+  used_at timestamp with time zone,
+  constraint oauth_refresh_tokens_pkey PRIMARY KEY (workspace_id, id),
+  constraint oauth_refresh_tokens_workspace_id_grant_id_fkey FOREIGN KEY (workspace_id, grant_id) REFERENCES crm.oauth_grants(workspace_id, id) ON DELETE CASCADE,
+  constraint oauth_refresh_tokens_token_hash_length CHECK ((length(token_hash) = 32))
+);
+alter table crm.oauth_refresh_tokens enable row level security;
+alter table crm.oauth_refresh_tokens force row level security;
+CREATE INDEX oauth_refresh_tokens_grant_idx ON crm.oauth_refresh_tokens USING btree (workspace_id, grant_id);
+CREATE UNIQUE INDEX oauth_refresh_tokens_token_hash_key ON crm.oauth_refresh_tokens USING btree (token_hash);
+comment on table crm.oauth_refresh_tokens is 'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only the OAuth functions read them.';
+comment on column crm.oauth_refresh_tokens.used_at is 'Set when the token is exchanged for the next one; presenting it again revokes the grant.';
+create policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create unlogged table crm.rate_limit_counters (
   user_id uuid not null,
@@ -933,26 +1031,33 @@ create table crm.tokens (
   scopes text[],
   workspace_id uuid,
   oauth_app_id uuid,
+  oauth_grant_id uuid,
   constraint tokens_pkey PRIMARY KEY (id),
   constraint tokens_token_hash_key UNIQUE (token_hash),
   constraint tokens_oauth_app_fkey FOREIGN KEY (workspace_id, oauth_app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
+  constraint tokens_oauth_grant_fkey FOREIGN KEY (workspace_id, oauth_grant_id) REFERENCES crm.oauth_grants(workspace_id, id) ON DELETE CASCADE,
   constraint tokens_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE,
   constraint tokens_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint tokens_kind_known CHECK ((kind = ANY (ARRAY['token'::text, 'session'::text, 'oauth'::text]))),
   constraint tokens_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
   constraint tokens_oauth_bound CHECK ((((kind = 'oauth'::text) = (workspace_id IS NOT NULL)) AND ((kind = 'oauth'::text) = (oauth_app_id IS NOT NULL)))),
+  constraint tokens_oauth_grant_bound CHECK (((kind = 'oauth'::text) = (oauth_grant_id IS NOT NULL))),
   constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
 alter table crm.tokens enable row level security;
 alter table crm.tokens force row level security;
+CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
 comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
+comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
+CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL))) EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
 comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
 comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
 comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
 comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
+comment on column crm.tokens.oauth_grant_id is 'The grant an OAuth access token was issued under; revoking either revokes the other.';
 create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -961,13 +1066,13 @@ create policy tokens_insert_own on crm.tokens as permissive for insert to crm_ap
   with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
 comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
-  using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions.';
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
+comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
 create policy tokens_update_own on crm.tokens as permissive for update to crm_api
-  using ((user_id = ( SELECT crm.current_user_id() AS current_user_id)))
-  with check ((user_id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions.';
-grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id) on crm.tokens to crm_api;
+  using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))))
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
+comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 
@@ -2615,9 +2720,10 @@ CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id)
+  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id
+                where c.oauth_app_id is null or m.workspace_id = c.workspace_id)
 $function$;
-comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names).';
+comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.non_member_ids(p_user_ids uuid[])
@@ -2635,17 +2741,296 @@ $function$;
 comment on function crm.non_member_ids(p_user_ids uuid[]) is 'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
 grant execute on function crm.non_member_ids(p_user_ids uuid[]) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.oauth_access_token_lifetime()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ select interval '1 hour' $function$;
+comment on function crm.oauth_access_token_lifetime() is 'How long an OAuth access token lives (expires_in 3600).';
+
+CREATE OR REPLACE FUNCTION crm.oauth_authorization_client(p_client_id text, p_redirect_uri text)
+ RETURNS TABLE(app_id uuid, app_name text, workspace_id uuid, workspace_slug text, workspace_name text, redirect_uri_ok boolean, user_may_connect boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select a.id, a.name, w.id, w.slug, w.name,
+         crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri),
+         exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                  where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
+                    and m.suspended_at is null and u.suspended_at is null and u.api_access)
+    from crm.oauth_apps a
+    join crm.workspaces w on w.id = a.workspace_id
+   where a.client_id = p_client_id
+$function$;
+comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (name, workspace), whether the redirect URI is registered, whether the current user may connect it.';
+grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.oauth_client(p_client_id text, p_client_secret_hash bytea)
+ RETURNS crm.oauth_apps
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select a.* from crm.oauth_apps a
+   where a.client_id = p_client_id
+     and case when a.confidential then p_client_secret_hash is not null and a.client_secret_hash = p_client_secret_hash
+              else p_client_secret_hash is null end
+$function$;
+comment on function crm.oauth_client(p_client_id text, p_client_secret_hash bytea) is 'The app a client id and secret authenticate (a public app presents no secret), or null. Internal.';
+
+CREATE OR REPLACE FUNCTION crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select coalesce((select crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri)
+                     from crm.oauth_apps a where a.client_id = p_client_id), false)
+$function$;
+comment on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize before sign-in (crm_runtime): whether the client id is registered with this redirect URI.';
+grant execute on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
+ RETURNS TABLE(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_app crm.oauth_apps := crm.oauth_client(p_client_id, p_client_secret_hash);
+  v_code crm.oauth_codes;
+  v_grant crm.oauth_grants;
+begin
+  if v_app.id is null then
+    return query select 'invalid_client', 'unknown client, or wrong client authentication', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  select * into v_code from crm.oauth_codes c where c.code_hash = p_code_hash for update;
+  select * into v_grant from crm.oauth_grants g where g.workspace_id = v_code.workspace_id and g.id = v_code.grant_id for update;
+  if v_code.grant_id is null or v_grant.app_id <> v_app.id or v_grant.workspace_id <> v_app.workspace_id then
+    return query select 'invalid_grant', 'unknown authorization code', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if v_code.used_at is not null then
+    update crm.oauth_grants g set revoked_at = now() where g.workspace_id = v_grant.workspace_id and g.id = v_grant.id and g.revoked_at is null;
+    return query select 'invalid_grant', 'the authorization code was already used; every token issued from it is revoked',
+                        null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  update crm.oauth_codes c set used_at = now() where c.workspace_id = v_code.workspace_id and c.grant_id = v_code.grant_id;
+  if v_code.expires_at <= now() then
+    return query select 'invalid_grant', 'the authorization code has expired', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if v_grant.revoked_at is not null then
+    return query select 'invalid_grant', 'the grant was revoked', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if p_redirect_uri is distinct from v_code.redirect_uri then
+    return query select 'invalid_grant', 'redirect_uri differs from the one the code was issued for', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if p_code_verifier is null
+     or rtrim(translate(encode(sha256(convert_to(p_code_verifier, 'UTF8')), 'base64'), '+/', '-_'), '=') <> v_code.code_challenge then
+    return query select 'invalid_grant', 'code_verifier does not match the code_challenge', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if not crm.oauth_grant_user_active(v_grant.workspace_id, v_grant.user_id) then
+    return query select 'invalid_grant', 'the user can no longer act in this workspace', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  return query select null::text, null::text, i.scopes, i.access_expires_at, i.refresh_issued
+    from crm.oauth_issue_tokens(v_grant, v_app.name, v_grant.scopes, p_access_token_hash, p_refresh_token_hash) i;
+end
+$function$;
+comment on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
+grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  select exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                  where m.workspace_id = p_workspace_id and m.user_id = p_user_id
+                    and m.suspended_at is null and u.suspended_at is null and u.api_access)
+$function$;
+comment on function crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid) is 'Whether a grant''s user is an active member with API access (internal).';
+
+CREATE OR REPLACE FUNCTION crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer)
+ RETURNS uuid
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_user uuid := crm.current_user_id();
+  v_app crm.oauth_apps;
+  v_grant uuid;
+  v_lifetime interval := make_interval(secs => least(greatest(coalesce(p_code_lifetime_seconds, 60), 1), 60));
+begin
+  if v_user is null then
+    raise exception 'no signed-in user' using errcode = 'CR401', hint = 'token_invalid';
+  end if;
+  select * into v_app from crm.oauth_apps a where a.client_id = p_client_id;
+  if not found or not crm.oauth_redirect_uri_matches(v_app.redirect_uris, p_redirect_uri) then
+    raise exception 'unknown client or redirect URI' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if p_scopes is null or not crm.scopes_are_valid(p_scopes) then
+    raise exception 'unknown or repeated scopes' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                  where m.workspace_id = v_app.workspace_id and m.user_id = v_user
+                    and m.suspended_at is null and u.suspended_at is null and u.api_access) then
+    raise exception 'you are not an active member of the workspace this app belongs to' using errcode = 'CR403', hint = 'forbidden';
+  end if;
+  insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at)
+  values (v_app.workspace_id, v_app.id, v_user, p_scopes, now() + v_lifetime)
+  returning id into v_grant;
+  insert into crm.oauth_codes (workspace_id, grant_id, code_hash, redirect_uri, code_challenge, expires_at)
+  values (v_app.workspace_id, v_grant, p_code_hash, p_redirect_uri, p_code_challenge, now() + v_lifetime);
+  return v_grant;
+end
+$function$;
+comment on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) is 'The consent of the signed-in user: a grant and its single-use authorization code (hash, redirect URI, PKCE challenge, at most 60 s).';
+grant execute on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea)
+ RETURNS TABLE(scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_access_expires timestamptz := now() + crm.oauth_access_token_lifetime();
+  v_refresh boolean := 'offline_access' = any (p_grant.scopes) and p_refresh_token_hash is not null;
+begin
+  insert into crm.tokens (user_id, kind, name, token_hash, expires_at, scopes, workspace_id, oauth_app_id, oauth_grant_id)
+  values (p_grant.user_id, 'oauth', left(p_app_name, 200), p_access_token_hash, v_access_expires, p_scopes,
+          p_grant.workspace_id, p_grant.app_id, p_grant.id);
+  if v_refresh then
+    insert into crm.oauth_refresh_tokens (workspace_id, grant_id, token_hash, expires_at)
+    values (p_grant.workspace_id, p_grant.id, p_refresh_token_hash, now() + crm.oauth_refresh_token_lifetime());
+  end if;
+  update crm.oauth_grants g
+     set last_issued_at = now(),
+         expires_at = case when v_refresh then now() + crm.oauth_refresh_token_lifetime() else greatest(g.expires_at, v_access_expires) end
+   where g.workspace_id = p_grant.workspace_id and g.id = p_grant.id;
+  return query select p_scopes, v_access_expires, v_refresh;
+end
+$function$;
+comment on function crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea) is 'Stores an access token (kind oauth, 1 hour) and, when the grant holds offline_access, a refresh token (internal).';
+
+CREATE OR REPLACE FUNCTION crm.oauth_redirect_uri_matches(p_registered text[], p_given text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_given = any (p_registered)
+      or (length(p_given) <= 2000
+          and p_given ~ '^http://(127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?(/[^\s#]*)?$'
+          and regexp_replace(p_given, '^(http://(127\.0\.0\.1|\[::1\]))(:[0-9]{1,5})?', '\1') = any (
+                select regexp_replace(r, '^(http://(127\.0\.0\.1|\[::1\]))(:[0-9]{1,5})?', '\1')
+                  from unnest(p_registered) r
+                 where r ~ '^http://(127\.0\.0\.1|\[::1\])'))
+$function$;
+comment on function crm.oauth_redirect_uri_matches(p_registered text[], p_given text) is 'Whether a redirect_uri is one of the registered ones: exactly, or for a loopback http URI equal but for the port.';
+grant execute on function crm.oauth_redirect_uri_matches(p_registered text[], p_given text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.oauth_redirect_uris_are_valid(uris text[])
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
   select coalesce(bool_and(length(u) <= 2000 and position('#' in u) = 0
-                           and (u ~ '^https://[^/?#@\s]+(/[^\s]*)?$' or u ~ '^http://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$')), false)
+                           and (u ~ '^https://[^/?#@\s]+(/[^\s]*)?$' or u ~ '^http://(127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$')), false)
     from unnest(uris) u
 $function$;
-comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is 'CHECK for redirect URIs: https, or http on a loopback host; no fragment, no spaces.';
+comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is 'CHECK for redirect URIs: https, or http on 127.0.0.1 or [::1] (loopback, any port at authorization); no fragment, no spaces.';
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea)
+ RETURNS TABLE(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_app crm.oauth_apps := crm.oauth_client(p_client_id, p_client_secret_hash);
+  v_refresh crm.oauth_refresh_tokens;
+  v_grant crm.oauth_grants;
+begin
+  if v_app.id is null then
+    return query select 'invalid_client', 'unknown client, or wrong client authentication', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  select * into v_refresh from crm.oauth_refresh_tokens r where r.token_hash = p_refresh_token_hash for update;
+  select * into v_grant from crm.oauth_grants g where g.workspace_id = v_refresh.workspace_id and g.id = v_refresh.grant_id for update;
+  if v_refresh.id is null or v_grant.app_id <> v_app.id or v_grant.workspace_id <> v_app.workspace_id then
+    return query select 'invalid_grant', 'unknown refresh token', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if v_refresh.used_at is not null then
+    update crm.oauth_grants g set revoked_at = now() where g.workspace_id = v_grant.workspace_id and g.id = v_grant.id and g.revoked_at is null;
+    return query select 'invalid_grant', 'the refresh token was already used; the grant is revoked', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if v_grant.revoked_at is not null then
+    return query select 'invalid_grant', 'the grant was revoked', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if v_refresh.expires_at <= now() then
+    return query select 'invalid_grant', 'the refresh token has expired', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  if p_scopes is not null and not (crm.scopes_are_valid(p_scopes) and p_scopes <@ v_grant.scopes) then
+    return query select 'invalid_scope', 'scope must be a subset of the scopes granted', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  update crm.oauth_refresh_tokens r set used_at = now() where r.workspace_id = v_refresh.workspace_id and r.id = v_refresh.id;
+  if not crm.oauth_grant_user_active(v_grant.workspace_id, v_grant.user_id) then
+    return query select 'invalid_grant', 'the user can no longer act in this workspace', null::text[], null::timestamptz, null::boolean;
+    return;
+  end if;
+  return query select null::text, null::text, i.scopes, i.access_expires_at, i.refresh_issued
+    from crm.oauth_issue_tokens(v_grant, v_app.name, coalesce(p_scopes, v_grant.scopes), p_access_token_hash, p_new_refresh_token_hash) i;
+end
+$function$;
+comment on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
+grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.oauth_refresh_token_lifetime()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ select interval '90 days' $function$;
+comment on function crm.oauth_refresh_token_lifetime() is 'How long a refresh token lives unused; each use replaces it with a new one.';
+
+CREATE OR REPLACE FUNCTION crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_app crm.oauth_apps := crm.oauth_client(p_client_id, p_client_secret_hash);
+begin
+  if v_app.id is null then
+    return 'invalid_client';
+  end if;
+  update crm.oauth_grants g set revoked_at = now()
+   where g.revoked_at is null and g.workspace_id = v_app.workspace_id and g.app_id = v_app.id
+     and g.id = coalesce(
+       (select t.oauth_grant_id from crm.tokens t
+         where t.token_hash = p_token_hash and t.kind = 'oauth' and t.oauth_app_id = v_app.id),
+       (select r.grant_id from crm.oauth_refresh_tokens r
+         where r.token_hash = p_token_hash and r.workspace_id = v_app.workspace_id));
+  return null;
+end
+$function$;
+comment on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) is 'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
+grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
  RETURNS uuid[]
@@ -2738,6 +3123,20 @@ AS $function$
   select count(*) from gone
 $function$;
 comment on function crm.prune_invitations(log_retention_days integer) is 'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
+
+CREATE OR REPLACE FUNCTION crm.prune_oauth(log_retention_days integer)
+ RETURNS bigint
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+  with codes as (delete from crm.oauth_codes where expires_at < now() - interval '1 day' returning 1),
+       refresh as (delete from crm.oauth_refresh_tokens
+                    where used_at < now() - interval '7 days' or expires_at < now() - interval '7 days' returning 1),
+       grants as (delete from crm.oauth_grants
+                   where revoked_at < now() - interval '7 days' or expires_at < now() - interval '7 days' returning 1)
+  select (select count(*) from codes) + (select count(*) from refresh) + (select count(*) from grants)
+$function$;
+comment on function crm.prune_oauth(log_retention_days integer) is 'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';
 
 CREATE OR REPLACE FUNCTION crm.prune_sign_in_tickets(log_retention_days integer)
  RETURNS bigint
@@ -3729,6 +4128,21 @@ $function$;
 comment on function crm.tg_memberships__keep_an_admin() is 'A workspace always keeps at least one active admin.';
 grant execute on function crm.tg_memberships__keep_an_admin() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__revoke_tokens()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  update crm.tokens t set revoked_at = new.revoked_at
+   where t.workspace_id = new.workspace_id and t.oauth_grant_id = new.id and t.revoked_at is null;
+  return null;
+end
+$function$;
+comment on function crm.tg_oauth_grants__revoke_tokens() is 'A revoked grant revokes its access tokens (its refresh tokens and code check the grant).';
+grant execute on function crm.tg_oauth_grants__revoke_tokens() to public;
+
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__protect_builtin()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3800,6 +4214,21 @@ end
 $function$;
 comment on function crm.tg_roles__refuse_delete_in_use() is 'A role held by a member or named by a pending invitation cannot be deleted (409 role_in_use).';
 grant execute on function crm.tg_roles__refuse_delete_in_use() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_tokens__revoke_oauth_grant()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  update crm.oauth_grants g set revoked_at = new.revoked_at
+   where g.workspace_id = new.workspace_id and g.id = new.oauth_grant_id and g.revoked_at is null;
+  return null;
+end
+$function$;
+comment on function crm.tg_tokens__revoke_oauth_grant() is 'A revoked OAuth access token revokes its grant (and with it the refresh tokens and the other access tokens).';
+grant execute on function crm.tg_tokens__revoke_oauth_grant() to public;
 
 CREATE OR REPLACE FUNCTION crm.tg_user_totp__steps_only_forward()
  RETURNS trigger

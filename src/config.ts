@@ -23,6 +23,8 @@ export type Config = {
   dataDir: string
   publicBaseUrl: string | null
   tokenTtlDays: number
+  /** OAUTH_CODE_TTL_SECONDS: an authorization code's lifetime, 60 s; tests shorten it (the database caps it at 60). */
+  oauthCodeTtlSeconds: number
   rateLimitPerMinute: number
   /** Per client address on the unauthenticated routes, counted in each API process. */
   unauthenticatedRateLimitPerMinute: number
@@ -179,6 +181,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     dataDir,
     publicBaseUrl,
     tokenTtlDays: integer('TOKEN_TTL_DAYS', 14, 1, 3650),
+    oauthCodeTtlSeconds: integer('OAUTH_CODE_TTL_SECONDS', 60, 1, 60),
     rateLimitPerMinute: integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000),
     unauthenticatedRateLimitPerMinute: integer('UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE', 60, 1, 1_000_000),
     trustProxy,

@@ -159,3 +159,10 @@ export class UnavailableError extends CrmError {
     super('unavailable', detail, { cause })
   }
 }
+
+/**
+ * A refusal of the OAuth token or revocation endpoint, answered as RFC 6749 section 5.2 JSON
+ * (`invalid_request`, `invalid_client`, `invalid_grant`, `unauthorized_client`,
+ * `unsupported_grant_type`, `invalid_scope`), not as problem details.
+ */
+export class OAuthError extends CrmError {}

@@ -55,6 +55,7 @@ function scanLogsForSecrets(dir: string): { scanned: string; found: string[] } {
     ['webhook secret', /whsec_[A-Za-z0-9_-]{43}/],
     ['invitation token', /inv_[A-Za-z0-9_-]{43}/],
     ['OAuth client secret', /crmsec_[A-Za-z0-9_-]{43}/],
+    ['OAuth refresh token', /crmrt_[A-Za-z0-9_-]{43}/],
     // OAuth codes, states and refresh tokens travel in query strings: no query value that names a
     // secret may reach a log line, whatever its format.
     ['secret-bearing query value', /[?&](token|code|state|refresh_token|access_token|client_secret)=[^&\s"]/],

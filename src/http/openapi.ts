@@ -2,7 +2,7 @@
 // validate requests), so the document cannot drift from what the API accepts and answers.
 import { readFileSync } from 'node:fs'
 import type { TSchema } from 'typebox'
-import { satisfyingScopes, type TokenScope } from '../auth/scopes.ts'
+import { SCOPE_DESCRIPTIONS, satisfyingScopes, type TokenScope } from '../auth/scopes.ts'
 import type { RouteDefinition } from './route.ts'
 
 type JsonObject = Record<string, unknown>
@@ -62,7 +62,7 @@ function operationId(route: RouteDefinition): string {
     .replace(/^\/api\/?/, '')
     .split('/')
     .filter(Boolean)
-    .map((part) => (part.startsWith(':') ? `by_${part.slice(1)}` : part.replace(/[^A-Za-z0-9]+/g, '_')))
+    .map((part) => (part.startsWith(':') ? `by_${part.slice(1)}` : part.replace(/[^A-Za-z0-9]+/g, '_').replace(/^_+/, '')))
   return [route.method.toLowerCase(), ...words].join('_') || route.method.toLowerCase()
 }
 
@@ -134,7 +134,11 @@ export function routeScopes(route: RouteDefinition): TokenScope[] {
 }
 
 /** Every route that reads a body can answer 408 (body.ts's deadlines). */
-const readsBody = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file'
+const readsBody = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file' || route.formBody !== undefined
+
+/** The routes the document describes: the API, and the OAuth endpoints an app calls. */
+const documented = (route: RouteDefinition) =>
+  route.path.startsWith('/api/') || route.path.startsWith('/oauth/') || route.path.startsWith('/.well-known/')
 
 function operation(route: RouteDefinition): JsonObject {
   const pathParameters = [...route.path.matchAll(/:([A-Za-z_]+)/g)].map((match) => ({
@@ -164,7 +168,14 @@ function operation(route: RouteDefinition): JsonObject {
   const headers = responseHeaders(route, status)
   if (headers) success.headers = headers
   const responses: JsonObject = { [String(status)]: success }
-  for (const error of route.errors ?? []) responses[String(error)] = { $ref: `#/components/responses/Problem${error}` }
+  for (const error of route.errors ?? []) {
+    // The OAuth endpoints answer their own refusals as RFC 6749 JSON; anything the framework
+    // refuses before them (429, 408) is still problem details.
+    responses[String(error)] =
+      route.errorBody && (error === 400 || error === 401)
+        ? { description: STATUS_TEXT[error] ?? 'Error', content: { 'application/json': { schema: plainSchema(route.errorBody) } } }
+        : { $ref: `#/components/responses/Problem${error}` }
+  }
   if (route.auth === 'required' && !responses['401']) responses['401'] = { $ref: '#/components/responses/Problem401' }
   if (routeScopes(route).length > 0 && !responses['403']) responses['403'] = { $ref: '#/components/responses/Problem403' }
   if (readsBody(route) && !responses['408']) responses['408'] = { $ref: '#/components/responses/Problem408' }
@@ -176,7 +187,13 @@ function operation(route: RouteDefinition): JsonObject {
     tags: [route.tag],
     parameters: [...pathParameters, ...queryParameters, ...headerParameters(route)],
     responses,
-    security: route.auth === 'required' ? [{ bearerAuth: [] }] : [],
+    security: route.auth === 'required' ? [{ bearerAuth: [] }, { oauth2: routeScopes(route) }] : [],
+  }
+  if (route.formBody) {
+    result.requestBody = {
+      required: true,
+      content: { 'application/x-www-form-urlencoded': { schema: plainSchema(route.formBody) } },
+    }
   }
   // The scope a scoped token needs (API.md section 4a): one name, or a list of which any one will do.
   if (route.auth === 'required') result['x-required-scope'] = route.scope === 'none' || route.scope === undefined ? null : route.scope
@@ -198,7 +215,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
   const paths: Record<string, JsonObject> = {}
   const statuses = new Set<number>([401, 500])
   for (const route of routes) {
-    if (!route.path.startsWith('/api/') && route.path !== '/api') continue
+    if (!documented(route)) continue
     const path = route.path.replace(/:([A-Za-z_]+)/g, '{$1}')
     paths[path] ??= {}
     paths[path][route.method.toLowerCase()] = operation(route)
@@ -215,9 +232,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
       },
     ]),
   )
-  const tags = [...new Set(routes.filter((route) => route.path.startsWith('/api/')).map((route) => route.tag))]
-    .sort()
-    .map((name) => ({ name }))
+  const tags = [...new Set(routes.filter(documented).map((route) => route.tag))].sort().map((name) => ({ name }))
   return {
     openapi: '3.1.0',
     info: {
@@ -230,7 +245,22 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
     tags,
     paths,
     components: {
-      securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer', description: 'crm_... API token from POST /api/token' } },
+      securitySchemes: {
+        bearerAuth: { type: 'http', scheme: 'bearer', description: 'crm_... API token from POST /api/token' },
+        oauth2: {
+          type: 'oauth2',
+          description:
+            'Third-party apps (API.md section 4a): authorization code with PKCE S256 for every client; access tokens live one hour, refresh tokens (offline_access) rotate at every use. Metadata: /.well-known/oauth-authorization-server.',
+          flows: {
+            authorizationCode: {
+              authorizationUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/authorize`,
+              tokenUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/token`,
+              refreshUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/token`,
+              scopes: SCOPE_DESCRIPTIONS,
+            },
+          },
+        },
+      },
       schemas: { Problem: PROBLEM_SCHEMA },
       responses: problemResponses,
     },

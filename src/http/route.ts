@@ -89,6 +89,13 @@ export type RouteDefinition = {
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
   body?: TSchema
   /**
+   * A form-encoded body (application/x-www-form-urlencoded) the handler reads itself, for the
+   * OpenAPI document only: the OAuth endpoints, whose clients post forms (RFC 6749).
+   */
+  formBody?: TSchema
+  /** The JSON body of this route's errors when they are not problem details (OAuth: RFC 6749 section 5.2). */
+  errorBody?: TSchema
+  /**
    * Body handling: 'json' (default when body is set), or 'file': the whole body, up to
    * `fileLimit` bytes, is received into a temporary file before a database connection is taken;
    * the handler reads it from `bodyFile`, and the file is removed after the answer.

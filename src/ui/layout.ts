@@ -24,14 +24,24 @@ export const SECURITY_HEADERS: Record<string, string> = {
   'Permissions-Policy': 'camera=(), microphone=(), geolocation=()',
 }
 
-export function sendHtml(res: ServerResponse, status: number, body: SafeHtml): void {
+export function sendHtml(res: ServerResponse, status: number, body: SafeHtml, headers: Record<string, string> = {}): void {
   const text = '<!doctype html>\n' + body.text
   res.statusCode = status
-  for (const [name, value] of Object.entries(SECURITY_HEADERS)) res.setHeader(name, value)
+  for (const [name, value] of Object.entries({ ...SECURITY_HEADERS, ...headers })) res.setHeader(name, value)
   res.setHeader('Cache-Control', 'no-store')
   res.setHeader('Content-Type', 'text/html; charset=utf-8')
   res.setHeader('Content-Length', Buffer.byteLength(text))
   res.end(text)
+}
+
+/**
+ * The security headers with a form-action that also allows `origin`: browsers apply form-action
+ * to the redirects that follow a form post, and the OAuth consent form's answer redirects to the app.
+ */
+export function allowingFormRedirectTo(origin: string): Record<string, string> {
+  return {
+    'Content-Security-Policy': SECURITY_HEADERS['Content-Security-Policy'].replace("form-action 'self'", `form-action 'self' ${origin}`),
+  }
 }
 
 /** 303 after a form post, so reloading the next page does not post again. */

@@ -11,6 +11,7 @@ import { type ApiCall, apiCaller } from './api-calls.ts'
 import { type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
 import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
+import { query as queryOf } from './request.ts'
 import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookies, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
 
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: ApiError }
@@ -30,7 +31,7 @@ export type PageContext = {
   attempt: <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>) => Promise<Attempt<T>>
 }
 
-export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml }
+export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml; headers?: Record<string, string> }
 export type PageHandler = (context: PageContext) => Promise<PageResult>
 
 type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
@@ -102,7 +103,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
               return { ok: false, error: apiError }
             }
           }
-          const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
+          const query = queryOf(req)
           const outcome = await handler({ req, res, services, db, caller, api, frame, form, params: req.params ?? {}, query, attempt })
           return { outcome, frame }
         })
@@ -114,7 +115,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
         })
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
       result.frame.title = result.outcome.title
-      sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content))
+      sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content), result.outcome.headers)
     } catch (error) {
       const apiError = toApiError(error)
       if (apiError.status === 401) {

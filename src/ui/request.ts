@@ -3,7 +3,10 @@
 import type { IncomingMessage } from 'node:http'
 
 export function query(req: IncomingMessage): URLSearchParams {
-  return new URLSearchParams((req.url ?? '').split('?')[1] ?? '')
+  // Everything after the first '?': a value may carry a '?' of its own (an OAuth redirect_uri).
+  const url = req.url ?? ''
+  const at = url.indexOf('?')
+  return new URLSearchParams(at < 0 ? '' : url.slice(at + 1))
 }
 
 /** "Web session: Chrome on Linux", from the User-Agent. */

@@ -8,8 +8,9 @@ import { toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
 import { requestPath, SECURITY_HEADERS, safeReturnPath } from './layout.ts'
 import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
+import { authorizationEndpoint, decideConsent, showConsent } from './pages/authorize.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
-import { deleteOAuthApp, registerOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
+import { deleteOAuthApp, registerOAuthApp, revokeOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { createRole, deleteRole, showRole, showRoles, updateRole } from './pages/roles.ts'
 import {
   confirmTwoFactor,
@@ -125,8 +126,12 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.get('/security/two-factor/recovery-codes', page(showRecoveryCodes))
   app.post('/security/two-factor/disable', page(disableTwoFactor))
 
+  app.get('/oauth/authorize', guard(authorizationEndpoint(services, page(showConsent))))
+  app.post('/oauth/authorize', page(decideConsent(services.config.oauthCodeTtlSeconds)))
+
   app.get('/oauth-apps', page(showOAuthApps))
   app.post('/oauth-apps', page(registerOAuthApp))
+  app.post('/oauth-apps/:id/revoke', page(revokeOAuthApp))
   app.post('/oauth-apps/:id/delete', page(deleteOAuthApp))
 
   app.get('/members', page(showMembers))

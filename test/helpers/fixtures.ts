@@ -96,9 +96,14 @@ export async function mintToken(
   } = {},
 ): Promise<string> {
   const token = newToken()
+  // An OAuth access token belongs to a grant (sql/000012_oauth.sql): one is made for it.
   await client.query(
-    `insert into crm.tokens (user_id, kind, name, token_hash, expires_at, scopes, workspace_id, oauth_app_id)
-     values ($1, $2, 'test', $3, now() + $4::interval, $5, $6, $7)`,
+    `with oauth_grant as (
+       insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at)
+       select $6, $7, $1, $5, now() + $4::interval where $2::text = 'oauth'
+       returning id)
+     insert into crm.tokens (user_id, kind, name, token_hash, expires_at, scopes, workspace_id, oauth_app_id, oauth_grant_id)
+     values ($1, $2, 'test', $3, now() + $4::interval, $5, $6, $7, (select id from oauth_grant))`,
     [
       userId,
       options.kind ?? 'token',

@@ -152,7 +152,7 @@ if (browser) {
     await page.getByRole('alert').waitFor()
     t.match(await page.getByRole('alert').textContent(), /must use https/)
 
-    await page.getByLabel('Redirect URIs').fill('https://zapier.example.com/oauth/callback\nhttp://localhost:8080/callback')
+    await page.getByLabel('Redirect URIs').fill('https://zapier.example.com/oauth/callback\nhttp://127.0.0.1:8080/callback')
     await page.getByRole('button', { name: 'Register app' }).click()
     await page.waitForURL(`${server.url}/oauth-apps`)
     const clientId = await page.getByLabel('Client ID').inputValue()
@@ -164,7 +164,7 @@ if (browser) {
     t.match(
       await card.textContent(),
       new RegExp(
-        `${clientId}[\\s\\S]*…${clientSecret.slice(-4)}[\\s\\S]*https://zapier\\.example\\.com/oauth/callback[\\s\\S]*http://localhost:8080/callback`,
+        `${clientId}[\\s\\S]*…${clientSecret.slice(-4)}[\\s\\S]*https://zapier\\.example\\.com/oauth/callback[\\s\\S]*http://127.0.0.1:8080/callback`,
       ),
     )
     const stored = await withOwner(server.databaseUrl, (client) =>

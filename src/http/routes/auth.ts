@@ -44,8 +44,11 @@ const Scopes = Type.Union([Type.Array(Type.String()), Type.Null()], {
 
 const TokenSummary = Type.Object({
   id: Uuid,
-  kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')]),
+  kind: Type.Union([Type.Literal('token'), Type.Literal('session'), Type.Literal('oauth')], {
+    description: 'oauth: an app the user connected (one entry per authorization; revoking it cuts the app off)',
+  }),
   name: Type.String(),
+  app: Type.Union([Type.Object({ id: Uuid, name: Type.String() }), Type.Null()], { description: 'the connected app (kind oauth)' }),
   scopes: Scopes,
   created_at: Time,
   last_used_at: Type.Union([Time, Type.Null()]),
@@ -161,7 +164,7 @@ export default defineRoutes(
   {
     method: 'GET',
     path: '/api/workspaces',
-    summary: "The caller's workspaces with their role and plan",
+    summary: "The caller's workspaces with their role and plan (an OAuth app's access token: its own workspace only)",
     tag: 'auth',
     auth: 'required',
     scope: 'none',
@@ -175,7 +178,7 @@ export default defineRoutes(
         from crm.memberships m
         join crm.workspaces w on w.id = m.workspace_id
         join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-        where m.user_id = ${caller.userId}
+        where m.user_id = ${caller.userId} ${caller.oauthAppId === null ? sql.fragment`` : sql.fragment`and m.workspace_id = ${caller.workspaceId}`}
         order by m.joined_at
       `)
       return { body: { data: rows } }
@@ -184,17 +187,33 @@ export default defineRoutes(
   {
     method: 'GET',
     path: '/api/tokens',
-    summary: "The caller's tokens and UI sessions (never their values)",
+    summary:
+      "The caller's tokens, UI sessions and connected OAuth apps (never their values); an OAuth app's access token sees only its own authorization",
     tag: 'auth',
     auth: 'required',
     scope: 'none',
     errors: [401, 429],
     response: Type.Object({ data: Type.Array(TokenSummary) }),
     handler: async ({ db, caller }) => {
+      // An app is listed once per authorization (its grant), not per access token: an app that
+      // holds only a refresh token is connected all the same, and revoking the entry cuts it off.
+      // An app's own access token sees its authorization only (the database shows it nothing of
+      // the user's other tokens and apps: tokens_select_own, oauth_grants_select_own_or_admin).
+      const ownGrantOnly =
+        caller.oauthAppId === null
+          ? sql.fragment``
+          : sql.fragment`and g.id = (select t.oauth_grant_id from crm.tokens t where t.id = ${caller.tokenId})`
       const rows = await db.any(sql.type(TokenSummaryRow)`
-        select id, kind, name, scopes, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
+        select id, kind, name, null::json as app, scopes, created_at, last_used_at, expires_at, (id = ${caller.tokenId}) as current
         from crm.tokens
-        where user_id = ${caller.userId} and revoked_at is null and expires_at > now()
+        where user_id = ${caller.userId} and revoked_at is null and expires_at > now() and kind <> 'oauth'
+        union all
+        select g.id, 'oauth', a.name, json_build_object('id', a.id, 'name', a.name), g.scopes, g.created_at,
+               (select max(t.last_used_at) from crm.tokens t where t.workspace_id = g.workspace_id and t.oauth_grant_id = g.id),
+               g.expires_at,
+               exists (select from crm.tokens t where t.id = ${caller.tokenId} and t.oauth_grant_id = g.id)
+        from crm.oauth_grants g join crm.oauth_apps a on a.workspace_id = g.workspace_id and a.id = g.app_id
+        where g.user_id = ${caller.userId} and g.revoked_at is null and g.expires_at > now() ${ownGrantOnly}
         order by created_at desc
       `)
       return { body: { data: rows } }
@@ -261,17 +280,35 @@ export default defineRoutes(
   {
     method: 'DELETE',
     path: '/api/tokens/:id',
-    summary: 'Revoke one token or session of the caller',
+    summary:
+      "Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization); an OAuth app's access token revokes only its own authorization",
     tag: 'auth',
     auth: 'required',
     scope: 'none',
     status: 204,
     errors: [401, 404, 429],
-    handler: async ({ db, params }) => {
+    handler: async ({ db, params, caller }) => {
       if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw new NotFoundError('No such token')
-      const revoked = await db.maybeOne(sql.type(IdRow)`
-        update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null returning id
-      `)
+      // An app's access token revokes its own authorization only: the grant's id or one of its
+      // tokens' (revoking any of them revokes the grant); anything else is not found for it.
+      const ownGrantOnly =
+        caller.oauthAppId === null
+          ? sql.fragment``
+          : sql.fragment`and ${params.id}::uuid in (
+              select g.id from crm.tokens own join crm.oauth_grants g on g.workspace_id = own.workspace_id and g.id = own.oauth_grant_id
+               where own.id = ${caller.tokenId}
+              union all
+              select t.id from crm.tokens own join crm.tokens t on t.workspace_id = own.workspace_id and t.oauth_grant_id = own.oauth_grant_id
+               where own.id = ${caller.tokenId})`
+      // A token (its revocation revokes its grant, for an OAuth access token), else a connected app's grant.
+      const revoked =
+        (await db.maybeOne(sql.type(IdRow)`
+          update crm.tokens set revoked_at = now() where id = ${params.id} and revoked_at is null ${ownGrantOnly} returning id
+        `)) ??
+        (await db.maybeOne(sql.type(IdRow)`
+          update crm.oauth_grants set revoked_at = now()
+          where id = ${params.id} and user_id = ${caller.userId} and revoked_at is null ${ownGrantOnly} returning id
+        `))
       if (!revoked) throw new NotFoundError('No such token')
       return { status: 204 }
     },
@@ -279,14 +316,21 @@ export default defineRoutes(
   {
     method: 'DELETE',
     path: '/api/tokens',
-    summary: 'Revoke every token and session of the caller, this one included',
+    summary:
+      "Revoke every token and session of the caller, this one included, and disconnect every app; an OAuth app's access token disconnects only its own authorization",
     tag: 'auth',
     auth: 'required',
     scope: 'none',
     status: 204,
     errors: [401, 429],
     handler: async ({ db, caller }) => {
+      if (caller.oauthAppId !== null) {
+        // Its own authorization: revoking its token revokes the grant and every token under it.
+        await db.query(sql.unsafe`update crm.tokens set revoked_at = now() where id = ${caller.tokenId} and revoked_at is null`)
+        return { status: 204 }
+      }
       await db.query(sql.unsafe`update crm.tokens set revoked_at = now() where user_id = ${caller.userId} and revoked_at is null`)
+      await db.query(sql.unsafe`update crm.oauth_grants set revoked_at = now() where user_id = ${caller.userId} and revoked_at is null`)
       return { status: 204 }
     },
   },

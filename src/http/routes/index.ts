@@ -7,6 +7,8 @@ import exports from './exports.ts'
 import health from './health.ts'
 import imports from './imports.ts'
 import workspaceAdministration from './members.ts'
+import oauth from './oauth.ts'
+import oauthApps from './oauth-apps.ts'
 import openapi from './openapi.ts'
 import records from './records.ts'
 import search from './search.ts'
@@ -24,6 +26,8 @@ export function allRoutes(): RouteDefinition[] {
     ...imports,
     ...exports,
     ...workspaceAdministration,
+    ...oauthApps,
+    ...oauth,
     ...openapi,
   ]
 }

@@ -8,6 +8,7 @@ import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUr
 import { sql } from '../../db/pool.ts'
 import { Bytes, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
+import { scopeWords } from '../../oauth/scopes.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml, trusted } from '../html.ts'
 import { errorNotice, hiddenCsrf, shownOnce, when } from '../layout.ts'
@@ -29,6 +30,7 @@ type TokenRow = {
   id: string
   kind: 'token' | 'session' | 'oauth'
   name: string
+  app: { id: string; name: string } | null
   scopes: string[] | null
   created_at: string
   last_used_at: string | null
@@ -70,6 +72,25 @@ function tokenTable(tokens: TokenRow[], csrf: string): SafeHtml {
 </table>`
 }
 
+/** Apps the user connected through OAuth (one row per authorization), each with Disconnect. */
+function connectedApps(apps: TokenRow[], csrf: string): SafeHtml {
+  if (apps.length === 0) return html`<p class="muted">No apps are connected. An app you allow on its consent page appears here.</p>`
+  return html`<table>
+  <caption class="sr-only">Connected apps</caption>
+  <thead><tr><th scope="col">App</th><th scope="col">Allowed</th><th scope="col">Connected</th><th scope="col">Last used</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
+  <tbody>
+  ${apps.map(
+    (app) => html`<tr>
+    <th scope="row">${app.name}</th>
+    <td>${(app.scopes ?? []).map((scope) => html`<span class="tag" title="${scopeWords(scope)}">${scope}</span> `)}</td>
+    <td>${when(app.created_at)}</td>
+    <td>${when(app.last_used_at, 'Never')}</td>
+    <td><form method="post" action="/security/tokens/${app.id}/revoke">${hiddenCsrf(csrf)}<button type="submit" class="danger small" aria-label="Disconnect ${app.name}">Disconnect</button></form></td>
+  </tr>`,
+  )}
+  </tbody>
+</table>`
+}
 type NewToken = { name: string; value: string; expires_at: string; scopes?: string[] | null }
 
 type State = {
@@ -82,7 +103,9 @@ type State = {
 
 async function render(context: PageContext, state: State = {}, status = 200): Promise<PageResult> {
   const { api, frame, query } = context
-  const tokens = (await api('GET', '/api/tokens')).data as TokenRow[]
+  const listed = (await api('GET', '/api/tokens')).data as TokenRow[]
+  const tokens = listed.filter((token) => token.kind !== 'oauth')
+  const apps = listed.filter((token) => token.kind === 'oauth')
   const totp = await myTotp(context)
   const done = DONE[query.get('done') ?? '']
   const twoFactorOn = totp?.confirmed === true
@@ -107,8 +130,12 @@ ${
   <form class="actions" method="post" action="/security/tokens/revoke-all">
     ${hiddenCsrf(frame.csrf)}
     <button type="submit" class="danger" aria-describedby="revoke-all-hint">Revoke all</button>
-    <span class="hint muted" id="revoke-all-hint">Stops every API token and signs out every browser, this one included.</span>
+    <span class="hint muted" id="revoke-all-hint">Stops every API token, disconnects every app and signs out every browser, this one included.</span>
   </form>
+</section>
+<section aria-labelledby="apps-heading">
+  <h2 id="apps-heading">Connected apps</h2>
+  ${connectedApps(apps, frame.csrf)}
 </section>
 <div class="two-col">
 <section class="panel" aria-labelledby="new-token-heading">
