@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import type { StatementPool } from '../db/statement-pool.ts'
+import type { StatementPool, StatementQuery } from '../db/statement-pool.ts'
 
 type Query = Parameters<DatabasePool['any']>[0]
 type Row = Record<string, unknown>
@@ -22,14 +22,14 @@ type Row = Record<string, unknown>
 const MAX_NAMED = 256
 const statementNames = new Map<string, string>()
 
-function named<T extends { sql: string }>(query: T): T {
+function named(query: { sql: string; values: readonly unknown[] }): StatementQuery {
   let name = statementNames.get(query.sql)
   if (!name) {
     if (statementNames.size >= MAX_NAMED) return query
     name = `read_${createHash('sha256').update(query.sql).digest('hex').slice(0, 24)}`
     statementNames.set(query.sql, name)
   }
-  return Object.freeze({ ...query, name })
+  return { sql: query.sql, values: query.values, name }
 }
 
 export function singleStatementConnection(
