@@ -10,7 +10,7 @@
 // the records code; samples with no such caller (socket reads, the HTTP parser) form their own area.
 //
 //   node bench/_profile-requests.ts      env: BENCH_DEALS (20,000), SECONDS (4 per round), ROUNDS (3),
-//                                        CONNECTIONS (20), ONLY (a scenario name part), TOP (15),
+//                                        CONNECTIONS (20), ONLY (GET, list, create: comma-separated), TOP (15),
 //                                        PROFILE_DIR (keeps the .cpuprofile files there, for DevTools),
 //                                        LOG_LEVEL (info), SAMPLING_US (200)
 //   COMPARE=../other-checkout node bench/_profile-requests.ts    also that tree's API, in turns with this one's
@@ -253,9 +253,12 @@ async function main(): Promise<void> {
     children.push(baseline.child)
     const auth = { authorization: `Bearer ${admin.token}`, 'x-tenant-slug': slug }
     const output: string[] = []
-    const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)].toFixed(0)
+    const median = (values: number[]) =>
+      `median ${[...values].sort((a, b) => a - b)[Math.floor(values.length / 2)].toFixed(0)}, least ${Math.min(...values).toFixed(0)}`
     const range = (values: number[]) => values.map((value) => value.toFixed(0)).join(', ')
-    for (const scenario of SCENARIOS.filter((one) => !process.env.ONLY || one.name.includes(process.env.ONLY))) {
+    for (const scenario of SCENARIOS.filter(
+      (one) => !process.env.ONLY || process.env.ONLY.split(',').some((part) => one.name.startsWith(part)),
+    )) {
       log(`${scenario.name}: warm-up, ${rounds} unprofiled rounds each side in turns, one profiled round per API`)
       for (const api of apis) await load(api.url, scenario, ids, 2, auth)
       await load(baseline.url, scenario, ids, 1, {})
@@ -267,9 +270,8 @@ async function main(): Promise<void> {
           apiCpu[index].push(await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth)))
       }
       output.push(`## ${scenario.name}`, '', `CPU per request (/proc, user + system), rounds of ${seconds} s in turns:`, '')
-      for (const [index, api] of apis.entries())
-        output.push(`- API, ${api.label}: median ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
-      output.push(`- baseline: median ${median(baselineCpu)} µs (${range(baselineCpu)})`, '')
+      for (const [index, api] of apis.entries()) output.push(`- API, ${api.label}: ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
+      output.push(`- baseline: ${median(baselineCpu)} µs (${range(baselineCpu)})`, '')
       for (const api of apis) {
         await ask(api.child, { do: 'start' })
         let requests = 0

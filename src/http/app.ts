@@ -23,7 +23,7 @@ import {
   type Services,
   validateBody,
 } from './route.ts'
-import { singleStatementConnection } from './single-statement.ts'
+import { SingleStatementConnection } from './single-statement.ts'
 import { createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -197,7 +197,7 @@ export function createApp(
       : admission
           .run(() => {
             if (definition.singleStatement && statements) {
-              const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
+              const db = new SingleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
               return definition
                 .handler({
                   ...base,
