@@ -23,6 +23,7 @@ import {
   type Services,
   validateBody,
 } from './route.ts'
+import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
 import { createWorkspaceSlots } from './workspace-slots.ts'
 
@@ -137,6 +138,7 @@ export function createApp(
     app[method](definition.path, (req: IncomingMessage, res: ServerResponse) => runRoute(definition, req as Request, res))
   }
   extra.pages?.(app)
+  indexRoutes(app as unknown as Router)
 
   async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
     // An anonymous client is refused before its body is read; the body is read whole, under its
