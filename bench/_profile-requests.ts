@@ -14,9 +14,10 @@
 //                                        PROFILE_DIR (keeps the .cpuprofile files there, for DevTools),
 //                                        LOG_LEVEL (info), SAMPLING_US (200)
 //   COMPARE=../other-checkout node bench/_profile-requests.ts    also that tree's API, in turns with this one's
+//   node bench/_profile-requests.ts --analyse <file.cpuprofile> <requests> <µs CPU per request>   a kept profile again
 // The machine's load moves the figures: compare runs made in turns, and read them as indicative.
 import { type ChildProcess, spawn } from 'node:child_process'
-import { mkdirSync, writeFileSync } from 'node:fs'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -307,4 +308,8 @@ async function main(): Promise<void> {
 
 const [mode, ...args] = process.argv.slice(2)
 if (mode === '--serve-api') await serveApi(args[0], args[1])
-else await main()
+else if (mode === '--analyse') {
+  // A kept profile again: node bench/_profile-requests.ts --analyse file.cpuprofile <requests> <µs CPU per request>
+  const profile = JSON.parse(readFileSync(args[0], 'utf8')) as CpuProfile
+  process.stdout.write(analyse(profile, Number(args[1]), Number(args[2]), Number(process.env.TOP ?? 15)).join('\n') + '\n')
+} else await main()
