@@ -147,7 +147,7 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
   }
 }
 
-async function seedDeals(
+export async function seedDeals(
   client: pg.Client,
   workspaceId: string,
   ownerId: string,

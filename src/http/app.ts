@@ -23,7 +23,8 @@ import {
   type Services,
   validateBody,
 } from './route.ts'
-import { singleStatementConnection } from './single-statement.ts'
+import { indexRoutes, type Router } from './route-index.ts'
+import { SingleStatementConnection } from './single-statement.ts'
 import { createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -137,6 +138,7 @@ export function createApp(
     app[method](definition.path, (req: IncomingMessage, res: ServerResponse) => runRoute(definition, req as Request, res))
   }
   extra.pages?.(app)
+  indexRoutes(app as unknown as Router)
 
   async function runRoute(definition: RouteDefinition, req: Request, res: ServerResponse): Promise<void> {
     // An anonymous client is refused before its body is read; the body is read whole, under its
@@ -197,7 +199,7 @@ export function createApp(
       : admission
           .run(() => {
             if (definition.singleStatement && statements) {
-              const db = singleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
+              const db = new SingleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
               return definition
                 .handler({
                   ...base,

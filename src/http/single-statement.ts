@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import type { StatementPool } from '../db/statement-pool.ts'
+import type { StatementPool, StatementQuery } from '../db/statement-pool.ts'
 
 type Query = Parameters<DatabasePool['any']>[0]
 type Row = Record<string, unknown>
@@ -22,66 +22,95 @@ type Row = Record<string, unknown>
 const MAX_NAMED = 256
 const statementNames = new Map<string, string>()
 
-function named<T extends { sql: string }>(query: T): T {
+function named(query: { sql: string; values: readonly unknown[] }): StatementQuery {
   let name = statementNames.get(query.sql)
   if (!name) {
     if (statementNames.size >= MAX_NAMED) return query
     name = `read_${createHash('sha256').update(query.sql).digest('hex').slice(0, 24)}`
     statementNames.set(query.sql, name)
   }
-  return Object.freeze({ ...query, name })
+  return { sql: query.sql, values: query.values, name }
 }
 
-export function singleStatementConnection(
-  pool: StatementPool,
-  authentication: ReturnType<StatementAuthenticator>,
-  onCaller: (caller: Caller) => void,
-) {
-  let caller: Caller | null = null
-  let sent = false
+/**
+ * One request's connection. A class rather than closures: a read creates one object per request
+ * instead of a dozen functions (profiled on GET one).
+ */
+export class SingleStatementConnection {
+  #pool: StatementPool
+  #authentication: ReturnType<StatementAuthenticator>
+  #onCaller: (caller: Caller) => void
+  #caller: Caller | null = null
+  #sent = false
 
-  const rowsOf = async (query: Query): Promise<Row[]> => {
-    if (sent) throw new Error('a single-statement route sent a second query')
-    sent = true
-    const answer = authentication.unwrap(await pool.rows(named(authentication.wrap(query as never))))
-    caller = answer.caller
-    onCaller(caller)
+  constructor(pool: StatementPool, authentication: ReturnType<StatementAuthenticator>, onCaller: (caller: Caller) => void) {
+    this.#pool = pool
+    this.#authentication = authentication
+    this.#onCaller = onCaller
+  }
+
+  async #rowsOf(query: Query): Promise<Row[]> {
+    if (this.#sent) throw new Error('a single-statement route sent a second query')
+    this.#sent = true
+    const answer = this.#authentication.unwrap(await this.#pool.rows(named(this.#authentication.wrap(query as never))))
+    this.#caller = answer.caller
+    this.#onCaller(answer.caller)
     return answer.rows
   }
-  const first = (row: Row) => row[Object.keys(row)[0]]
-  const exactlyOne = (rows: Row[], query: Query): Row => {
-    if (rows.length === 0) throw new NotFoundError('Resource not found.', query as never)
-    if (rows.length > 1) throw new DataIntegrityError('Query returns more than one row.', query as never)
-    return rows[0]
-  }
-  const atMostOne = (rows: Row[], query: Query): Row | null => {
-    if (rows.length > 1) throw new DataIntegrityError('Query returns more than one row.', query as never)
-    return rows[0] ?? null
+
+  async any(query: Query): Promise<Row[]> {
+    return this.#rowsOf(query)
   }
 
-  const connection = {
-    any: async (query: Query) => rowsOf(query),
-    anyFirst: async (query: Query) => (await rowsOf(query)).map(first),
-    one: async (query: Query) => exactlyOne(await rowsOf(query), query),
-    oneFirst: async (query: Query) => first(exactlyOne(await rowsOf(query), query)),
-    maybeOne: async (query: Query) => atMostOne(await rowsOf(query), query),
-    maybeOneFirst: async (query: Query) => {
-      const row = atMostOne(await rowsOf(query), query)
-      return row ? first(row) : null
-    },
+  async anyFirst(query: Query): Promise<unknown[]> {
+    return (await this.#rowsOf(query)).map(first)
   }
-  return {
-    connection: connection as unknown as DatabaseTransactionConnection,
-    /**
-     * For a handler that failed before sending its query (a malformed id, a bad filter):
-     * authenticate on its own, so a bad token still answers 401 first and the request is counted.
-     */
-    authenticateIfNotSent: async (): Promise<void> => {
-      if (!sent) await rowsOf(sql.unsafe`select null where false`)
-    },
-    caller: (): Caller => {
-      if (!caller) throw new Error('a single-statement route read the caller before its query')
-      return caller
-    },
+
+  async one(query: Query): Promise<Row> {
+    return exactlyOne(await this.#rowsOf(query), query)
   }
+
+  async oneFirst(query: Query): Promise<unknown> {
+    return first(exactlyOne(await this.#rowsOf(query), query))
+  }
+
+  async maybeOne(query: Query): Promise<Row | null> {
+    return atMostOne(await this.#rowsOf(query), query)
+  }
+
+  async maybeOneFirst(query: Query): Promise<unknown> {
+    const row = atMostOne(await this.#rowsOf(query), query)
+    return row ? first(row) : null
+  }
+
+  /** The connection as the handler sees it (the methods above are the ones a handler may call). */
+  get connection(): DatabaseTransactionConnection {
+    return this as unknown as DatabaseTransactionConnection
+  }
+
+  /**
+   * For a handler that failed before sending its query (a malformed id, a bad filter):
+   * authenticate on its own, so a bad token still answers 401 first and the request is counted.
+   */
+  async authenticateIfNotSent(): Promise<void> {
+    if (!this.#sent) await this.#rowsOf(sql.unsafe`select null where false`)
+  }
+
+  caller(): Caller {
+    if (!this.#caller) throw new Error('a single-statement route read the caller before its query')
+    return this.#caller
+  }
+}
+
+const first = (row: Row) => row[Object.keys(row)[0]]
+
+function exactlyOne(rows: Row[], query: Query): Row {
+  if (rows.length === 0) throw new NotFoundError('Resource not found.', query as never)
+  if (rows.length > 1) throw new DataIntegrityError('Query returns more than one row.', query as never)
+  return rows[0]
+}
+
+function atMostOne(rows: Row[], query: Query): Row | null {
+  if (rows.length > 1) throw new DataIntegrityError('Query returns more than one row.', query as never)
+  return rows[0] ?? null
 }

@@ -3,7 +3,7 @@
 // The queries name only the id: the policies add workspace_id = (select crm.current_workspace_id()),
 // which with the id makes the primary-key lookup. Repeating it here would evaluate the request
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
-import { createHash } from 'node:crypto'
+import { hash } from 'node:crypto'
 import Type, { type Static } from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
@@ -20,9 +20,9 @@ const RecordJsonSchema = Type.Object({ id: Type.String() })
 export type RecordJson = Record<string, unknown> & Static<typeof RecordJsonSchema>
 const RecordRow = rowType(Type.Object({ record: RecordJsonSchema }))
 
-/** A strong ETag over the record's JSON: it changes exactly when the representation does. */
+/** A strong ETag over the record's JSON: it changes exactly when the representation does (one-shot hash, no Hash object). */
 export function etagOf(record: unknown): string {
-  return `"${createHash('sha256').update(JSON.stringify(record)).digest('base64url').slice(0, 27)}"`
+  return `"${hash('sha256', JSON.stringify(record), 'base64url').slice(0, 27)}"`
 }
 
 /** RFC 9110 If-Match: "*" or a list of strong tags; weak tags never match. */
