@@ -92,7 +92,16 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
     if (rolsuper || rolbypassrls) {
       throw new Error(`the role ${roleName} is a superuser or bypasses row-level security; the service refuses to run as it`)
     }
-    if (!rolcanlogin || !(await canLogIn(url))) {
+    // A role without any password yet (a fresh database) is given one without first trying to log
+    // in: that attempt would only put a FATAL "password authentication failed" in the server's log.
+    // pg_authid is readable by a superuser owner; any other owner finds out by trying.
+    const passwordSet = await owner
+      .query<{ set: boolean }>('select rolpassword is not null as set from pg_authid where rolname = $1', [roleName])
+      .then(
+        (result) => result.rows[0]?.set ?? null,
+        () => null,
+      )
+    if (!rolcanlogin || passwordSet === false || !(await canLogIn(url))) {
       await alterUnlessDoneMeanwhile(owner, `alter role ${role} login password ${owner.escapeLiteral(password)}`, () => canLogIn(url))
     }
     const current = new Set(setconfig ?? [])
