@@ -2110,6 +2110,28 @@ $function$;
 comment on function crm.csv_cell(value text) is 'One RFC 4180 CSV cell: quoted when it holds a quote, a comma or a line break; null is empty.';
 grant execute on function crm.csv_cell(value text) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.csv_text_cell(value text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  -- strpos, not a regular expression, as in crm.csv_cell.
+  select case
+    when value is null then ''
+    when left(value, 1) in ('=', '+', '-', '@', E'\t', E'\r') then
+      case
+        when strpos(value, '"') > 0 or strpos(value, ',') > 0 or strpos(value, E'\n') > 0 or strpos(value, E'\r') > 0
+          then '"''' || replace(value, '"', '""') || '"'
+        else '''' || value
+      end
+    when strpos(value, '"') > 0 or strpos(value, ',') > 0 or strpos(value, E'\n') > 0 or strpos(value, E'\r') > 0
+      then '"' || replace(value, '"', '""') || '"'
+    else value
+  end
+$function$;
+comment on function crm.csv_text_cell(value text) is 'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a formula), then RFC 4180 quoting; null is empty.';
+grant execute on function crm.csv_text_cell(value text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
  LANGUAGE plpgsql

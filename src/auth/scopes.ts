@@ -28,7 +28,7 @@ export const SCOPE_DESCRIPTIONS: Record<TokenScope, string> = {
   'deals:write': 'Create, change, delete and import deals (and see them)',
   'webhooks:manage': 'Manage webhook subscriptions and read their deliveries (admins)',
   'workspace:admin': 'Manage members, roles, teams, invitations and OAuth apps (admins)',
-  offline_access: 'Stay connected: receive a refresh token (OAuth apps only)',
+  offline_access: 'Stay connected: receive a refresh token, so the app keeps access until you disconnect it',
 }
 
 /** The scopes a personal token may carry (offline_access means a refresh token: OAuth only). */

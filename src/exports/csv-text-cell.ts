@@ -7,9 +7,9 @@ type Fragment = ReturnType<typeof sql.fragment>
 
 const FORMULA_START = /^[=+\-@\t\r]/
 
-/** A text cell in SQL: the formula guard, then crm.csv_cell's RFC 4180 quoting. */
+/** A text cell in SQL: crm.csv_text_cell, the formula guard and RFC 4180 quoting in one inlinable function. */
 export function csvTextCellSql(value: Fragment): Fragment {
-  return sql.fragment`crm.csv_cell(case when left(${value}, 1) in ('=', '+', '-', '@', chr(9), chr(13)) then '''' || ${value} else ${value} end)`
+  return sql.fragment`crm.csv_text_cell(${value})`
 }
 
 /** The same cell written in TypeScript (header rows). */
