@@ -45,7 +45,7 @@ revoke execute on function crm.scopes_include(text[], text) from public;
 grant execute on function crm.scopes_include(text[], text) to crm_api;
 
 -- =============================================================================================
--- The request context and its proof, now with the token's scopes and app
+-- The request context and its proof: user, workspace, the token's scopes and app
 --
 -- The message: user / workspace / scopes / app / backend pid / transaction start. Scopes are the
 -- text of the array ('' when unscoped), the app its uuid ('' for none); a null in any part makes
