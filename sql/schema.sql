@@ -690,6 +690,7 @@ create table crm.memberships (
   role_id uuid not null,
   suspended_at timestamp with time zone,
   joined_at timestamp with time zone default now() not null,
+  access_version bigint default 0 not null,
   constraint memberships_pkey PRIMARY KEY (workspace_id, user_id),
   constraint memberships_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE,
   constraint memberships_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -701,7 +702,10 @@ CREATE INDEX memberships_role_idx ON crm.memberships USING btree (workspace_id, 
 CREATE INDEX memberships_user_idx ON crm.memberships USING btree (user_id, joined_at);
 CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__check_seats();
 CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
+CREATE TRIGGER tg_memberships__next_access_version_insert BEFORE INSERT ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__next_access_version();
+CREATE TRIGGER tg_memberships__next_access_version_update BEFORE UPDATE OF role_id, suspended_at, access_version ON crm.memberships FOR EACH ROW WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at)) OR (old.access_version IS DISTINCT FROM new.access_version))) EXECUTE FUNCTION crm.tg_memberships__next_access_version();
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
+comment on column crm.memberships.access_version is 'A new value from crm.access_versions in the transaction that changes what the membership grants (its role or suspension, the role''s admin flag or grants) or creates it; a cached identity is refused once it moved (crm.resume_identity). Never set by hand: any write to it draws the next value.';
 create policy memberships_all_owner on crm.memberships as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -860,6 +864,7 @@ create unlogged table crm.rate_limit_counters (
 alter table crm.rate_limit_counters enable row level security;
 alter table crm.rate_limit_counters force row level security;
 comment on table crm.rate_limit_counters is 'Requests per user per clock-aligned minute, shared by every API process.';
+comment on column crm.rate_limit_counters.backend_pid is 'Whose count the row holds: a positive PostgreSQL backend pid (crm.authenticate and crm.count_request count a request in the backend that ran it), or a negative API process counter id (crm.settle_request_counts: each process picks a random negative integer at start, so it never meets a backend pid; two processes drawing the same one would only share a row, and the totals stay right).';
 create policy rate_limit_counters_all_owner on crm.rate_limit_counters as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -894,6 +899,9 @@ create table crm.role_grants (
 );
 alter table crm.role_grants enable row level security;
 alter table crm.role_grants force row level security;
+CREATE TRIGGER tg_role_grants__bump_access_versions_delete AFTER DELETE ON crm.role_grants REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__bump_access_versions_insert AFTER INSERT ON crm.role_grants REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__bump_access_versions_update AFTER UPDATE ON crm.role_grants REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
 CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants FOR EACH ROW EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
 comment on table crm.role_grants is 'resource:action:scope grants of a role; one scope per resource and action.';
 create policy role_grants_all_owner on crm.role_grants as permissive for all to crm_owner
@@ -923,6 +931,7 @@ create table crm.roles (
 );
 alter table crm.roles enable row level security;
 alter table crm.roles force row level security;
+CREATE TRIGGER tg_roles__bump_access_versions AFTER UPDATE ON crm.roles REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_roles__bump_access_versions();
 CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
 CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__protect_builtin();
 CREATE TRIGGER tg_roles__refuse_delete_in_use BEFORE DELETE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__refuse_delete_in_use();
@@ -1429,6 +1438,11 @@ UNION ALL
   WHERE b.is_admin AND (s.scope = ANY (b.scopes));
 comment on view crm.token_access is 'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
 
+-- Sequences
+
+create sequence crm.access_versions as bigint increment by 1 minvalue 1 maxvalue 9223372036854775807 start with 1 cache 1;
+comment on sequence crm.access_versions is 'The values of memberships.access_version.';
+
 -- Functions
 
 CREATE OR REPLACE FUNCTION crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
@@ -1584,7 +1598,7 @@ $function$;
 comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
- RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid)
+ RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint)
  LANGUAGE sql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
@@ -1601,7 +1615,7 @@ AS $function$
   -- The workspace named by the slug; without one, the last used, else the oldest joined, an active
   -- membership preferred over a suspended one. A bound token knows only its workspace.
   member as (
-    select m.workspace_id, m.suspended_at, w.slug, r.is_admin
+    select m.workspace_id, m.suspended_at, m.access_version, w.slug, r.is_admin
       from caller c
       join crm.memberships m on m.user_id = c.user_id
       join crm.workspaces w on w.id = m.workspace_id
@@ -1613,7 +1627,7 @@ AS $function$
   ),
   verdict as (
     select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, c.scopes, c.oauth_app_id,
-           m.workspace_id, m.slug, m.is_admin,
+           m.workspace_id, m.slug, m.is_admin, m.access_version,
            case
              when c.user_id is null then 'token_invalid'
              when c.revoked_at is not null then 'token_revoked'
@@ -1631,9 +1645,9 @@ AS $function$
       left join member m on true
   ),
   -- A request that passed the checks counts: this backend's counter goes up, and the other
-  -- backends' counters for the same user and minute are added (this statement's snapshot does not
-  -- see its own insert, so the new count comes from RETURNING). Counted per user, whatever the
-  -- token: a scoped token or an app's access token shares its user's limit.
+  -- counters for the same user and minute are added (this statement's snapshot does not see its
+  -- own insert, so the new count comes from RETURNING). Counted per user, whatever the token: a
+  -- scoped token or an app's access token shares its user's limit.
   bumped as (
     insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
     select v.user_id, date_trunc('minute', now()), pg_backend_pid(), 1 from verdict v where v.failure is null
@@ -1675,12 +1689,12 @@ AS $function$
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
          greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
-         a.scopes, a.oauth_app_id
+         a.scopes, a.oauth_app_id, a.access_version
     from counted k
     left join admitted a on true
     left join context x on true
 $function$;
-comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused.';
+comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
@@ -2155,13 +2169,11 @@ grant execute on function crm.current_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  RETURNS uuid
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-begin
-  return (crm.verified_context()).oauth_app_id;
-end
+  select (crm.verified_context()).oauth_app_id
 $function$;
 comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
@@ -2201,13 +2213,11 @@ grant execute on function crm.current_team_user_ids() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-begin
-  return (crm.verified_context()).user_id;
-end
+  select (crm.verified_context()).user_id
 $function$;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
@@ -2224,13 +2234,11 @@ grant execute on function crm.current_via() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-begin
-  return (crm.verified_context()).workspace_id;
-end
+  select (crm.verified_context()).workspace_id
 $function$;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
@@ -3540,6 +3548,55 @@ $function$;
 comment on function crm.require_webhook_admin() is 'Raises CR403 forbidden unless the caller is an admin of the current workspace whose token may manage webhooks.';
 grant execute on function crm.require_webhook_admin() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
+ RETURNS TABLE(failure text, user_id uuid)
+ LANGUAGE sql
+ SECURITY DEFINER ROWS 1
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+AS $function$
+  with admitted as materialized (
+    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, u.last_workspace_id
+      from crm.tokens t
+      join crm.users u on u.id = t.user_id
+      join crm.memberships m on m.workspace_id = p_workspace_id and m.user_id = t.user_id
+     where t.token_hash = p_token_hash
+       and t.revoked_at is null and t.expires_at > now()
+       and (t.kind <> 'session' or p_via = 'ui')
+       and (t.workspace_id is null or t.workspace_id = p_workspace_id)
+       and u.suspended_at is null
+       and (t.kind = 'session' or u.api_access)
+       and m.access_version = p_access_version
+       and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id)
+  ),
+  -- The proven context as crm.authenticate sets it, and the same bookkeeping.
+  context as materialized (
+    select set_config('crm.user_id', a.user_id::text, true) as user_id,
+           set_config('crm.workspace_id', p_workspace_id::text, true) as workspace_id,
+           set_config('crm.via', coalesce(p_via, 'api'), true) as via,
+           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
+           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
+           set_config('crm.context_proof', encode(public.hmac(
+             crm.context_message(a.user_id::text, p_workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
+             (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
+             'sha256'), 'hex'), true) as proof,
+           case when a.last_workspace_id is distinct from p_workspace_id
+                  or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
+                then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,
+                                      a.token_id, a.last_used_at is null or a.last_used_at < now() - interval '1 minute')
+                else true
+           end as touched
+      from admitted a
+  )
+  select case when x.proof is not null and x.touched then null else 'stale' end,
+         case when x.proof is not null and x.touched then x.user_id::uuid end
+    from (select) as always_one_row
+    left join context x on true
+$function$;
+comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is 'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
+grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3734,6 +3791,72 @@ begin
 end
 $function$;
 comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
+
+CREATE OR REPLACE FUNCTION crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
+ RETURNS TABLE(user_id uuid, total integer)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_now_window constant timestamptz := date_trunc('minute', now());
+  v_lock_class constant integer := hashtext('crm.settle_request_counts');
+  v_key integer;
+begin
+  if p_source is null or p_source >= 0 then
+    raise exception 'crm.settle_request_counts: the counter id must be a negative integer (positive ones are backend pids), got %', p_source
+      using errcode = '22023';
+  end if;
+  if p_window_start is null or p_window_start <> date_trunc('minute', p_window_start) then
+    raise exception 'crm.settle_request_counts: the window must start on a whole minute, got %', p_window_start
+      using errcode = '22023';
+  end if;
+  -- The window that just ended (its last counts settle after the minute turns), the current one,
+  -- or the next (the process's clock a little ahead of the database's); anything else is a clock
+  -- that is wrong.
+  if p_window_start < v_now_window - interval '1 minute' or p_window_start > v_now_window + interval '1 minute' then
+    raise exception 'crm.settle_request_counts: the window % is more than a minute from the database''s current window %; check the clocks',
+      p_window_start, v_now_window
+      using errcode = '22023';
+  end if;
+  if p_user_ids is null or p_counts is null
+     or coalesce(array_length(p_user_ids, 1), 0) <> coalesce(array_length(p_counts, 1), 0) then
+    raise exception 'crm.settle_request_counts: p_user_ids and p_counts must be arrays of equal length, got % and %',
+      array_length(p_user_ids, 1), array_length(p_counts, 1)
+      using errcode = '22023';
+  end if;
+  if array_position(p_user_ids, null) is not null or array_position(p_counts, null) is not null
+     or exists (select from unnest(p_counts) c where c < 0) then
+    raise exception 'crm.settle_request_counts: user ids must not be null and counts must be 0 or more'
+      using errcode = '22023';
+  end if;
+
+  -- One user at a time across every process, in one order (the lock keys sorted), so two
+  -- settlements of overlapping users cannot deadlock.
+  for v_key in select distinct hashtext(u::text) as k from unnest(p_user_ids) u order by k loop
+    perform pg_advisory_xact_lock(v_lock_class, v_key);
+  end loop;
+
+  -- A user named twice gets the sum of their counts; 0 asks only for the total.
+  insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
+  select g.user_id, p_window_start, p_source, g.count
+    from (select u.user_id, sum(u.count)::integer as count
+            from unnest(p_user_ids, p_counts) as u (user_id, count)
+           group by u.user_id) g
+   where g.count > 0
+  on conflict on constraint rate_limit_counters_pkey do update set count = rc.count + excluded.count;
+
+  -- One join for every user: the planner picks index probes for a few users, one pass over the
+  -- table (a few minutes of rows) for many.
+  return query
+    select u.user_id, coalesce(sum(c.count), 0)::integer
+      from (select distinct x.user_id from unnest(p_user_ids) as x (user_id)) u
+      left join crm.rate_limit_counters c on c.user_id = u.user_id and c.window_start = p_window_start
+     group by u.user_id;
+end
+$function$;
+comment on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) is 'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
+grant execute on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
  RETURNS TABLE(failure text, two_factor boolean, id uuid, expires_at timestamp with time zone)
@@ -4150,6 +4273,19 @@ $function$;
 comment on function crm.tg_memberships__keep_an_admin() is 'A workspace always keeps at least one active admin.';
 grant execute on function crm.tg_memberships__keep_an_admin() to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.tg_memberships__next_access_version()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  new.access_version := nextval('crm.access_versions');
+  return new;
+end
+$function$;
+comment on function crm.tg_memberships__next_access_version() is 'A membership created, or its role, suspension or version written: it takes the next access version, and cached identities of it are stale.';
+
 CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__revoke_tokens()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -4164,6 +4300,32 @@ end
 $function$;
 comment on function crm.tg_oauth_grants__revoke_tokens() is 'A revoked grant revokes its access tokens (its refresh tokens and code check the grant).';
 grant execute on function crm.tg_oauth_grants__revoke_tokens() to public;
+
+CREATE OR REPLACE FUNCTION crm.tg_role_grants__bump_access_versions()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- One function for the three events: each branch reads only the transition tables its event has.
+  if tg_op = 'INSERT' then
+    update crm.memberships m set access_version = m.access_version + 1
+      from (select distinct n.workspace_id, n.role_id from new_rows n) r
+     where m.workspace_id = r.workspace_id and m.role_id = r.role_id;
+  elsif tg_op = 'DELETE' then
+    update crm.memberships m set access_version = m.access_version + 1
+      from (select distinct o.workspace_id, o.role_id from old_rows o) r
+     where m.workspace_id = r.workspace_id and m.role_id = r.role_id;
+  else
+    update crm.memberships m set access_version = m.access_version + 1
+      from (select n.workspace_id, n.role_id from new_rows n union select o.workspace_id, o.role_id from old_rows o) r
+     where m.workspace_id = r.workspace_id and m.role_id = r.role_id;
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_role_grants__bump_access_versions() is 'A role''s grants changed: its members'' cached identities are stale.';
 
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__protect_builtin()
  RETURNS trigger
@@ -4182,6 +4344,21 @@ end
 $function$;
 comment on function crm.tg_role_grants__protect_builtin() is 'Refuses grant changes on built-in roles after their creation transaction.';
 grant execute on function crm.tg_role_grants__protect_builtin() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_roles__bump_access_versions()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  update crm.memberships m set access_version = m.access_version + 1
+    from new_rows n join old_rows o on o.workspace_id = n.workspace_id and o.id = n.id
+   where n.is_admin is distinct from o.is_admin and m.workspace_id = n.workspace_id and m.role_id = n.id;
+  return null;
+end
+$function$;
+comment on function crm.tg_roles__bump_access_versions() is 'A role''s admin flag changed: its members'' cached identities are stale.';
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__keep_an_admin()
  RETURNS trigger
@@ -4437,32 +4614,22 @@ grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_a
 
 CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
  RETURNS record
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_user text := current_setting('crm.user_id', true);
-  v_workspace text := current_setting('crm.workspace_id', true);
-  v_scopes text := coalesce(current_setting('crm.scopes', true), '');
-  v_app text := coalesce(current_setting('crm.oauth_app_id', true), '');
-  v_proof text := current_setting('crm.context_proof', true);
-begin
-  if v_proof is null or v_proof = '' or v_user !~ '^[0-9a-f-]{36}$' or v_workspace !~ '^[0-9a-f-]{36}$'
-     or (v_app <> '' and v_app !~ '^[0-9a-f-]{36}$') then
-    return;
-  end if;
-  if encode(public.hmac(crm.context_message(v_user, v_workspace, v_scopes, v_app),
-                        (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-                        'sha256'), 'hex') is distinct from v_proof then
-    return;
-  end if;
-  user_id := v_user::uuid;
-  workspace_id := v_workspace::uuid;
-  -- Only a proven value gets here, and only crm.set_context and crm.authenticate write one.
-  scopes := nullif(v_scopes, '')::text[];
-  oauth_app_id := nullif(v_app, '')::uuid;
-end
+  -- One row always (PL/pgSQL callers assign it to a record); offset 0 keeps the check one
+  -- computation rather than one per column.
+  select case when v.proven then c.u::uuid end, case when v.proven then c.w::uuid end,
+         case when v.proven then nullif(c.s, '')::text[] end, case when v.proven then nullif(c.a, '')::uuid end
+    from (select current_setting('crm.user_id', true) as u, current_setting('crm.workspace_id', true) as w,
+                 coalesce(current_setting('crm.scopes', true), '') as s,
+                 coalesce(current_setting('crm.oauth_app_id', true), '') as a,
+                 current_setting('crm.context_proof', true) as p) c,
+         lateral (select encode(public.hmac(crm.context_message(c.u, c.w, c.s, c.a),
+                                            (select k.value from crm.internal_secrets k where k.name = 'context_proof'),
+                                            'sha256'), 'hex') = c.p as proven
+                  offset 0) v
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 

@@ -26,6 +26,13 @@ export type Config = {
   /** OAUTH_CODE_TTL_SECONDS: an authorization code's lifetime, 60 s; tests shorten it (the database caps it at 60). */
   oauthCodeTtlSeconds: number
   rateLimitPerMinute: number
+  /**
+   * RATE_LIMIT_BATCH: requests a process admits per user before it settles them in PostgreSQL
+   * (src/auth/rate-limit.ts); the overshoot across N processes grows with it (docs/decisions.md).
+   */
+  rateLimitBatch: number
+  /** RATE_LIMIT_SETTLE_MS: how often a process settles the request counts it holds. */
+  rateLimitSettleMs: number
   /** Per client address on the unauthenticated routes, counted in each API process. */
   unauthenticatedRateLimitPerMinute: number
   /** Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed; empty: none. */
@@ -169,6 +176,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   const smtpUrl = env.SMTP_URL || null
   if (smtpUrl !== null && !/^smtps?:\/\//.test(smtpUrl)) problems.push('SMTP_URL: expected smtp:// or smtps://')
 
+  const rateLimitPerMinute = integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000)
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
@@ -182,7 +190,9 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     publicBaseUrl,
     tokenTtlDays: integer('TOKEN_TTL_DAYS', 14, 1, 3650),
     oauthCodeTtlSeconds: integer('OAUTH_CODE_TTL_SECONDS', 60, 1, 60),
-    rateLimitPerMinute: integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000),
+    rateLimitPerMinute,
+    rateLimitBatch: integer('RATE_LIMIT_BATCH', defaultRateLimitBatch(rateLimitPerMinute), 1, rateLimitPerMinute),
+    rateLimitSettleMs: integer('RATE_LIMIT_SETTLE_MS', 250, 10, 10_000),
     unauthenticatedRateLimitPerMinute: integer('UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE', 60, 1, 1_000_000),
     trustProxy,
     webhook: {
@@ -204,6 +214,11 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config
+}
+
+/** A process settles a user's requests at least every 1 % of the limit (600 a minute: every 6). */
+export function defaultRateLimitBatch(limit: number): number {
+  return Math.max(1, Math.ceil(limit / 100))
 }
 
 /** Local runs keep a generated secret under the data directory so sessions survive restarts. */

@@ -2,6 +2,8 @@
 // and the worker; and stops it in the reverse order, finishing in-flight work first.
 import type { AddressInfo } from 'node:net'
 import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
+import { IdentityCache } from './auth/identity-cache.ts'
+import { createRequestRateLimit, createSettleRequestCounts, type RequestRateLimit } from './auth/rate-limit.ts'
 import type { Config } from './config.ts'
 import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
@@ -65,6 +67,8 @@ export async function startService(options: {
 
   let url = ''
   let closeServer = async () => {}
+  let rateLimit: RequestRateLimit | null = null
+  let settlePool: DatabasePool | null = null
   if (options.api !== false) {
     const services = {
       config,
@@ -75,9 +79,25 @@ export async function startService(options: {
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
     }
     const routes = allRoutes()
-    const app = createApp(services, routes, createAuthenticator(config), {
+    // One identity cache and one rate-limit count for the process's API routes (the UI's pages
+    // authenticate in full: a person's clicks are not worth a cache).
+    // Settlements have a connection of their own: a request that waits for one (its user's batch
+    // is full) may hold a connection of the API's pool, and must not wait for it.
+    settlePool = await createDatabasePool(runtimeUrl, { maxPoolSize: 1 })
+    rateLimit = createRequestRateLimit({
+      limit: config.rateLimitPerMinute,
+      batch: config.rateLimitBatch,
+      intervalMs: config.rateLimitSettleMs,
+      settle: createSettleRequestCounts(settlePool),
+      onError: (error) =>
+        logger.warn('rate-limit counts could not be settled; kept for the next try', {
+          error: error instanceof Error ? error.message : String(error),
+        }),
+    })
+    const authentication = { identities: new IdentityCache(), rateLimit }
+    const app = createApp(services, routes, createAuthenticator(config, undefined, authentication), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
-      statements: { authenticate: createStatementAuthenticator(config), pool: statementPool },
+      statements: { authenticate: createStatementAuthenticator(config, undefined, authentication), pool: statementPool },
       checkCredential: createCredentialCheck(),
     })
     await new Promise<void>((resolve, reject) => {
@@ -102,6 +122,14 @@ export async function startService(options: {
   const stop = () =>
     (stopping ??= (async () => {
       await closeServer()
+      // The counts of the last requests reach the database before the pool closes.
+      rateLimit?.stop()
+      await rateLimit
+        ?.flush()
+        .catch((error: unknown) =>
+          logger.warn('rate-limit counts lost at stop', { error: error instanceof Error ? error.message : String(error) }),
+        )
+      await settlePool?.end()
       await worker?.stop()
       await Promise.all([pool.end(), statementPool.end()])
       await database.stop()

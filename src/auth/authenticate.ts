@@ -1,6 +1,11 @@
-// Per-request authentication: one SQL call (crm.authenticate) that checks the token and the user,
-// chooses the workspace, counts the rate limit, and sets the proven request context; the same
-// statement switches the transaction to crm_api, so everything after it obeys row-level security.
+// Per-request authentication: one SQL call that proves the token and sets the proven request
+// context, in the same statement that switches the transaction to crm_api, so everything after it
+// obeys row-level security. The first request of a token runs crm.authenticate (the token, the user,
+// the workspace choice, the membership and role, the rate-limit counter); its answer is cached
+// (identity-cache.ts) and the token's next requests run crm.resume_identity, which proves the token
+// again and that the membership's access_version is still the cached one, or answers 'stale' and
+// the request runs crm.authenticate after all. A cached identity's requests are counted against the
+// rate limit in this process, settled in PostgreSQL in batches (rate-limit.ts).
 import type { IncomingMessage } from 'node:http'
 import Type, { type Static, type TSchema } from 'typebox'
 import type { Config } from '../config.ts'
@@ -8,6 +13,8 @@ import { type DatabaseTransactionConnection, pgQueryText, sql } from '../db/pool
 import { RUNTIME_ROLE_SETTINGS } from '../db/runtime-role.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
+import { type CachedIdentity, IdentityCache } from './identity-cache.ts'
+import type { RateQuota, RequestRateLimit } from './rate-limit.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
 
 /** Who is calling, as decided by crm.authenticate in the request transaction. */
@@ -24,17 +31,31 @@ export type Caller = {
   /** The OAuth app an access token (kind oauth) was issued to, else null. */
   oauthAppId: string | null
   via: 'api' | 'ui'
-  rateLimit: { limit: number; remaining: number; resetSeconds: number }
+  rateLimit: RateQuota
+  /**
+   * Where this request was counted against the rate limit: by crm.authenticate in the request's
+   * transaction (a rollback takes the count with it, so the request is counted again outside), or
+   * by this process (rate-limit.ts), which no rollback undoes.
+   */
+  countedIn: 'database' | 'process'
 }
+
+/** What the authenticators of one process share: the identity cache and the rate limit that lets it count. */
+export type AuthenticationState = { identities: IdentityCache; rateLimit: Pick<RequestRateLimit, 'admit' | 'observe'> }
 
 /** Authenticates a request inside its transaction (which it switches to crm_api). */
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
 
+/** A statement in plain pg form ($1, $2, ...), ready for the statement pool. */
+export type PlainStatement = { sql: string; values: readonly unknown[] }
+
 /** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
 export type StatementAuthenticator = (req: IncomingMessage) => {
-  /** The statement in plain pg form ($1, $2, ...), ready for the statement pool. */
-  wrap: (query: ReturnType<typeof sql.unsafe>) => { sql: string; values: readonly unknown[] }
-  unwrap: (rows: readonly unknown[]) => { caller: Caller; rows: Record<string, unknown>[] }
+  /** Sends the route's query with authentication (`run` sends one statement) and answers with the caller and the route's rows. */
+  send: (
+    query: ReturnType<typeof sql.unsafe>,
+    run: (statement: PlainStatement) => Promise<readonly unknown[]>,
+  ) => Promise<{ caller: Caller; rows: Record<string, unknown>[] }>
 }
 
 const SLUG_PATTERN = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/
@@ -49,6 +70,8 @@ const REFUSALS: Record<string, string> = {
 
 const nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()])
 const RateCount = { rate_count: nullable(Type.Integer()), rate_reset_seconds: nullable(Type.Integer()) }
+/** A bigint column: pg answers it as text, slonik's pool as a number. */
+const Version = Type.Union([Type.String(), Type.Integer()])
 
 /** crm.authenticate's answer: the caller, or a failure (the API code) with what is known. */
 const AuthRowSchema = Type.Union([
@@ -62,12 +85,19 @@ const AuthRowSchema = Type.Union([
     is_admin: Type.Boolean(),
     scopes: nullable(Type.Array(Type.String())),
     oauth_app_id: nullable(Type.String()),
+    access_version: Version,
     ...RateCount,
   }),
   Type.Object({ failure: Type.String(), ...RateCount }),
 ])
 type AuthRow = Static<typeof AuthRowSchema>
 const AUTH_ROW = rowType(AuthRowSchema)
+
+/** crm.resume_identity's answer: null, or 'stale' (nothing was set; authenticate in full). */
+type ResumeRow = { failure: null | 'stale'; user_id: string | null }
+const RESUME_ROW = rowType(
+  Type.Object({ failure: Type.Union([Type.Null(), Type.Literal('stale')]), user_id: Type.Union([Type.String(), Type.Null()]) }),
+)
 
 export type Credential = { token: string; via: 'api' | 'ui' }
 
@@ -108,20 +138,45 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
 }
 
-function authenticateCall(attempt: Attempt) {
-  return sql.fragment`crm.authenticate(${sql.binary(attempt.tokenHash)}, ${attempt.slug}, ${attempt.via}, ${attempt.limit})`
+/**
+ * The authentication call of a statement, and its values in the order of its placeholders
+ * (wrapStatement checks the two agree): crm.authenticate, or crm.resume_identity for a cached
+ * identity.
+ */
+type AuthenticationCall = { fragment: ReturnType<typeof sql.fragment>; values: unknown[]; resumes: boolean }
+
+function authenticateCall(attempt: Attempt): AuthenticationCall {
+  return {
+    fragment: sql.fragment`crm.authenticate(${sql.binary(attempt.tokenHash)}, ${attempt.slug}, ${attempt.via}, ${attempt.limit})`,
+    values: [attempt.tokenHash, attempt.slug, attempt.via, attempt.limit],
+    resumes: false,
+  }
 }
 
-/** authenticateCall's values, in its order (wrapStatement checks the two agree). */
-function authenticateValues(attempt: Attempt): unknown[] {
-  return [attempt.tokenHash, attempt.slug, attempt.via, attempt.limit]
+function resumeCall(attempt: Attempt, identity: CachedIdentity): AuthenticationCall {
+  const follows = attempt.slug === null
+  return {
+    fragment: sql.fragment`crm.resume_identity(${sql.binary(attempt.tokenHash)}, ${identity.workspaceId}, ${identity.accessVersion}, ${attempt.via}, ${follows})`,
+    values: [attempt.tokenHash, identity.workspaceId, identity.accessVersion, attempt.via, follows],
+    resumes: true,
+  }
 }
 
-/** Turns crm.authenticate's answer into the caller, or into the refusal the API answers with. */
-function callerOf(row: AuthRow, attempt: Attempt): Caller {
+const cacheKeyOf = (attempt: Attempt) => IdentityCache.keyOf(attempt.tokenHash, attempt.slug, attempt.via)
+
+/** A cached identity's caller for this request. */
+function cachedCaller(identity: CachedIdentity, attempt: Attempt, rateLimit: RateQuota): Caller {
+  return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'process' }
+}
+
+/**
+ * Turns crm.authenticate's answer into the caller, or into the refusal the API answers with; an
+ * admitted caller goes into the cache, and its count into the process's view of the rate limit.
+ */
+function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): Caller {
   const { limit } = attempt
   const resetSeconds = row.rate_reset_seconds ?? 60
-  const rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
+  let rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
   if (row.failure === 'rate_limited') {
     throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, {
       limit,
@@ -132,35 +187,62 @@ function callerOf(row: AuthRow, attempt: Attempt): Caller {
   if (row.failure === 'workspace_not_found')
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   if (row.failure !== null) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
-  return {
-    userId: row.user_id,
+  const identity: CachedIdentity = {
+    caller: {
+      userId: row.user_id,
+      workspaceId: row.workspace_id,
+      workspaceSlug: row.workspace_slug,
+      tokenId: row.token_id,
+      tokenKind: row.token_kind,
+      isAdmin: row.is_admin,
+      scopes: row.scopes,
+      oauthAppId: row.oauth_app_id,
+    },
     workspaceId: row.workspace_id,
-    workspaceSlug: row.workspace_slug,
-    tokenId: row.token_id,
-    tokenKind: row.token_kind,
-    isAdmin: row.is_admin,
-    scopes: row.scopes,
-    oauthAppId: row.oauth_app_id,
-    via: attempt.via,
-    rateLimit,
+    accessVersion: String(row.access_version),
   }
+  if (state) {
+    state.identities.set(cacheKeyOf(attempt), identity)
+    rateLimit = state.rateLimit.observe(row.user_id, row.rate_count ?? 0, resetSeconds)
+  }
+  return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'database' }
 }
 
+/** The cached identity of this request's token, counted against the rate limit; null when not cached. */
+async function admittedIdentity(
+  attempt: Attempt,
+  state: AuthenticationState | undefined,
+): Promise<{ identity: CachedIdentity; quota: RateQuota } | null> {
+  const identity = state?.identities.get(cacheKeyOf(attempt))
+  if (!state || !identity) return null
+  return { identity, quota: await state.rateLimit.admit(identity.caller.userId) }
+}
+
+/**
+ * Authentication at the start of a request transaction. Without `state` (a one-off caller such as
+ * the sign-up page's) every request runs crm.authenticate.
+ */
 export function createAuthenticator(
   config: Config,
   credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential,
+  state?: AuthenticationState,
 ): Authenticator {
+  // The role and the limits are set inside the transaction, never as startup parameters (a pooler
+  // in transaction mode drops those): a connection that lost them still runs as crm_api.
+  const settings = sql.fragment`set_config('role', 'crm_api', true) as role,
+    set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
+    set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout`
   return async (db, req) => {
     const attempt = attemptOf(config, credentialOf, req)
-    // The role and the limits are set inside the transaction, never as startup parameters (a
-    // pooler in transaction mode drops those): a connection that lost them still runs as crm_api.
-    const row = await db.one(sql.type(AUTH_ROW)`
-      select a.*, set_config('role', 'crm_api', true) as role,
-        set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
-        set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout
-      from ${authenticateCall(attempt)} a
-    `)
-    return callerOf(row, attempt)
+    const admitted = await admittedIdentity(attempt, state)
+    if (admitted) {
+      const resumed = await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${resumeCall(attempt, admitted.identity).fragment} a`)
+      if (resumed.failure === null) return cachedCaller(admitted.identity, attempt, admitted.quota)
+      // Stale: nothing was set; the same transaction authenticates in full.
+      state?.identities.delete(cacheKeyOf(attempt))
+    }
+    const row = await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${authenticateCall(attempt).fragment} a`)
+    return callerOf(row, attempt, state)
   }
 }
 
@@ -173,10 +255,10 @@ export function createAuthenticator(
 const AUTH_SELECT = sql.fragment`case when r.auth_row_number is null or r.auth_row_number = 1 then row_to_json(a) end as auth_row`
 
 /** The one statement of a single-statement read: authentication and the route's query (see below). */
-function wrappedQuery(attempt: Attempt, query: ReturnType<typeof sql.unsafe>) {
+function wrappedQuery(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>) {
   return sql.unsafe`
     select ${AUTH_SELECT}, r.*
-    from ${authenticateCall(attempt)} a
+    from ${call.fragment} a
     left join lateral (
       select true as auth_row_found, row_number() over () as auth_row_number, q.*
       from (${query}) q
@@ -194,22 +276,39 @@ function wrappedQuery(attempt: Attempt, query: ReturnType<typeof sql.unsafe>) {
  * read). The texts are finitely many (see MAX_NAMED in src/http/single-statement.ts), and past
  * MAX_WRAPPED_TEXTS the rest are built each time.
  */
-const wrappedTexts = new Map<string, string>()
+const wrappedTexts = { full: new Map<string, string>(), resumed: new Map<string, string>() }
 const MAX_WRAPPED_TEXTS = 256
 
-function wrapStatement(attempt: Attempt, query: ReturnType<typeof sql.unsafe>): { sql: string; values: readonly unknown[] } {
-  const values = [...authenticateValues(attempt), ...query.values]
-  let text = wrappedTexts.get(query.sql)
+function wrapStatement(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>): PlainStatement {
+  const values = [...call.values, ...query.values]
+  const texts = call.resumes ? wrappedTexts.resumed : wrappedTexts.full
+  let text = texts.get(query.sql)
   if (text === undefined) {
-    const built = wrappedQuery(attempt, query)
+    const built = wrappedQuery(call, query)
     // The values go in the order slonik numbered them: authentication's, then the query's.
     if (built.values.length !== values.length || built.values.some((value, index) => value !== values[index])) {
-      throw new Error('authenticateValues does not match authenticateCall')
+      throw new Error("an authentication call's values do not match its fragment")
     }
     text = pgQueryText(built.sql)
-    if (wrappedTexts.size < MAX_WRAPPED_TEXTS) wrappedTexts.set(query.sql, text)
+    if (texts.size < MAX_WRAPPED_TEXTS) texts.set(query.sql, text)
   }
   return { sql: text, values }
+}
+
+/** The route's rows of a wrapped statement's answer, and the authentication row of its first row. */
+function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<string, unknown>[] } {
+  const first = rows[0] as Record<string, unknown>
+  // The route's columns, in order, named once from the first row (profiled: filtering every row's
+  // entries cost more than the rest of the unwrapping for a page of 50).
+  const names = Object.keys(first).filter((name) => !name.startsWith('auth_'))
+  const found: Record<string, unknown>[] = []
+  for (const row of rows as Record<string, unknown>[]) {
+    if (row.auth_row_found !== true) continue
+    const own: Record<string, unknown> = {}
+    for (const name of names) own[name] = row[name]
+    found.push(own)
+  }
+  return { auth: first.auth_row, rows: found }
 }
 
 /**
@@ -227,25 +326,23 @@ function wrapStatement(attempt: Attempt, query: ReturnType<typeof sql.unsafe>): 
 export function createStatementAuthenticator(
   config: Config,
   credentialOf: (req: IncomingMessage) => Credential | null = bearerCredential,
+  state?: AuthenticationState,
 ): StatementAuthenticator {
   return (req) => {
     const attempt = attemptOf(config, credentialOf, req)
     return {
-      wrap: (query) => wrapStatement(attempt, query),
-      unwrap: (rows) => {
-        const first = rows[0] as Record<string, unknown>
-        const caller = callerOf(first.auth_row as AuthRow, attempt)
-        // The route's columns, in order, named once from the first row (profiled: filtering every
-        // row's entries cost more than the rest of the unwrapping for a page of 50).
-        const names = Object.keys(first).filter((name) => !name.startsWith('auth_'))
-        const found: Record<string, unknown>[] = []
-        for (const row of rows as Record<string, unknown>[]) {
-          if (row.auth_row_found !== true) continue
-          const own: Record<string, unknown> = {}
-          for (const name of names) own[name] = row[name]
-          found.push(own)
+      send: async (query, run) => {
+        const admitted = await admittedIdentity(attempt, state)
+        if (admitted) {
+          const answer = unwrapRows(await run(wrapStatement(resumeCall(attempt, admitted.identity), query)))
+          if ((answer.auth as ResumeRow).failure === null) {
+            return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rows: answer.rows }
+          }
+          // Stale: the statement set nothing and its query saw nothing; it runs again, in full.
+          state?.identities.delete(cacheKeyOf(attempt))
         }
-        return { caller, rows: found }
+        const answer = unwrapRows(await run(wrapStatement(authenticateCall(attempt), query)))
+        return { caller: callerOf(answer.auth as AuthRow, attempt, state), rows: answer.rows }
       },
     }
   }

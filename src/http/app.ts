@@ -35,6 +35,8 @@ type Request = IncomingMessage & {
   path: string
   requestId: string
   callerId?: string
+  /** The request was counted by crm.authenticate in its transaction (see Caller.countedIn). */
+  countedInDatabase?: boolean
 }
 
 export function sendJson(
@@ -175,6 +177,7 @@ export function createApp(
   ): Promise<RouteResult> {
     const authenticated = (caller: Caller) => {
       req.callerId = caller.userId
+      req.countedInDatabase = caller.countedIn === 'database'
       res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
       res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
       res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
@@ -228,9 +231,9 @@ export function createApp(
             return inTransaction()
           })
           .catch(async (error: unknown) => {
-            // The rollback took the rate-limit count with it: count the request again, outside
-            // (unless the refusal is the rate limit itself).
-            if (req.callerId && !(error instanceof RateLimitedError && error.quota)) {
+            // The rollback took crm.authenticate's count with it: count the request again, outside
+            // (unless the refusal is the rate limit itself, or the process counted it).
+            if (req.callerId && req.countedInDatabase && !(error instanceof RateLimitedError && error.quota)) {
               await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
             }
             throw error

@@ -4,7 +4,7 @@
 // statement's implicit transaction and without the caller's context.
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
-import type { Caller, StatementAuthenticator } from '../auth/authenticate.ts'
+import type { Caller, PlainStatement, StatementAuthenticator } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { StatementPool, StatementQuery } from '../db/statement-pool.ts'
 
@@ -22,7 +22,7 @@ type Row = Record<string, unknown>
 const MAX_NAMED = 256
 const statementNames = new Map<string, string>()
 
-function named(query: { sql: string; values: readonly unknown[] }): StatementQuery {
+function named(query: PlainStatement): StatementQuery {
   let name = statementNames.get(query.sql)
   if (!name) {
     if (statementNames.size >= MAX_NAMED) return query
@@ -52,7 +52,7 @@ export class SingleStatementConnection {
   async #rowsOf(query: Query): Promise<Row[]> {
     if (this.#sent) throw new Error('a single-statement route sent a second query')
     this.#sent = true
-    const answer = this.#authentication.unwrap(await this.#pool.rows(named(this.#authentication.wrap(query as never))))
+    const answer = await this.#authentication.send(query as never, (statement) => this.#pool.rows(named(statement)))
     this.#caller = answer.caller
     this.#onCaller(answer.caller)
     return answer.rows

@@ -1,5 +1,7 @@
 // 600 requests a minute per user, shared by every API process: here one in this process and one
-// `crm serve --no-worker` child process, against the same database.
+// `crm serve --no-worker` child process, against the same database. Each process counts its cached
+// identities' requests itself and settles them in batches, so together they may admit up to
+// one RATE_LIMIT_BATCH more than the limit (the bound in the README: (N − 1) × batch), never fewer.
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
@@ -31,16 +33,24 @@ async function get(base: string) {
   return response
 }
 
-t.test('the 601st request in one window gets 429, across two processes', async (t) => {
+t.test('600 a minute across two processes: at least 600 pass, at most 600 + batch, then 429', async (t) => {
   // Stay inside one clock-aligned minute.
   const second = new Date().getUTCSeconds()
   if (second > 40) await new Promise((resolve) => setTimeout(resolve, (61 - second) * 1000))
+  const batch = server.config.rateLimitBatch
   const statuses: number[] = []
-  for (let batch = 0; batch < 30; batch++) {
+  // 700 requests, 20 at a time, half through each process: more than the limit and its overshoot.
+  for (let round = 0; round < 35; round++) {
     const responses = await Promise.all(Array.from({ length: 20 }, (_, i) => get(i % 2 === 0 ? server.url : childUrl)))
     statuses.push(...responses.map((response) => response.status))
   }
-  t.equal(statuses.filter((status) => status === 200).length, 600, 'the first 600 pass, half through each process')
+  const passed = statuses.filter((status) => status === 200).length
+  t.ok(
+    statuses.slice(0, 600).every((status) => status === 200),
+    'the first 600 pass',
+  )
+  t.ok(passed >= 600 && passed <= 600 + batch, `${passed} passed: within the bound 600 + (2 − 1) × ${batch} (README)`)
+  t.equal(statuses.filter((status) => status !== 200 && status !== 429).length, 0, 'every other answer is a 429')
   const refused = await get(childUrl)
   t.equal(refused.status, 429)
   const body = await (await fetch(`${server.url}/api/me`, { headers: { authorization: `Bearer ${token}` } })).json()

@@ -13,6 +13,8 @@ t.test('defaults', async (t) => {
   t.equal(config.databaseUrl, null)
   t.equal(config.tokenTtlDays, 14)
   t.equal(config.rateLimitPerMinute, 600)
+  t.equal(config.rateLimitBatch, 6, '1 % of the limit')
+  t.equal(config.rateLimitSettleMs, 250)
   t.equal(config.webhook.retryScheduleMs, null, "the database's schedule")
   t.equal(config.webhook.timeoutMs, 10_000)
   t.equal(config.webhook.allowHttp, false)
@@ -39,6 +41,8 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     APP_SECRET: 'short',
     TOKEN_TTL_DAYS: '0',
     RATE_LIMIT_PER_MINUTE: '-5',
+    RATE_LIMIT_BATCH: '0',
+    RATE_LIMIT_SETTLE_MS: '5',
     WEBHOOK_TIMEOUT_MS: 'soon',
     WEBHOOK_RETRY_SCHEDULE: '1s,soon',
     WEBHOOK_ALLOW_HTTP: 'maybe',
@@ -56,6 +60,15 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     t.equal(error.problems.filter((line) => line.startsWith(`${name}:`)).length, 1, `${name} named once`)
   }
   t.equal(error.problems.length, Object.keys(env).length)
+})
+
+t.test('the rate limit batch: 1 % of the limit by default, never above it', async (t) => {
+  t.equal(loadConfig({ RATE_LIMIT_PER_MINUTE: '50' }, { dataDir: dataDir() }).rateLimitBatch, 1)
+  t.equal(loadConfig({ RATE_LIMIT_PER_MINUTE: '1000', RATE_LIMIT_BATCH: '25' }, { dataDir: dataDir() }).rateLimitBatch, 25)
+  const error = t.throws(() =>
+    loadConfig({ RATE_LIMIT_PER_MINUTE: '100', RATE_LIMIT_BATCH: '101' }, { dataDir: dataDir() }),
+  ) as unknown as ConfigError
+  t.match(error.problems, [/^RATE_LIMIT_BATCH: expected a whole number from 1 to 100/])
 })
 
 t.test('production requires APP_SECRET', async (t) => {

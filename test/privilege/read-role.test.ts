@@ -47,14 +47,17 @@ t.test('the runtime role carries its limits without startup parameters', async (
 
 t.test('as the owner, the read statement refuses to run', async (t) => {
   const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
-  const wrapped = createStatementAuthenticator(server.config)(request).wrap(sql.unsafe`select id from crm.contacts where id = ${contactId}`)
   const owner = new pg.Client({ connectionString: url })
   await owner.connect()
   t.teardown(() => owner.end())
-  const error = await owner.query(pgQueryText(wrapped.sql), [...wrapped.values]).then(
-    (result) => result.rows,
-    (error: unknown) => error,
-  )
+  const error = await createStatementAuthenticator(server.config)(request)
+    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
+      return (await owner.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
+    })
+    .then(
+      (answer) => answer.rows,
+      (error: unknown) => error,
+    )
   t.match(error, { code: '42501', hint: 'role_not_confined' }, 'refused, no rows')
 })
 

@@ -1,5 +1,6 @@
 // Scale-out: two API processes and two worker processes against one database. The per-user rate
-// limit holds across the API processes (the 601st request in one clock minute gets 429), every
+// limit holds across the API processes (600 a clock minute, with at most one batch of 6 more: the
+// bound in the README), every
 // event reaches the receiver at least once, and no delivery is ever attempted twice at the same
 // time (no two attempt rows of one delivery overlap), although the two workers share the jobs and
 // every first attempt fails so each delivery is retried.
@@ -48,29 +49,44 @@ const COMPLETED_DELIVERY = /Completed task \d+ \((?:deliver_webhook|fan_out_even
 const workerOptions = { databaseUrl, env: { ...ENV, LOG_LEVEL: 'debug' }, count: [COMPLETED_DELIVERY] }
 const workers = [await startCrm(t, 'worker', workerOptions), await startCrm(t, 'worker', workerOptions)]
 
-t.test('the rate limit holds across two API processes: the 601st request in a minute gets 429', async (t) => {
-  // The window is the clock minute: start early in one so that 601 requests fit in it.
+t.test('the rate limit holds across two API processes: 600 a minute, at most one batch more, then 429', async (t) => {
+  // The window is the clock minute: start early in one so that every request fits in it.
   const [{ left }] = await ownerQuery(databaseUrl, `select 60 - floor(extract(second from now()))::int as left`)
   if (left < 40) await sleep(left * 1000 + 200)
   const [{ minute }] = await ownerQuery(databaseUrl, `select date_trunc('minute', now())::text as minute`)
   const answers = await pooled(600, 8, (i) => call(apis[i % 2].url, busy, 'GET', '/api/me'))
-  const [{ minute: minuteAfter }] = await ownerQuery(databaseUrl, `select date_trunc('minute', now())::text as minute`)
-  t.equal(minuteAfter, minute, 'all 600 requests fell in one clock minute')
-  const statuses = answers.reduce<Record<number, number>>(
-    (counts, answer) => ({ ...counts, [answer.status]: (counts[answer.status] ?? 0) + 1 }),
-    {},
+  t.same(
+    answers.reduce<Record<number, number>>((counts, answer) => {
+      counts[answer.status] = (counts[answer.status] ?? 0) + 1
+      return counts
+    }, {}),
+    { 200: 600 },
+    'the first 600 requests, spread over both API processes, are answered',
   )
-  t.same(statuses, { 200: 600 }, 'the first 600 requests, spread over both API processes, are answered')
   const remaining = answers.map((answer) => Number(answer.headers.get('ratelimit-remaining')))
-  // Each request counts itself in its own transaction and sees the others' counts once they
-  // commit, so with 8 in flight the headers may lag by up to 7; the limit itself is checked below.
-  t.ok(Math.min(...remaining) <= 7, `the last of them says at most 7 remaining (${Math.min(...remaining)})`)
+  // Each process knows its own requests and the others' once settled (every 250 ms, or a batch of
+  // 6): the headers may lag by what the other process has not settled yet.
+  t.ok(Math.min(...remaining) <= 6, `the last of them says at most 6 remaining (${Math.min(...remaining)})`)
+  // Past 600, each process admits what its view of the other's count still allows: at most one
+  // batch (6) more in all, then every request is refused.
+  let extra = 0
   for (const [index, api] of apis.entries()) {
-    const refused = await call(api.url, busy, 'GET', '/api/me')
-    t.equal(refused.status, 429, `request ${601 + index} on API process ${index + 1} gets 429`)
-    t.equal(refused.body?.code, 'rate_limited', 'code rate_limited')
-    t.ok(Number(refused.headers.get('retry-after')) > 0, 'with Retry-After')
+    for (;;) {
+      const answer = await call(api.url, busy, 'GET', '/api/me')
+      if (answer.status === 200) {
+        extra++
+        if (extra > 6) break
+        continue
+      }
+      t.equal(answer.status, 429, `API process ${index + 1} refuses`)
+      t.equal(answer.body?.code, 'rate_limited', 'code rate_limited')
+      t.ok(Number(answer.headers.get('retry-after')) > 0, 'with Retry-After')
+      break
+    }
   }
+  t.ok(extra <= 6, `${extra} admitted past 600: within 600 + (2 − 1) × 6`)
+  const [{ minute: minuteAfter }] = await ownerQuery(databaseUrl, `select date_trunc('minute', now())::text as minute`)
+  t.equal(minuteAfter, minute, 'every request fell in one clock minute')
   const other = await call(apis[0].url, admin, 'GET', '/api/me')
   t.equal(other.status, 200, 'another user is not affected')
 })
