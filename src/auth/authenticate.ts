@@ -156,8 +156,8 @@ function authenticateCall(attempt: Attempt): AuthenticationCall {
 function resumeCall(attempt: Attempt, identity: CachedIdentity): AuthenticationCall {
   const follows = attempt.slug === null
   return {
-    fragment: sql.fragment`crm.resume_identity(${sql.binary(attempt.tokenHash)}, ${identity.workspaceId}, ${identity.accessVersion}, ${attempt.via}, ${follows})`,
-    values: [attempt.tokenHash, identity.workspaceId, identity.accessVersion, attempt.via, follows],
+    fragment: sql.fragment`crm.resume_identity(${sql.binary(attempt.tokenHash)}, ${identity.caller.workspaceId}, ${identity.accessVersion}, ${attempt.via}, ${follows})`,
+    values: [attempt.tokenHash, identity.caller.workspaceId, identity.accessVersion, attempt.via, follows],
     resumes: true,
   }
 }
@@ -198,7 +198,6 @@ function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): 
       scopes: row.scopes,
       oauthAppId: row.oauth_app_id,
     },
-    workspaceId: row.workspace_id,
     accessVersion: String(row.access_version),
   }
   if (state) {

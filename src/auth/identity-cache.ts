@@ -8,7 +8,6 @@ import type { Caller } from './authenticate.ts'
 export type CachedIdentity = {
   /** The caller as crm.authenticate admitted it, without what belongs to one request. */
   caller: Omit<Caller, 'via' | 'rateLimit' | 'countedIn'>
-  workspaceId: string
   /** memberships.access_version when the entry was filled (a bigint, kept as its decimal text). */
   accessVersion: string
 }
