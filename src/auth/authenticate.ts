@@ -12,9 +12,9 @@ import type { Config } from '../config.ts'
 import { type DatabaseTransactionConnection, pgQueryText, sql } from '../db/pool.ts'
 import { RUNTIME_ROLE_SETTINGS } from '../db/runtime-role.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { AuthenticationError, NotFoundError, RateLimitedError } from '../errors.ts'
+import { AuthenticationError, NotFoundError } from '../errors.ts'
 import { type CachedIdentity, IdentityCache } from './identity-cache.ts'
-import type { RateQuota, RequestRateLimit } from './rate-limit.ts'
+import { type RateQuota, type RequestRateLimit, rateLimitedError } from './rate-limit.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
 
 /** Who is calling, as decided by crm.authenticate in the request transaction. */
@@ -94,10 +94,9 @@ type AuthRow = Static<typeof AuthRowSchema>
 const AUTH_ROW = rowType(AuthRowSchema)
 
 /** crm.resume_identity's answer: null, or 'stale' (nothing was set; authenticate in full). */
-type ResumeRow = { failure: null | 'stale'; user_id: string | null }
-const RESUME_ROW = rowType(
-  Type.Object({ failure: Type.Union([Type.Null(), Type.Literal('stale')]), user_id: Type.Union([Type.String(), Type.Null()]) }),
-)
+const ResumeRowSchema = Type.Object({ failure: Type.Union([Type.Null(), Type.Literal('stale')]), user_id: nullable(Type.String()) })
+type ResumeRow = Static<typeof ResumeRowSchema>
+const RESUME_ROW = rowType(ResumeRowSchema)
 
 export type Credential = { token: string; via: 'api' | 'ui' }
 
@@ -124,7 +123,14 @@ export function createCredentialCheck(
   }
 }
 
-type Attempt = { tokenHash: Buffer; slug: string | null; via: Credential['via']; limit: number }
+type Attempt = {
+  tokenHash: Buffer
+  slug: string | null
+  via: Credential['via']
+  limit: number
+  /** The request's entry in the identity cache (IdentityCache.keyOf). */
+  cacheKey: string
+}
 
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
 function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
@@ -135,7 +141,14 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
   if (slug !== null && !SLUG_PATTERN.test(slug))
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
-  return { tokenHash: hashToken(credential.token), slug, via: credential.via, limit: config.rateLimitPerMinute }
+  const tokenHash = hashToken(credential.token)
+  return {
+    tokenHash,
+    slug,
+    via: credential.via,
+    limit: config.rateLimitPerMinute,
+    cacheKey: IdentityCache.keyOf(tokenHash, slug, credential.via),
+  }
 }
 
 /**
@@ -162,8 +175,6 @@ function resumeCall(attempt: Attempt, identity: CachedIdentity): AuthenticationC
   }
 }
 
-const cacheKeyOf = (attempt: Attempt) => IdentityCache.keyOf(attempt.tokenHash, attempt.slug, attempt.via)
-
 /** A cached identity's caller for this request. */
 function cachedCaller(identity: CachedIdentity, attempt: Attempt, rateLimit: RateQuota): Caller {
   return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'process' }
@@ -177,13 +188,7 @@ function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): 
   const { limit } = attempt
   const resetSeconds = row.rate_reset_seconds ?? 60
   let rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
-  if (row.failure === 'rate_limited') {
-    throw new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, {
-      limit,
-      remaining: 0,
-      resetSeconds,
-    })
-  }
+  if (row.failure === 'rate_limited') throw rateLimitedError(limit, resetSeconds)
   if (row.failure === 'workspace_not_found')
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
   if (row.failure !== null) throw new AuthenticationError(row.failure, REFUSALS[row.failure] ?? 'Authentication failed')
@@ -201,7 +206,7 @@ function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): 
     accessVersion: String(row.access_version),
   }
   if (state) {
-    state.identities.set(cacheKeyOf(attempt), identity)
+    state.identities.set(attempt.cacheKey, identity)
     rateLimit = state.rateLimit.observe(row.user_id, row.rate_count ?? 0, resetSeconds)
   }
   return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'database' }
@@ -212,7 +217,7 @@ async function admittedIdentity(
   attempt: Attempt,
   state: AuthenticationState | undefined,
 ): Promise<{ identity: CachedIdentity; quota: RateQuota } | null> {
-  const identity = state?.identities.get(cacheKeyOf(attempt))
+  const identity = state?.identities.get(attempt.cacheKey)
   if (!state || !identity) return null
   return { identity, quota: await state.rateLimit.admit(identity.caller.userId) }
 }
@@ -238,7 +243,7 @@ export function createAuthenticator(
       const resumed = await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${resumeCall(attempt, admitted.identity).fragment} a`)
       if (resumed.failure === null) return cachedCaller(admitted.identity, attempt, admitted.quota)
       // Stale: nothing was set; the same transaction authenticates in full.
-      state?.identities.delete(cacheKeyOf(attempt))
+      state?.identities.delete(attempt.cacheKey)
     }
     const row = await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${authenticateCall(attempt).fragment} a`)
     return callerOf(row, attempt, state)
@@ -338,7 +343,7 @@ export function createStatementAuthenticator(
             return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rows: answer.rows }
           }
           // Stale: the statement set nothing and its query saw nothing; it runs again, in full.
-          state?.identities.delete(cacheKeyOf(attempt))
+          state?.identities.delete(attempt.cacheKey)
         }
         const answer = unwrapRows(await run(wrapStatement(authenticateCall(attempt), query)))
         return { caller: callerOf(answer.auth as AuthRow, attempt, state), rows: answer.rows }

@@ -61,6 +61,15 @@ export type RequestRateLimit = {
 
 const MINUTE_MS = 60_000
 
+/** The 429 of a user past the limit, whoever counted it (this process, or crm.authenticate). */
+export function rateLimitedError(limit: number, resetSeconds: number): RateLimitedError {
+  return new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, {
+    limit,
+    remaining: 0,
+    resetSeconds,
+  })
+}
+
 /** One user in one window: the total the last settlement answered, and this process's unsettled requests. */
 type UserCount = {
   seen: number
@@ -128,14 +137,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
     remaining: Math.max(0, limit - count.seen - count.pending),
     resetSeconds: resetSecondsAt(time),
   })
-  const refusal = (time: number) => {
-    const resetSeconds = resetSecondsAt(time)
-    return new RateLimitedError(resetSeconds, 'rate_limited', `More than ${limit} requests in this minute`, {
-      limit,
-      remaining: 0,
-      resetSeconds,
-    })
-  }
+  const refusal = (time: number) => rateLimitedError(limit, resetSecondsAt(time))
   const countOf = (window: Window, userId: string): UserCount => {
     let count = window.users.get(userId)
     if (count === undefined) {
