@@ -1,7 +1,8 @@
 // Profiling aid for the API process (not run by `make bench`: files starting with _ are helpers).
 // Loads the real API and the bare baseline of bench/records.ts, each in its own process, with
 // GET one deal, a list of 50 deals and create a deal, and prints per scenario:
-//   - CPU per request of each server process (user + system from /proc, over unprofiled rounds);
+//   - CPU per request of each server process and of PostgreSQL behind it (user + system from /proc,
+//     over unprofiled rounds; PostgreSQL's is every backend's, so read it for one side at a time);
 //   - where the API process's time goes: a V8 CPU profile (the same sampler as `node --cpu-prof`,
 //     started and stopped around the load through node:inspector, so start-up is not in it),
 //     grouped by area (routing, our middleware, validation, auth, pg, slonik, ...), in µs per request.
@@ -22,7 +23,7 @@ import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { BENCH_APP_SECRET, benchWorkspace, processCpuMs, provision } from './_database.ts'
+import { BENCH_APP_SECRET, benchWorkspace, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -104,10 +105,17 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
   return result.requests.total
 }
 
-/** CPU µs per request of a process over one load round. */
+/** PostgreSQL's CPU so far (ms), every backend of its server; set in main when /proc allows it. */
+let postgresCpuMs: (() => number) | null = null
+/** PostgreSQL's CPU µs per request of the last round cpuPerRequest measured. */
+let lastPostgresCpu = Number.NaN
+
+/** CPU µs per request of a process over one load round (and PostgreSQL's, in lastPostgresCpu). */
 async function cpuPerRequest(pid: number, run: () => Promise<number>): Promise<number> {
   const before = processCpuMs(pid) ?? 0
+  const postgresBefore = postgresCpuMs?.() ?? Number.NaN
   const requests = await run()
+  lastPostgresCpu = (((postgresCpuMs?.() ?? Number.NaN) - postgresBefore) * 1000) / requests
   return (((processCpuMs(pid) ?? 0) - before) * 1000) / requests
 }
 
@@ -236,6 +244,7 @@ async function main(): Promise<void> {
     const { seedDeals } = await import('./records.ts')
     await seedDeals(client, tenant.id, admin.id, dealCount, () => {})
     const { rows } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
+    postgresCpuMs = await postgresCpuMeter((text) => client.query(text))
     await client.end()
     const ids = rows.map((row) => row.id as string)
 
@@ -264,15 +273,24 @@ async function main(): Promise<void> {
       for (const api of apis) await load(api.url, scenario, ids, 2, auth)
       await load(baseline.url, scenario, ids, 1, {})
       const apiCpu = apis.map(() => [] as number[])
+      const apiPostgresCpu = apis.map(() => [] as number[])
       const baselineCpu: number[] = []
+      const baselinePostgresCpu: number[] = []
       for (let round = 0; round < rounds; round++) {
         baselineCpu.push(await cpuPerRequest(baseline.child.pid!, () => load(baseline.url, scenario, ids, seconds, {})))
-        for (const [index, api] of apis.entries())
+        baselinePostgresCpu.push(lastPostgresCpu)
+        for (const [index, api] of apis.entries()) {
           apiCpu[index].push(await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth)))
+          apiPostgresCpu[index].push(lastPostgresCpu)
+        }
       }
       output.push(`## ${scenario.name}`, '', `CPU per request (/proc, user + system), rounds of ${seconds} s in turns:`, '')
-      for (const [index, api] of apis.entries()) output.push(`- API, ${api.label}: ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
-      output.push(`- baseline: ${median(baselineCpu)} µs (${range(baselineCpu)})`, '')
+      for (const [index, api] of apis.entries()) {
+        output.push(`- API, ${api.label}: ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
+        output.push(`  - its PostgreSQL: ${median(apiPostgresCpu[index])} µs (${range(apiPostgresCpu[index])})`)
+      }
+      output.push(`- baseline: ${median(baselineCpu)} µs (${range(baselineCpu)})`)
+      output.push(`  - its PostgreSQL: ${median(baselinePostgresCpu)} µs (${range(baselinePostgresCpu)})`, '')
       for (const api of apis) {
         await ask(api.child, { do: 'start' })
         let requests = 0

@@ -1886,7 +1886,7 @@ CREATE OR REPLACE FUNCTION crm.colleague_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.user_id from crm.verified_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
+  select array(select m.user_id from crm.proven_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
 $function$;
 comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
@@ -2173,40 +2173,29 @@ CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select (crm.verified_context()).oauth_app_id
+  select c.oauth_app_id from crm.proven_context() c
 $function$;
 comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_scopes()
  RETURNS text[]
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  -- Without a proven context: the empty list, which allows nothing.
-  if v_context.user_id is null then return '{}'; end if;
-  return v_context.scopes;
-end
+  select case when c.user_id is null then '{}'::text[] else c.scopes end from crm.proven_context() c
 $function$;
 comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  if v_context.user_id is null then return null; end if;
-  return crm.team_user_ids(v_context.user_id, v_context.workspace_id);
-end
+  select case when c.user_id is not null then crm.team_user_ids(c.user_id, c.workspace_id) end from crm.proven_context() c
 $function$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 grant execute on function crm.current_team_user_ids() to crm_api;
@@ -2217,7 +2206,7 @@ CREATE OR REPLACE FUNCTION crm.current_user_id()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select (crm.verified_context()).user_id
+  select c.user_id from crm.proven_context() c
 $function$;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
@@ -2238,7 +2227,7 @@ CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select (crm.verified_context()).workspace_id
+  select c.workspace_id from crm.proven_context() c
 $function$;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
@@ -2425,16 +2414,16 @@ comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphil
 
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return null; end if;
-  return crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action);
-end
+  select g.scope
+    from crm.proven_context() c
+    join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
+    join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
+                          and g.resource = p_resource and g.action = p_action
+   where crm.scopes_cover(c.scopes, p_resource, p_action)
 $function$;
 comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
@@ -2603,40 +2592,31 @@ grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runt
 
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  if v_context.user_id is null then return false; end if;
-  return coalesce((
+  select coalesce((
     select r.is_admin
-      from crm.memberships m
-      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
-end
+      from crm.proven_context() c
+      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
+      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id), false)
 $function$;
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
  RETURNS boolean
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  if v_context.user_id is null or not crm.scopes_include(v_context.scopes, p_scope) then return false; end if;
-  return coalesce((
+  select coalesce((
     select r.is_admin
-      from crm.memberships m
+      from crm.proven_context() c
+      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
       join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where m.workspace_id = v_context.workspace_id and m.user_id = v_context.user_id and m.suspended_at is null), false);
-end
+     where crm.scopes_include(c.scopes, p_scope)), false)
 $function$;
 comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;
@@ -3101,6 +3081,26 @@ end
 $function$;
 comment on function crm.pause_webhook_subscription(p_subscription_id uuid) is 'Pauses a subscription (manual): new events and due retries become held.';
 grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.proven_context()
+ RETURNS TABLE(user_id uuid, workspace_id uuid, scopes text[], oauth_app_id uuid)
+ LANGUAGE sql
+ STABLE ROWS 1
+AS $function$
+  -- One row always; a value the proof does not cover never reaches a cast. offset 0 keeps the
+  -- check one computation rather than one per column.
+  select case when v.proven then c.u::uuid end, case when v.proven then c.w::uuid end,
+         case when v.proven then nullif(c.s, '')::text[] end, case when v.proven then nullif(c.a, '')::uuid end
+    from (select pg_catalog.current_setting('crm.user_id', true) as u, pg_catalog.current_setting('crm.workspace_id', true) as w,
+                 coalesce(pg_catalog.current_setting('crm.scopes', true), '') as s,
+                 coalesce(pg_catalog.current_setting('crm.oauth_app_id', true), '') as a,
+                 pg_catalog.current_setting('crm.context_proof', true) as p) c,
+         lateral (select pg_catalog.encode(public.hmac(crm.context_message(c.u, c.w, c.s, c.a),
+                                                       (select k.value from crm.internal_secrets k where k.name = 'context_proof'),
+                                                       'sha256'), 'hex') = c.p as proven
+                  offset 0) v
+$function$;
+comment on function crm.proven_context() is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. Inlined into the SECURITY DEFINER helpers that select from it (internal; crm_api calls those).';
 
 CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
  RETURNS bigint
@@ -3664,20 +3664,20 @@ grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_se
 
 CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_context record := crm.verified_context();
-begin
-  if v_context.user_id is null or not crm.scopes_cover(v_context.scopes, p_resource, p_action) then return '{}'; end if;
-  return case crm.member_scope(v_context.user_id, v_context.workspace_id, p_resource, p_action)
-           when 'own' then array[v_context.user_id]
-           when 'team' then crm.team_user_ids(v_context.user_id, v_context.workspace_id)
-           else '{}'::uuid[]
-         end;
-end
+  select coalesce((
+    select case g.scope
+             when 'own' then array[c.user_id]
+             when 'team' then crm.team_user_ids(c.user_id, c.workspace_id)
+           end
+      from crm.proven_context() c
+      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
+      join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
+                            and g.resource = p_resource and g.action = p_action
+     where crm.scopes_cover(c.scopes, p_resource, p_action)), '{}'::uuid[])
 $function$;
 comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
@@ -4618,18 +4618,7 @@ CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  -- One row always (PL/pgSQL callers assign it to a record); offset 0 keeps the check one
-  -- computation rather than one per column.
-  select case when v.proven then c.u::uuid end, case when v.proven then c.w::uuid end,
-         case when v.proven then nullif(c.s, '')::text[] end, case when v.proven then nullif(c.a, '')::uuid end
-    from (select current_setting('crm.user_id', true) as u, current_setting('crm.workspace_id', true) as w,
-                 coalesce(current_setting('crm.scopes', true), '') as s,
-                 coalesce(current_setting('crm.oauth_app_id', true), '') as a,
-                 current_setting('crm.context_proof', true) as p) c,
-         lateral (select encode(public.hmac(crm.context_message(c.u, c.w, c.s, c.a),
-                                            (select k.value from crm.internal_secrets k where k.name = 'context_proof'),
-                                            'sha256'), 'hex') = c.p as proven
-                  offset 0) v
+  select c.user_id, c.workspace_id, c.scopes, c.oauth_app_id from crm.proven_context() c
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 

@@ -86,25 +86,35 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
   return pairs
 }
 
+/**
+ * A new record. The caller's workspace and user go in as values rather than through the columns'
+ * defaults: a default calls crm.current_workspace_id() or crm.current_user_id() per row, each a proof
+ * check, where the insert's policies already check those same values once per statement
+ * (<table>_insert_own_bookkeeping, <table>_insert_scoped), so nothing is trusted that was not before.
+ */
 export async function createRecord(
   db: DatabaseTransactionConnection,
   type: RecordType,
   body: Record<string, unknown>,
+  caller: { userId: string; workspaceId: string },
 ): Promise<RecordJson> {
-  const pairs = assignments(type, body)
-  const query =
-    pairs.length === 0
-      ? sql.type(RecordRow)`insert into ${type.table} as t default values returning ${type.jsonFunction}(t) as record`
-      : sql.type(RecordRow)`insert into ${type.table} as t (${sql.join(
-          pairs.map((pair) => pair.column),
-          sql.fragment`, `,
-        )})
-                   values (${sql.join(
-                     pairs.map((pair) => pair.value),
-                     sql.fragment`, `,
-                   )})
-                   returning ${type.jsonFunction}(t) as record`
-  return db.oneFirst(query)
+  const pairs = [
+    ...assignments(type, body),
+    { column: sql.fragment`workspace_id`, value: sql.fragment`${caller.workspaceId}` },
+    { column: sql.fragment`created_by`, value: sql.fragment`${caller.userId}` },
+    { column: sql.fragment`updated_by`, value: sql.fragment`${caller.userId}` },
+  ]
+  if (body.owner_id === undefined) pairs.push({ column: sql.fragment`owner_id`, value: sql.fragment`${caller.userId}` })
+  return db.oneFirst(sql.type(RecordRow)`
+    insert into ${type.table} as t (${sql.join(
+      pairs.map((pair) => pair.column),
+      sql.fragment`, `,
+    )})
+    values (${sql.join(
+      pairs.map((pair) => pair.value),
+      sql.fragment`, `,
+    )})
+    returning ${type.jsonFunction}(t) as record`)
 }
 
 /**

@@ -65,6 +65,88 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   await client.query('rollback')
 })
 
+// Every helper the policies call checks the proof in its own body (sql/000018): each answers the
+// member's own rights under a proven context, and nothing under hand-set settings, even with the
+// settings and the proof of a real context copied from an earlier transaction of the same backend.
+const CONTEXT_HELPERS = `select crm.current_user_id() as user_id, crm.current_workspace_id() as workspace_id,
+  crm.current_oauth_app_id() as oauth_app_id, crm.current_scopes() as scopes,
+  crm.grant_scope('deals', 'view') as deals_view, crm.scope_owner_ids('deals', 'view') as deals_view_owners,
+  crm.is_admin() as is_admin, crm.is_admin_for('workspace:admin') as is_admin_for,
+  crm.current_team_user_ids() as team, cardinality(crm.colleague_ids()) as colleagues,
+  crm.my_workspace_ids() as workspaces`
+
+t.test('the policy helpers answer for a proven context only; a replayed context proves nothing', async (t) => {
+  const client = await ownerClient(t, url)
+  const bob = tenant.members['bob@acme.test']
+  const { rows: expected } = await client.query(
+    `select crm.member_scope($1, $2, 'deals', 'view') as deals_view, crm.team_user_ids($1, $2) as team`,
+    [bob.id, tenant.id],
+  )
+  const proven = async (token: string) => {
+    await client.query('begin')
+    await client.query("select a.failure, set_config('role', 'crm_api', true) from crm.authenticate($1, 'acme', 'api', 600) a", [
+      hashToken(token),
+    ])
+    const { rows } = await client.query(`${CONTEXT_HELPERS}, current_setting('crm.context_proof') as proof,
+      current_setting('crm.scopes') as scopes_setting, current_setting('crm.oauth_app_id') as app_setting`)
+    await client.query('commit')
+    return rows[0]
+  }
+  const asAda = await proven(ada.token)
+  t.match(asAda, {
+    user_id: ada.id,
+    workspace_id: tenant.id,
+    oauth_app_id: null,
+    scopes: null,
+    deals_view: 'all',
+    deals_view_owners: [],
+    is_admin: true,
+    is_admin_for: true,
+    colleagues: 2,
+    workspaces: [tenant.id],
+  })
+  const asBob = await proven(bob.token)
+  const bobOwners = expected[0].deals_view === 'own' ? [bob.id] : expected[0].deals_view === 'team' ? expected[0].team : []
+  t.match(asBob, {
+    user_id: bob.id,
+    deals_view: expected[0].deals_view,
+    deals_view_owners: bobOwners,
+    is_admin: false,
+    is_admin_for: false,
+    colleagues: 2,
+  })
+  t.same(asBob.team, expected[0].team)
+
+  // The same backend, a later transaction: Ada's settings and proof set by hand.
+  await client.query('begin')
+  await client.query("select set_config('role', 'crm_api', true)")
+  await client.query(
+    `select set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true), set_config('crm.via', 'api', true),
+            set_config('crm.scopes', $3, true), set_config('crm.oauth_app_id', $4, true), set_config('crm.context_proof', $5, true)`,
+    [ada.id, tenant.id, asAda.scopes_setting, asAda.app_setting, asAda.proof],
+  )
+  const { rows: replayed } = await client.query(CONTEXT_HELPERS)
+  t.same(replayed[0], {
+    user_id: null,
+    workspace_id: null,
+    oauth_app_id: null,
+    scopes: [],
+    deals_view: null,
+    deals_view_owners: [],
+    is_admin: false,
+    is_admin_for: false,
+    team: null,
+    colleagues: 0,
+    workspaces: [],
+  })
+  const refused = await client.query('select * from crm.proven_context()').then(
+    () => null,
+    (error: { code?: string }) => error.code,
+  )
+  t.equal(refused, '42501', 'crm_api cannot run the inlined check on its own')
+  await client.query('rollback')
+})
+
 t.test('crm.act_as shows a DBA exactly what the member sees', async (t) => {
   const client = await ownerClient(t, url)
   await client.query('begin')

@@ -102,10 +102,10 @@ function routesFor(type: RecordType): RouteDefinition[] {
       response: one(record),
       errors: [400, 401, 403, 409, 413, 415, 422],
       example: { request: schemas.example, response: { data: schemas.exampleRecord } },
-      handler: async ({ req, db, body }) => {
+      handler: async ({ req, db, body, caller }) => {
         const key = idempotencyKeyOf(req.headers['idempotency-key'])
         return withIdempotency(db, key, { method: 'POST', path: base, body }, async () => {
-          const created = await createRecord(db, type, body)
+          const created = await createRecord(db, type, body, caller)
           return { status: 201, body: { data: created }, headers: { Location: `${base}/${created.id}`, ETag: etagOf(created) } }
         })
       },
