@@ -223,6 +223,30 @@ async function admittedIdentity(
 }
 
 /**
+ * The one way a request authenticates, whatever carries the call: a cached identity's token runs
+ * crm.resume_identity, counted by this process; any other token, or a cached one found stale, runs
+ * crm.authenticate. `run` sends one authentication call (with whatever travels in the same
+ * statement) and answers its authentication row and the rest of its answer.
+ */
+async function authenticateThrough<Rest>(
+  attempt: Attempt,
+  state: AuthenticationState | undefined,
+  run: (call: AuthenticationCall) => Promise<{ auth: unknown; rest: Rest }>,
+): Promise<{ caller: Caller; rest: Rest }> {
+  const admitted = await admittedIdentity(attempt, state)
+  if (admitted) {
+    const answer = await run(resumeCall(attempt, admitted.identity))
+    if ((answer.auth as ResumeRow).failure === null) {
+      return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: answer.rest }
+    }
+    // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full.
+    state?.identities.delete(attempt.cacheKey)
+  }
+  const answer = await run(authenticateCall(attempt))
+  return { caller: callerOf(answer.auth as AuthRow, attempt, state), rest: answer.rest }
+}
+
+/**
  * Authentication at the start of a request transaction. Without `state` (a one-off caller such as
  * the sign-up page's) every request runs crm.authenticate.
  */
@@ -237,16 +261,14 @@ export function createAuthenticator(
     set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
     set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout`
   return async (db, req) => {
-    const attempt = attemptOf(config, credentialOf, req)
-    const admitted = await admittedIdentity(attempt, state)
-    if (admitted) {
-      const resumed = await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${resumeCall(attempt, admitted.identity).fragment} a`)
-      if (resumed.failure === null) return cachedCaller(admitted.identity, attempt, admitted.quota)
-      // Stale: nothing was set; the same transaction authenticates in full.
-      state?.identities.delete(attempt.cacheKey)
-    }
-    const row = await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${authenticateCall(attempt).fragment} a`)
-    return callerOf(row, attempt, state)
+    // A stale cached identity authenticates in full in the same transaction.
+    const { caller } = await authenticateThrough(attemptOf(config, credentialOf, req), state, async (call) => ({
+      auth: call.resumes
+        ? await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${call.fragment} a`)
+        : await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${call.fragment} a`),
+      rest: null,
+    }))
+    return caller
   }
 }
 
@@ -336,17 +358,12 @@ export function createStatementAuthenticator(
     const attempt = attemptOf(config, credentialOf, req)
     return {
       send: async (query, run) => {
-        const admitted = await admittedIdentity(attempt, state)
-        if (admitted) {
-          const answer = unwrapRows(await run(wrapStatement(resumeCall(attempt, admitted.identity), query)))
-          if ((answer.auth as ResumeRow).failure === null) {
-            return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rows: answer.rows }
-          }
-          // Stale: the statement set nothing and its query saw nothing; it runs again, in full.
-          state?.identities.delete(attempt.cacheKey)
-        }
-        const answer = unwrapRows(await run(wrapStatement(authenticateCall(attempt), query)))
-        return { caller: callerOf(answer.auth as AuthRow, attempt, state), rows: answer.rows }
+        // A stale cached identity's statement runs again, in full, as a second statement.
+        const { caller, rest } = await authenticateThrough(attempt, state, async (call) => {
+          const answer = unwrapRows(await run(wrapStatement(call, query)))
+          return { auth: answer.auth, rest: answer.rows }
+        })
+        return { caller, rows: rest }
       },
     }
   }
