@@ -105,18 +105,22 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
   return result.requests.total
 }
 
-/** PostgreSQL's CPU so far (ms), every backend of its server; set in main when /proc allows it. */
-let postgresCpuMs: (() => number) | null = null
-/** PostgreSQL's CPU µs per request of the last round cpuPerRequest measured. */
-let lastPostgresCpu = Number.NaN
-
-/** CPU µs per request of a process over one load round (and PostgreSQL's, in lastPostgresCpu). */
-async function cpuPerRequest(pid: number, run: () => Promise<number>): Promise<number> {
+/**
+ * CPU µs per request over one load round: of a process, and of PostgreSQL (every backend of its
+ * server; NaN without a meter, see postgresCpuMeter).
+ */
+async function cpuPerRequest(
+  pid: number,
+  run: () => Promise<number>,
+  postgresCpuMs: (() => number) | null = null,
+): Promise<{ process: number; postgres: number }> {
   const before = processCpuMs(pid) ?? 0
   const postgresBefore = postgresCpuMs?.() ?? Number.NaN
   const requests = await run()
-  lastPostgresCpu = (((postgresCpuMs?.() ?? Number.NaN) - postgresBefore) * 1000) / requests
-  return (((processCpuMs(pid) ?? 0) - before) * 1000) / requests
+  return {
+    process: (((processCpuMs(pid) ?? 0) - before) * 1000) / requests,
+    postgres: (((postgresCpuMs?.() ?? Number.NaN) - postgresBefore) * 1000) / requests,
+  }
 }
 
 function startChild(args: string[], ipc: boolean): Promise<{ url: string; child: ChildProcess }> {
@@ -244,7 +248,7 @@ async function main(): Promise<void> {
     const { seedDeals } = await import('./records.ts')
     await seedDeals(client, tenant.id, admin.id, dealCount, () => {})
     const { rows } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
-    postgresCpuMs = await postgresCpuMeter((text) => client.query(text))
+    const postgresCpuMs = await postgresCpuMeter((text) => client.query(text))
     await client.end()
     const ids = rows.map((row) => row.id as string)
 
@@ -277,11 +281,13 @@ async function main(): Promise<void> {
       const baselineCpu: number[] = []
       const baselinePostgresCpu: number[] = []
       for (let round = 0; round < rounds; round++) {
-        baselineCpu.push(await cpuPerRequest(baseline.child.pid!, () => load(baseline.url, scenario, ids, seconds, {})))
-        baselinePostgresCpu.push(lastPostgresCpu)
+        const bare = await cpuPerRequest(baseline.child.pid!, () => load(baseline.url, scenario, ids, seconds, {}), postgresCpuMs)
+        baselineCpu.push(bare.process)
+        baselinePostgresCpu.push(bare.postgres)
         for (const [index, api] of apis.entries()) {
-          apiCpu[index].push(await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth)))
-          apiPostgresCpu[index].push(lastPostgresCpu)
+          const real = await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth), postgresCpuMs)
+          apiCpu[index].push(real.process)
+          apiPostgresCpu[index].push(real.postgres)
         }
       }
       output.push(`## ${scenario.name}`, '', `CPU per request (/proc, user + system), rounds of ${seconds} s in turns:`, '')
@@ -294,7 +300,7 @@ async function main(): Promise<void> {
       for (const api of apis) {
         await ask(api.child, { do: 'start' })
         let requests = 0
-        const profiledCpu = await cpuPerRequest(api.child.pid!, async () => {
+        const { process: profiledCpu } = await cpuPerRequest(api.child.pid!, async () => {
           requests = await load(api.url, scenario, ids, seconds, auth)
           return requests
         })
