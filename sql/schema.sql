@@ -2313,10 +2313,11 @@ begin
   if event_ids is null or cardinality(event_ids) = 0 then
     return;
   end if;
-  perform graphile_worker.add_job('fan_out_event', json_build_object('event_ids', event_ids), max_attempts => 25);
+  perform graphile_worker.add_job('fan_out_event', json_build_object('event_ids', event_ids), max_attempts => 25,
+                                  job_key => 'fan_out_event:' || event_ids[1]::text, job_key_mode => 'unsafe_dedupe');
 end
 $function$;
-comment on function crm.enqueue_event_fan_out(event_ids uuid[]) is 'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them.';
+comment on function crm.enqueue_event_fan_out(event_ids uuid[]) is 'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them, keyed by the first event id (a plain insert into the queue, no scan of it).';
 
 CREATE OR REPLACE FUNCTION crm.event_actor()
  RETURNS jsonb
