@@ -182,15 +182,22 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
   if (search) conditions.push(search.where)
   if (request.cursor) conditions.push(keysetCondition(keys, request.cursor))
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
+  const order = orderByClause(keys)
+  // The sort values are rendered for the page's last row only, the one a next cursor is made of
+  // (profiled: building and parsing them for every row cost PostgreSQL and Node about 1 µs a row
+  // each). The window runs in the list's own order, so the same sort (or index) serves both and
+  // the numbering is the order the rows come back in.
   return sql.fragment`
     select ${type.jsonFunction}(t)::text as record,
-           json_build_array(${sql.join(
-             keys.map((key) => key.asText),
-             sql.fragment`, `,
-           )}) as cursor
+           case when row_number() over (order by ${order}) = ${pageLimit(request.limit)}
+                then json_build_array(${sql.join(
+                  keys.map((key) => key.asText),
+                  sql.fragment`, `,
+                )})
+           end as cursor
       from ${type.table} as t
      where ${where}
-     order by ${orderByClause(keys)}
+     order by ${order}
      limit ${pageLimit(request.limit + 1)}`
 }
 
@@ -209,8 +216,10 @@ function pageLimit(rows: number): Fragment {
 /** A page: its records as JSON text (PostgreSQL renders them; Node only joins them). */
 export type Page = { records: string[]; next_cursor: string | null }
 
-/** A list row: the record's JSON text and its sort keys' values as text (for the next cursor). */
-const ListRow = rowType(Type.Object({ record: Type.String(), cursor: Type.Array(Type.Union([Type.String(), Type.Null()])) }))
+/** A list row: the record's JSON text and, on the page's last row only, its sort keys' values as text (for the next cursor). */
+const ListRow = rowType(
+  Type.Object({ record: Type.String(), cursor: Type.Union([Type.Array(Type.Union([Type.String(), Type.Null()])), Type.Null()]) }),
+)
 
 export async function runList(
   db: DatabaseTransactionConnection,
@@ -223,8 +232,13 @@ export async function runList(
   const page = more ? rows.slice(0, request.limit) : rows
   return {
     records: page.map((row) => row.record),
-    next_cursor: more ? encodeCursor(request.sortText, page[page.length - 1].cursor) : null,
+    next_cursor: more ? encodeCursor(request.sortText, lastCursor(page[page.length - 1].cursor)) : null,
   }
+}
+
+function lastCursor(values: (string | null)[] | null): (string | null)[] {
+  if (values === null) throw new Error("a list page's last row came without its sort values")
+  return values
 }
 
 /** The page's body, `{"data":[...],"next_cursor":...}`, as JSON text. */
