@@ -3483,6 +3483,20 @@ $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+  raise exception 'a read under row-level security must run as a role confined by it, not as %', current_user
+    using errcode = '42501', hint = 'role_not_confined';
+end
+$function$;
+comment on function crm.refuse_unconfined_role() is 'Raises 42501 (hint role_not_confined): crm.require_confined_role''s refusal (internal; crm_api calls that).';
+grant execute on function crm.refuse_unconfined_role() to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  RETURNS void
  LANGUAGE sql
@@ -3495,22 +3509,17 @@ comment on function crm.release_attempt(p_purpose text, p_subject text, p_window
 
 CREATE OR REPLACE FUNCTION crm.require_confined_role()
  RETURNS boolean
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-begin
-  if exists (select from pg_roles where rolname = current_user and (rolsuper or rolbypassrls))
-    or not pg_has_role(current_user, 'crm_api', 'usage')
-    or pg_has_role(current_user, (select relowner from pg_class where oid = 'crm.contacts'::regclass), 'usage')
-  then
-    raise exception 'a read under row-level security must run as a role confined by it, not as %', current_user
-      using errcode = '42501', hint = 'role_not_confined';
-  end if;
-  return true;
-end
+  select case when pg_catalog.row_security_active('crm.contacts'::pg_catalog.regclass)
+               and pg_catalog.pg_has_role(current_user, 'crm_api', 'usage')
+               and not pg_catalog.pg_has_role(current_user, 'crm_owner', 'member')
+              then true
+              else crm.refuse_unconfined_role()
+         end
 $function$;
-comment on function crm.require_confined_role() is 'True when the current role is subject to the policies of crm_api; raises 42501 (hint role_not_confined) otherwise.';
+comment on function crm.require_confined_role() is 'True when the current role is subject to the policies of crm_api and to no policy of crm_owner; raises 42501 (hint role_not_confined) otherwise. Inlined into the statement that asks.';
 grant execute on function crm.require_confined_role() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.require_webhook_access()

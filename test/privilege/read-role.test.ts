@@ -79,3 +79,36 @@ t.test('a server whose read connections are the owner answers 404 across workspa
     'the refusal is logged',
   )
 })
+
+t.test('a login role granted crm_owner besides crm_api is refused, not handed every workspace', async (t) => {
+  // A DBA's slip: the read role also made a member of crm_owner. The `_all_owner` policies apply to
+  // any member of crm_owner, so such a role would read every workspace's rows; the check refuses it.
+  const name = `careless_${Math.random().toString(36).slice(2, 10)}`
+  const password = `pw-${Math.random().toString(36).slice(2)}`
+  const owner = new pg.Client({ connectionString: url })
+  await owner.connect()
+  t.teardown(() => owner.end())
+  await owner.query(`create role ${name} login password '${password}' in role crm_api, crm_owner`)
+  t.teardown(async () => {
+    await careless.end()
+    await owner.query(`drop owned by ${name}`)
+    await owner.query(`drop role ${name}`)
+  })
+  const address = new URL(url)
+  address.username = name
+  address.password = password
+  const careless = new pg.Client({ connectionString: address.toString() })
+  await careless.connect()
+  const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
+  const answer = await createStatementAuthenticator(server.config)(request)
+    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
+      return (await careless.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
+    })
+    .then(
+      (answer) => answer.rows,
+      (error: unknown) => error,
+    )
+  t.match(answer, { code: '42501', hint: 'role_not_confined' }, "refused: workspace A's contact is not read with B's token")
+  const { rows } = await careless.query('select count(*)::int as n from crm.contacts')
+  t.ok(rows[0].n > 0, 'the role does reach every row outside the checked statement: the refusal is what protects')
+})
