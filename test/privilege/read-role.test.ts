@@ -23,6 +23,22 @@ const created = await server.request('POST', '/api/contacts', { token: tokenA, b
 t.equal(created.status, 201)
 const contactId: string = created.body.data.id
 
+/**
+ * Workspace B's token asks for workspace A's contact in one read statement, sent on `client`: the
+ * rows it answered, or the error it was refused with.
+ */
+function readAsB(client: pg.Client): Promise<unknown> {
+  const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
+  return createStatementAuthenticator(server.config)(request)
+    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
+      return (await client.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
+    })
+    .then(
+      (answer) => answer.rows,
+      (error: unknown) => error,
+    )
+}
+
 t.test('the runtime role reads in one statement, its own workspace only', async (t) => {
   server.queries.length = 0
   t.equal((await server.request('GET', `/api/contacts/${contactId}`, { token: tokenA })).status, 200)
@@ -46,19 +62,10 @@ t.test('the runtime role carries its limits without startup parameters', async (
 })
 
 t.test('as the owner, the read statement refuses to run', async (t) => {
-  const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
   const owner = new pg.Client({ connectionString: url })
   await owner.connect()
   t.teardown(() => owner.end())
-  const error = await createStatementAuthenticator(server.config)(request)
-    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
-      return (await owner.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
-    })
-    .then(
-      (answer) => answer.rows,
-      (error: unknown) => error,
-    )
-  t.match(error, { code: '42501', hint: 'role_not_confined' }, 'refused, no rows')
+  t.match(await readAsB(owner), { code: '42501', hint: 'role_not_confined' }, 'refused, no rows')
 })
 
 t.test('a server whose read connections are the owner answers 404 across workspaces', async (t) => {
@@ -99,16 +106,11 @@ t.test('a login role granted crm_owner besides crm_api is refused, not handed ev
   address.password = password
   const careless = new pg.Client({ connectionString: address.toString() })
   await careless.connect()
-  const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
-  const answer = await createStatementAuthenticator(server.config)(request)
-    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
-      return (await careless.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
-    })
-    .then(
-      (answer) => answer.rows,
-      (error: unknown) => error,
-    )
-  t.match(answer, { code: '42501', hint: 'role_not_confined' }, "refused: workspace A's contact is not read with B's token")
+  t.match(
+    await readAsB(careless),
+    { code: '42501', hint: 'role_not_confined' },
+    "refused: workspace A's contact is not read with B's token",
+  )
   const { rows } = await careless.query('select count(*)::int as n from crm.contacts')
   t.ok(rows[0].n > 0, 'the role does reach every row outside the checked statement: the refusal is what protects')
 })
