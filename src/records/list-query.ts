@@ -184,9 +184,9 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
   const order = orderByClause(keys)
   // The sort values are rendered for the page's last row only, the one a next cursor is made of
-  // (profiled: building and parsing them for every row cost PostgreSQL and Node about 1 µs a row
-  // each). The window runs in the list's own order, so the same sort (or index) serves both and
-  // the numbering is the order the rows come back in.
+  // (measured: 80-135 µs less of PostgreSQL for a page of 50 than rendering them on every row, and
+  // no JSON to parse per row in Node). The window runs in the list's own order, so the same sort
+  // (or index) serves both and the numbering is the order the rows come back in.
   return sql.fragment`
     select ${type.jsonFunction}(t)::text as record,
            case when row_number() over (order by ${order}) = ${pageLimit(request.limit)}
