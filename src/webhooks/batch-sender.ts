@@ -10,7 +10,6 @@
 // the heartbeat unlocks it and the job runs again, sending what was not recorded (at least once;
 // receivers deduplicate on X-Service-Delivery-Id, which a re-sent first attempt keeps).
 
-import type { KeyObject } from 'node:crypto'
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
 import type { Config } from '../config.ts'
@@ -20,7 +19,7 @@ import { HostRateLimiter, webhookHost } from './host-rate-limiter.ts'
 import { deliveryHeaders } from './request-headers.ts'
 import { openWebhookSecret, webhookSecretKey } from './secret-store.ts'
 import { sendSignedWebhook, type WebhookAttempt } from './send.ts'
-import { webhookSigningKey } from './signature.ts'
+import { type SigningSecret, signingSecret } from './signature.ts'
 import { SubscriptionLimiter } from './subscription-limiter.ts'
 
 export { USER_AGENT } from './request-headers.ts'
@@ -154,7 +153,7 @@ export class WebhookBatchSender {
   readonly #database = new Slots(DATABASE_CONCURRENCY)
   // Opening a secret and building its HMAC key costs more than the HMAC itself; sealed bytes are
   // immutable (rotation writes new ones), so they are a safe cache key.
-  readonly #signingKeys = new Map<string, KeyObject>()
+  readonly #signingKeys = new Map<string, SigningSecret>()
 
   constructor(config: Config) {
     this.#config = config
@@ -259,11 +258,11 @@ export class WebhookBatchSender {
     ])
   }
 
-  #signingKey(sealed: Buffer, workspaceId: string): KeyObject {
+  #signingKey(sealed: Buffer, workspaceId: string): SigningSecret {
     const cacheKey = sealed.toString('base64')
     let key = this.#signingKeys.get(cacheKey)
     if (key === undefined) {
-      key = webhookSigningKey(openWebhookSecret(this.#secretKey, sealed, workspaceId))
+      key = signingSecret(openWebhookSecret(this.#secretKey, sealed, workspaceId))
       const oldest = this.#signingKeys.keys().next()
       if (this.#signingKeys.size >= 1000 && !oldest.done) this.#signingKeys.delete(oldest.value)
       this.#signingKeys.set(cacheKey, key)
@@ -271,11 +270,12 @@ export class WebhookBatchSender {
     return key
   }
 
-  async #send(workspaceId: string, subscriptionId: string, row: DeliveryToSend, secrets: KeyObject[]): Promise<Sent> {
+  async #send(workspaceId: string, subscriptionId: string, row: DeliveryToSend, secrets: SigningSecret[]): Promise<Sent> {
     const startedAt = new Date()
     const result = await sendSignedWebhook({
       url: row.url,
       policy: this.#policy,
+      id: row.delivery_id,
       secrets,
       body: deliveryBody(row, startedAt),
       timeoutMs: this.#config.webhook.timeoutMs,

@@ -15,7 +15,10 @@ export const CONTENT_TYPE = 'application/json'
 
 export type DeliveryRequest = { event: string; deliveryId: string; subscriptionId: string }
 
-/** What the worker passes to sendSignedWebhook; send.ts adds Content-Type and X-Service-Signature. */
+/**
+ * What the worker passes to sendSignedWebhook; send.ts adds Content-Type, X-Service-Signature and
+ * the Standard Webhooks headers (webhook-id, webhook-timestamp, webhook-signature), all per attempt.
+ */
 export function deliveryHeaders(delivery: DeliveryRequest): Record<string, string> {
   return {
     'user-agent': USER_AGENT,
@@ -25,11 +28,15 @@ export function deliveryHeaders(delivery: DeliveryRequest): Record<string, strin
   }
 }
 
-/** Every header of an attempt's request, as the delivery log shows it (signature last). */
+/**
+ * The headers of an attempt's request, as the delivery log shows them (signature last); the
+ * Standard Webhooks timestamp is X-Service-Signature's t, and its signature is not kept.
+ */
 export function requestHeaders(delivery: DeliveryRequest, signature: string | null): Record<string, string> {
   return {
     'content-type': CONTENT_TYPE,
     ...deliveryHeaders(delivery),
+    'webhook-id': delivery.deliveryId,
     ...(signature === null ? {} : { 'x-service-signature': signature }),
   }
 }

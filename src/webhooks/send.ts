@@ -3,13 +3,12 @@
 // connect time would let a DNS answer that changed between check and connect (DNS rebinding) reach
 // a private address.
 import { isAscii } from 'node:buffer'
-import type { KeyObject } from 'node:crypto'
 import { isIP, type LookupFunction } from 'node:net'
 import type { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import { type AddressPolicy, checkWebhookUrl, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
 import { CONTENT_TYPE } from './request-headers.ts'
-import { signatureHeader } from './signature.ts'
+import { type SigningSecret, signatureHeader, signingSecret, standardSignatureHeader } from './signature.ts'
 
 export type WebhookAttemptError =
   | 'timeout'
@@ -35,8 +34,10 @@ export type WebhookAttempt = {
 export type SignedWebhookRequest = {
   url: string
   policy: AddressPolicy
+  /** The delivery id: sent as webhook-id and signed with the body. */
+  id: string
   /** The current secret first; during a rotation grace period the old one second. */
-  secrets: readonly (string | KeyObject)[]
+  secrets: readonly (string | SigningSecret)[]
   body: Buffer | string
   headers?: Record<string, string>
   timeoutMs?: number
@@ -69,12 +70,31 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
     }
 
     const body = typeof request.body === 'string' ? Buffer.from(request.body, 'utf8') : request.body
-    // Signed per attempt, so a retry hours later still falls inside the receiver's tolerance.
-    signature = signatureHeader(request.secrets, Math.floor(Date.now() / 1000), body)
+    // Signed per attempt, so a retry hours later still falls inside the receiver's tolerance. Both
+    // schemes sign the same timestamp.
+    const timestamp = Math.floor(Date.now() / 1000)
+    const secrets = request.secrets.map((secret) => (typeof secret === 'string' ? signingSecret(secret) : secret))
+    signature = signatureHeader(
+      secrets.map((secret) => secret.service),
+      timestamp,
+      body,
+    )
     const response = await pinnedPool(check.url.origin, check.addresses[0]).request({
       method: 'POST',
       path: check.url.pathname + check.url.search,
-      headers: { 'content-type': CONTENT_TYPE, ...request.headers, 'x-service-signature': signature },
+      headers: {
+        'content-type': CONTENT_TYPE,
+        ...request.headers,
+        'x-service-signature': signature,
+        'webhook-id': request.id,
+        'webhook-timestamp': String(timestamp),
+        'webhook-signature': standardSignatureHeader(
+          secrets.map((secret) => secret.standard),
+          request.id,
+          timestamp,
+          body,
+        ),
+      },
       body,
       signal: deadline.signal,
       headersTimeout: timeoutMs,

@@ -1,17 +1,59 @@
-// Signing follows the public API contract: X-Service-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>]
-// where each v1 is HMAC-SHA256 over "<t>.<raw body bytes>" keyed by the whole secret string.
+// Signing follows the public API contract (API.md sections 7 and 8), two schemes keyed by one secret:
+// - X-Service-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>], each v1 HMAC-SHA256 over
+//   "<t>.<raw body bytes>" keyed by the whole secret string (what Stripe's verifier does);
+// - webhook-signature: v1,<base64>[ v1,<base64>], HMAC-SHA256 over "<id>.<t>.<raw body bytes>"
+//   keyed by the bytes the part after `whsec_` decodes to (Standard Webhooks).
 import { createHmac, createSecretKey, type KeyObject, randomBytes, timingSafeEqual } from 'node:crypto'
 
 export const SIGNATURE_HEADER = 'X-Service-Signature'
 export const DEFAULT_TOLERANCE_SECONDS = 300
+const SECRET_PREFIX = 'whsec_'
 
+/** Standard base64, which the Standard Webhooks libraries decode (secrets issued before were base64url). */
 export function newWebhookSecret(): string {
-  return `whsec_${randomBytes(32).toString('base64url')}`
+  return `${SECRET_PREFIX}${randomBytes(32).toString('base64')}`
 }
 
 /** HMAC with a KeyObject is several times faster than with a raw key, so callers should keep these. */
 export function webhookSigningKey(secret: string): KeyObject {
   return createSecretKey(Buffer.from(secret, 'utf8'))
+}
+
+/**
+ * The Standard Webhooks key: the bytes after `whsec_`. Node's base64 decoder reads both alphabets,
+ * so a secret issued in base64url before the rule signs with the same 32 bytes it always stood for.
+ */
+export function standardWebhooksKey(secret: string): KeyObject {
+  const encoded = secret.startsWith(SECRET_PREFIX) ? secret.slice(SECRET_PREFIX.length) : secret
+  const bytes = Buffer.from(encoded, 'base64')
+  if (bytes.length === 0) throw new Error('a webhook secret must carry base64 key bytes after whsec_')
+  return createSecretKey(bytes)
+}
+
+/** Both keys of one secret, built once per secret (the worker keeps them). */
+export type SigningSecret = { service: KeyObject; standard: KeyObject }
+
+export function signingSecret(secret: string): SigningSecret {
+  return { service: webhookSigningKey(secret), standard: standardWebhooksKey(secret) }
+}
+
+/**
+ * The Standard Webhooks header: one `v1,<base64>` per secret, space-separated, the new secret first
+ * during a rotation. `id` is the delivery id and `timestampSeconds` the same t as X-Service-Signature.
+ */
+export function standardSignatureHeader(
+  secrets: readonly (string | KeyObject)[],
+  id: string,
+  timestampSeconds: number,
+  body: Buffer | string,
+): string {
+  if (secrets.length === 0) throw new Error('standardSignatureHeader needs at least one secret')
+  return secrets
+    .map((secret) => {
+      const key = typeof secret === 'string' ? standardWebhooksKey(secret) : secret
+      return `v1,${createHmac('sha256', key).update(`${id}.${timestampSeconds}.`).update(body).digest('base64')}`
+    })
+    .join(' ')
 }
 
 export function computeSignature(secret: string | KeyObject, timestampSeconds: number, body: Buffer | string): string {

@@ -75,7 +75,7 @@ export const Delivery = Type.Object({
   attempts: Type.Optional(Type.Array(Attempt)),
   request_headers: Type.Optional(
     Type.Record(Type.String(), Type.String(), {
-      description: 'The headers every attempt sends, X-Service-Signature aside (each attempt has its own signature)',
+      description: 'The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh)',
     }),
   ),
   body: Type.Optional(

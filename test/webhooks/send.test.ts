@@ -12,6 +12,7 @@ import { closeWebhookConnections, EXCERPT_BYTES, sendSignedWebhook } from '../..
 import { verifySignature } from '../../src/webhooks/signature.ts'
 
 const SECRET = 'whsec_test-secret'
+const DELIVERY_ID = '0190a6f4-0000-7000-8000-000000000001'
 
 type Received = { method: string; url: string; headers: IncomingMessage['headers']; body: Buffer; remotePort: number }
 
@@ -104,6 +105,7 @@ const send = (path: string, options: { timeoutMs?: number; host?: string; body?:
   sendSignedWebhook({
     url: `http://${options.host ?? '127.0.0.1'}:${path.startsWith('/') ? port : closedPort}${path.startsWith('/') ? path : '/' + path}`,
     policy,
+    id: DELIVERY_ID,
     secrets: [SECRET],
     body: options.body ?? '{"event":"ping"}',
     headers: { 'x-service-event': 'ping' },
@@ -215,6 +217,7 @@ t.test('the guard runs again before dialling', async (t) => {
   const strict = await sendSignedWebhook({
     url: `http://127.0.0.1:${port}/ok`,
     policy: { allowHttp: true, allowedCidrs: [] },
+    id: DELIVERY_ID,
     secrets: [SECRET],
     body: '{}',
   })
@@ -225,7 +228,7 @@ t.test('the guard runs again before dialling', async (t) => {
 t.test('many distinct targets do not grow the connection cache without bound', async (t) => {
   const attempts = await Promise.all(
     Array.from({ length: 300 }, (_, index) =>
-      sendSignedWebhook({ url: `http://r${index}.test:${closedPort}/`, policy, secrets: [SECRET], body: '{}' }),
+      sendSignedWebhook({ url: `http://r${index}.test:${closedPort}/`, policy, id: DELIVERY_ID, secrets: [SECRET], body: '{}' }),
     ),
   )
   t.ok(attempts.every((attempt) => attempt.error === 'connection_refused'))
@@ -267,11 +270,11 @@ t.test(
     const tlsPort = await listen(tlsServer)
     t.teardown(() => new Promise((resolve) => tlsServer.close(resolve)))
 
-    const attempt = await sendSignedWebhook({ url: `https://receiver.test:${tlsPort}/`, policy, secrets: [SECRET], body: '{}' })
+    const attempt = await sendSignedWebhook({ url: `https://receiver.test:${tlsPort}/`, policy, id: DELIVERY_ID, secrets: [SECRET], body: '{}' })
     t.match(attempt, { status: null, error: 'tls_error', detail: /self-signed|SELF_SIGNED/i })
     t.same(serverNames, ['receiver.test'], 'the ClientHello named receiver.test')
 
-    const plainOverTls = await sendSignedWebhook({ url: `https://127.0.0.1:${port}/ok`, policy, secrets: [SECRET], body: '{}' })
+    const plainOverTls = await sendSignedWebhook({ url: `https://127.0.0.1:${port}/ok`, policy, id: DELIVERY_ID, secrets: [SECRET], body: '{}' })
     t.match(plainOverTls, { status: null, error: 'tls_error' }, 'https to a plain-http port')
   },
 )
