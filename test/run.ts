@@ -52,7 +52,7 @@ async function provision(): Promise<ProvisionedDatabase & { label: string }> {
 function scanLogsForSecrets(dir: string): { scanned: string; found: string[] } {
   const patterns: [string, RegExp][] = [
     ['bearer token', /crm_[A-Za-z0-9_-]{43}/],
-    ['webhook secret', /whsec_[A-Za-z0-9_-]{43}/],
+    ['webhook secret', /whsec_[A-Za-z0-9_+/-]{43}/],
     ['invitation token', /inv_[A-Za-z0-9_-]{43}/],
     ['OAuth client secret', /crmsec_[A-Za-z0-9_-]{43}/],
     ['OAuth refresh token', /crmrt_[A-Za-z0-9_-]{43}/],

@@ -1,10 +1,12 @@
 // End to end: a subscription, a record change through the API, and what the receiver gets:
 // signature, headers, body shape and escaping; then the delivery log, one delivery and stats.
+import { createHmac } from 'node:crypto'
 import t from 'tap'
 import { computeSignature, verifySignature } from '../../src/webhooks/signature.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
+import { everyVerifierAccepts } from './verifiers.ts'
 
 t.test('a contact change reaches the receiver signed, with the documented headers and body', async (t) => {
   const server = await startTestServer(t, { worker: true, env: WEBHOOK_TEST_ENV })
@@ -18,7 +20,7 @@ t.test('a contact change reaches the receiver signed, with the documented header
   })
   t.equal(created.status, 201, created.text)
   const subscription = created.body.data
-  t.match(subscription.secret, /^whsec_[A-Za-z0-9_-]{43}$/)
+  t.match(subscription.secret, /^whsec_[A-Za-z0-9+/]{43}=$/, 'whsec_ and 32 bytes in standard base64')
   t.equal(subscription.secret_last4, subscription.secret.slice(-4))
   t.equal(subscription.status, 'active')
   t.same(subscription.stats, { success_rate: null, deliveries_24h: 0, last_delivery_at: null })
@@ -44,6 +46,12 @@ t.test('a contact change reaches the receiver signed, with the documented header
   t.ok(verifySignature(signature, request.raw, subscription.secret), 'the signature verifies with the secret')
   const [, t1, v1] = /^t=(\d+),v1=([0-9a-f]{64})$/.exec(signature)!
   t.equal(computeSignature(subscription.secret, Number(t1), request.raw), v1, 'HMAC over "<t>.<raw body>"')
+  t.equal(request.headers['webhook-id'], deliveryId)
+  t.equal(request.headers['webhook-timestamp'], t1)
+  const standardKey = Buffer.from(subscription.secret.slice('whsec_'.length), 'base64')
+  const standard = createHmac('sha256', standardKey).update(`${deliveryId}.${t1}.`).update(request.raw).digest('base64')
+  t.equal(request.headers['webhook-signature'], `v1,${standard}`, 'HMAC over "<id>.<t>.<raw body>" keyed by the decoded secret')
+  t.same(everyVerifierAccepts(request, subscription.secret), { stripe: true, standardwebhooks: true, svix: true })
 
   const text = request.raw.toString('latin1')
   t.ok(/^[\x00-\x7f]*$/.test(text), 'the body is pure ASCII')

@@ -8,6 +8,7 @@ import { ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
+import { everyVerifierAccepts } from './verifiers.ts'
 
 const BASE = '/api/webhook-subscriptions'
 const hourAgo = () => new Date(Date.now() - 3600_000).toISOString()
@@ -65,6 +66,15 @@ t.test('a receiver outage: deliveries die, the receiver comes back, recovery sen
   t.ok(
     after.every((r) => r.body.delivery_id === r.headers['x-service-delivery-id']),
     'the body carries the same delivery_id',
+  )
+  t.ok(
+    receiver.received.every((r) => r.headers['webhook-id'] === r.headers['x-service-delivery-id']),
+    'webhook-id is the delivery id, the same on every retry and after the recovery',
+  )
+  t.same(
+    after.map((r) => everyVerifierAccepts(r, subscription.secret)),
+    after.map(() => ({ stripe: true, standardwebhooks: true, svix: true })),
+    'each recovered delivery verifies with Stripe, standardwebhooks and svix',
   )
   const one = await server.request('GET', `${log}/${dead[0].delivery_id}`, { token })
   t.match(one.body.data, { status: 'delivered', attempt_count: 8 })

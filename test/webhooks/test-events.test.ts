@@ -1,6 +1,7 @@
 // Test events (POST .../test): a sample of the chosen event, rendered by the outbox's own renderers,
 // with "test": true, signed with the current secret(s) and checked by verifiers that share no code
-// with the service (the README's snippet and Stripe's scheme); logged with its attempts, the body
+// with the service (the README's snippet, Stripe's library, and the standardwebhooks and svix
+// libraries on the Standard Webhooks headers); logged with its attempts, the body
 // and signature as sent; sent while paused; never counted in the stats or the auto-pause rule.
 import t from 'tap'
 import { verifySignature } from '../../src/webhooks/signature.ts'
@@ -8,7 +9,7 @@ import { ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
-import { readmeVerifier, stripeVerifyHeader } from './verifiers.ts'
+import { everyVerifierAccepts, readmeVerifier, stripeVerifyHeader } from './verifiers.ts'
 
 const BASE = '/api/webhook-subscriptions'
 
@@ -47,6 +48,15 @@ t.test('a test event reaches the receiver signed, marked "test": true, and verif
   t.ok(stripeVerifyHeader(request.raw, signature, subscription.secret), "Stripe's scheme accepts it")
   t.notOk(stripeVerifyHeader(request.raw, signature, `${subscription.secret}x`), "Stripe's scheme refuses another secret")
   t.ok(verifySignature(signature, request.raw, subscription.secret), "and the service's own verifier")
+  t.equal(request.headers['webhook-id'], sent.body.data.delivery_id, 'webhook-id is the delivery id')
+  t.equal(request.headers['webhook-timestamp'], signature.slice(2, signature.indexOf(',')), "webhook-timestamp is X-Service-Signature's t")
+  t.match(request.headers['webhook-signature'], /^v1,[A-Za-z0-9+/]{43}=$/)
+  t.same(everyVerifierAccepts(request, subscription.secret), { stripe: true, standardwebhooks: true, svix: true }, 'one secret, both schemes')
+  t.same(
+    everyVerifierAccepts(request, `whsec_${Buffer.alloc(32, 7).toString('base64')}`),
+    { stripe: false, standardwebhooks: false, svix: false },
+    'and every library refuses another secret',
+  )
 
   const body = request.body
   t.same(
@@ -121,6 +131,7 @@ t.test('a test event reaches the receiver signed, marked "test": true, and verif
     'x-service-event': 'contact.created',
     'x-service-delivery-id': sent.body.data.delivery_id,
     'x-service-webhook-id': subscription.id,
+    'webhook-id': sent.body.data.delivery_id,
   })
 
   // During a rotation both secrets sign a test event too.
@@ -140,6 +151,10 @@ t.test('a test event reaches the receiver signed, marked "test": true, and verif
   t.ok(readme(rotatedRequest.raw, twoSignatures, subscription.secret), '... and with the old one')
   t.ok(stripeVerifyHeader(rotatedRequest.raw, twoSignatures, rotated.body.data.secret), 'Stripe with the new secret')
   t.ok(stripeVerifyHeader(rotatedRequest.raw, twoSignatures, subscription.secret), '... and with the old one')
+  t.match(rotatedRequest.headers['webhook-signature'], /^v1,\S{44} v1,\S{44}$/, 'one Standard Webhooks signature per live secret')
+  const everyLibrary = { stripe: true, standardwebhooks: true, svix: true }
+  t.same(everyVerifierAccepts(rotatedRequest, rotated.body.data.secret), everyLibrary, 'every library with the new secret')
+  t.same(everyVerifierAccepts(rotatedRequest, subscription.secret), everyLibrary, '... and with the old one')
 })
 
 t.test('test events are sent while paused and never count in the stats or the auto-pause rule', async (t) => {

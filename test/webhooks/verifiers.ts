@@ -1,14 +1,18 @@
-// Two verifiers that share no code with the service, for checking what receivers get:
+// Verifiers that share no code with the service, for checking what receivers get:
 // - the README's own snippet (section "Receiving webhooks"), taken from README.md as it stands, so
 //   the documented code is run, not a copy of it;
 // - Stripe's own verifier from the `stripe` package (header `t=<unix>,v1=<hex>[,v1=...]`, the
 //   HMAC-SHA256 hex of "<t>.<payload>" keyed with the secret string, any v1 may match, a timestamp
-//   older than the tolerance is refused), so receivers using Stripe's library accept our deliveries.
+//   older than the tolerance is refused), so receivers using Stripe's library accept our deliveries;
+// - the Standard Webhooks libraries `standardwebhooks` and `svix` (headers webhook-id,
+//   webhook-timestamp, webhook-signature; the key is the base64 after `whsec_`), each its own verify.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
+import { Webhook as StandardWebhook, WebhookVerificationError } from 'standardwebhooks'
 import Stripe from 'stripe'
+import { Webhook as SvixWebhook, WebhookVerificationError as SvixVerificationError } from 'svix'
 
 type ReadmeVerifier = (rawBody: Buffer, header: string, secret: string, toleranceSeconds?: number) => boolean
 
@@ -43,5 +47,47 @@ export function stripeVerifyHeader(payload: Buffer | string, header: string, sec
   } catch (error) {
     if (error instanceof Stripe.errors.StripeSignatureVerificationError) return false
     throw error
+  }
+}
+
+type Headers = Record<string, string | string[] | undefined>
+
+/** The request's three Standard Webhooks headers, as a receiver hands them to either library. */
+function standardHeaders(headers: Headers): Record<string, string> {
+  return {
+    'webhook-id': String(headers['webhook-id'] ?? ''),
+    'webhook-timestamp': String(headers['webhook-timestamp'] ?? ''),
+    'webhook-signature': String(headers['webhook-signature'] ?? ''),
+  }
+}
+
+/** The `standardwebhooks` package's Webhook.verify: true when it accepts the request. */
+export function standardWebhooksVerify(payload: Buffer, headers: Headers, secret: string): boolean {
+  try {
+    new StandardWebhook(secret).verify(payload, standardHeaders(headers))
+    return true
+  } catch (error) {
+    if (error instanceof WebhookVerificationError) return false
+    throw error
+  }
+}
+
+/** The `svix` package's Webhook.verify, as a receiver of Svix-sent webhooks calls it. */
+export function svixVerify(payload: Buffer, headers: Headers, secret: string): boolean {
+  try {
+    new SvixWebhook(secret).verify(payload, standardHeaders(headers))
+    return true
+  } catch (error) {
+    if (error instanceof SvixVerificationError) return false
+    throw error
+  }
+}
+
+/** Every verifier a receiver might use, on one request: each must accept it with this secret. */
+export function everyVerifierAccepts(request: { raw: Buffer; headers: Headers }, secret: string): Record<string, boolean> {
+  return {
+    stripe: stripeVerifyHeader(request.raw, String(request.headers['x-service-signature']), secret),
+    standardwebhooks: standardWebhooksVerify(request.raw, request.headers, secret),
+    svix: svixVerify(request.raw, request.headers, secret),
   }
 }
