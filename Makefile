@@ -17,7 +17,7 @@ NODE := node
 # Biome and squawk come as their platform packages (optional dependencies), called directly.
 BIOME := node_modules/@biomejs/cli-linux-$(ARCH)/biome
 SQUAWK := node_modules/@squawk-cli/linux-$(ARCH)/bin/squawk
-.PHONY: help setup run test test-faults soak format check schema audit bench clean node
+.PHONY: help setup run test test-faults soak format check schema client audit bench clean node
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -30,7 +30,7 @@ $(NODE_DIR)/node:
 	  npm install --no-save --no-audit --no-fund --loglevel=error node-linux-$(ARCH)@$(NODE_MAJOR_WANTED)
 	@$(NODE_DIR)/node --version
 
-node_modules/.installed: package.json package-lock.json | node
+node_modules/.installed: package.json package-lock.json clients/typescript/package.json | node
 	npm ci --no-audit --no-fund --loglevel=error
 	@# tap builds its plugin set at install; rebuild it for the plugins package.json asks for
 	@# (TypeScript runs on Node's own type stripping, not through a tap plugin).
@@ -61,6 +61,9 @@ check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), li
 
 schema: setup ## write sql/schema.sql: migrate a throwaway embedded PostgreSQL and dump the schema crm
 	$(NODE) src/db/schema-dump.ts
+
+client: setup ## regenerate the TypeScript client's types (clients/typescript/schema.ts) from /api/openapi.json (URL=... to read a running service's)
+	$(NODE) clients/typescript/generate.ts $(URL)
 
 audit: setup ## npm audit of every dependency: fails on a high or critical finding
 	@# A registry that does not serve the audit endpoint (some mirrors answer 405) is reported as

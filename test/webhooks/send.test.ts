@@ -270,11 +270,23 @@ t.test(
     const tlsPort = await listen(tlsServer)
     t.teardown(() => new Promise((resolve) => tlsServer.close(resolve)))
 
-    const attempt = await sendSignedWebhook({ url: `https://receiver.test:${tlsPort}/`, policy, id: DELIVERY_ID, secrets: [SECRET], body: '{}' })
+    const attempt = await sendSignedWebhook({
+      url: `https://receiver.test:${tlsPort}/`,
+      policy,
+      id: DELIVERY_ID,
+      secrets: [SECRET],
+      body: '{}',
+    })
     t.match(attempt, { status: null, error: 'tls_error', detail: /self-signed|SELF_SIGNED/i })
     t.same(serverNames, ['receiver.test'], 'the ClientHello named receiver.test')
 
-    const plainOverTls = await sendSignedWebhook({ url: `https://127.0.0.1:${port}/ok`, policy, id: DELIVERY_ID, secrets: [SECRET], body: '{}' })
+    const plainOverTls = await sendSignedWebhook({
+      url: `https://127.0.0.1:${port}/ok`,
+      policy,
+      id: DELIVERY_ID,
+      secrets: [SECRET],
+      body: '{}',
+    })
     t.match(plainOverTls, { status: null, error: 'tls_error' }, 'https to a plain-http port')
   },
 )

@@ -51,7 +51,11 @@ t.test('a test event reaches the receiver signed, marked "test": true, and verif
   t.equal(request.headers['webhook-id'], sent.body.data.delivery_id, 'webhook-id is the delivery id')
   t.equal(request.headers['webhook-timestamp'], signature.slice(2, signature.indexOf(',')), "webhook-timestamp is X-Service-Signature's t")
   t.match(request.headers['webhook-signature'], /^v1,[A-Za-z0-9+/]{43}=$/)
-  t.same(everyVerifierAccepts(request, subscription.secret), { stripe: true, standardwebhooks: true, svix: true }, 'one secret, both schemes')
+  t.same(
+    everyVerifierAccepts(request, subscription.secret),
+    { stripe: true, standardwebhooks: true, svix: true },
+    'one secret, both schemes',
+  )
   t.same(
     everyVerifierAccepts(request, `whsec_${Buffer.alloc(32, 7).toString('base64')}`),
     { stripe: false, standardwebhooks: false, svix: false },

@@ -12,7 +12,7 @@ import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Webhook as StandardWebhook, WebhookVerificationError } from 'standardwebhooks'
 import Stripe from 'stripe'
-import { Webhook as SvixWebhook, WebhookVerificationError as SvixVerificationError } from 'svix'
+import { WebhookVerificationError as SvixVerificationError, Webhook as SvixWebhook } from 'svix'
 
 type ReadmeVerifier = (rawBody: Buffer, header: string, secret: string, toleranceSeconds?: number) => boolean
 
