@@ -4,10 +4,11 @@
 // libraries on the Standard Webhooks headers); logged with its attempts, the body
 // and signature as sent; sent while paused; never counted in the stats or the auto-pause rule.
 import t from 'tap'
+import { sealWebhookSecret, webhookSecretKey } from '../../src/webhooks/secret-store.ts'
 import { verifySignature } from '../../src/webhooks/signature.ts'
 import { ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
-import { startTestServer } from '../helpers/server.ts'
+import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from './receiver.ts'
 import { everyVerifierAccepts, readmeVerifier, stripeVerifyHeader } from './verifiers.ts'
 
@@ -303,5 +304,32 @@ t.test('what a test event refuses', async (t) => {
     asUser('admin@a.test', tenant.slug, `update crm.webhook_deliveries set is_test = true where subscription_id = $1`),
     /permission denied/,
     'crm_api cannot mark deliveries',
+  )
+})
+
+t.test('a subscription whose secret was issued in base64url keeps its X-Service-Signature and gains webhook-signature', async (t) => {
+  const server = await startTestServer(t, { worker: true, env: WEBHOOK_TEST_ENV })
+  const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
+  const token = tenant.members['admin@a.test'].token
+  const receiver = await startReceiver(t)
+  const created = await server.request('POST', BASE, { token, body: { name: 'Old', url: receiver.url, events: ['*'] } })
+  t.equal(created.status, 201, created.text)
+  // A secret as the service issued them before the rule: 32 bytes in base64url.
+  const bytes = Buffer.from('fbff'.repeat(16), 'hex')
+  const legacy = `whsec_${bytes.toString('base64url')}`
+  const owner = await ownerClient(t, server.databaseUrl)
+  await owner.query('update crm.webhook_subscriptions set secret_encrypted = $1, secret_last4 = $2 where id = $3', [
+    sealWebhookSecret(webhookSecretKey(TEST_APP_SECRET), legacy, tenant.id),
+    legacy.slice(-4),
+    created.body.data.id,
+  ])
+  const sent = await server.request('POST', `${BASE}/${created.body.data.id}/test`, { token, body: {} })
+  t.equal(sent.status, 202, sent.text)
+  const [request] = await receiver.waitFor((all) => all.length >= 1)
+  t.same(everyVerifierAccepts(request, legacy), { stripe: true, standardwebhooks: false, svix: false }, 'Stripe with the secret as shown')
+  t.same(
+    everyVerifierAccepts(request, `whsec_${bytes.toString('base64')}`),
+    { stripe: false, standardwebhooks: true, svix: true },
+    'the Standard Webhooks libraries with the same bytes in standard base64',
   )
 })

@@ -61,8 +61,13 @@ function standardHeaders(headers: Headers): Record<string, string> {
   }
 }
 
+// Both libraries refuse, in their constructor, a secret that is not standard base64 (a secret issued
+// in base64url before the rule): a receiver holding one verifies nothing with them.
+const readable = (secret: string) => /^whsec_[A-Za-z0-9+/]+={0,2}$/.test(secret)
+
 /** The `standardwebhooks` package's Webhook.verify: true when it accepts the request. */
 export function standardWebhooksVerify(payload: Buffer, headers: Headers, secret: string): boolean {
+  if (!readable(secret)) return false
   try {
     new StandardWebhook(secret).verify(payload, standardHeaders(headers))
     return true
@@ -74,6 +79,7 @@ export function standardWebhooksVerify(payload: Buffer, headers: Headers, secret
 
 /** The `svix` package's Webhook.verify, as a receiver of Svix-sent webhooks calls it. */
 export function svixVerify(payload: Buffer, headers: Headers, secret: string): boolean {
+  if (!readable(secret)) return false
   try {
     new SvixWebhook(secret).verify(payload, standardHeaders(headers))
     return true
