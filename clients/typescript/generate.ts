@@ -16,7 +16,8 @@ export async function generateSchema(document: Record<string, unknown>): Promise
 
 export const SCHEMA_FILE = new URL('./schema.ts', import.meta.url)
 
-async function servedDocument(baseUrl: string | undefined): Promise<Record<string, unknown>> {
+/** The document to generate from: a running service's, or the one this checkout serves. */
+export async function servedDocument(baseUrl: string | undefined): Promise<Record<string, unknown>> {
   if (baseUrl !== undefined) {
     const response = await fetch(new URL('/api/openapi.json', baseUrl))
     if (!response.ok) throw new Error(`GET /api/openapi.json answered ${response.status}`)
