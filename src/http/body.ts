@@ -15,6 +15,7 @@ import { join } from 'node:path'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { InvalidJsonError, PayloadTooLargeError, RequestTimeoutError, UnsupportedMediaTypeError } from '../errors.ts'
+import type { UploadReceipt } from './upload-receipts.ts'
 
 export const JSON_BODY_LIMIT = 1024 * 1024
 export const CSV_BODY_LIMIT = 50 * 1024 * 1024
@@ -146,6 +147,9 @@ export function jsonNestsDeeperThan(text: string, max: number): boolean {
   return false
 }
 
+/** The name every upload's temporary directory under os.tmpdir() starts with. */
+export const UPLOAD_DIRECTORY_PREFIX = 'crm-upload-'
+
 /** A body received whole into a private temporary file; `remove` deletes it and its directory. */
 export type ReceivedFile = { path: string; size: number; remove: () => Promise<void> }
 
@@ -154,13 +158,20 @@ export type ReceivedFile = { path: string; size: number; remove: () => Promise<v
  * slow upload spends a socket and disk, not memory or a database connection. The file is removed
  * when receiving fails; otherwise the caller removes it.
  */
-export async function receiveBodyFile(req: IncomingMessage, limit: number, idleTimeoutMs: number): Promise<ReceivedFile> {
-  const directory = await mkdtemp(join(tmpdir(), 'crm-upload-'))
+export async function receiveBodyFile(
+  req: IncomingMessage,
+  limit: number,
+  idleTimeoutMs: number,
+  receipt?: Pick<UploadReceipt, 'reserve'>,
+): Promise<ReceivedFile> {
+  const directory = await mkdtemp(join(tmpdir(), UPLOAD_DIRECTORY_PREFIX))
   const path = join(directory, 'body')
   const remove = () => rm(directory, { recursive: true, force: true })
   let size = 0
   const counted = async function* () {
     for await (const chunk of bodyChunks(req, limit, idleTimeoutMs)) {
+      // Counted against the process's cap on temporary files before it is written.
+      receipt?.reserve(chunk.length)
       size += chunk.length
       yield chunk
     }
