@@ -181,9 +181,14 @@ t.test('CSV headers with long cells, digit runs and many columns: a 422 past the
   const header = fc.oneof(
     fc.integer({ min: 1, max: 60_000 }).map((digits) => `a${'7'.repeat(digits)}x`),
     fc.integer({ min: 1, max: 2 * MAX_COLUMNS }).map((count) => Array.from({ length: count }, (_, index) => `c${index}`).join(',')),
-    fc.tuple(fc.stringMatching(/^[a-zA-Z ]{0,5}$/), fc.integer({ min: 0, max: 3 * MAX_HEADER_CELL_LENGTH })).map(([text, pad]) => text + ' '.repeat(pad) + '9'),
+    fc
+      .tuple(fc.stringMatching(/^[a-zA-Z ]{0,5}$/), fc.integer({ min: 0, max: 3 * MAX_HEADER_CELL_LENGTH }))
+      .map(([text, pad]) => text + ' '.repeat(pad) + '9'),
   )
-  const cell = fc.oneof(fc.string({ maxLength: 5 }), fc.integer({ min: 0, max: 100_000 }).map((length) => 'z'.repeat(length)))
+  const cell = fc.oneof(
+    fc.string({ maxLength: 5 }),
+    fc.integer({ min: 0, max: 100_000 }).map((length) => 'z'.repeat(length)),
+  )
   await fc.assert(
     fc.asyncProperty(
       fc.constantFrom('contacts', 'companies', 'deals'),

@@ -30,7 +30,11 @@ t.test('the text scan agrees with the parsed depth, brackets and escapes inside 
       fc.array(tricky).map((parts) => parts.join('')),
       fc.integer(),
       fc.array(tie('node'), { maxLength: 3 }),
-      fc.dictionary(fc.array(tricky).map((parts) => parts.join('')), tie('node'), { maxKeys: 3 }),
+      fc.dictionary(
+        fc.array(tricky).map((parts) => parts.join('')),
+        tie('node'),
+        { maxKeys: 3 },
+      ),
     ),
   })).node
   fc.assert(
@@ -66,7 +70,11 @@ for (const [name, text] of Object.entries(bodies)) {
 
 t.test(`a body at ${MAX_JSON_DEPTH} levels is parsed and judged by its schema`, async (t) => {
   const text = `{"first_name":"Ada","custom_fields":{"k":${nested('[', ']', MAX_JSON_DEPTH - 2, '')}}}`
-  const response = await server.request('POST', '/api/contacts', { token: realToken, raw: text, headers: { 'content-type': 'application/json' } })
+  const response = await server.request('POST', '/api/contacts', {
+    token: realToken,
+    raw: text,
+    headers: { 'content-type': 'application/json' },
+  })
   t.equal(response.status, 422, response.text)
   t.equal(response.body.errors[0].pointer, '/custom_fields/k')
 })
