@@ -195,7 +195,8 @@ export function createApp(
     try {
       if (definition.auth === 'required') {
         await admitted(req, () =>
-          authenticatedTransaction(definition, req, res, async (_db, caller) => {
+          authenticatedTransaction(definition, req, res, async (db, caller) => {
+            await definition.checkCallerBeforeBody?.(db)
             if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
           }),
         )

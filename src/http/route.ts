@@ -104,6 +104,11 @@ export type RouteDefinition = {
   fileLimit?: number
   /** Refuses a body from the request's headers alone, before a byte of it is received (throws). */
   checkBodyHeaders?: (req: IncomingMessage) => void
+  /**
+   * A 'file' route's check of the caller, run in the transaction that authenticates it before its
+   * body is received (throws), so a caller the handler would refuse sends nothing to disk.
+   */
+  checkCallerBeforeBody?: (db: DatabaseTransactionConnection) => Promise<void>
   /** Counted against the workspace's concurrent uploads or exports (429 past the limit). */
   limitedPerWorkspace?: WorkspaceWork
   /** Success status and schema for the OpenAPI document. */

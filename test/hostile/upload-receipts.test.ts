@@ -39,9 +39,12 @@ async function until(condition: () => boolean, what: string): Promise<void> {
 const server = await startTestServer(t, {
   env: { TRUST_PROXY: '127.0.0.1/32,::1/128', UPLOADS_PER_ADDRESS: '1', UPLOADS_TOTAL: '2', UPLOAD_TEMP_BYTES: String(64 * 1024) },
 })
-const tenant = await createTenant(server.databaseUrl, { members: { 'ada@receipts.test': 'admin', 'rev@receipts.test': 'admin' } })
+const tenant = await createTenant(server.databaseUrl, {
+  members: { 'ada@receipts.test': 'admin', 'rev@receipts.test': 'admin', 'reader@receipts.test': 'read_only' },
+})
 const token = tenant.members['ada@receipts.test'].token
 const revokedToken = tenant.members['rev@receipts.test'].token
+const readerToken = tenant.members['reader@receipts.test'].token
 
 const BOUNDARY = 'receiptsboundary'
 const head = Buffer.from(`--${BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.csv"\r\nContent-Type: text/csv\r\n\r\n`)
@@ -87,25 +90,29 @@ function upload(options: { body: Buffer; first?: number; forwardedFor?: string; 
   return { answer, finish }
 }
 
-t.test('an unknown or revoked bearer gets 401 for a 10 MiB upload, and no temporary file is created', async (t) => {
-  t.equal((await server.request('DELETE', '/api/tokens', { token: revokedToken })).status, 204)
-  const tenMiB = multipart(csvOf(10 * 1024 * 1024))
-  for (const [bearer, code] of [
-    [`crm_${'A'.repeat(43)}`, 'token_invalid'],
-    [revokedToken, 'token_revoked'],
-  ]) {
-    const refused = await upload({ body: tenMiB, bearer }).answer
-    t.equal(refused.status, 401, code)
-    t.equal(refused.body.code, code)
-  }
-  // inotify reports in order: once an accepted upload's directory is seen, any directory made for
-  // the refused ones would have been reported before it.
-  const accepted = await upload({ body: multipart(csvOf(100)) }).answer
-  t.equal(accepted.status, 201)
-  await until(() => created.length > 0, "the accepted upload's directory")
-  t.equal(created.length, 1, 'only the accepted upload had a temporary directory')
-  t.same(uploadDirectories(), [], 'and it is gone')
-})
+t.test(
+  'an unknown or revoked bearer (401) or a role without the import grant (403) sends a 10 MiB upload, and no temporary file is created',
+  async (t) => {
+    t.equal((await server.request('DELETE', '/api/tokens', { token: revokedToken })).status, 204)
+    const tenMiB = multipart(csvOf(10 * 1024 * 1024))
+    for (const [bearer, status, code] of [
+      [`crm_${'A'.repeat(43)}`, 401, 'token_invalid'],
+      [revokedToken, 401, 'token_revoked'],
+      [readerToken, 403, 'forbidden'],
+    ] as const) {
+      const refused = await upload({ body: tenMiB, bearer }).answer
+      t.equal(refused.status, status, code)
+      t.equal(refused.body.code, code)
+    }
+    // inotify reports in order: once an accepted upload's directory is seen, any directory made for
+    // the refused ones would have been reported before it.
+    const accepted = await upload({ body: multipart(csvOf(100)) }).answer
+    t.equal(accepted.status, 201)
+    await until(() => created.length > 0, "the accepted upload's directory")
+    t.equal(created.length, 1, 'only the accepted upload had a temporary directory')
+    t.same(uploadDirectories(), [], 'and it is gone')
+  },
+)
 
 t.test('receipts are bounded per address (429) and in total (503), and given back', async (t) => {
   const body = multipart(csvOf(1000))
