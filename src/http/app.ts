@@ -178,19 +178,21 @@ export function createApp(
   }
 
   /**
-   * A file body is received only for a caller already proven who holds the workspace's slot: a
-   * short transaction of its own authenticates and takes the slot, then the process's receipt
-   * bounds (per address, in total, bytes on disk: upload-receipts.ts), and only then is the body
-   * written to a temporary file, with no connection held while it arrives. An unknown, expired or
-   * revoked token gets its 401 with nothing received. The handler's transaction authenticates
-   * again, so a token revoked during a long upload is refused then. The slot and the receipt are
-   * held until the answer.
+   * A file body is received only for a caller already proven who holds the workspace's slot. First
+   * a receipt (per address and per process, upload-receipts.ts), so one address cannot make the
+   * database authenticate more uploads at once than its bound; then a short transaction of its own
+   * authenticates, checks the route's grant and takes the slot; only then is the body written to a
+   * temporary file, under the process's cap on such files, with no connection held while it
+   * arrives. An unknown, expired or revoked token gets its 401 with nothing received. The
+   * handler's transaction authenticates again, so a token revoked during a long upload is refused
+   * then. The slot and the receipt are held until the answer.
    */
   async function receiveUpload(
     definition: RouteDefinition,
     req: Request,
     res: ServerResponse,
   ): Promise<{ file: ReceivedFile; release: () => void }> {
+    const receipt = uploadReceipts.take(req)
     let releaseSlot: (() => void) | undefined
     try {
       if (definition.auth === 'required') {
@@ -203,21 +205,17 @@ export function createApp(
         // Committed: the handler's transaction counts for itself.
         req.countedInDatabase = false
       }
-      const receipt = uploadReceipts.take(req)
-      try {
-        const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
-        return {
-          file,
-          release: () => {
-            receipt.release()
-            releaseSlot?.()
-          },
-        }
-      } catch (error) {
-        receipt.release()
-        throw error
+      receipt.checkDeclaredLength()
+      const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
+      return {
+        file,
+        release: () => {
+          receipt.release()
+          releaseSlot?.()
+        },
       }
     } catch (error) {
+      receipt.release()
       releaseSlot?.()
       throw error
     }

@@ -1,8 +1,10 @@
 // How many file bodies this process receives at once, and how many bytes their temporary files
-// hold together. A receipt is taken only after the caller is authenticated and holds the
-// workspace's upload slot (app.ts), so an unknown token never gets one; the bounds then keep one
-// address (many workspaces, many tokens) and all clients together from filling the sockets and the
-// disk with slow uploads. Counted in each API process, like the workspace slots.
+// hold together. A receipt is taken before the caller is authenticated (app.ts), so one address
+// cannot make the database authenticate more uploads at once than its bound, whatever tokens it
+// sends; the body itself is received only after authentication and the workspace's upload slot.
+// The bounds keep one address (many workspaces, many tokens) and all clients together from
+// filling the sockets and the disk with slow uploads. Counted in each API process, like the
+// workspace slots.
 import type { IncomingMessage } from 'node:http'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
 import { clientOf } from './client-address.ts'
@@ -18,13 +20,15 @@ export type UploadReceiptLimits = {
 
 /** One body being received: its bytes are counted as they arrive, and all is given back at the end. */
 export type UploadReceipt = {
+  /** Throws 503 when the body's declared Content-Length cannot fit beside the files being received. */
+  checkDeclaredLength: () => void
   /** Counts `bytes` more on the disk; throws 503 when the process's temporary files would pass their cap. */
   reserve: (bytes: number) => void
   release: () => void
 }
 
 export type UploadReceipts = {
-  /** A receipt for this request's body, or 429/503 when a bound is reached. */
+  /** A receipt for this request's body, or 429 (its address) or 503 (the process) when a bound is reached. */
   take: (req: IncomingMessage) => UploadReceipt
   inUse: () => { receipts: number; tempBytes: number }
 }
@@ -53,14 +57,16 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
       if (receipts >= limits.total) {
         throw new UnavailableError(null, `This server already receives ${limits.total} uploads; retry shortly`)
       }
-      // A declared length that cannot fit is refused before a byte of it arrives.
-      const declared = Number(req.headers['content-length'])
-      if (Number.isFinite(declared) && tempBytes + declared > limits.tempBytes) throw tempFull(limits)
       byAddress.set(address, fromAddress + 1)
       receipts++
       let reserved = 0
       let released = false
       return {
+        checkDeclaredLength: () => {
+          // A declared length that cannot fit is refused before a byte of it arrives.
+          const declared = Number(req.headers['content-length'])
+          if (Number.isFinite(declared) && tempBytes + declared > limits.tempBytes) throw tempFull(limits)
+        },
         reserve: (bytes) => {
           if (tempBytes + bytes > limits.tempBytes) throw tempFull(limits)
           tempBytes += bytes
