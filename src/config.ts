@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { DEFAULT_BODY_IDLE_TIMEOUT_MS } from './http/body.ts'
+import type { UploadReceiptLimits } from './http/upload-receipts.ts'
 import { type CidrRange, parseCidrList } from './webhooks/address-guard.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
@@ -62,6 +63,8 @@ export type Config = {
   statementTimeoutMs: number
   /** The longest an export may stream, slow readers included (its cursor is one statement). */
   exportTimeoutMs: number
+  /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
+  uploads: UploadReceiptLimits
 }
 
 export class ConfigError extends Error {
@@ -211,6 +214,11 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
     statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
     exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
+    uploads: {
+      perAddress: integer('UPLOADS_PER_ADDRESS', 8, 1, 100_000),
+      total: integer('UPLOADS_TOTAL', 64, 1, 100_000),
+      tempBytes: integer('UPLOAD_TEMP_BYTES', 2 * 1024 ** 3, 1024, 2 ** 50),
+    },
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

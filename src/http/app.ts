@@ -5,11 +5,19 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import polka from 'polka'
 import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
-import { sql } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
 import { NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
-import { bodyDeadlineMs, ClientWentAwayError, CSV_BODY_LIMIT, JSON_BODY_LIMIT, readJsonObject, receiveBodyFile } from './body.ts'
+import {
+  bodyDeadlineMs,
+  ClientWentAwayError,
+  CSV_BODY_LIMIT,
+  JSON_BODY_LIMIT,
+  type ReceivedFile,
+  readJsonObject,
+  receiveBodyFile,
+} from './body.ts'
 import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
@@ -25,6 +33,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
+import { createUploadReceipts } from './upload-receipts.ts'
 import { createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -86,6 +95,7 @@ export function createApp(
   assertScopesDeclared(definitions)
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
+  const uploadReceipts = createUploadReceipts(config.uploads)
   let singleStatementsRefused = false
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
@@ -152,21 +162,101 @@ export function createApp(
     if (definition.body && definition.bodyKind !== 'file') {
       body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
     }
-    const bodyFile =
-      definition.bodyKind === 'file'
-        ? await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs)
-        : undefined
-    const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile, services }
+    const upload = definition.bodyKind === 'file' ? await receiveUpload(definition, req, res) : undefined
+    const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile: upload?.file, services }
     let result: RouteResult
     try {
       result = await runHandler(definition, req, res, base)
     } finally {
       // Removed before the answer goes out, so a client that has its answer finds nothing left.
-      await bodyFile?.remove()
+      await upload?.file.remove()
+      upload?.release()
     }
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200
     sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)
+  }
+
+  /**
+   * A file body is received only for a caller already proven who holds the workspace's slot. First
+   * a receipt (per address and per process, upload-receipts.ts), so one address cannot make the
+   * database authenticate more uploads at once than its bound; then a short transaction of its own
+   * authenticates, checks the route's grant and takes the slot; only then is the body written to a
+   * temporary file, under the process's cap on such files, with no connection held while it
+   * arrives. An unknown, expired or revoked token gets its 401 with nothing received. The
+   * handler's transaction authenticates again, so a token revoked during a long upload is refused
+   * then. The slot and the receipt are held until the answer.
+   */
+  async function receiveUpload(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+  ): Promise<{ file: ReceivedFile; release: () => void }> {
+    const receipt = uploadReceipts.take(req)
+    let releaseSlot: (() => void) | undefined
+    try {
+      if (definition.auth === 'required') {
+        await admitted(req, () =>
+          authenticatedTransaction(definition, req, res, async (db, caller) => {
+            await definition.checkCallerBeforeBody?.(db)
+            if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+          }),
+        )
+        // Committed: the handler's transaction counts for itself.
+        req.countedInDatabase = false
+      }
+      receipt.checkDeclaredLength()
+      const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
+      return {
+        file,
+        release: () => {
+          receipt.release()
+          releaseSlot?.()
+        },
+      }
+    } catch (error) {
+      receipt.release()
+      releaseSlot?.()
+      throw error
+    }
+  }
+
+  /** What every authenticated request does once its caller is known: bookkeeping, headers, the route's scope. */
+  function authenticated(definition: RouteDefinition, req: Request, res: ServerResponse, caller: Caller): void {
+    req.callerId = caller.userId
+    req.countedInDatabase = caller.countedIn === 'database'
+    res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
+    res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
+    res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
+    // Before the handler in a transaction; in a single-statement read, as soon as its one
+    // statement answers (which saw nothing the scopes do not cover: RLS applied them).
+    requireRouteScope(definition, caller)
+  }
+
+  /** A request transaction: authentication first, then `work` as crm_api with the caller's context. */
+  function authenticatedTransaction<T>(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    work: (db: DatabaseTransactionConnection, caller: Caller) => Promise<T>,
+  ): Promise<T> {
+    return pool.transaction(async (db) => {
+      const caller = await authenticate(db, req, req.requestId)
+      authenticated(definition, req, res, caller)
+      return work(db, caller)
+    })
+  }
+
+  /** Runs database work behind the admission gate. */
+  function admitted<T>(req: Request, run: () => Promise<T>): Promise<T> {
+    return admission.run(run).catch(async (error: unknown) => {
+      // The rollback took crm.authenticate's count with it: count the request again, outside
+      // (unless the refusal is the rate limit itself, or the process counted it).
+      if (req.callerId && req.countedInDatabase && !(error instanceof RateLimitedError && error.quota)) {
+        await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+      }
+      throw error
+    })
   }
 
   async function runHandler(
@@ -175,69 +265,53 @@ export function createApp(
     res: ServerResponse,
     base: Omit<RouteContext, 'db' | 'caller'>,
   ): Promise<RouteResult> {
-    const authenticated = (caller: Caller) => {
-      req.callerId = caller.userId
-      req.countedInDatabase = caller.countedIn === 'database'
-      res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
-      res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
-      res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
-      // Before the handler in a transaction; in a single-statement read, as soon as its one
-      // statement answers (which saw nothing the scopes do not cover: RLS applied them).
-      requireRouteScope(definition, caller)
-    }
     const statements = singleStatementsRefused ? undefined : extra.statements
     const inTransaction = () =>
-      pool.transaction(async (db) => {
-        const caller = await authenticate(db, req, req.requestId)
-        authenticated(caller)
-        const release = definition.limitedPerWorkspace && workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+      authenticatedTransaction(definition, req, res, async (db, caller) => {
+        // A file route took its slot before its body was received (receiveUpload).
+        const release =
+          definition.limitedPerWorkspace && definition.bodyKind !== 'file'
+            ? workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+            : undefined
         try {
           return await definition.handler({ ...base, db, caller } as RouteContext)
         } finally {
           release?.()
         }
       })
-    return definition.auth === 'none'
-      ? definition.handler(base as unknown as RouteContext)
-      : admission
-          .run(() => {
-            if (definition.singleStatement && statements) {
-              const db = new SingleStatementConnection(statements.pool, statements.authenticate(req), authenticated)
-              return definition
-                .handler({
-                  ...base,
-                  db: db.connection,
-                  get caller() {
-                    return db.caller()
-                  },
-                } as RouteContext)
-                .catch(async (error: unknown) => {
-                  // The read's connection is not confined by row-level security (a pooler that
-                  // dropped its role, a wrong RUNTIME_DATABASE_URL): the statement refused to run
-                  // and changed nothing. Reads go through request transactions from now on,
-                  // which switch to crm_api themselves.
-                  if (refusedAsUnconfined(error)) {
-                    singleStatementsRefused = true
-                    logger.error(
-                      'single-statement reads refused to run: their connection is not confined by row-level security; reads use transactions instead',
-                      { error: (error as Error).message },
-                    )
-                    return inTransaction()
-                  }
-                  await db.authenticateIfNotSent()
-                  throw error
-                })
-            }
-            return inTransaction()
-          })
+    if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)
+    return admitted(req, () => {
+      if (definition.singleStatement && statements) {
+        const db = new SingleStatementConnection(statements.pool, statements.authenticate(req), (caller) =>
+          authenticated(definition, req, res, caller),
+        )
+        return definition
+          .handler({
+            ...base,
+            db: db.connection,
+            get caller() {
+              return db.caller()
+            },
+          } as RouteContext)
           .catch(async (error: unknown) => {
-            // The rollback took crm.authenticate's count with it: count the request again, outside
-            // (unless the refusal is the rate limit itself, or the process counted it).
-            if (req.callerId && req.countedInDatabase && !(error instanceof RateLimitedError && error.quota)) {
-              await pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+            // The read's connection is not confined by row-level security (a pooler that
+            // dropped its role, a wrong RUNTIME_DATABASE_URL): the statement refused to run
+            // and changed nothing. Reads go through request transactions from now on,
+            // which switch to crm_api themselves.
+            if (refusedAsUnconfined(error)) {
+              singleStatementsRefused = true
+              logger.error(
+                'single-statement reads refused to run: their connection is not confined by row-level security; reads use transactions instead',
+                { error: (error as Error).message },
+              )
+              return inTransaction()
             }
+            await db.authenticateIfNotSent()
             throw error
           })
+      }
+      return inTransaction()
+    })
   }
 
   const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)

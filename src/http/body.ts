@@ -15,11 +15,18 @@ import { join } from 'node:path'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { InvalidJsonError, PayloadTooLargeError, RequestTimeoutError, UnsupportedMediaTypeError } from '../errors.ts'
+import type { UploadReceipt } from './upload-receipts.ts'
 
 export const JSON_BODY_LIMIT = 1024 * 1024
 export const CSV_BODY_LIMIT = 50 * 1024 * 1024
 export const DEFAULT_BODY_IDLE_TIMEOUT_MS = 10_000
 export const MIN_BODY_BYTES_PER_SECOND = 64 * 1024
+/**
+ * Objects and arrays nest at most this deep in a JSON body: deeper is 400 invalid_json before the
+ * body is parsed, so no walk over a request value (validation, the handlers) meets more levels
+ * than this. No request schema nests past 4.
+ */
+export const MAX_JSON_DEPTH = 64
 
 /** The client closed the connection before its body was complete: no one is left to answer. */
 export class ClientWentAwayError extends Error {
@@ -106,6 +113,9 @@ export async function readJsonObject(req: IncomingMessage, idleTimeoutMs = DEFAU
   } catch {
     throw new InvalidJsonError('The body is not valid UTF-8')
   }
+  if (jsonNestsDeeperThan(text, MAX_JSON_DEPTH)) {
+    throw new InvalidJsonError(`The body nests objects and arrays deeper than ${MAX_JSON_DEPTH} levels`)
+  }
   let value: unknown
   try {
     value = JSON.parse(text)
@@ -116,6 +126,31 @@ export async function readJsonObject(req: IncomingMessage, idleTimeoutMs = DEFAU
   return value as Record<string, unknown>
 }
 
+/**
+ * Whether JSON text opens more than `max` objects and arrays inside one another, read in one pass
+ * over the text without parsing it (brackets inside strings do not count). Text that is not JSON
+ * may answer either way; JSON.parse refuses it next.
+ */
+export function jsonNestsDeeperThan(text: string, max: number): boolean {
+  let depth = 0
+  let inString = false
+  for (let index = 0; index < text.length; index++) {
+    const code = text.charCodeAt(index)
+    if (inString) {
+      if (code === 0x5c)
+        index++ // a backslash escapes the next character
+      else if (code === 0x22) inString = false
+    } else if (code === 0x22) inString = true
+    else if (code === 0x7b || code === 0x5b) {
+      if (++depth > max) return true
+    } else if (code === 0x7d || code === 0x5d) depth--
+  }
+  return false
+}
+
+/** The name every upload's temporary directory under os.tmpdir() starts with. */
+export const UPLOAD_DIRECTORY_PREFIX = 'crm-upload-'
+
 /** A body received whole into a private temporary file; `remove` deletes it and its directory. */
 export type ReceivedFile = { path: string; size: number; remove: () => Promise<void> }
 
@@ -124,13 +159,20 @@ export type ReceivedFile = { path: string; size: number; remove: () => Promise<v
  * slow upload spends a socket and disk, not memory or a database connection. The file is removed
  * when receiving fails; otherwise the caller removes it.
  */
-export async function receiveBodyFile(req: IncomingMessage, limit: number, idleTimeoutMs: number): Promise<ReceivedFile> {
-  const directory = await mkdtemp(join(tmpdir(), 'crm-upload-'))
+export async function receiveBodyFile(
+  req: IncomingMessage,
+  limit: number,
+  idleTimeoutMs: number,
+  receipt?: Pick<UploadReceipt, 'reserve'>,
+): Promise<ReceivedFile> {
+  const directory = await mkdtemp(join(tmpdir(), UPLOAD_DIRECTORY_PREFIX))
   const path = join(directory, 'body')
   const remove = () => rm(directory, { recursive: true, force: true })
   let size = 0
   const counted = async function* () {
     for await (const chunk of bodyChunks(req, limit, idleTimeoutMs)) {
+      // Counted against the process's cap on temporary files before it is written.
+      receipt?.reserve(chunk.length)
       size += chunk.length
       yield chunk
     }

@@ -104,6 +104,11 @@ export type RouteDefinition = {
   fileLimit?: number
   /** Refuses a body from the request's headers alone, before a byte of it is received (throws). */
   checkBodyHeaders?: (req: IncomingMessage) => void
+  /**
+   * A 'file' route's check of the caller, run in the transaction that authenticates it before its
+   * body is received (throws), so a caller the handler would refuse sends nothing to disk.
+   */
+  checkCallerBeforeBody?: (db: DatabaseTransactionConnection) => Promise<void>
   /** Counted against the workspace's concurrent uploads or exports (429 past the limit). */
   limitedPerWorkspace?: WorkspaceWork
   /** Success status and schema for the OpenAPI document. */
@@ -167,28 +172,47 @@ function pointerSegment(name: string): string {
   return name.replaceAll('~', '~0').replaceAll('/', '~1')
 }
 
-/** Every string of a JSON value, object keys included, that PostgreSQL cannot store, by pointer. */
-function unstorableStrings(value: unknown, pointer: string, found: FieldProblem[]): void {
-  if (found.length >= 50) return
-  if (typeof value === 'string') {
-    if (!isStorableString(value))
-      found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
-  } else if (Array.isArray(value)) {
-    for (const [index, item] of value.entries()) unstorableStrings(item, `${pointer}/${index}`, found)
-  } else if (value !== null && typeof value === 'object') {
-    for (const [name, item] of Object.entries(value)) {
-      const at = `${pointer}/${pointerSegment(name)}`
-      if (!isStorableString(name))
-        found.push({ pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' })
-      else unstorableStrings(item, at, found)
+/**
+ * Every string of a JSON value, object keys included, that PostgreSQL cannot store, by pointer (at
+ * most 50), in document order. A loop over an explicit stack rather than recursion, so no value
+ * can overflow the call stack, however deep it nests.
+ */
+function unstorableStrings(value: unknown): FieldProblem[] {
+  const found: FieldProblem[] = []
+  type Pending = { value: unknown; pointer: string } | { problem: FieldProblem }
+  const pending: Pending[] = [{ value, pointer: '' }]
+  while (pending.length > 0 && found.length < 50) {
+    const next = pending.pop()!
+    if ('problem' in next) {
+      found.push(next.problem)
+      continue
     }
+    const { value: item, pointer } = next
+    // Children are pushed last first: the stack hands them back in document order.
+    const children: Pending[] = []
+    if (typeof item === 'string') {
+      if (!isStorableString(item))
+        found.push({ pointer: pointer || '/', code: 'unstorable_string', message: 'contains a NUL character or a lone surrogate' })
+    } else if (Array.isArray(item)) {
+      for (const [index, child] of item.entries()) children.push({ value: child, pointer: `${pointer}/${index}` })
+    } else if (item !== null && typeof item === 'object') {
+      for (const [name, child] of Object.entries(item)) {
+        const at = `${pointer}/${pointerSegment(name)}`
+        children.push(
+          isStorableString(name)
+            ? { value: child, pointer: at }
+            : { problem: { pointer: at, code: 'unstorable_string', message: 'has a name with a NUL character or a lone surrogate' } },
+        )
+      }
+    }
+    for (let index = children.length - 1; index >= 0; index--) pending.push(children[index])
   }
+  return found
 }
 
 /** Validates a JSON value against a schema and turns failures into one 422 with a pointer per problem. */
 export function validateBody<T>(schema: TSchema, value: unknown): T {
-  const unstorable: FieldProblem[] = []
-  unstorableStrings(value, '', unstorable)
+  const unstorable = unstorableStrings(value)
   if (unstorable.length > 0) {
     throw new ValidationError(`${unstorable[0].pointer.slice(1) || 'body'} ${unstorable[0].message}`, unstorable)
   }

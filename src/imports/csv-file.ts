@@ -9,7 +9,12 @@
 // - The header is the first non-blank record. Header names are trimmed; an empty one is named
 //   `column_<n>` (n = 1-based position). Two columns with the same name are refused with
 //   `duplicate_columns`, since a mapping is keyed by column name and invented names would not
-//   match what the user sees in the file.
+//   match what the user sees in the file. A header cell longer than MAX_HEADER_CELL_LENGTH or a
+//   header of more than MAX_COLUMNS columns is refused (`header_cell_too_long`, `too_many_columns`):
+//   no spreadsheet needs more, and every later step (mapping, errors.csv) works per column name.
+// - The preview (`sampleRows`) holds at most MAX_COLUMNS values per row, each cut to
+//   SAMPLE_CELL_LENGTH characters: it shows what a column holds, not whole cells (a 5 MB cell would
+//   otherwise come back whole in the answer).
 // - A blank record (every value empty or whitespace, e.g. an empty line or `,,,`) is not data: it
 //   is not counted in `rowCount`, not sampled and not yielded, but it still advances the row
 //   number, so `row` is always the record's position after the header (spreadsheet row - 1).
@@ -39,7 +44,13 @@ export type CsvRecord = {
   values: string[]
 }
 
-export type CsvFileErrorCode = 'invalid_encoding' | 'empty_file' | 'malformed_csv' | 'duplicate_columns'
+export type CsvFileErrorCode =
+  | 'invalid_encoding'
+  | 'empty_file'
+  | 'malformed_csv'
+  | 'duplicate_columns'
+  | 'header_cell_too_long'
+  | 'too_many_columns'
 
 export class CsvFileError extends Error {
   readonly code: CsvFileErrorCode
@@ -54,6 +65,9 @@ export class CsvFileError extends Error {
 }
 
 export const SAMPLE_ROW_COUNT = 5
+export const MAX_HEADER_CELL_LENGTH = 1000
+export const MAX_COLUMNS = 500
+export const SAMPLE_CELL_LENGTH = 200
 const DELIMITER_PREFERENCE: readonly Delimiter[] = [',', ';', '\t']
 // Small enough that stream backpressure works on record batches, not on the whole upload.
 const CHUNK_BYTES = 64 * 1024
@@ -75,7 +89,7 @@ export function inspectCsv(bytes: Buffer): CsvInspection {
       on_record: (values: string[]) => {
         if (numbering.next(values) !== null) {
           rowCount++
-          if (sampleRows.length < SAMPLE_ROW_COUNT) sampleRows.push(values)
+          if (sampleRows.length < SAMPLE_ROW_COUNT) sampleRows.push(sampleOf(values))
         }
         return null
       },
@@ -85,6 +99,18 @@ export function inspectCsv(bytes: Buffer): CsvInspection {
   }
   if (numbering.columns === null) throw emptyFile()
   return { delimiter, columns: numbering.columns, rowCount, sampleRows }
+}
+
+/** A record as the preview shows it: at most MAX_COLUMNS values, each cut to SAMPLE_CELL_LENGTH. */
+function sampleOf(values: string[]): string[] {
+  return values.slice(0, MAX_COLUMNS).map((value) => cutWithoutSplittingPairs(value, SAMPLE_CELL_LENGTH))
+}
+
+// A cut between the two halves of a surrogate pair would leave a lone surrogate, which jsonb refuses.
+function cutWithoutSplittingPairs(text: string, length: number): string {
+  if (text.length <= length) return text
+  const last = text.charCodeAt(length - 1)
+  return text.slice(0, last >= 0xd800 && last <= 0xdbff ? length - 1 : length)
 }
 
 function emptyFile(): CsvFileError {
@@ -103,7 +129,7 @@ export async function inspectCsvAsync(bytes: Buffer): Promise<CsvInspection> {
   const sampleRows: string[][] = []
   for await (const { values } of streamRecords(bytes, delimiter, numbering)) {
     rowCount++
-    if (sampleRows.length < SAMPLE_ROW_COUNT) sampleRows.push(values)
+    if (sampleRows.length < SAMPLE_ROW_COUNT) sampleRows.push(sampleOf(values))
   }
   if (numbering.columns === null) throw emptyFile()
   return { delimiter, columns: numbering.columns, rowCount, sampleRows }
@@ -277,6 +303,21 @@ function describeCsvError(error: CsvError): string {
 }
 
 function headerNames(values: string[]): string[] {
+  if (values.length > MAX_COLUMNS) {
+    throw new CsvFileError(
+      'too_many_columns',
+      `The header has ${values.length} columns; at most ${MAX_COLUMNS} are accepted. Remove the columns you do not import and upload again.`,
+      0,
+    )
+  }
+  const long = values.findIndex((value) => value.length > MAX_HEADER_CELL_LENGTH)
+  if (long !== -1) {
+    throw new CsvFileError(
+      'header_cell_too_long',
+      `Column ${long + 1} of the header is ${values[long].length} characters long; a column name has at most ${MAX_HEADER_CELL_LENGTH}. Is the first row of the file its header?`,
+      0,
+    )
+  }
   const names = values.map((value, index) => value.trim() || `column_${index + 1}`)
   const seen = new Set<string>()
   const duplicates = new Set<string>()

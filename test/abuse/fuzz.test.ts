@@ -2,6 +2,8 @@
 // server. Whatever the input, the answer is a 2xx or a 4xx problem: never a 500, never a crash.
 import fc from 'fast-check'
 import t from 'tap'
+import { MAX_JSON_DEPTH } from '../../src/http/body.ts'
+import { MAX_COLUMNS, MAX_HEADER_CELL_LENGTH, SAMPLE_CELL_LENGTH } from '../../src/imports/csv-file.ts'
 import { checkWebhookUrl, isGlobalUnicast } from '../../src/webhooks/address-guard.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
@@ -131,6 +133,85 @@ t.test('JSON bodies for create and update', async () => {
       async (type, body) => {
         await expectNo500(`/api/${type}`, 'POST', body)
         await expectNo500(`/api/deals/${created.data.id}`, 'PATCH', body)
+      },
+    ),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('JSON nested at any depth, with a real token or an unknown one: 400 past the limit, never a 5xx', async () => {
+  // Built as text: JSON.stringify itself recurses, and overflows on the deepest of these.
+  const nestedText = (depth: number, kinds: boolean[]) =>
+    Array.from({ length: depth }, (_, level) => (kinds[level % kinds.length] ? '{"a":' : '[')).join('') +
+    '1' +
+    Array.from({ length: depth }, (_, level) => (kinds[(depth - 1 - level) % kinds.length] ? '}' : ']')).join('')
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'companies', 'deals'),
+      fc.oneof(fc.integer({ min: 1, max: MAX_JSON_DEPTH + 2 }), fc.integer({ min: 1, max: 6000 })),
+      fc.array(fc.boolean(), { minLength: 1, maxLength: 3 }),
+      fc.constantFrom('the body', 'a custom field', 'a string with brackets'),
+      fc.boolean(),
+      async (type, depth, kinds, where, realToken) => {
+        inputs++
+        const inner = nestedText(depth, kinds)
+        const text =
+          where === 'the body'
+            ? inner
+            : where === 'a custom field'
+              ? `{"name":"n","first_name":"f","custom_fields":{"k":${inner}}}`
+              : `{"name":${JSON.stringify(inner)}}`
+        // Levels the text opens outside strings: the wrapper's two objects around a custom field.
+        const levels = where === 'the body' ? depth : where === 'a custom field' ? depth + 2 : 1
+        const response = await server.request('POST', `/api/${type}`, {
+          token: realToken ? token : `crm_${'A'.repeat(43)}`,
+          raw: text,
+          headers: { 'content-type': 'application/json' },
+        })
+        if (response.status >= 500) throw new Error(`${levels} levels answered ${response.status}: ${response.text.slice(0, 300)}`)
+        if (levels > MAX_JSON_DEPTH && (response.status !== 400 || response.body.code !== 'invalid_json'))
+          throw new Error(`${levels} levels answered ${response.status}, not 400 invalid_json: ${response.text.slice(0, 300)}`)
+      },
+    ),
+    { numRuns: RUNS },
+  )
+})
+
+t.test('CSV headers with long cells, digit runs and many columns: a 422 past the caps, a preview within them', async () => {
+  const header = fc.oneof(
+    fc.integer({ min: 1, max: 60_000 }).map((digits) => `a${'7'.repeat(digits)}x`),
+    fc.integer({ min: 1, max: 2 * MAX_COLUMNS }).map((count) => Array.from({ length: count }, (_, index) => `c${index}`).join(',')),
+    fc
+      .tuple(fc.stringMatching(/^[a-zA-Z ]{0,5}$/), fc.integer({ min: 0, max: 3 * MAX_HEADER_CELL_LENGTH }))
+      .map(([text, pad]) => text + ' '.repeat(pad) + '9'),
+  )
+  const cell = fc.oneof(
+    fc.string({ maxLength: 5 }),
+    fc.integer({ min: 0, max: 100_000 }).map((length) => 'z'.repeat(length)),
+  )
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom('contacts', 'companies', 'deals'),
+      header,
+      fc.array(fc.array(cell, { maxLength: 4 }), { maxLength: 3 }),
+      async (type, headerLine, rows) => {
+        inputs++
+        const csv = [headerLine, ...rows.map((row) => row.map((value) => `"${value}"`).join(','))].join('\n')
+        const response = await server.request('POST', `/api/${type}/import/upload`, {
+          token,
+          raw: csv,
+          headers: { 'content-type': 'text/csv' },
+        })
+        if (response.status >= 500) throw new Error(`upload answered ${response.status}: ${response.text.slice(0, 300)}`)
+        const cells = headerLine.split(',')
+        const refused = cells.length > MAX_COLUMNS || cells.some((name) => name.length > MAX_HEADER_CELL_LENGTH)
+        if (refused && response.status !== 422) throw new Error(`a header past the caps answered ${response.status}`)
+        if (response.status === 201) {
+          const { columns, sample_rows: sample } = response.body.data
+          if (columns.length > MAX_COLUMNS) throw new Error(`${columns.length} columns accepted`)
+          if (sample.some((row: string[]) => row.length > MAX_COLUMNS || row.some((value) => value.length > SAMPLE_CELL_LENGTH)))
+            throw new Error('a preview cell or row past its cap')
+        }
       },
     ),
     { numRuns: RUNS },

@@ -1,6 +1,16 @@
 import { Readable } from 'node:stream'
 import t from 'tap'
-import { CsvFileError, type CsvRecord, detectDelimiter, inspectCsv, inspectCsvAsync, readCsvRecords } from '../../src/imports/csv-file.ts'
+import {
+  CsvFileError,
+  type CsvRecord,
+  detectDelimiter,
+  inspectCsv,
+  inspectCsvAsync,
+  MAX_COLUMNS,
+  MAX_HEADER_CELL_LENGTH,
+  readCsvRecords,
+  SAMPLE_CELL_LENGTH,
+} from '../../src/imports/csv-file.ts'
 
 const csv = (text: string) => Buffer.from(text, 'utf8')
 
@@ -275,4 +285,35 @@ t.test('inspectCsvAsync gives the same answers and errors as inspectCsv', async 
     }
     t.same(actual, expected, label)
   }
+})
+
+t.test('a header cell longer than its cap and a header wider than its cap are refused', async (t) => {
+  const longest = 'n'.repeat(MAX_HEADER_CELL_LENGTH)
+  t.same(inspectCsv(csv(`${longest},b\n1,2\n`)).columns, [longest, 'b'], 'a cell at the cap is a column name')
+  const tooLong = inspectionError(csv(`a${'7'.repeat(60_000)}x,b\n1,2\n`))
+  t.equal(tooLong.code, 'header_cell_too_long')
+  t.equal(tooLong.row, 0)
+  t.match(tooLong.message, /Column 1 of the header is 60002 characters long/)
+  t.equal(inspectionError(csv(`a,${'b'.repeat(MAX_HEADER_CELL_LENGTH + 1)}\n`)).code, 'header_cell_too_long')
+
+  const names = (count: number) => Array.from({ length: count }, (_, index) => `c${index}`).join(',')
+  t.equal(inspectCsv(csv(`${names(MAX_COLUMNS)}\n`)).columns.length, MAX_COLUMNS, 'a header at the cap')
+  const tooWide = inspectionError(csv(`${names(20_000)}\n`))
+  t.equal(tooWide.code, 'too_many_columns')
+  t.match(tooWide.message, /20000 columns; at most 500/)
+  await t.rejects(inspectCsvAsync(csv(`${names(MAX_COLUMNS + 1)}\n`)), { code: 'too_many_columns' })
+})
+
+t.test('the preview cuts cells and rows to their caps, never inside a surrogate pair', async (t) => {
+  const big = 'x'.repeat(5_000_000)
+  const emoji = `${'y'.repeat(SAMPLE_CELL_LENGTH - 1)}😀z`
+  const wide = Array.from({ length: MAX_COLUMNS + 10 }, () => 'v').join(',')
+  for (const inspect of [inspectCsv, inspectCsvAsync]) {
+    const inspection = await inspect(csv(`a,b\n${big},${emoji}\n${wide}\n`))
+    t.same(inspection.sampleRows[0], ['x'.repeat(SAMPLE_CELL_LENGTH), 'y'.repeat(SAMPLE_CELL_LENGTH - 1)])
+    t.ok(inspection.sampleRows[0][1].isWellFormed())
+    t.equal(inspection.sampleRows[1].length, MAX_COLUMNS, 'a row wider than the cap shows the cap')
+  }
+  const rows = await collect(readCsvRecords(csv(`a,b\n${big},c\n`), ','))
+  t.equal(rows[0].values[0].length, big.length, 'the import itself reads whole cells')
 })

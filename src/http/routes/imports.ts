@@ -125,8 +125,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
           throw apiErrorOfUpload(error)
         }
       },
+      // Checked before the body is received, and again in the handler's own transaction.
+      checkCallerBeforeBody: (db) => assertImportGrant(db, type),
       status: 201,
-      errors: [401, 403, 413, 415, 422, 429],
+      errors: [401, 403, 413, 415, 422, 429, 503],
       handler: async ({ req, db, bodyFile }) => {
         await assertImportGrant(db, type)
         let upload
