@@ -6,6 +6,7 @@
 // what the database refuses on its own. The whole flow with an independent client in a real
 // browser: browser-flow.test.ts.
 import { createHash } from 'node:crypto'
+import fc from 'fast-check'
 import pg from 'pg'
 import t from 'tap'
 import { SCOPE_DESCRIPTIONS, TOKEN_SCOPES } from '../../src/auth/scopes.ts'
@@ -168,6 +169,77 @@ t.test('authorize: other problems go back to the app with error, state and iss',
   t.equal(denied.searchParams.get('code'), null)
 })
 
+t.test('authorize: an error goes back to the app only for a signed-in user who may connect it', async (t) => {
+  // Anyone may register an app with an https address: a redirect before sign-in, or for a user
+  // outside the app's workspace, would make this origin a redirector to it (RFC 9700 4.11.2).
+  const zedCookie = await sessionCookie(server, other.members['zed@other.test'].id)
+  const browsers = [
+    { who: 'signed out', cookie: undefined, sentBack: false },
+    { who: 'with a session that is no longer valid', cookie: 'crm_session=crm_notAValidSessionTokenAtAllxxxxxxxxxxxxxxxxxx', sentBack: false },
+    { who: 'outside the app’s workspace', cookie: zedCookie, sentBack: false },
+    { who: 'a member of the app’s workspace', cookie: bobCookie, sentBack: true },
+  ]
+  const { challenge } = pkcePair()
+  const valid: [string, string][] = [
+    ['client_id', app.client_id],
+    ['redirect_uri', 'https://app.example/callback'],
+    ['response_type', 'code'],
+    ['scope', 'deals:read'],
+    ['state', 'st'],
+    ['code_challenge', challenge],
+    ['code_challenge_method', 'S256'],
+  ]
+  // Each spoils one parameter other than client_id and redirect_uri, as a careless or hostile link would.
+  const spoilers = fc.constantFrom<[string, string | null | 'twice']>(
+    ['response_type', 'token'],
+    ['response_type', 'id_token'],
+    ['response_type', 'code token'],
+    ['response_type', null],
+    ['response_type', 'twice'],
+    ['scope', 'everything'],
+    ['scope', 'deals:read deals:read'],
+    ['scope', null],
+    ['scope', 'twice'],
+    ['state', 'x'.repeat(2001)],
+    ['state', 'twice'],
+    ['code_challenge', null],
+    ['code_challenge', 'short'],
+    ['code_challenge', `${'a'.repeat(42)}!`],
+    ['code_challenge', 'twice'],
+    ['code_challenge_method', 'plain'],
+    ['code_challenge_method', null],
+    ['code_challenge_method', 'twice'],
+  )
+  await fc.assert(
+    fc.asyncProperty(fc.uniqueArray(spoilers, { minLength: 1, maxLength: 3, selector: ([name]) => name }), async (spoiled) => {
+      const search = new URLSearchParams()
+      for (const [name, value] of valid) {
+        const spoiler = spoiled.find(([spoiledName]) => spoiledName === name)
+        if (!spoiler) search.append(name, value)
+        else if (spoiler[1] === 'twice') search.append(name, value), search.append(name, value)
+        else if (spoiler[1] !== null) search.append(name, spoiler[1])
+      }
+      for (const { who, cookie, sentBack } of browsers) {
+        const response = await fetch(`${server.url}/oauth/authorize?${search}`, { redirect: 'manual', headers: cookie ? { cookie } : {} })
+        const location = response.headers.get('location')
+        const text = await response.text()
+        const label = `${who}, ${spoiled.map(([name, value]) => `${name}=${String(value).slice(0, 12)}`).join(', ')}`
+        if (sentBack) {
+          const back = new URL(location ?? 'about:blank')
+          if (response.status !== 303 || back.origin + back.pathname !== 'https://app.example/callback' || !back.searchParams.get('error'))
+            throw new Error(`${label}: not sent back with an error (${response.status} ${location})`)
+        } else if (location !== null && !location.startsWith('/')) {
+          throw new Error(`${label}: sent to ${location} (${response.status})`)
+        } else if (location === null && (response.status !== 400 || !/not valid/.test(text))) {
+          throw new Error(`${label}: answered ${response.status} without the error`)
+        }
+      }
+    }),
+    { numRuns: 40 },
+  )
+  t.pass('no error sent a browser to the app’s address unless its user may connect the app')
+})
+
 t.test('the consent page names the app, the workspace and each scope; a non-member cannot connect', async (t) => {
   const { challenge } = pkcePair()
   const page = await authorize(
@@ -195,7 +267,47 @@ t.test('the consent page names the app, the workspace and each scope; a non-memb
     zedCookie,
   )
   t.equal(outsider.status, 403)
-  t.match(await outsider.text(), /not an active member/)
+  const outsiderText = await outsider.text()
+  t.match(outsiderText, /not an active member/)
+  t.notMatch(outsiderText, /acme/i, 'the outsider is not told which workspace the app belongs to')
+  t.notMatch(outsiderText, /app\.example/, 'nor given a link to the app’s address')
+})
+
+t.test('SQL: the workspace behind a client id only for a user who may connect the app', async (t) => {
+  const zed = other.members['zed@other.test']
+  const suspended = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, acme.id, 'sid@acme.test', 'member')
+    await client.query('update crm.memberships set suspended_at = now() where workspace_id = $1 and user_id = $2', [acme.id, member.id])
+    // Signed in through the other workspace: the token still proves who they are.
+    await addMember(client, other.id, 'sid@acme.test', 'member')
+    return member
+  })
+  const lookUp = (token: string, slug: string) =>
+    withOwner(server.databaseUrl, async (client) => {
+      await client.query('begin')
+      try {
+        await client.query(`select a.failure, set_config('role', 'crm_api', true) from crm.authenticate($1, $2, 'ui', 600) a`, [
+          hashToken(token),
+          slug,
+        ])
+        const { rows } = await client.query(
+          `select app_name, workspace_id, workspace_slug, workspace_name, redirect_uri_ok, user_may_connect
+             from crm.oauth_authorization_client($1, 'https://app.example/callback')`,
+          [app.client_id],
+        )
+        return rows[0]
+      } finally {
+        await client.query('rollback')
+      }
+    })
+  t.same(
+    await lookUp(bob.token, 'acme'),
+    { app_name: 'Mail merge', workspace_id: acme.id, workspace_slug: 'acme', workspace_name: 'acme', redirect_uri_ok: true, user_may_connect: true },
+    'a member of the app’s workspace sees it',
+  )
+  const hidden = { app_name: 'Mail merge', workspace_id: null, workspace_slug: null, workspace_name: null, redirect_uri_ok: true, user_may_connect: false }
+  t.same(await lookUp(zed.token, 'other'), hidden, 'a user of another workspace does not')
+  t.same(await lookUp(suspended.token, 'other'), hidden, 'nor a member suspended in it')
 })
 
 t.test('token endpoint: the code exchange and its RFC 6749 refusals', async (t) => {
