@@ -5,7 +5,7 @@
 // rotation with reuse detection, revocation, connected apps for users and admins, suspension, and
 // what the database refuses on its own. The whole flow with an independent client in a real
 // browser: browser-flow.test.ts.
-import { createHash } from 'node:crypto'
+import { createHash, randomUUID } from 'node:crypto'
 import fc from 'fast-check'
 import pg from 'pg'
 import t from 'tap'
@@ -643,12 +643,45 @@ t.test('housekeeping removes grants a week after they were revoked, with their t
   t.equal(left.token, 0, 'the access token went with its grant')
 })
 
-t.test('the token endpoint counts against the per-address limit', async (t) => {
-  const limited = await startTestServer(t, { env: { UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: '5' } })
-  const statuses: number[] = []
-  for (let i = 0; i < 12; i++)
-    statuses.push((await tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' })).status)
-  t.ok(statuses.includes(429), `some answered 429 (${statuses.join(' ')})`)
+t.test('the token endpoint: a confidential client counts as itself, anything else against its address', async (t) => {
+  const LIMIT = 3
+  const CLIENT_LIMIT = 6
+  const limited = await startTestServer(t, {
+    env: { UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: String(LIMIT), OAUTH_CLIENT_RATE_LIMIT_PER_MINUTE: String(CLIENT_LIMIT) },
+  })
+  const { members } = await createTenant(limited.databaseUrl, { members: { 'ada@limits.test': 'admin' } })
+  const admin = members['ada@limits.test'].token
+  const busy = await registerApp(limited, admin, { name: 'Busy sync' })
+  const quiet = await registerApp(limited, admin, { name: 'Quiet sync' })
+  const desktop = await registerApp(limited, admin, { name: 'Desktop', confidential: false, redirect_uris: ['http://127.0.0.1/callback'] })
+  // A refresh token nobody issued: the client is checked, then the grant is refused (400 invalid_grant).
+  const refresh = (fields: Record<string, string>) =>
+    tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: `crmrt_${'A'.repeat(43)}`, ...fields })
+  // Counts are per clock minute: 2 × the limit + 1 requests hold more than the limit on one side
+  // of wherever a minute ends among them, so a refusal must show up.
+  const statusesOf = async (count: number, send: () => Promise<{ status: number }>) => {
+    const statuses: number[] = []
+    for (let i = 0; i < count; i++) statuses.push((await send()).status)
+    return statuses
+  }
+
+  const busyStatuses = await statusesOf(2 * CLIENT_LIMIT + 1, () => refresh(clientFields(busy)))
+  t.same(busyStatuses.slice(0, CLIENT_LIMIT), new Array(CLIENT_LIMIT).fill(400), 'one client refreshing for many users is not held to the per-address limit')
+  t.ok(busyStatuses.includes(429), `past its own limit it is refused (${busyStatuses.join(' ')})`)
+  t.equal((await refresh(clientFields(quiet))).status, 400, 'another client from the same address has its own count')
+
+  const guesses = await statusesOf(2 * LIMIT + 1, () => refresh({ client_id: quiet.client_id, client_secret: `crmsec_${randomUUID()}` }))
+  t.same(
+    guesses.filter((status) => status !== 429),
+    guesses.filter((status) => status === 401),
+    'a wrong secret is invalid_client',
+  )
+  t.ok(guesses.includes(429), `made-up secrets count against the address (${guesses.join(' ')})`)
+
+  const publicStatuses = await statusesOf(2 * LIMIT + 1, () => refresh(clientFields(desktop)))
+  t.ok(publicStatuses.includes(429), `a public client counts against its address (${publicStatuses.join(' ')})`)
+  const anonymous = await statusesOf(2 * LIMIT + 1, () => tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' }))
+  t.ok(anonymous.includes(429), `so does an unknown client (${anonymous.join(' ')})`)
 })
 
 t.test('a change made through an app names the app in the event (actor via oauth, app_id)', async (t) => {
