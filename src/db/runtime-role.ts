@@ -87,7 +87,10 @@ export async function ensureWorkerRole(ownerUrl: string, appSecret: string): Pro
 }
 
 /** Both login roles, set up as at start (`crm login-roles` prints them for a pooler's user list). */
-export async function ensureLoginRoles(ownerUrl: string, appSecret: string): Promise<{ runtime: LoginCredentials; worker: LoginCredentials }> {
+export async function ensureLoginRoles(
+  ownerUrl: string,
+  appSecret: string,
+): Promise<{ runtime: LoginCredentials; worker: LoginCredentials }> {
   return { runtime: await ensureLoginRole(ownerUrl, appSecret, RUNTIME), worker: await ensureLoginRole(ownerUrl, appSecret, WORKER) }
 }
 
@@ -112,7 +115,14 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
     if (groupFound.rows.length === 0) throw new Error(`the role ${group} is missing: run the migrations first`)
 
     const state = () =>
-      owner.query<{ rolsuper: boolean; rolbypassrls: boolean; rolcanlogin: boolean; setconfig: string[] | null; comment: string | null; member: boolean }>(
+      owner.query<{
+        rolsuper: boolean
+        rolbypassrls: boolean
+        rolcanlogin: boolean
+        setconfig: string[] | null
+        comment: string | null
+        member: boolean
+      }>(
         `select r.rolsuper, r.rolbypassrls, r.rolcanlogin, s.setconfig, shobj_description(r.oid, 'pg_authid') as comment,
                 exists (select from pg_auth_members m where m.member = r.oid and m.roleid = (select oid from pg_roles where rolname = $2)) as member
            from pg_roles r left join pg_db_role_setting s on s.setrole = r.oid and s.setdatabase = 0
@@ -128,7 +138,6 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
         `create role ${role} login inherit nosuperuser nobypassrls nocreatedb nocreaterole noreplication password ${owner.escapeLiteral(password)}`,
         async () => (await state()).rows.length === 1,
       )
-      await alterUnlessDoneMeanwhile(owner, `comment on role ${role} is ${owner.escapeLiteral(comment)}`, async () => (await state()).rows[0]?.comment === comment)
       found = await state()
     }
     const current = found.rows[0]
@@ -140,10 +149,19 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
     if (current.rolsuper || current.rolbypassrls) {
       throw new Error(`the role ${roleName} is a superuser or bypasses row-level security; the service refuses to run as it`)
     }
+    // A role just made, or one an operator made by hand, is marked as this database's.
     if (current.comment === null)
-      await alterUnlessDoneMeanwhile(owner, `comment on role ${role} is ${owner.escapeLiteral(comment)}`, async () => (await state()).rows[0]?.comment === comment)
+      await alterUnlessDoneMeanwhile(
+        owner,
+        `comment on role ${role} is ${owner.escapeLiteral(comment)}`,
+        async () => (await state()).rows[0]?.comment === comment,
+      )
     if (!current.member)
-      await alterUnlessDoneMeanwhile(owner, `grant ${owner.escapeIdentifier(group)} to ${role}`, async () => (await state()).rows[0]?.member === true)
+      await alterUnlessDoneMeanwhile(
+        owner,
+        `grant ${owner.escapeIdentifier(group)} to ${role}`,
+        async () => (await state()).rows[0]?.member === true,
+      )
     if (!current.rolcanlogin || !(await canLogIn(url))) {
       await alterUnlessDoneMeanwhile(owner, `alter role ${role} login password ${owner.escapeLiteral(password)}`, () => canLogIn(url))
     }

@@ -59,7 +59,11 @@ export function createAddressRateLimit(limitPerMinute: number, now: () => number
   const counts = new MinuteCounts(now)
   return (req) => {
     if (counts.add(addressBlock(clientOf(req).address)) > limitPerMinute)
-      throw new RateLimitedError(counts.secondsLeft(), 'rate_limited', `More than ${limitPerMinute} attempts from this address in this minute`)
+      throw new RateLimitedError(
+        counts.secondsLeft(),
+        'rate_limited',
+        `More than ${limitPerMinute} attempts from this address in this minute`,
+      )
   }
 }
 
@@ -97,7 +101,11 @@ export function createOAuthClientRateLimit(
           `More than ${failuresPerMinute} failed client authentications from this address in this minute`,
         )
       if (counts.get(`client ${clientId}`) >= limitPerMinute)
-        throw new RateLimitedError(counts.secondsLeft(), 'rate_limited', `More than ${limitPerMinute} requests of this client in this minute`)
+        throw new RateLimitedError(
+          counts.secondsLeft(),
+          'rate_limited',
+          `More than ${limitPerMinute} requests of this client in this minute`,
+        )
     },
     counted: (clientId) => void counts.add(`client ${clientId}`),
     failed: (req) => void counts.add(failures(req)),

@@ -94,12 +94,25 @@ const ipv6Groups = fc.array(group, { minLength: 8, maxLength: 8 })
 
 t.test('an IPv6 address counts by its /64; an IPv4-mapped one as its IPv4 address', async (t) => {
   await fc.assert(
-    fc.property(ipv6Groups, fc.array(group, { minLength: 4, maxLength: 4 }), fc.boolean(), fc.boolean(), (groups, otherHost, shortA, shortB) => {
-      fc.pre(!(groups[0] === 0 && groups[1] === 0 && groups[2] === 0 && groups[3] === 0 && groups[4] === 0))
-      const sameNetwork = [...groups.slice(0, 4), ...otherHost]
-      const block = addressBlock(ipv6Text(groups, shortA))
-      return block === addressBlock(ipv6Text(sameNetwork, shortB)) && block === `${groups.slice(0, 4).map((g) => g.toString(16)).join(':')}::/64`
-    }),
+    fc.property(
+      ipv6Groups,
+      fc.array(group, { minLength: 4, maxLength: 4 }),
+      fc.boolean(),
+      fc.boolean(),
+      (groups, otherHost, shortA, shortB) => {
+        fc.pre(!(groups[0] === 0 && groups[1] === 0 && groups[2] === 0 && groups[3] === 0 && groups[4] === 0))
+        const sameNetwork = [...groups.slice(0, 4), ...otherHost]
+        const block = addressBlock(ipv6Text(groups, shortA))
+        return (
+          block === addressBlock(ipv6Text(sameNetwork, shortB)) &&
+          block ===
+            `${groups
+              .slice(0, 4)
+              .map((g) => g.toString(16))
+              .join(':')}::/64`
+        )
+      },
+    ),
   )
   await fc.assert(
     fc.property(ipv6Groups, fc.integer({ min: 0, max: 3 }), group, (groups, changed, value) => {
@@ -107,13 +120,17 @@ t.test('an IPv6 address counts by its /64; an IPv4-mapped one as its IPv4 addres
       const other = groups.with(changed, value)
       return addressBlock(ipv6Text(groups, true)) !== addressBlock(ipv6Text(other, true))
     }),
-    
   )
   await fc.assert(
     fc.property(fc.array(fc.integer({ min: 0, max: 255 }), { minLength: 4, maxLength: 4 }), (bytes) => {
       const v4 = bytes.join('.')
       const mappedHex = `::ffff:${((bytes[0] << 8) | bytes[1]).toString(16)}:${((bytes[2] << 8) | bytes[3]).toString(16)}`
-      return addressBlock(v4) === v4 && addressBlock(`::ffff:${v4}`) === v4 && addressBlock(mappedHex) === v4 && addressBlock(`[::ffff:${v4}]`) === v4
+      return (
+        addressBlock(v4) === v4 &&
+        addressBlock(`::ffff:${v4}`) === v4 &&
+        addressBlock(mappedHex) === v4 &&
+        addressBlock(`[::ffff:${v4}]`) === v4
+      )
     }),
   )
   t.equal(addressBlock('2001:db8:1:2:3:4:5:6%eth0'), '2001:db8:1:2::/64', 'a zone id changes nothing')

@@ -175,7 +175,11 @@ t.test('authorize: an error goes back to the app only for a signed-in user who m
   const zedCookie = await sessionCookie(server, other.members['zed@other.test'].id)
   const browsers = [
     { who: 'signed out', cookie: undefined, sentBack: false },
-    { who: 'with a session that is no longer valid', cookie: 'crm_session=crm_notAValidSessionTokenAtAllxxxxxxxxxxxxxxxxxx', sentBack: false },
+    {
+      who: 'with a session that is no longer valid',
+      cookie: 'crm_session=crm_notAValidSessionTokenAtAllxxxxxxxxxxxxxxxxxx',
+      sentBack: false,
+    },
     { who: 'outside the app’s workspace', cookie: zedCookie, sentBack: false },
     { who: 'a member of the app’s workspace', cookie: bobCookie, sentBack: true },
   ]
@@ -302,10 +306,24 @@ t.test('SQL: the workspace behind a client id only for a user who may connect th
     })
   t.same(
     await lookUp(bob.token, 'acme'),
-    { app_name: 'Mail merge', workspace_id: acme.id, workspace_slug: 'acme', workspace_name: 'acme', redirect_uri_ok: true, user_may_connect: true },
+    {
+      app_name: 'Mail merge',
+      workspace_id: acme.id,
+      workspace_slug: 'acme',
+      workspace_name: 'acme',
+      redirect_uri_ok: true,
+      user_may_connect: true,
+    },
     'a member of the app’s workspace sees it',
   )
-  const hidden = { app_name: 'Mail merge', workspace_id: null, workspace_slug: null, workspace_name: null, redirect_uri_ok: true, user_may_connect: false }
+  const hidden = {
+    app_name: 'Mail merge',
+    workspace_id: null,
+    workspace_slug: null,
+    workspace_name: null,
+    redirect_uri_ok: true,
+    user_may_connect: false,
+  }
   t.same(await lookUp(zed.token, 'other'), hidden, 'a user of another workspace does not')
   t.same(await lookUp(suspended.token, 'other'), hidden, 'nor a member suspended in it')
 })
@@ -666,7 +684,11 @@ t.test('the token endpoint: a confidential client counts as itself, anything els
   }
 
   const busyStatuses = await statusesOf(2 * CLIENT_LIMIT + 1, () => refresh(clientFields(busy)))
-  t.same(busyStatuses.slice(0, CLIENT_LIMIT), new Array(CLIENT_LIMIT).fill(400), 'one client refreshing for many users is not held to the per-address limit')
+  t.same(
+    busyStatuses.slice(0, CLIENT_LIMIT),
+    new Array(CLIENT_LIMIT).fill(400),
+    'one client refreshing for many users is not held to the per-address limit',
+  )
   t.ok(busyStatuses.includes(429), `past its own limit it is refused (${busyStatuses.join(' ')})`)
   t.equal((await refresh(clientFields(quiet))).status, 400, 'another client from the same address has its own count')
 
@@ -680,7 +702,9 @@ t.test('the token endpoint: a confidential client counts as itself, anything els
 
   const publicStatuses = await statusesOf(2 * LIMIT + 1, () => refresh(clientFields(desktop)))
   t.ok(publicStatuses.includes(429), `a public client counts against its address (${publicStatuses.join(' ')})`)
-  const anonymous = await statusesOf(2 * LIMIT + 1, () => tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' }))
+  const anonymous = await statusesOf(2 * LIMIT + 1, () =>
+    tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' }),
+  )
   t.ok(anonymous.includes(429), `so does an unknown client (${anonymous.join(' ')})`)
 })
 

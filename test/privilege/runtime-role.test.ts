@@ -49,7 +49,13 @@ t.test('the role is confined', async (t) => {
        (select count(*) from pg_proc p where p.proowner = r.oid)::int as owned_functions
      from pg_roles r where r.rolname = current_user`,
   )
-  t.same(rows[0], { name: loginRoleName(RUNTIME_ROLE, new URL(url).pathname.slice(1)), rolsuper: false, rolbypassrls: false, owned_relations: 0, owned_functions: 0 })
+  t.same(rows[0], {
+    name: loginRoleName(RUNTIME_ROLE, new URL(url).pathname.slice(1)),
+    rolsuper: false,
+    rolbypassrls: false,
+    owned_relations: 0,
+    owned_functions: 0,
+  })
 })
 
 t.test('no context, no rows, whatever the session sets', async (t) => {

@@ -51,7 +51,9 @@ async function signUp(server: TestServer, email: string): Promise<number> {
   let status = 0
   for (let attempt = 0; attempt < 20 && status !== 201; attempt++) {
     status = (
-      await server.request('POST', '/api/signup', { body: { email, password: TEST_PASSWORD, name: 'Ada', workspace_name: email.split('@')[1] } })
+      await server.request('POST', '/api/signup', {
+        body: { email, password: TEST_PASSWORD, name: 'Ada', workspace_name: email.split('@')[1] },
+      })
     ).status
   }
   return status
@@ -83,7 +85,17 @@ t.test('two deployments in one cluster both start and keep working', async (t) =
   }
 
   // Every connection of the first deployment is cut: its pool logs in again.
-  await adminQuery('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [first.database])
+  await adminQuery('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [
+    first.database,
+  ])
   t.equal(await signUp(firstServer, 'bob@one.test'), 201, 'the first deployment answers on new connections')
   t.equal(await signUp(secondServer, 'bob@two.test'), 201, 'and so does the second')
+})
+
+t.test('a login role of that name made for another database is refused at start, saying why', async (t) => {
+  const role = new URL(await ensureRuntimeRole(first.ownerUrl, TEST_APP_SECRET)).username
+  const { rows } = await adminQuery(`select shobj_description(oid, 'pg_authid') as comment from pg_roles where rolname = $1`, [role])
+  await adminQuery(`comment on role ${role} is 'The crm_runtime login of the database "elsewhere" (made by the service at start).'`)
+  t.teardown(() => adminQuery(`comment on role ${role} is '${rows[0].comment.replaceAll("'", "''")}'`))
+  await t.rejects(ensureRuntimeRole(first.ownerUrl, TEST_APP_SECRET), /belongs to another database .*"elsewhere".*would reset its password/)
 })

@@ -7,7 +7,7 @@ import Type from 'typebox'
 import { OAuthError } from '../../errors.ts'
 import { authorizationServerMetadata } from '../../oauth/metadata.ts'
 import { KNOWN_SCOPES } from '../../oauth/scopes.ts'
-import { issueTokens, clientSendingSecret, revokeToken, type TokenRequest } from '../../oauth/token-endpoint.ts'
+import { clientSendingSecret, issueTokens, revokeToken, type TokenRequest } from '../../oauth/token-endpoint.ts'
 import { mediaType, readBody } from '../body.ts'
 import { defineRoutes, isStorableString, type RouteResult, type Services } from '../route.ts'
 
