@@ -54,6 +54,9 @@ function roleComment(group: string, database: string): string {
   return `The ${group} login of the database ${JSON.stringify(database)} (made by the service at start).`
 }
 
+/** A LIKE pattern matching every roleComment: such roles belong to one database, not to the schema. */
+export const LOGIN_ROLE_COMMENT_PATTERN = 'The % login of the database % (made by the service at start).'
+
 /**
  * A login role's password, derived from the owner's (or, when the owner URL carries none, from
  * APP_SECRET) and the role's name: every process of one deployment computes the same one without
