@@ -7,6 +7,7 @@ import pg from 'pg'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
 import { ensureRuntimeRole, ensureWorkerRole } from '../../src/db/runtime-role.ts'
+import { crm } from '../helpers/cli.ts'
 import { adminQuery, databaseUrl } from '../helpers/database.ts'
 import { TEST_PASSWORD } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET, type TestServer } from '../helpers/server.ts'
@@ -98,4 +99,12 @@ t.test('a login role of that name made for another database is refused at start,
   await adminQuery(`comment on role ${role} is 'The crm_runtime login of the database "elsewhere" (made by the service at start).'`)
   t.teardown(() => adminQuery(`comment on role ${role} is '${rows[0].comment.replaceAll("'", "''")}'`))
   await t.rejects(ensureRuntimeRole(first.ownerUrl, TEST_APP_SECRET), /belongs to another database .*"elsewhere".*would reset its password/)
+})
+
+t.test('crm login-roles prints what the service logs in as', async (t) => {
+  const printed = crm(second.ownerUrl, ['login-roles', '--json'])
+  t.equal(printed.status, 0, printed.stderr)
+  t.equal(printed.json.runtime.url, await ensureRuntimeRole(second.ownerUrl, TEST_APP_SECRET))
+  t.equal(printed.json.worker.url, await ensureWorkerRole(second.ownerUrl, TEST_APP_SECRET))
+  t.ok(await logsIn(printed.json.runtime.url), 'its runtime login logs in')
 })
