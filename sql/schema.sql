@@ -2765,16 +2765,22 @@ CREATE OR REPLACE FUNCTION crm.oauth_authorization_client(p_client_id text, p_re
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select a.id, a.name, w.id, w.slug, w.name,
+  select a.id, a.name,
+         case when c.may_connect then w.id end,
+         case when c.may_connect then w.slug end,
+         case when c.may_connect then w.name end,
          crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri),
-         exists (select from crm.memberships m join crm.users u on u.id = m.user_id
-                  where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
-                    and m.suspended_at is null and u.suspended_at is null and u.api_access)
+         c.may_connect
     from crm.oauth_apps a
     join crm.workspaces w on w.id = a.workspace_id
+   cross join lateral (
+     select exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                     where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
+                       and m.suspended_at is null and u.suspended_at is null and u.api_access) as may_connect
+   ) c
    where a.client_id = p_client_id
 $function$;
-comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (name, workspace), whether the redirect URI is registered, whether the current user may connect it.';
+comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
 grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_client(p_client_id text, p_client_secret_hash bytea)

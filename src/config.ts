@@ -36,6 +36,8 @@ export type Config = {
   rateLimitSettleMs: number
   /** Per client address on the unauthenticated routes, counted in each API process. */
   unauthenticatedRateLimitPerMinute: number
+  /** Per confidential client on the OAuth token and revocation endpoints, counted in each API process. */
+  oauthClientRateLimitPerMinute: number
   /** Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed; empty: none. */
   trustProxy: CidrRange[]
   webhook: {
@@ -197,6 +199,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     rateLimitBatch: integer('RATE_LIMIT_BATCH', defaultRateLimitBatch(rateLimitPerMinute), 1, rateLimitPerMinute),
     rateLimitSettleMs: integer('RATE_LIMIT_SETTLE_MS', 250, 10, 10_000),
     unauthenticatedRateLimitPerMinute: integer('UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE', 60, 1, 1_000_000),
+    oauthClientRateLimitPerMinute: integer('OAUTH_CLIENT_RATE_LIMIT_PER_MINUTE', 3000, 1, 1_000_000),
     trustProxy,
     webhook: {
       timeoutMs: integer('WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),

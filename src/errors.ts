@@ -165,4 +165,11 @@ export class UnavailableError extends CrmError {
  * (`invalid_request`, `invalid_client`, `invalid_grant`, `unauthorized_client`,
  * `unsupported_grant_type`, `invalid_scope`), not as problem details.
  */
-export class OAuthError extends CrmError {}
+export class OAuthError extends CrmError {
+  /** The client proved who it is before this refusal (a refusal of the grant, not of the client). */
+  readonly clientAuthenticated: boolean
+  constructor(code: string, detail: string, options: ErrorOptions & { clientAuthenticated?: boolean } = {}) {
+    super(code, detail, options)
+    this.clientAuthenticated = options.clientAuthenticated ?? false
+  }
+}

@@ -10,7 +10,7 @@ import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
 import { ensureRuntimeRole, ensureWorkerRole } from './db/runtime-role.ts'
 import { createStatementPool } from './db/statement-pool.ts'
-import { createAddressRateLimit } from './http/address-rate-limit.ts'
+import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import type { Logger } from './log.ts'
@@ -77,6 +77,7 @@ export async function startService(options: {
       worker,
       baseUrl: config.publicBaseUrl ?? '',
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
+      oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
     }
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages

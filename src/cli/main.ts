@@ -41,6 +41,24 @@ const serviceCommands: Record<string, Command> = {
       }
     },
   },
+  'login-roles': {
+    usage: 'login-roles',
+    summary: "set up the login roles of requests and the worker; print them as a pooler's user list (name, password)",
+    run: async (context) => {
+      const { provisionDatabase } = await import('../db/provision.ts')
+      const { ensureLoginRoles } = await import('../db/runtime-role.ts')
+      const config = context.config()
+      const database = await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
+      try {
+        const { runtime, worker } = await ensureLoginRoles(database.url, config.appSecret)
+        // PgBouncer's auth_file format: "name" "password", a double quote doubled.
+        const quote = (text: string) => `"${text.replaceAll('"', '""')}"`
+        context.print([runtime, worker].map((role) => `${quote(role.name)} ${quote(role.password)}`).join('\n'), { runtime, worker })
+      } finally {
+        await database.stop()
+      }
+    },
+  },
   serve: {
     usage: 'serve [--no-worker]',
     summary: 'run the API and the worker (--no-worker: the API alone)',

@@ -1,14 +1,19 @@
 // The login roles requests and jobs run as. The owner (DATABASE_URL) runs migrations: it owns
-// every table, and with the embedded database it is a superuser. Requests log in as crm_runtime, a
-// member of crm_api (inheriting its grants and policies); the worker logs in as crm_worker, which
-// holds only the worker's grants (sql/000013_runtime_confinement.sql). Neither owns anything, is a
-// superuser or can bypass row-level security. Their limits are role settings, which the server
-// applies itself at every login: a pooler that drops startup parameters cannot lose them.
-import { createHmac } from 'node:crypto'
+// every table, and with the embedded database it is a superuser. The migrations grant what
+// requests may do to the role crm_runtime and what the worker may do to crm_worker
+// (sql/000009_least_privilege.sql, sql/000013_runtime_confinement.sql); the service logs in as a
+// member of each made for its database alone, crm_runtime_<database> and crm_worker_<database>.
+// Roles are cluster-wide: when two deployments (two databases) share one PostgreSQL cluster and
+// both logged in as crm_runtime itself, each start set the password the other's connections were
+// using. Neither login role is a superuser, owns anything or can bypass row-level security. Their
+// limits are role settings, which the server applies itself at every login: a pooler that drops
+// startup parameters cannot lose them.
+import { createHash, createHmac } from 'node:crypto'
 import pg from 'pg'
 
 export type LoginRole = {
-  name: string
+  /** The role the migrations grant to; the login role is a member of it. */
+  group: string
   /** The limits every session of the role starts with (`alter role ... set`, as its migration sets them). */
   settings: Readonly<Record<string, string>>
 }
@@ -27,13 +32,35 @@ export const WORKER_ROLE_SETTINGS: Readonly<Record<string, string>> = {
   idle_in_transaction_session_timeout: '5min',
 }
 
-const RUNTIME: LoginRole = { name: RUNTIME_ROLE, settings: RUNTIME_ROLE_SETTINGS }
-const WORKER: LoginRole = { name: WORKER_ROLE, settings: WORKER_ROLE_SETTINGS }
+const RUNTIME: LoginRole = { group: RUNTIME_ROLE, settings: RUNTIME_ROLE_SETTINGS }
+const WORKER: LoginRole = { group: WORKER_ROLE, settings: WORKER_ROLE_SETTINGS }
+
+/** PostgreSQL's limit on a name, in bytes. */
+const NAME_BYTES = 63
+
+/**
+ * The login role of one database: `crm_runtime_crm` for the database `crm`; a name that is not
+ * plain lower-case letters, digits and underscores, or too long, is replaced by 16 hex digits of
+ * its SHA-256. Each role also carries a comment naming its database, so an unlikely clash of two
+ * names is refused at start instead of shared (see ensureLoginRole).
+ */
+export function loginRoleName(group: string, database: string): string {
+  const plain = `${group}_${database}`
+  if (/^[a-z0-9_]+$/.test(database) && plain.length <= NAME_BYTES) return plain
+  return `${group}_${createHash('sha256').update(database).digest('hex').slice(0, 16)}`
+}
+
+function roleComment(group: string, database: string): string {
+  return `The ${group} login of the database ${JSON.stringify(database)} (made by the service at start).`
+}
+
+/** A LIKE pattern matching every roleComment: such roles belong to one database, not to the schema. */
+export const LOGIN_ROLE_COMMENT_PATTERN = 'The % login of the database % (made by the service at start).'
 
 /**
  * A login role's password, derived from the owner's (or, when the owner URL carries none, from
- * APP_SECRET): every process of one deployment computes the same one without storing it, and
- * whoever can derive it already holds the owner's password.
+ * APP_SECRET) and the role's name: every process of one deployment computes the same one without
+ * storing it, and whoever can derive it already holds the owner's password.
  */
 export function loginRolePassword(ownerUrl: string, appSecret: string, role: string): string {
   const ownerPassword = decodeURIComponent(new URL(ownerUrl).password)
@@ -49,81 +76,111 @@ export function loginRoleUrl(ownerUrl: string, role: string, password: string): 
   return parsed.toString()
 }
 
-export function runtimeRolePassword(ownerUrl: string, appSecret: string): string {
-  return loginRolePassword(ownerUrl, appSecret, RUNTIME_ROLE)
+/** A login role as the service sets it up: its name, its password and the URL to connect with. */
+export type LoginCredentials = { name: string; password: string; url: string }
+
+/** The URL requests connect with: crm_runtime_<database>, its password and limits in place. */
+export async function ensureRuntimeRole(ownerUrl: string, appSecret: string): Promise<string> {
+  return (await ensureLoginRole(ownerUrl, appSecret, RUNTIME)).url
 }
 
-export function runtimeUrl(ownerUrl: string, password: string): string {
-  return loginRoleUrl(ownerUrl, RUNTIME_ROLE, password)
+/** The URL the worker connects with: crm_worker_<database>, its password and limits in place. */
+export async function ensureWorkerRole(ownerUrl: string, appSecret: string): Promise<string> {
+  return (await ensureLoginRole(ownerUrl, appSecret, WORKER)).url
 }
 
-/** The URL requests connect with: crm_runtime, its password and limits in place. */
-export function ensureRuntimeRole(ownerUrl: string, appSecret: string): Promise<string> {
-  return ensureLoginRole(ownerUrl, appSecret, RUNTIME)
-}
-
-/** The URL the worker connects with: crm_worker, its password and limits in place. */
-export function ensureWorkerRole(ownerUrl: string, appSecret: string): Promise<string> {
-  return ensureLoginRole(ownerUrl, appSecret, WORKER)
+/** Both login roles, set up as at start (`crm login-roles` prints them for a pooler's user list). */
+export async function ensureLoginRoles(
+  ownerUrl: string,
+  appSecret: string,
+): Promise<{ runtime: LoginCredentials; worker: LoginCredentials }> {
+  return { runtime: await ensureLoginRole(ownerUrl, appSecret, RUNTIME), worker: await ensureLoginRole(ownerUrl, appSecret, WORKER) }
 }
 
 /**
- * Gives a login role (created by the migrations) the derived password and checks its limits,
- * touching the catalog only where they differ (processes starting together would otherwise fail
- * each other with "tuple concurrently updated"). Answers the URL to connect with.
+ * Makes the database's login role a member of its group role (created by the migrations) with the
+ * derived password and the group's limits, touching the catalog only where something differs
+ * (processes starting together would otherwise fail each other with "tuple concurrently updated").
  */
-async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: LoginRole): Promise<string> {
-  const { name: roleName, settings } = loginRole
-  const password = loginRolePassword(ownerUrl, appSecret, roleName)
-  const url = loginRoleUrl(ownerUrl, roleName, password)
+async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: LoginRole): Promise<LoginCredentials> {
+  const { group, settings } = loginRole
   const owner = new pg.Client({ connectionString: ownerUrl })
   owner.on('error', () => {})
   await owner.connect()
   try {
+    const database = (await owner.query<{ name: string }>('select current_database() as name')).rows[0].name
+    const roleName = loginRoleName(group, database)
+    const password = loginRolePassword(ownerUrl, appSecret, roleName)
+    const url = loginRoleUrl(ownerUrl, roleName, password)
     const role = owner.escapeIdentifier(roleName)
-    const found = await owner.query<{ rolsuper: boolean; rolbypassrls: boolean; rolcanlogin: boolean; setconfig: string[] | null }>(
-      `select r.rolsuper, r.rolbypassrls, r.rolcanlogin, s.setconfig
-       from pg_roles r left join pg_db_role_setting s on s.setrole = r.oid and s.setdatabase = 0
-       where r.rolname = $1`,
-      [roleName],
-    )
-    if (found.rows.length === 0) throw new Error(`the role ${roleName} is missing: run the migrations first`)
-    const { rolsuper, rolbypassrls, rolcanlogin, setconfig } = found.rows[0]
-    if (rolsuper || rolbypassrls) {
+    const comment = roleComment(group, database)
+    const groupFound = await owner.query('select from pg_roles where rolname = $1', [group])
+    if (groupFound.rows.length === 0) throw new Error(`the role ${group} is missing: run the migrations first`)
+
+    const state = () =>
+      owner.query<{
+        rolsuper: boolean
+        rolbypassrls: boolean
+        rolcanlogin: boolean
+        setconfig: string[] | null
+        comment: string | null
+        member: boolean
+      }>(
+        `select r.rolsuper, r.rolbypassrls, r.rolcanlogin, s.setconfig, shobj_description(r.oid, 'pg_authid') as comment,
+                exists (select from pg_auth_members m where m.member = r.oid and m.roleid = (select oid from pg_roles where rolname = $2)) as member
+           from pg_roles r left join pg_db_role_setting s on s.setrole = r.oid and s.setdatabase = 0
+          where r.rolname = $1`,
+        [roleName, group],
+      )
+    let found = await state()
+    if (found.rows.length === 0) {
+      // A role without any password yet would only put a FATAL "password authentication failed"
+      // in the server's log when tried: it is created with its password.
+      await alterUnlessDoneMeanwhile(
+        owner,
+        `create role ${role} login inherit nosuperuser nobypassrls nocreatedb nocreaterole noreplication password ${owner.escapeLiteral(password)}`,
+        async () => (await state()).rows.length === 1,
+      )
+      found = await state()
+    }
+    const current = found.rows[0]
+    if (current.comment !== null && current.comment !== comment) {
+      throw new Error(
+        `the role ${roleName} belongs to another database (${current.comment}); the service of this database would reset its password. Drop or rename that role, or set RUNTIME_DATABASE_URL and WORKER_DATABASE_URL to roles of your own`,
+      )
+    }
+    if (current.rolsuper || current.rolbypassrls) {
       throw new Error(`the role ${roleName} is a superuser or bypasses row-level security; the service refuses to run as it`)
     }
-    // A role without any password yet (a fresh database) is given one without first trying to log
-    // in: that attempt would only put a FATAL "password authentication failed" in the server's log.
-    // pg_authid is readable by a superuser owner; any other owner finds out by trying.
-    const passwordSet = await owner
-      .query<{ set: boolean }>('select rolpassword is not null as set from pg_authid where rolname = $1', [roleName])
-      .then(
-        (result) => result.rows[0]?.set ?? null,
-        () => null,
+    // A role just made, or one an operator made by hand, is marked as this database's.
+    if (current.comment === null)
+      await alterUnlessDoneMeanwhile(
+        owner,
+        `comment on role ${role} is ${owner.escapeLiteral(comment)}`,
+        async () => (await state()).rows[0]?.comment === comment,
       )
-    if (!rolcanlogin || passwordSet === false || !(await canLogIn(url))) {
+    if (!current.member)
+      await alterUnlessDoneMeanwhile(
+        owner,
+        `grant ${owner.escapeIdentifier(group)} to ${role}`,
+        async () => (await state()).rows[0]?.member === true,
+      )
+    if (!current.rolcanlogin || !(await canLogIn(url))) {
       await alterUnlessDoneMeanwhile(owner, `alter role ${role} login password ${owner.escapeLiteral(password)}`, () => canLogIn(url))
     }
-    const current = new Set(setconfig ?? [])
+    const set = new Set(current.setconfig ?? [])
     for (const [name, value] of Object.entries(settings)) {
-      if (current.has(`${name}=${value}`)) continue
+      if (set.has(`${name}=${value}`)) continue
       await alterUnlessDoneMeanwhile(
         owner,
         `alter role ${role} set ${owner.escapeIdentifier(name)} = ${owner.escapeLiteral(value)}`,
-        async () => {
-          const { rows } = await owner.query<{ value: boolean }>(
-            `select $2 = any (s.setconfig) as value from pg_db_role_setting s join pg_roles r on r.oid = s.setrole
-           where r.rolname = $1 and s.setdatabase = 0`,
-            [roleName, `${name}=${value}`],
-          )
-          return rows[0]?.value === true
-        },
+        async () => (await state()).rows[0]?.setconfig?.includes(`${name}=${value}`) === true,
       )
     }
+    return { name: roleName, password, url }
   } finally {
     await owner.end().catch(() => {})
   }
-  return url
 }
 
 /** Another process starting at the same moment may alter the role first ("tuple concurrently updated"). */

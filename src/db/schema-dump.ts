@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { migrate } from './migrate.ts'
 import { startEmbeddedPostgres } from './provision.ts'
+import { LOGIN_ROLE_COMMENT_PATTERN } from './runtime-role.ts'
 
 export const SCHEMA_FILE = fileURLToPath(new URL('../../sql/schema.sql', import.meta.url))
 
@@ -107,13 +108,17 @@ async function dumpRoles(db: Queryable): Promise<string[]> {
       const [name, ...value] = setting.split('=')
       statements.push(`alter role ${role.name} set ${name} = ${quoteLiteral(value.join('='))};`)
     }
-    // Memberships in this role; the role that migrates is written as current_user.
+    // Memberships in this role; the role that migrates is written as current_user. The login
+    // roles the service makes per database (src/db/runtime-role.ts) are not the schema's, and the
+    // cluster may hold those of other databases.
     const members = await rows<{ member: string }>(
       db,
       `select case when m.member = (select oid from pg_roles where rolname = current_user) then 'current_user'
                    else quote_ident(pg_get_userbyid(m.member)) end as member
-         from pg_auth_members m where m.roleid = $1 order by 1`,
-      [role.oid],
+         from pg_auth_members m
+        where m.roleid = $1 and coalesce(shobj_description(m.member, 'pg_authid'), '') not like $2
+        order by 1`,
+      [role.oid, LOGIN_ROLE_COMMENT_PATTERN],
     )
     for (const { member } of members) statements.push(`grant ${role.name} to ${member};`)
   }

@@ -9,7 +9,7 @@ import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import { type FieldProblem, InsufficientScopeError, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
-import type { AddressRateLimit } from './address-rate-limit.ts'
+import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
 import type { WorkspaceWork } from './workspace-slots.ts'
 
@@ -33,6 +33,8 @@ export type Services = {
   baseUrl: string
   /** The per-address limit of the unauthenticated routes; throws 429 rate_limited past it. */
   addressRateLimit: AddressRateLimit
+  /** The OAuth token and revocation endpoints' limit of clients that send a secret (429 past it). */
+  oauthClientRateLimit: OAuthClientRateLimit
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
   [key: string]: unknown
 }

@@ -69,6 +69,20 @@ function clientOf(request: TokenRequest): Client {
   return { clientId: formId, secretHash: formSecret === null ? null : sha256(formSecret) }
 }
 
+/**
+ * The client id of a request that presents a secret (client_secret_basic or client_secret_post),
+ * or null: a public client, or credentials too malformed to name a client (the endpoint refuses
+ * those itself).
+ */
+export function clientSendingSecret(request: TokenRequest): string | null {
+  try {
+    const { clientId, secretHash } = clientOf(request)
+    return secretHash === null ? null : clientId
+  } catch {
+    return null
+  }
+}
+
 const GrantRow = rowType(
   Type.Object({
     error: NullableString,
@@ -84,7 +98,9 @@ function answer(
   accessToken: string,
   refreshToken: string,
 ): TokenResponse {
-  if (row.error !== null) throw new OAuthError(row.error, row.error_description ?? row.error)
+  // The database checks the client first: any other refusal is of a client it authenticated.
+  if (row.error !== null)
+    throw new OAuthError(row.error, row.error_description ?? row.error, { clientAuthenticated: row.error !== 'invalid_client' })
   return {
     access_token: accessToken,
     token_type: 'Bearer',

@@ -218,6 +218,20 @@ export function isInCidrList(address: string, ranges: readonly CidrRange[]): boo
   return ranges.some((range) => inRange(judged, range))
 }
 
+/**
+ * The block a client address is counted in by a per-address limit: an IPv4 address itself (an
+ * IPv4-mapped IPv6 address as its IPv4 address), an IPv6 address by its /64, written
+ * `2001:db8:1:2::/64`. Text that is no address is its own block.
+ */
+export function addressBlock(address: string): string {
+  const ip = parseIp(address.trim())
+  if (ip === null) return address
+  const v4 = ip.family === 4 ? ip : hasPrefix(ip.bytes, IPV4_MAPPED) ? ipv4At(ip.bytes, 12) : null
+  if (v4 !== null) return v4.bytes.join('.')
+  const groups = [0, 1, 2, 3].map((group) => ((ip.bytes[group * 2] << 8) | ip.bytes[group * 2 + 1]).toString(16))
+  return `${groups.join(':')}::/64`
+}
+
 /** Accepts dotted-quad IPv4 and any IPv6 text form, with or without brackets or a zone id. */
 function parseIp(text: string): IpBytes | null {
   const unbracketed = text.startsWith('[') && text.endsWith(']') ? text.slice(1, -1) : text

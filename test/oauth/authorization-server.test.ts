@@ -5,7 +5,8 @@
 // rotation with reuse detection, revocation, connected apps for users and admins, suspension, and
 // what the database refuses on its own. The whole flow with an independent client in a real
 // browser: browser-flow.test.ts.
-import { createHash } from 'node:crypto'
+import { createHash, randomUUID } from 'node:crypto'
+import fc from 'fast-check'
 import pg from 'pg'
 import t from 'tap'
 import { SCOPE_DESCRIPTIONS, TOKEN_SCOPES } from '../../src/auth/scopes.ts'
@@ -168,6 +169,81 @@ t.test('authorize: other problems go back to the app with error, state and iss',
   t.equal(denied.searchParams.get('code'), null)
 })
 
+t.test('authorize: an error goes back to the app only for a signed-in user who may connect it', async (t) => {
+  // Anyone may register an app with an https address: a redirect before sign-in, or for a user
+  // outside the app's workspace, would make this origin a redirector to it (RFC 9700 4.11.2).
+  const zedCookie = await sessionCookie(server, other.members['zed@other.test'].id)
+  const browsers = [
+    { who: 'signed out', cookie: undefined, sentBack: false },
+    {
+      who: 'with a session that is no longer valid',
+      cookie: 'crm_session=crm_notAValidSessionTokenAtAllxxxxxxxxxxxxxxxxxx',
+      sentBack: false,
+    },
+    { who: 'outside the app’s workspace', cookie: zedCookie, sentBack: false },
+    { who: 'a member of the app’s workspace', cookie: bobCookie, sentBack: true },
+  ]
+  const { challenge } = pkcePair()
+  const valid: [string, string][] = [
+    ['client_id', app.client_id],
+    ['redirect_uri', 'https://app.example/callback'],
+    ['response_type', 'code'],
+    ['scope', 'deals:read'],
+    ['state', 'st'],
+    ['code_challenge', challenge],
+    ['code_challenge_method', 'S256'],
+  ]
+  // Each spoils one parameter other than client_id and redirect_uri, as a careless or hostile link would.
+  const spoilers = fc.constantFrom<[string, string | null | 'twice']>(
+    ['response_type', 'token'],
+    ['response_type', 'id_token'],
+    ['response_type', 'code token'],
+    ['response_type', null],
+    ['response_type', 'twice'],
+    ['scope', 'everything'],
+    ['scope', 'deals:read deals:read'],
+    ['scope', null],
+    ['scope', 'twice'],
+    ['state', 'x'.repeat(2001)],
+    ['state', 'twice'],
+    ['code_challenge', null],
+    ['code_challenge', 'short'],
+    ['code_challenge', `${'a'.repeat(42)}!`],
+    ['code_challenge', 'twice'],
+    ['code_challenge_method', 'plain'],
+    ['code_challenge_method', null],
+    ['code_challenge_method', 'twice'],
+  )
+  await fc.assert(
+    fc.asyncProperty(fc.uniqueArray(spoilers, { minLength: 1, maxLength: 3, selector: ([name]) => name }), async (spoiled) => {
+      const search = new URLSearchParams()
+      for (const [name, value] of valid) {
+        const spoiler = spoiled.find(([spoiledName]) => spoiledName === name)
+        if (!spoiler) search.append(name, value)
+        else if (spoiler[1] === 'twice') search.append(name, value), search.append(name, value)
+        else if (spoiler[1] !== null) search.append(name, spoiler[1])
+      }
+      for (const { who, cookie, sentBack } of browsers) {
+        const response = await fetch(`${server.url}/oauth/authorize?${search}`, { redirect: 'manual', headers: cookie ? { cookie } : {} })
+        const location = response.headers.get('location')
+        const text = await response.text()
+        const label = `${who}, ${spoiled.map(([name, value]) => `${name}=${String(value).slice(0, 12)}`).join(', ')}`
+        if (sentBack) {
+          const back = new URL(location ?? 'about:blank')
+          if (response.status !== 303 || back.origin + back.pathname !== 'https://app.example/callback' || !back.searchParams.get('error'))
+            throw new Error(`${label}: not sent back with an error (${response.status} ${location})`)
+        } else if (location !== null && !location.startsWith('/')) {
+          throw new Error(`${label}: sent to ${location} (${response.status})`)
+        } else if (location === null && (response.status !== 400 || !/not valid/.test(text))) {
+          throw new Error(`${label}: answered ${response.status} without the error`)
+        }
+      }
+    }),
+    { numRuns: 40 },
+  )
+  t.pass('no error sent a browser to the app’s address unless its user may connect the app')
+})
+
 t.test('the consent page names the app, the workspace and each scope; a non-member cannot connect', async (t) => {
   const { challenge } = pkcePair()
   const page = await authorize(
@@ -195,7 +271,61 @@ t.test('the consent page names the app, the workspace and each scope; a non-memb
     zedCookie,
   )
   t.equal(outsider.status, 403)
-  t.match(await outsider.text(), /not an active member/)
+  const outsiderText = await outsider.text()
+  t.match(outsiderText, /not an active member/)
+  t.notMatch(outsiderText, /acme/i, 'the outsider is not told which workspace the app belongs to')
+  t.notMatch(outsiderText, /app\.example/, 'nor given a link to the app’s address')
+})
+
+t.test('SQL: the workspace behind a client id only for a user who may connect the app', async (t) => {
+  const zed = other.members['zed@other.test']
+  const suspended = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, acme.id, 'sid@acme.test', 'member')
+    await client.query('update crm.memberships set suspended_at = now() where workspace_id = $1 and user_id = $2', [acme.id, member.id])
+    // Signed in through the other workspace: the token still proves who they are.
+    await addMember(client, other.id, 'sid@acme.test', 'member')
+    return member
+  })
+  const lookUp = (token: string, slug: string) =>
+    withOwner(server.databaseUrl, async (client) => {
+      await client.query('begin')
+      try {
+        await client.query(`select a.failure, set_config('role', 'crm_api', true) from crm.authenticate($1, $2, 'ui', 600) a`, [
+          hashToken(token),
+          slug,
+        ])
+        const { rows } = await client.query(
+          `select app_name, workspace_id, workspace_slug, workspace_name, redirect_uri_ok, user_may_connect
+             from crm.oauth_authorization_client($1, 'https://app.example/callback')`,
+          [app.client_id],
+        )
+        return rows[0]
+      } finally {
+        await client.query('rollback')
+      }
+    })
+  t.same(
+    await lookUp(bob.token, 'acme'),
+    {
+      app_name: 'Mail merge',
+      workspace_id: acme.id,
+      workspace_slug: 'acme',
+      workspace_name: 'acme',
+      redirect_uri_ok: true,
+      user_may_connect: true,
+    },
+    'a member of the app’s workspace sees it',
+  )
+  const hidden = {
+    app_name: 'Mail merge',
+    workspace_id: null,
+    workspace_slug: null,
+    workspace_name: null,
+    redirect_uri_ok: true,
+    user_may_connect: false,
+  }
+  t.same(await lookUp(zed.token, 'other'), hidden, 'a user of another workspace does not')
+  t.same(await lookUp(suspended.token, 'other'), hidden, 'nor a member suspended in it')
 })
 
 t.test('token endpoint: the code exchange and its RFC 6749 refusals', async (t) => {
@@ -531,12 +661,51 @@ t.test('housekeeping removes grants a week after they were revoked, with their t
   t.equal(left.token, 0, 'the access token went with its grant')
 })
 
-t.test('the token endpoint counts against the per-address limit', async (t) => {
-  const limited = await startTestServer(t, { env: { UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: '5' } })
-  const statuses: number[] = []
-  for (let i = 0; i < 12; i++)
-    statuses.push((await tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' })).status)
-  t.ok(statuses.includes(429), `some answered 429 (${statuses.join(' ')})`)
+t.test('the token endpoint: a confidential client counts as itself, anything else against its address', async (t) => {
+  const LIMIT = 3
+  const CLIENT_LIMIT = 6
+  const limited = await startTestServer(t, {
+    env: { UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE: String(LIMIT), OAUTH_CLIENT_RATE_LIMIT_PER_MINUTE: String(CLIENT_LIMIT) },
+  })
+  const { members } = await createTenant(limited.databaseUrl, { members: { 'ada@limits.test': 'admin' } })
+  const admin = members['ada@limits.test'].token
+  const busy = await registerApp(limited, admin, { name: 'Busy sync' })
+  const quiet = await registerApp(limited, admin, { name: 'Quiet sync' })
+  const desktop = await registerApp(limited, admin, { name: 'Desktop', confidential: false, redirect_uris: ['http://127.0.0.1/callback'] })
+  // A refresh token nobody issued: the client is checked, then the grant is refused (400 invalid_grant).
+  const refresh = (fields: Record<string, string>) =>
+    tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: `crmrt_${'A'.repeat(43)}`, ...fields })
+  // Counts are per clock minute: 2 × the limit + 1 requests hold more than the limit on one side
+  // of wherever a minute ends among them, so a refusal must show up.
+  const statusesOf = async (count: number, send: () => Promise<{ status: number }>) => {
+    const statuses: number[] = []
+    for (let i = 0; i < count; i++) statuses.push((await send()).status)
+    return statuses
+  }
+
+  const busyStatuses = await statusesOf(2 * CLIENT_LIMIT + 1, () => refresh(clientFields(busy)))
+  t.same(
+    busyStatuses.slice(0, CLIENT_LIMIT),
+    new Array(CLIENT_LIMIT).fill(400),
+    'one client refreshing for many users is not held to the per-address limit',
+  )
+  t.ok(busyStatuses.includes(429), `past its own limit it is refused (${busyStatuses.join(' ')})`)
+  t.equal((await refresh(clientFields(quiet))).status, 400, 'another client from the same address has its own count')
+
+  const guesses = await statusesOf(2 * LIMIT + 1, () => refresh({ client_id: quiet.client_id, client_secret: `crmsec_${randomUUID()}` }))
+  t.same(
+    guesses.filter((status) => status !== 429),
+    guesses.filter((status) => status === 401),
+    'a wrong secret is invalid_client',
+  )
+  t.ok(guesses.includes(429), `made-up secrets count against the address (${guesses.join(' ')})`)
+
+  const publicStatuses = await statusesOf(2 * LIMIT + 1, () => refresh(clientFields(desktop)))
+  t.ok(publicStatuses.includes(429), `a public client counts against its address (${publicStatuses.join(' ')})`)
+  const anonymous = await statusesOf(2 * LIMIT + 1, () =>
+    tokenRequest(limited, { grant_type: 'refresh_token', refresh_token: 'x', client_id: 'x' }),
+  )
+  t.ok(anonymous.includes(429), `so does an unknown client (${anonymous.join(' ')})`)
 })
 
 t.test('a change made through an app names the app in the event (actor via oauth, app_id)', async (t) => {

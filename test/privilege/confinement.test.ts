@@ -7,7 +7,7 @@ import pg from 'pg'
 import t from 'tap'
 import { hashPassword, passwordKey } from '../../src/auth/passwords.ts'
 import { hashToken } from '../../src/auth/tokens.ts'
-import { ensureRuntimeRole, ensureWorkerRole, WORKER_ROLE } from '../../src/db/runtime-role.ts'
+import { ensureRuntimeRole, ensureWorkerRole, loginRoleName, RUNTIME_ROLE, WORKER_ROLE } from '../../src/db/runtime-role.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant, TEST_PASSWORD, withOwner } from '../helpers/fixtures.ts'
 import { TEST_APP_SECRET } from '../helpers/server.ts'
@@ -33,6 +33,7 @@ const connect = async (connectionString: string) => {
 const worker = await connect(await ensureWorkerRole(url, TEST_APP_SECRET))
 const runtime = await connect(await ensureRuntimeRole(url, TEST_APP_SECRET))
 const owner = await connect(url)
+const database = new URL(url).pathname.slice(1)
 const codeOf = (client: pg.Client, text: string, values: unknown[] = []) =>
   client.query(text, values).then(
     () => null,
@@ -41,12 +42,22 @@ const codeOf = (client: pg.Client, text: string, values: unknown[] = []) =>
 
 t.test('the worker role is confined', async (t) => {
   const { rows } = await worker.query(
-    `select current_user as name, r.rolsuper, r.rolbypassrls, r.rolinherit,
+    `select current_user as name, r.rolsuper, r.rolbypassrls,
+       pg_has_role(current_user, 'crm_worker', 'usage') as worker_privileges, pg_has_role(current_user, 'crm_api', 'usage') as api_privileges,
        (select count(*) from pg_class c where c.relowner = r.oid)::int as owned_relations,
        (select count(*) from pg_proc p where p.proowner = r.oid)::int as owned_functions
      from pg_roles r where r.rolname = current_user`,
   )
-  t.same(rows[0], { name: WORKER_ROLE, rolsuper: false, rolbypassrls: false, rolinherit: false, owned_relations: 0, owned_functions: 0 })
+  // crm_worker is NOINHERIT: its login role holds crm_worker's grants, never crm_api's.
+  t.same(rows[0], {
+    name: loginRoleName(WORKER_ROLE, database),
+    rolsuper: false,
+    rolbypassrls: false,
+    worker_privileges: true,
+    api_privileges: false,
+    owned_relations: 0,
+    owned_functions: 0,
+  })
 })
 
 t.test('the worker role reads no record of any workspace, whatever its session sets', async (t) => {
@@ -98,13 +109,20 @@ t.test('no login role of requests or jobs is, or may become, the owner', async (
   const { rows } = await owner.query(
     `select r.rolname, pg_has_role(r.oid, 'crm_owner', 'member') as crm_owner,
        pg_has_role(r.oid, (select relowner from pg_class where oid = 'crm.contacts'::regclass), 'member') as owner
-     from pg_roles r where r.rolname in ('crm_runtime', 'crm_worker', 'crm_api') order by 1`,
+     from pg_roles r where r.rolname in ('crm_runtime', 'crm_worker', 'crm_api', $1, $2)`,
+    [loginRoleName(RUNTIME_ROLE, database), loginRoleName(WORKER_ROLE, database)],
   )
-  t.same(rows, [
-    { rolname: 'crm_api', crm_owner: false, owner: false },
-    { rolname: 'crm_runtime', crm_owner: false, owner: false },
-    { rolname: 'crm_worker', crm_owner: false, owner: false },
-  ])
+  const byName = (x: { rolname: string }, y: { rolname: string }) => (x.rolname < y.rolname ? -1 : 1)
+  t.same(
+    rows.sort(byName),
+    [
+      { rolname: 'crm_api', crm_owner: false, owner: false },
+      { rolname: 'crm_runtime', crm_owner: false, owner: false },
+      { rolname: loginRoleName(RUNTIME_ROLE, database), crm_owner: false, owner: false },
+      { rolname: 'crm_worker', crm_owner: false, owner: false },
+      { rolname: loginRoleName(WORKER_ROLE, database), crm_owner: false, owner: false },
+    ].sort(byName),
+  )
 })
 
 t.test('every table forces row-level security and names the owner’s access in a policy', async (t) => {

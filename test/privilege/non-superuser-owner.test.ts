@@ -6,6 +6,7 @@
 import pg from 'pg'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
+import { loginRoleName, RUNTIME_ROLE, WORKER_ROLE } from '../../src/db/runtime-role.ts'
 import { adminQuery, databaseUrl, testServerUrl } from '../helpers/database.ts'
 import { TEST_PASSWORD } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
@@ -119,9 +120,12 @@ t.test('sign-up, sign-in, an invitation, records, a webhook and an import, witho
     `select distinct usename::text as name from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() order by 1`,
   )
   t.same(
-    roles.map((row) => row.name).filter((name) => name !== superuser),
-    ['crm_runtime', 'crm_worker'],
-    'the service is connected as crm_runtime and crm_worker only',
+    roles
+      .map((row) => row.name)
+      .filter((name) => name !== superuser)
+      .sort(),
+    [loginRoleName(RUNTIME_ROLE, database), loginRoleName(WORKER_ROLE, database)].sort(),
+    'the service is connected as the login roles of this database only',
   )
 })
 

@@ -1,7 +1,9 @@
 // The API behind PgBouncer in transaction mode, configured to drop the startup parameters it
-// cannot pool (options, statement_timeout): the service starts, reads and writes, and one
-// workspace still cannot read another's contact by id. Skipped when pgbouncer is not installed
-// (.ci/run installs it).
+// cannot pool (options, statement_timeout), set up exactly as README's Operations section says:
+// the owner connects to PostgreSQL directly, `crm login-roles` prints the login roles for the
+// pooler's auth_file, and RUNTIME_DATABASE_URL sends requests through the pooler as the runtime
+// login role. The service starts, reads and writes, and one workspace still cannot read another's
+// contact by id. Skipped when pgbouncer is not installed (.ci/run installs it).
 import { type ChildProcess, spawn } from 'node:child_process'
 import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -9,10 +11,10 @@ import { join } from 'node:path'
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import { freePort } from '../../src/db/provision.ts'
-import { ensureRuntimeRole, RUNTIME_ROLE, runtimeRolePassword } from '../../src/db/runtime-role.ts'
+import { crm } from '../helpers/cli.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
-import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
+import { startTestServer } from '../helpers/server.ts'
 
 const PGBOUNCER = '/usr/sbin/pgbouncer'
 
@@ -27,18 +29,18 @@ async function behindPgBouncer(t: Test): Promise<void> {
   const direct = await createTestDatabase(t)
   const server = new URL(direct)
   const database = server.pathname.slice(1)
-  const owner = decodeURIComponent(server.username)
-  const ownerPassword = decodeURIComponent(server.password)
-  // The runtime role gets its password before the pooler first logs in as it: PgBouncer holds off a
-  // pool whose server login failed (server_login_retry) and needs the password in its userlist.
-  await ensureRuntimeRole(direct, TEST_APP_SECRET)
-  const runtimePassword = runtimeRolePassword(direct, TEST_APP_SECRET)
+  // The recipe, step 1: the login roles and their passwords, in the auth_file's own format.
+  const printed = crm(direct, ['login-roles'])
+  t.equal(printed.status, 0, printed.stderr)
+  const runtimeLine = printed.stdout.split('\n').find((line) => line.startsWith('"crm_runtime_'))
+  t.ok(runtimeLine, `crm login-roles names the runtime login role (${printed.stdout.replace(/" "[^"]*"/g, '" "…"')})`)
+  const [, runtimeRole, runtimePassword] = /^"([^"]*)" "([^"]*)"$/.exec(runtimeLine ?? '') ?? []
 
   const dir = mkdtempSync(join(tmpdir(), 'crm-pgbouncer-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   const port = await freePort()
-  const quote = (text: string) => `"${text.replaceAll('"', '""')}"`
-  writeFileSync(join(dir, 'userlist.txt'), `${quote(owner)} ${quote(ownerPassword)}\n${quote(RUNTIME_ROLE)} ${quote(runtimePassword)}\n`)
+  // Step 2: its lines in the pooler's auth_file (the owner is not there: it connects directly).
+  writeFileSync(join(dir, 'userlist.txt'), printed.stdout)
   writeFileSync(
     join(dir, 'pgbouncer.ini'),
     [
@@ -48,7 +50,7 @@ async function behindPgBouncer(t: Test): Promise<void> {
       'listen_addr = 127.0.0.1',
       `listen_port = ${port}`,
       `unix_socket_dir =`,
-      'auth_type = trust',
+      'auth_type = scram-sha-256',
       `auth_file = ${join(dir, 'userlist.txt')}`,
       'pool_mode = transaction',
       'ignore_startup_parameters = extra_float_digits,options,statement_timeout',
@@ -72,14 +74,16 @@ async function behindPgBouncer(t: Test): Promise<void> {
   // SIGTERM: immediate shutdown (SIGINT would wait for every client to leave).
   t.teardown(() => void bouncer.kill('SIGTERM'))
 
+  // Step 3: requests through the pooler as the runtime login role; the owner (migrations, start)
+  // and the worker straight to PostgreSQL.
   const pooled = new URL(direct)
   pooled.hostname = '127.0.0.1'
   pooled.port = String(port)
+  pooled.username = runtimeRole
+  pooled.password = runtimePassword
   await waitUntilAnswers(pooled.toString(), () => output)
 
-  // The service is given the owner's URL through the pooler: it creates its runtime role through
-  // it too, and both its pools connect through it.
-  const service = await startTestServer(t, { databaseUrl: pooled.toString() })
+  const service = await startTestServer(t, { databaseUrl: direct, env: { RUNTIME_DATABASE_URL: pooled.toString() } })
   const a = await createTenant(direct, { slug: 'bounce-a', members: { 'admin@a.test': 'admin' } })
   const b = await createTenant(direct, { slug: 'bounce-b', members: { 'admin@b.test': 'admin' } })
   const tokenA = a.members['admin@a.test'].token
@@ -105,6 +109,7 @@ async function behindPgBouncer(t: Test): Promise<void> {
   }
   const foreignList = await service.request('GET', '/api/contacts', { token: tokenB })
   t.same(foreignList.body.data, [], 'nor lists it')
+  t.match(output, new RegExp(`login attempt: db=${database} user=${runtimeRole}`), 'the requests came through the pooler')
   t.notOk(
     service.logLines.some((line) => line.includes('single-statement reads refused')),
     'reads ran as the confined runtime role',

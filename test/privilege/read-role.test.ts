@@ -8,7 +8,7 @@ import { sql } from 'slonik'
 import t from 'tap'
 import { createStatementAuthenticator } from '../../src/auth/authenticate.ts'
 import { pgQueryText } from '../../src/db/pool.ts'
-import { runtimeRolePassword, runtimeUrl } from '../../src/db/runtime-role.ts'
+import { ensureRuntimeRole, loginRoleName, RUNTIME_ROLE } from '../../src/db/runtime-role.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 
@@ -51,14 +51,19 @@ t.test('the runtime role reads in one statement, its own workspace only', async 
 })
 
 t.test('the runtime role carries its limits without startup parameters', async (t) => {
-  const runtime = new pg.Client({ connectionString: runtimeUrl(url, runtimeRolePassword(url, server.config.appSecret)) })
+  const runtime = new pg.Client({ connectionString: await ensureRuntimeRole(url, server.config.appSecret) })
   await runtime.connect()
   t.teardown(() => runtime.end())
   const { rows } = await runtime.query(
     `select current_user as role, current_setting('statement_timeout') as statement_timeout,
        current_setting('idle_in_transaction_session_timeout') as idle_timeout, crm.require_confined_role() as confined`,
   )
-  t.same(rows[0], { role: 'crm_runtime', statement_timeout: '30s', idle_timeout: '1min', confined: true })
+  t.same(rows[0], {
+    role: loginRoleName(RUNTIME_ROLE, new URL(url).pathname.slice(1)),
+    statement_timeout: '30s',
+    idle_timeout: '1min',
+    confined: true,
+  })
 })
 
 t.test('as the owner, the read statement refuses to run', async (t) => {

@@ -4,7 +4,7 @@
 import pg from 'pg'
 import t from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
-import { ensureRuntimeRole, RUNTIME_ROLE } from '../../src/db/runtime-role.ts'
+import { ensureRuntimeRole, loginRoleName, RUNTIME_ROLE } from '../../src/db/runtime-role.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { addMember, createTenant, withOwner } from '../helpers/fixtures.ts'
 import { TEST_APP_SECRET } from '../helpers/server.ts'
@@ -49,7 +49,13 @@ t.test('the role is confined', async (t) => {
        (select count(*) from pg_proc p where p.proowner = r.oid)::int as owned_functions
      from pg_roles r where r.rolname = current_user`,
   )
-  t.same(rows[0], { name: RUNTIME_ROLE, rolsuper: false, rolbypassrls: false, owned_relations: 0, owned_functions: 0 })
+  t.same(rows[0], {
+    name: loginRoleName(RUNTIME_ROLE, new URL(url).pathname.slice(1)),
+    rolsuper: false,
+    rolbypassrls: false,
+    owned_relations: 0,
+    owned_functions: 0,
+  })
 })
 
 t.test('no context, no rows, whatever the session sets', async (t) => {

@@ -7,7 +7,7 @@ import Type from 'typebox'
 import { OAuthError } from '../../errors.ts'
 import { authorizationServerMetadata } from '../../oauth/metadata.ts'
 import { KNOWN_SCOPES } from '../../oauth/scopes.ts'
-import { issueTokens, revokeToken, type TokenRequest } from '../../oauth/token-endpoint.ts'
+import { clientSendingSecret, issueTokens, revokeToken, type TokenRequest } from '../../oauth/token-endpoint.ts'
 import { mediaType, readBody } from '../body.ts'
 import { defineRoutes, isStorableString, type RouteResult, type Services } from '../route.ts'
 
@@ -60,6 +60,45 @@ async function tokenRequest(req: IncomingMessage, services: Services): Promise<T
   return { form, authorization: req.headers.authorization }
 }
 
+/**
+ * The count a token or revocation request is held to. A confidential client that sends its
+ * secret counts as that client (OAUTH_CLIENT_RATE_LIMIT_PER_MINUTE) once the database has checked
+ * the secret: one client refreshing for many users from one address is one client, not one
+ * address. Anything else, a public client or none, counts against its address like sign-in; so
+ * does a secret that fails (or a request refused before its client was checked), and an address
+ * with UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE such failures this minute is refused before the
+ * database is asked, so rotating made-up secrets buys a guesser nothing.
+ */
+async function limitedPerClient(
+  req: IncomingMessage,
+  services: Services,
+  answer: (request: TokenRequest) => Promise<RouteResult>,
+): Promise<RouteResult> {
+  let request: TokenRequest
+  try {
+    request = await tokenRequest(req, services)
+  } catch (error) {
+    services.addressRateLimit(req)
+    throw error
+  }
+  const clientId = clientSendingSecret(request)
+  if (clientId === null) {
+    services.addressRateLimit(req)
+    return answer(request)
+  }
+  const limit = services.oauthClientRateLimit
+  limit.admit(req, clientId)
+  try {
+    const result = await answer(request)
+    limit.counted(clientId)
+    return result
+  } catch (error) {
+    if (error instanceof OAuthError && error.clientAuthenticated) limit.counted(clientId)
+    else if (error instanceof OAuthError) limit.failed(req)
+    throw error
+  }
+}
+
 /** RFC 6749 section 5.2: 400 with `error`, or 401 and a Basic challenge for a client that failed to authenticate. */
 async function answeringOAuthErrors(run: () => Promise<RouteResult>): Promise<RouteResult> {
   try {
@@ -84,13 +123,14 @@ export default defineRoutes(
     summary: 'Exchange an authorization code (with its PKCE verifier) or a refresh token for an access token (RFC 6749)',
     tag,
     auth: 'none',
-    limitedPerAddress: true,
     formBody: TokenForm,
     response: TokenResponseSchema,
     errorBody: OAuthErrorSchema,
     errors: [400, 401, 429],
     handler: ({ req, services }) =>
-      answeringOAuthErrors(async () => ({ body: await issueTokens(services.pool, await tokenRequest(req, services)), headers: NO_STORE })),
+      answeringOAuthErrors(() =>
+        limitedPerClient(req, services, async (request) => ({ body: await issueTokens(services.pool, request), headers: NO_STORE })),
+      ),
   },
   {
     method: 'POST',
@@ -98,15 +138,16 @@ export default defineRoutes(
     summary: 'Revoke an access or refresh token, and with it the grant it belongs to (RFC 7009)',
     tag,
     auth: 'none',
-    limitedPerAddress: true,
     formBody: RevokeForm,
     errorBody: OAuthErrorSchema,
     errors: [400, 401, 429],
     handler: ({ req, services }) =>
-      answeringOAuthErrors(async () => {
-        await revokeToken(services.pool, await tokenRequest(req, services))
-        return { status: 200, body: {}, headers: NO_STORE }
-      }),
+      answeringOAuthErrors(() =>
+        limitedPerClient(req, services, async (request) => {
+          await revokeToken(services.pool, request)
+          return { status: 200, body: {}, headers: NO_STORE }
+        }),
+      ),
   },
   {
     method: 'GET',

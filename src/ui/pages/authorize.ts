@@ -4,26 +4,39 @@
 // workspace it belongs to, each scope in plain words, Allow and Deny. The form posts back here
 // (CSRF-checked like every form); Allow issues a single-use code through crm.oauth_issue_code,
 // and both answers go back to the app with `state` and `iss` (RFC 9207).
+//
+// Anyone can register an app with an https address of their choosing, so a registered address
+// proves nothing about it: the browser is sent there only for a signed-in user who may connect
+// the app (an active member of its workspace with API access, the people its admins vouch for).
+// Everyone else sees the error here (RFC 9700 section 4.11.2): otherwise our origin would be an
+// open redirector to any address its registrant likes.
 import { createHash, randomBytes } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import Type, { type Static } from 'typebox'
 import { type CommonQueryMethods, sql } from '../../db/pool.ts'
 import { rowType } from '../../db/typed-rows.ts'
 import type { Services } from '../../http/route.ts'
-import { type AuthorizationRequest, checkRequest, clientOfRequest, parametersOf, redirectBack } from '../../oauth/authorization-request.ts'
+import {
+  type AuthorizationRequest,
+  type Checked,
+  checkRequest,
+  clientOfRequest,
+  parametersOf,
+  redirectBack,
+} from '../../oauth/authorization-request.ts'
 import { scopeWords } from '../../oauth/scopes.ts'
 import type { Form } from '../form.ts'
 import { html } from '../html.ts'
-import { allowingFormRedirectTo, hiddenCsrf, redirect } from '../layout.ts'
+import { allowingFormRedirectTo, hiddenCsrf } from '../layout.ts'
 import { errorPage, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
 import { query } from '../request.ts'
+import { hasSessionCookie } from '../session.ts'
 
 const ClientSchema = Type.Object({
   app_id: Type.String(),
   app_name: Type.String(),
-  workspace_id: Type.String(),
-  workspace_slug: Type.String(),
-  workspace_name: Type.String(),
+  // Null unless the user may connect the app (sql/000022_oauth_client_workspace_for_members.sql).
+  workspace_name: Type.Union([Type.String(), Type.Null()]),
   redirect_uri_ok: Type.Boolean(),
   user_may_connect: Type.Boolean(),
 })
@@ -36,7 +49,7 @@ const NOT_VALID =
 
 async function lookUpClient(db: CommonQueryMethods, client: { clientId: string; redirectUri: string }): Promise<Client | null> {
   const found = await db.maybeOne(sql.type(CLIENT)`
-    select app_id, app_name, workspace_id, workspace_slug, workspace_name, redirect_uri_ok, user_may_connect
+    select app_id, app_name, workspace_name, redirect_uri_ok, user_may_connect
       from crm.oauth_authorization_client(${client.clientId}, ${client.redirectUri})`)
   return found?.redirect_uri_ok ? found : null
 }
@@ -53,17 +66,39 @@ function notValid(): PageResult {
   }
 }
 
+type Refusal = Extract<Checked, { ok: false }>
+
+function refusedRequest({ error, description }: Refusal): string {
+  return `This link to connect an app is not valid: ${description} (${error}). Nothing was shared. Ask the app’s developer for help.`
+}
+
+/**
+ * A request the app got wrong: back to the app with the error for a user who may connect it,
+ * shown here to anyone else (their browser is never sent to an address nobody vouched for).
+ */
+function refuse(found: Client, client: { redirectUri: string }, refusal: Refusal, issuer: string): PageResult {
+  if (!found.user_may_connect) {
+    return {
+      status: 400,
+      title: `Connect ${found.app_name}`,
+      content: html`<h1>Connect ${found.app_name}</h1><div class="notice error" role="alert">${refusedRequest(refusal)}</div>`,
+    }
+  }
+  const { error, description, state } = refusal
+  return { redirect: redirectBack(client.redirectUri, { error, error_description: description, state }, issuer) }
+}
+
 function consent(context: PageContext, client: Client, request: AuthorizationRequest): PageResult {
-  const { frame, services } = context
-  const back = redirectBack(request.redirectUri, { error: 'access_denied', state: request.state }, services.baseUrl)
+  const { frame } = context
   const destination = new URL(request.redirectUri)
   if (!client.user_may_connect) {
+    // Neither the workspace's name nor a way back to the app's address: the user is not one of
+    // the people the app's workspace vouches for.
     return {
       status: 403,
       title: `Connect ${client.app_name}`,
       content: html`<h1>Connect ${client.app_name}</h1>
-<div class="notice error" role="alert">${client.app_name} belongs to the workspace “${client.workspace_name}”, in which you (${frame.user.email}) are not an active member with API access. Only its members can connect it.</div>
-<p><a href="${back}">Return to ${client.app_name}</a></p>`,
+<div class="notice error" role="alert">${client.app_name} belongs to a workspace in which you (${frame.user.email}) are not an active member with API access. Only its members can connect it. Nothing was shared.</div>`,
     }
   }
   const hidden = (name: string, value: string | null) => (value === null ? '' : html`<input type="hidden" name="${name}" value="${value}">`)
@@ -104,10 +139,7 @@ const showConsent: PageHandler = async (context) => {
   const found = client && (await lookUpClient(context.db, client))
   if (!client || !found) return notValid()
   const checked = checkRequest(parameters, client)
-  if (!checked.ok) {
-    const { error, description, state } = checked
-    return { redirect: redirectBack(client.redirectUri, { error, error_description: description, state }, context.services.baseUrl) }
-  }
+  if (!checked.ok) return refuse(found, client, checked, context.services.baseUrl)
   return consent(context, found, checked.request)
 }
 
@@ -120,12 +152,10 @@ export function decideConsent(codeLifetimeSeconds: number): PageHandler {
     if (!client || !found) return notValid()
     const checked = checkRequest(parameters, client)
     const issuer = context.services.baseUrl
-    if (!checked.ok) {
-      const { error, description, state } = checked
-      return { redirect: redirectBack(client.redirectUri, { error, error_description: description, state }, issuer) }
-    }
+    if (!checked.ok) return refuse(found, client, checked, issuer)
     const { request } = checked
-    if (context.form.get('decision') !== 'allow' || !found.user_may_connect) {
+    if (!found.user_may_connect) return consent(context, found, request)
+    if (context.form.get('decision') !== 'allow') {
       return { redirect: redirectBack(request.redirectUri, { error: 'access_denied', state: request.state }, issuer) }
     }
     const code = randomBytes(32).toString('base64url')
@@ -138,8 +168,9 @@ export function decideConsent(codeLifetimeSeconds: number): PageHandler {
 
 /**
  * GET /oauth/authorize: the client and redirect URI are checked before anything else (an error
- * page, never a redirect, when they are not the app's); other problems go back to the app; a valid
- * request goes on to the consent page, through sign-in when needed.
+ * page, never a redirect, when they are not the app's). Before sign-in any other problem is shown
+ * here too; a valid request, or any request of a browser with a session, goes on to the consent
+ * page (through sign-in when needed), which sends errors back only for a user who may connect.
  */
 export function authorizationEndpoint(services: Services, consentPage: (req: IncomingMessage, res: ServerResponse) => Promise<void>) {
   return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
@@ -153,10 +184,7 @@ export function authorizationEndpoint(services: Services, consentPage: (req: Inc
       ))
     if (!client || !registered) return errorPage(res, 400, NOT_VALID)
     const checked = checkRequest(parameters, client)
-    if (!checked.ok) {
-      const { error, description, state } = checked
-      return redirect(res, redirectBack(client.redirectUri, { error, error_description: description, state }, services.baseUrl))
-    }
+    if (!checked.ok && !hasSessionCookie(req)) return errorPage(res, 400, refusedRequest(checked))
     return consentPage(req, res)
   }
 }
