@@ -14,6 +14,7 @@ import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
 import {
+  assertCredentialsDeclared,
   assertScopesDeclared,
   JsonText,
   type RouteContext,
@@ -84,6 +85,7 @@ export function createApp(
 ): App {
   const { logger, pool, config } = services
   assertScopesDeclared(definitions)
+  assertCredentialsDeclared(definitions)
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   let singleStatementsRefused = false
