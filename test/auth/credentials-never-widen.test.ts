@@ -45,14 +45,14 @@ if (signedUp.status !== 201) throw new Error(`sign-up answered ${signedUp.status
 const attacker = signedUp.body.token as string
 const attackerWorkspace = (await server.request('GET', '/api/me', { token: attacker })).body.data.workspace as { id: string; slug: string }
 
-/** A fresh invitation of the victim's email to the attacker's workspace: its secret. */
-async function invitationForVictim(): Promise<string> {
+/** A fresh invitation of the victim's email to the attacker's workspace: its secret (null once an accept let them in). */
+async function invitationForVictim(): Promise<string | null> {
   const invited = await server.request('POST', '/api/invitations', { token: attacker, body: { email: victim.email, role: 'admin' } })
-  if (invited.status !== 201) throw new Error(`inviting answered ${invited.status}: ${invited.text}`)
+  if (invited.status !== 201) return null
   return new URL(invited.body.data.accept_url).searchParams.get('token')!
 }
 
-type Caller = { kind: 'scoped' | 'app'; token: string; id: string; expiresAt: Date; scopes: string[] }
+type Caller = { kind: 'scoped' | 'app'; token: string; id: string; grantId: string | null; expiresAt: Date; scopes: string[] }
 const MINIMAL = ['contacts:read']
 
 async function newCaller(kind: Caller['kind']): Promise<Caller> {
@@ -65,8 +65,8 @@ async function newCaller(kind: Caller['kind']): Promise<Caller> {
   )
   const {
     rows: [row],
-  } = await owner.query('select id, expires_at from crm.tokens where token_hash = $1', [hashToken(token)])
-  return { kind, token, id: row.id, expiresAt: row.expires_at, scopes: MINIMAL }
+  } = await owner.query('select id, oauth_grant_id, expires_at from crm.tokens where token_hash = $1', [hashToken(token)])
+  return { kind, token, id: row.id, grantId: row.oauth_grant_id, expiresAt: row.expires_at, scopes: MINIMAL }
 }
 
 /** What a request could change about credentials, access and records, as comparable JSON. */
@@ -112,7 +112,11 @@ function widerThan(row: Row, caller: Caller): string | null {
   return null
 }
 
-/** Checks what a call left behind for the victim: no wider credential, no membership, the same default workspace. */
+/**
+ * Checks what a call left behind for the victim: no wider credential, no membership, the same
+ * default workspace, and nothing revoked but the caller itself (a part of the user's authority
+ * cannot sign the user out of everything).
+ */
 async function assertNothingWider(
   t: Test,
   label: string,
@@ -138,6 +142,20 @@ async function assertNothingWider(
     const why = rows[0] && widerThan(rows[0], caller)
     if (why) t.fail(`${label}: the answer carries a credential of the victim wider than the caller's: ${why}`)
   }
+  type Revocable = { id: string; revoked_at: string | null }
+  const revokedBefore = new Set(
+    [...((before.tokens as Revocable[] | null) ?? []), ...((before.grants as Revocable[] | null) ?? [])]
+      .filter((row) => row.revoked_at !== null)
+      .map((row) => row.id),
+  )
+  const { rows: revokedRows } = await owner.query<{ id: string; revoked_at: string | null; grant: string | null }>(
+    `select id, revoked_at, oauth_grant_id as grant from crm.tokens where revoked_at is not null
+     union all select id, revoked_at, id from crm.oauth_grants where revoked_at is not null`,
+  )
+  const others = revokedRows.filter(
+    (row) => !revokedBefore.has(row.id) && row.id !== caller.id && (caller.grantId === null || row.grant !== caller.grantId),
+  )
+  if (others.length > 0) t.fail(`${label}: answered ${answer.status} and revoked ${others.length} credentials that are not the caller's own`)
   const { rows: memberships } = await owner.query('select workspace_id from crm.memberships where user_id = $1', [victim.id])
   if (memberships.length !== 1) t.fail(`${label}: answered ${answer.status} and the victim joined another workspace`)
   const { rows: users } = await owner.query('select last_workspace_id from crm.users where id = $1', [victim.id])
@@ -148,6 +166,7 @@ t.test('the invitation attack: a scoped or app token of the victim accepts nothi
   for (const kind of ['scoped', 'app'] as const) {
     const caller = await newCaller(kind)
     const secret = await invitationForVictim()
+    t.ok(secret, 'the attacker invites the victim')
     const before = await snapshot()
     const accepted = await server.request('POST', '/api/invitations/accept', { token: caller.token, body: { token: secret } })
     t.equal(accepted.status, 403, `${kind}: ${accepted.text}`)
@@ -209,15 +228,20 @@ async function parameterChoices(definition: RouteDefinition, caller: Caller): Pr
             (select oauth_grant_id from crm.tokens where token_hash = $2) as grant`,
     [hashToken(session), hashToken(otherGrant)],
   )
-  const ofId = [caller.id, ids.session, ids.grant, app.id, contact.id]
+  // A read changes nothing it could aim at: its own token and a record are enough to reach its handler.
+  const ofId = definition.method === 'GET' ? [caller.id, contact.id] : [caller.id, ids.session, ids.grant, app.id, contact.id]
   return ofId.map((id) =>
     Object.fromEntries(names.map((name) => [name, name === 'id' ? id : name === 'user_id' ? victim.id : randomUUID()])),
   )
 }
 
 /** Bodies worth sending: the documented example, an empty one, and for the invitation a real secret of the attack. */
-async function bodyChoices(definition: RouteDefinition, caller: Caller): Promise<unknown[]> {
-  if (definition.path === '/api/invitations/accept') return [{ token: await invitationForVictim() }]
+async function bodyChoices(t: Test, definition: RouteDefinition, caller: Caller): Promise<unknown[]> {
+  if (definition.path === '/api/invitations/accept') {
+    const secret = await invitationForVictim()
+    if (secret === null) t.fail('the victim cannot be invited again: an earlier accept let them into the workspace')
+    return [{ token: secret ?? 'inv_none' }]
+  }
   const bodies: unknown[] = [definition.example?.request ?? {}]
   if (definition.path === '/api/tokens' && definition.method === 'POST')
     bodies.push(
@@ -240,7 +264,7 @@ t.test('every route, called with a minimal scoped token and with an app token, w
     for (const kind of ['scoped', 'app'] as const) {
       const probe = await newCaller(kind)
       for (const parameters of await parameterChoices(definition, probe)) {
-        for (const body of await bodyChoices(definition, probe)) {
+        for (const body of await bodyChoices(t, definition, probe)) {
           // A fresh caller per call: a call that revokes its own token must not decide the next one.
           const caller = await newCaller(kind)
           const chosen = Object.fromEntries(
