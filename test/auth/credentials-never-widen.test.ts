@@ -8,8 +8,9 @@ import { randomUUID } from 'node:crypto'
 import { generateSync } from 'otplib'
 import type pg from 'pg'
 import t, { type Test } from 'tap'
+import Type from 'typebox'
 import { hashToken } from '../../src/auth/tokens.ts'
-import type { RouteDefinition } from '../../src/http/route.ts'
+import { assertCredentialsDeclared, type RouteDefinition } from '../../src/http/route.ts'
 import { allRoutes } from '../../src/http/routes/index.ts'
 import { crm } from '../helpers/cli.ts'
 import { ownerClient } from '../helpers/database.ts'
@@ -155,12 +156,29 @@ async function assertNothingWider(
   const others = revokedRows.filter(
     (row) => !revokedBefore.has(row.id) && row.id !== caller.id && (caller.grantId === null || row.grant !== caller.grantId),
   )
-  if (others.length > 0) t.fail(`${label}: answered ${answer.status} and revoked ${others.length} credentials that are not the caller's own`)
+  if (others.length > 0)
+    t.fail(`${label}: answered ${answer.status} and revoked ${others.length} credentials that are not the caller's own`)
   const { rows: memberships } = await owner.query('select workspace_id from crm.memberships where user_id = $1', [victim.id])
   if (memberships.length !== 1) t.fail(`${label}: answered ${answer.status} and the victim joined another workspace`)
   const { rows: users } = await owner.query('select last_workspace_id from crm.users where id = $1', [victim.id])
   if (users[0].last_workspace_id !== victimTenant.id) t.fail(`${label}: answered ${answer.status} and moved the last used workspace`)
 }
+
+t.test('every route that touches a credential declares who may call it, and the OpenAPI document says so', async (t) => {
+  const undeclared = { method: 'POST', path: '/api/sessions/extend', summary: 'x', tag: 'auth', auth: 'required', scope: 'none' } as const
+  const handler = async () => {}
+  t.throws(
+    () => assertCredentialsDeclared([{ ...undeclared, response: Type.Object({ token: Type.String() }), handler }]),
+    /POST \/api\/sessions\/extend/,
+    'a new route answering with a token must declare its credentials',
+  )
+  t.doesNotThrow(() => assertCredentialsDeclared([{ ...undeclared, credentials: 'unscoped', handler }]))
+  t.doesNotThrow(() => assertCredentialsDeclared(allRoutes()))
+  const document = (await server.request('GET', '/api/openapi.json')).body
+  t.equal(document.paths['/api/tokens'].post['x-credentials'], 'unscoped')
+  t.equal(document.paths['/api/tokens'].delete['x-credentials'], 'self')
+  t.equal(document.paths['/api/invitations/accept'].post['x-credentials'], 'unscoped')
+})
 
 t.test('the invitation attack: a scoped or app token of the victim accepts nothing and gets no token', async (t) => {
   for (const kind of ['scoped', 'app'] as const) {
