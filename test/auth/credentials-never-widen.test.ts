@@ -377,6 +377,24 @@ t.test('turning two-factor off needs a code not used yet', async (t) => {
   t.equal(off.status, 303)
   t.match(off.headers.get('location'), /two-factor-off/)
   t.notOk(await isOn(), 'two-factor is off')
+
+  // Turning it on uses up its code too: the confirming code cannot turn it off again.
+  const form = (path: string, fields: Record<string, string> = {}) =>
+    fetch(`${server.url}${path}`, {
+      method: 'POST',
+      redirect: 'manual',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ csrf, ...fields }).toString(),
+    })
+  t.equal((await form('/security/two-factor/start')).status, 303)
+  const enrolment = await (await fetch(`${server.url}/security/two-factor`, { headers: { cookie } })).text()
+  const newSecret = /id="totp-secret">([^<]+)</.exec(enrolment)?.[1].replace(/\s+/g, '') ?? ''
+  const confirming = generateSync({ secret: newSecret, epoch: Math.floor(Date.now() / 1000) })
+  t.equal((await form('/security/two-factor/confirm', { code: confirming })).status, 303)
+  t.ok(await isOn(), 'two-factor is on again')
+  const again = await turnOff(confirming)
+  t.equal(again.status, 422, 'the code that turned it on is refused')
+  t.ok(await isOn(), 'two-factor is still on')
 })
 
 t.test('SQL: a revoked token or grant stays revoked, for its user as crm_api and for the owner', async (t) => {
