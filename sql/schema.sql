@@ -812,6 +812,7 @@ alter table crm.oauth_grants enable row level security;
 alter table crm.oauth_grants force row level security;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
+CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
 comment on table crm.oauth_grants is 'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
 comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
@@ -1061,6 +1062,7 @@ CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE
 comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
 comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
+CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL))) EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
 comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
 comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
@@ -1072,8 +1074,8 @@ create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   with check (true);
 comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
-  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (kind = 'token'::text) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL)));
+comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
 comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
@@ -1455,6 +1457,7 @@ declare
   v_invitation record;
   v_user uuid;
   v_bearer record;
+  v_ttl interval := p_token_ttl;
 begin
   select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
     into v_invitation
@@ -1469,14 +1472,16 @@ begin
                 when t.revoked_at is not null then 'token_revoked'
                 when t.expires_at <= now() then 'token_expired'
                 when u.suspended_at is not null then 'user_suspended'
-                when t.kind = 'token' and not u.api_access then 'api_access_disabled' end as failure,
-           u.id, u.email
+                when t.kind = 'token' and not u.api_access then 'api_access_disabled'
+                when t.kind not in ('token', 'session') or t.scopes is not null then 'token_not_allowed' end as failure,
+           u.id, u.email, t.expires_at
       into v_bearer
       from (select 1) one
       left join crm.tokens t on t.token_hash = p_bearer_hash
       left join crm.users u on u.id = t.user_id;
     failure := coalesce(v_bearer.failure, case when v_bearer.email is distinct from v_invitation.email then 'wrong_email' end);
     v_user := v_bearer.id;
+    v_ttl := least(p_token_ttl, v_bearer.expires_at - now());
     if failure is null and exists (select from crm.memberships m where m.workspace_id = v_invitation.workspace_id and m.user_id = v_user) then
       failure := 'already_member';
     end if;
@@ -1493,20 +1498,21 @@ begin
     return;
   end if;
   if v_user is null then
-    insert into crm.users (email, name, password_hash) values (v_invitation.email, p_name, p_password_hash) returning crm.users.id into v_user;
+    insert into crm.users (email, name, password_hash, last_workspace_id)
+    values (v_invitation.email, p_name, p_password_hash, v_invitation.workspace_id)
+    returning crm.users.id into v_user;
   end if;
   insert into crm.memberships (workspace_id, user_id, role_id) values (v_invitation.workspace_id, v_user, v_invitation.role_id);
   insert into crm.team_members (workspace_id, team_id, user_id)
   select it.workspace_id, it.team_id, v_user from crm.invitation_teams it
    where it.workspace_id = v_invitation.workspace_id and it.invitation_id = v_invitation.id;
   update crm.invitations i set accepted_at = now(), accepted_by = v_user where i.workspace_id = v_invitation.workspace_id and i.id = v_invitation.id;
-  update crm.users u set last_workspace_id = v_invitation.workspace_id where u.id = v_user;
   select i.id, i.expires_at into id, expires_at
-    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, p_token_ttl) i;
+    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, v_ttl) i;
   return next;
 end
 $function$;
-comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer token''s user or a new user; answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, wrong_email, account_exists, already_member).';
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
 grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
@@ -1984,7 +1990,7 @@ $function$;
 comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
 grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
-CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[])
+CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1993,7 +1999,7 @@ AS $function$
 declare
   v_user uuid := crm.current_user_id();
 begin
-  update crm.user_totp t set confirmed_at = now() where t.user_id = v_user and t.confirmed_at is null;
+  update crm.user_totp t set confirmed_at = now(), last_used_step = p_totp_step where t.user_id = v_user and t.confirmed_at is null;
   if not found then
     raise exception 'no two-factor enrollment is waiting for confirmation' using errcode = 'CR409', hint = 'conflict';
   end if;
@@ -2001,8 +2007,8 @@ begin
   insert into crm.recovery_codes (user_id, code_hash) select v_user, h from unnest(p_recovery_code_hashes) h;
 end
 $function$;
-comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) is 'Turns two-factor on for the current user (the service has checked a code) and replaces the recovery codes.';
-grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) to crm_api;
+comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is 'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
+grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
  RETURNS json
@@ -2290,18 +2296,29 @@ $function$;
 comment on function crm.digits(value text) is 'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
 grant execute on function crm.digits(value text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.disable_totp()
- RETURNS void
- LANGUAGE sql
+CREATE OR REPLACE FUNCTION crm.disable_totp(p_totp_step bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
-  delete from crm.user_totp t where t.user_id = crm.current_user_id();
-  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = crm.current_user_id()::text;
+declare
+  v_user uuid := crm.current_user_id();
+begin
+  -- The row lock this takes also orders two requests with the same code: the second finds the step used.
+  update crm.user_totp t set last_used_step = p_totp_step
+   where t.user_id = v_user and t.confirmed_at is not null and (t.last_used_step is null or t.last_used_step < p_totp_step);
+  if not found then
+    return false;
+  end if;
+  delete from crm.recovery_codes r where r.user_id = v_user;
+  delete from crm.user_totp t where t.user_id = v_user;
+  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = v_user::text;
+  return true;
+end
 $function$;
-comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first) and clears their count of two-factor codes.';
-grant execute on function crm.disable_totp() to crm_api;
+comment on function crm.disable_totp(p_totp_step bigint) is 'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
+grant execute on function crm.disable_totp(p_totp_step bigint) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
@@ -4030,6 +4047,17 @@ end
 $function$;
 comment on function crm.tg__assert_company_visible() is 'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
 grant execute on function crm.tg__assert_company_visible() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg__revocation_is_final()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  raise exception 'a revoked % stays revoked', tg_table_name using errcode = 'CR409', hint = 'conflict';
+end
+$function$;
+comment on function crm.tg__revocation_is_final() is 'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
 CREATE OR REPLACE FUNCTION crm.tg__touch_updated_at()
  RETURNS trigger

@@ -25,10 +25,6 @@ export function sealTotpSecret(appSecret: string, secret: string): Buffer {
   return seal(totpKey(appSecret), secret)
 }
 
-export function checkTotp(appSecret: string, sealed: Buffer, code: string): boolean {
-  return totpStep(appSecret, sealed, code) !== null
-}
-
 /** The RFC 6238 time step the code belongs to (±1 step of drift), or null when it is wrong. */
 export function totpStep(appSecret: string, sealed: Buffer, code: string): number | null {
   if (!/^\d{6}$/.test(code)) return null

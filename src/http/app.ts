@@ -22,6 +22,7 @@ import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'
 import {
+  assertCredentialsDeclared,
   assertScopesDeclared,
   JsonText,
   type RouteContext,
@@ -93,6 +94,7 @@ export function createApp(
 ): App {
   const { logger, pool, config } = services
   assertScopesDeclared(definitions)
+  assertCredentialsDeclared(definitions)
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)

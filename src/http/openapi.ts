@@ -197,6 +197,8 @@ function operation(route: RouteDefinition): JsonObject {
   }
   // The scope a scoped token needs (API.md section 4a): one name, or a list of which any one will do.
   if (route.auth === 'required') result['x-required-scope'] = route.scope === 'none' || route.scope === undefined ? null : route.scope
+  // Which credentials may call a route that touches credentials (docs/decisions.md, "Credentials never widen").
+  if (route.credentials) result['x-credentials'] = route.credentials
   if (route.body && route.bodyKind !== 'file') {
     result.requestBody = {
       required: true,

@@ -7,7 +7,7 @@ import type { Caller } from '../auth/authenticate.ts'
 import { type RouteScope, scopeAttribute, scopesAllow } from '../auth/scopes.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import { type FieldProblem, InsufficientScopeError, ValidationError } from '../errors.ts'
+import { type FieldProblem, ForbiddenError, InsufficientScopeError, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
@@ -73,6 +73,27 @@ export type AuthMode =
   /** no caller; the handler gets the pool (token endpoints, health) */
   | 'none'
 
+export type CredentialRule =
+  /**
+   * The user's whole authority only: an unscoped personal token or a UI session. A scoped token or
+   * an OAuth app's access token is refused (403) before the handler runs; on a route without a
+   * caller (auth 'none') that takes an optional bearer, the database function applies the rule.
+   */
+  | 'unscoped'
+  /**
+   * Any token the route's scope admits, but a scoped token or an app's token acts on its own
+   * credential only (revokes itself or its own authorization); the handler narrows.
+   */
+  | 'self'
+  /**
+   * The route's scope decides: it yields no credential of the caller's and widens none (listing
+   * the user's tokens; an OAuth app's registration, its client secret and the workspace's
+   * connections to it, for workspace:admin: an app still needs a user's consent for a token).
+   */
+  | 'scope'
+  /** No bearer is read: the credential comes from a password, a code or a refresh token. */
+  | 'anonymous'
+
 export type RouteDefinition = {
   method: HttpMethod
   path: string
@@ -86,6 +107,12 @@ export type RouteDefinition = {
    * scopes underneath; this check answers first and names the missing scope.
    */
   scope?: RouteScope
+  /**
+   * Which credentials may call a route that issues, extends, revokes or changes a credential
+   * (required for those: see `assertCredentialsDeclared`). A route that yields a credential never
+   * yields one wider than its caller's (test/auth/credentials-never-widen.test.ts checks every route).
+   */
+  credentials?: CredentialRule
   /** Counted against UNAUTHENTICATED_RATE_LIMIT_PER_MINUTE per client address (sign-in and the like). */
   limitedPerAddress?: boolean
   /** JSON body schema (validated; unknown fields refused when the schema says so). */
@@ -254,10 +281,60 @@ export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteD
   ]
 }
 
-/** Refuses a caller whose token's scopes do not cover the route (403 insufficient_scope). */
-export function requireRouteScope(definition: Pick<RouteDefinition, 'scope'>, caller: Pick<Caller, 'scopes'>): void {
+/**
+ * Refuses a caller whose token's scopes do not cover the route (403 insufficient_scope), and a
+ * scoped or app token on a route for unscoped credentials only (403 forbidden).
+ */
+export function requireRouteScope(
+  definition: Pick<RouteDefinition, 'scope' | 'credentials'>,
+  caller: Pick<Caller, 'scopes' | 'oauthAppId'>,
+): void {
   const needed = definition.scope ?? 'none'
   if (!scopesAllow(caller.scopes, needed)) throw new InsufficientScopeError(scopeAttribute(needed))
+  if (definition.credentials === 'unscoped' && !isWholeAuthority(caller))
+    throw new ForbiddenError("This needs an unscoped personal token or a browser session: a scoped token or an app's token cannot do it")
+}
+
+/** An unscoped personal token or a UI session: the user's whole authority, not a part of it. */
+export function isWholeAuthority(caller: Pick<Caller, 'scopes' | 'oauthAppId'>): boolean {
+  return caller.scopes === null && caller.oauthAppId === null
+}
+
+/** Response fields that carry a credential (a string by one of these names): a route answering with one must declare `credentials`. */
+const CREDENTIAL_FIELDS = new Set(['token', 'access_token', 'refresh_token', 'client_secret', 'challenge_token'])
+/** Routes that revoke or change credentials without answering with one. */
+const CREDENTIAL_PATHS = [
+  /^\/api\/tokens(\/|$)/,
+  /^\/api\/oauth-apps(\/|$)/,
+  /^\/api\/invitations\/accept$/,
+  /^\/oauth\//,
+  /^\/api\/signup$/,
+]
+
+function carriesCredential(schema: unknown): boolean {
+  if (Array.isArray(schema)) return schema.some(carriesCredential)
+  if (schema === null || typeof schema !== 'object') return false
+  const properties = (schema as { properties?: Record<string, unknown> }).properties
+  if (
+    properties &&
+    Object.entries(properties).some(([name, field]) => CREDENTIAL_FIELDS.has(name) && (field as { type?: unknown }).type === 'string')
+  )
+    return true
+  return Object.values(schema).some(carriesCredential)
+}
+
+/** Whether a route issues, extends, revokes or changes a credential, by its answer's schema or its path. */
+export function touchesCredentials(definition: Pick<RouteDefinition, 'path' | 'response'>): boolean {
+  return CREDENTIAL_PATHS.some((pattern) => pattern.test(definition.path)) || carriesCredential(definition.response)
+}
+
+/** Every route that touches a credential must say which credentials may call it: checked when the app is built. */
+export function assertCredentialsDeclared(definitions: RouteDefinition[]): void {
+  const missing = definitions.filter((definition) => touchesCredentials(definition) && definition.credentials === undefined)
+  if (missing.length > 0)
+    throw new Error(
+      `routes that touch credentials without a credentials rule: ${missing.map((definition) => `${definition.method} ${definition.path}`).join(', ')}`,
+    )
 }
 
 /** Every authenticated route must say which scope it needs: checked when the app is built. */

@@ -138,7 +138,9 @@ export async function previewInvitation(db: CommonQueryMethods, secret: string):
 
 /**
  * Accepts an invitation. With `bearerToken` the holder of that token (whose email must be the
- * invited one) joins; without it a new user is created from `password` and `name`. There is no
+ * invited one, and the token unscoped and personal: a part of a user's authority never yields a
+ * whole one) joins; the token issued expires no later than the bearer, and the user's last used
+ * workspace stays. Without it a new user is created from `password` and `name`. There is no
  * caller yet: it runs as the runtime role, through crm.accept_invitation alone, in one statement.
  * The seat trigger answers 422 seat_limit_reached when the workspace is full.
  */
@@ -189,6 +191,10 @@ export async function acceptInvitation(
       throw invalidInvitation('was already used')
     case 'invitation_expired':
       throw invalidInvitation('has expired; ask for a new invitation')
+    case 'token_not_allowed':
+      throw new ForbiddenError(
+        "Accepting an invitation with a bearer token needs an unscoped personal token: a scoped token or an app's token cannot join a workspace",
+      )
     case 'wrong_email':
       throw new ForbiddenError('This invitation was sent to another email address')
     case 'already_member':

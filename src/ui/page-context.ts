@@ -4,7 +4,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Authenticator, Caller } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
-import { RateLimitedError } from '../errors.ts'
+import { AuthenticationError, RateLimitedError } from '../errors.ts'
 import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
 import { type ApiCall, apiCaller } from './api-calls.ts'
@@ -75,6 +75,9 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
       const result = await services.pool
         .transaction(async (db) => {
           const caller = await authenticate(db, authRequest, requestId)
+          // Pages act with the user's whole authority (new tokens, two-factor, consent to an app):
+          // only a session signed in here may. A personal or app token copied into the cookie is not one.
+          if (caller.tokenKind !== 'session') throw new AuthenticationError('token_invalid', 'Sign in to use the pages')
           req.callerId = caller.userId
           const api = apiCaller(definitions, services, db, caller, req, res, requestId)
           const me = (await api('GET', '/api/me')).data as { user: { email: string; name: string }; role: { is_admin: boolean } }

@@ -225,7 +225,12 @@ t.test('accepting as an existing user with their bearer token; the email must ma
   const accepted = await server.request('POST', '/api/invitations/accept', { token: hal, body: { token: secret } })
   t.equal(accepted.status, 200, accepted.text)
   const me = await server.request('GET', '/api/me', { token: accepted.body.token })
-  t.equal(me.body.data.workspace.slug, 'target', 'the joined workspace becomes the default')
+  t.equal(me.body.data.workspace.slug, 'home', 'the last used workspace stays (slug-less calls keep going where they went)')
+  t.equal(
+    (await server.request('GET', '/api/me', { token: accepted.body.token, headers: { 'x-tenant-slug': 'target' } })).status,
+    200,
+    'the joined workspace is one X-Tenant-Slug away',
+  )
   const workspaces = await server.request('GET', '/api/workspaces', { token: hal })
   t.same(workspaces.body.data.map((row: any) => row.slug).sort(), ['home', 'target'])
 

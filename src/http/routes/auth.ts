@@ -5,9 +5,9 @@ import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { hashToken, newToken } from '../../auth/tokens.ts'
 import { sql } from '../../db/pool.ts'
 import { IdRow, NullableString, rowType } from '../../db/typed-rows.ts'
-import { ForbiddenError, InsufficientScopeError, NotFoundError, ValidationError } from '../../errors.ts'
+import { NotFoundError, ValidationError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
-import { defineRoutes } from '../route.ts'
+import { defineRoutes, isWholeAuthority } from '../route.ts'
 
 const Time = Type.String({ format: 'date-time' })
 
@@ -111,6 +111,7 @@ export default defineRoutes(
     summary: 'Exchange email and password for a bearer token (or a two-factor challenge)',
     tag: 'auth',
     auth: 'none',
+    credentials: 'anonymous',
     limitedPerAddress: true,
     body: SignInBody,
     response: Type.Union([TokenBodySchema, ChallengeSchema]),
@@ -124,6 +125,7 @@ export default defineRoutes(
     summary: 'Complete a two-factor sign-in with a TOTP code or a recovery code',
     tag: 'auth',
     auth: 'none',
+    credentials: 'anonymous',
     limitedPerAddress: true,
     body: ChallengeBody,
     response: TokenBodySchema,
@@ -191,6 +193,7 @@ export default defineRoutes(
       "The caller's tokens, UI sessions and connected OAuth apps (never their values); an OAuth app's access token sees only its own authorization",
     tag: 'auth',
     auth: 'required',
+    credentials: 'scope',
     scope: 'none',
     errors: [401, 429],
     response: Type.Object({ data: Type.Array(TokenSummary) }),
@@ -222,9 +225,11 @@ export default defineRoutes(
   {
     method: 'POST',
     path: '/api/tokens',
-    summary: 'Create a named personal API token, optionally limited to scopes; the value is shown this once',
+    summary:
+      "Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403)",
     tag: 'auth',
     auth: 'required',
+    credentials: 'unscoped',
     scope: 'none',
     body: NewTokenBody,
     status: 201,
@@ -256,14 +261,8 @@ export default defineRoutes(
         })
         if (problems.length > 0) throw new ValidationError(`${problems[0].pointer.slice(1)} ${problems[0].message}`, problems)
       }
-      // The database refuses the same (tokens_insert_own); these answers say why.
-      if (caller.oauthAppId !== null) throw new ForbiddenError("An OAuth app's access token cannot create personal tokens")
-      if (caller.scopes !== null) {
-        if (scopes === null) throw new InsufficientScopeError('', 'A scoped token creates only tokens limited to scopes it holds itself')
-        const missing = scopes.filter((scope) => !caller.scopes!.includes(scope))
-        if (missing.length > 0)
-          throw new InsufficientScopeError(missing.join(' '), `This token cannot give scopes it does not hold: ${missing.join(', ')}`)
-      }
+      // Only an unscoped token or a session gets here (credentials: 'unscoped'); the database
+      // refuses any other context the same way (tokens_insert_own).
       const value = newToken()
       const days = input.expires_in_days ?? Math.min(services.config.tokenTtlDays, 365)
       const created = await db.one(sql.type(NewTokenRow)`
@@ -281,19 +280,23 @@ export default defineRoutes(
     method: 'DELETE',
     path: '/api/tokens/:id',
     summary:
-      "Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization); an OAuth app's access token revokes only its own authorization",
+      "Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization); a scoped token revokes only itself, an OAuth app's access token only its own authorization",
     tag: 'auth',
     auth: 'required',
+    credentials: 'self',
     scope: 'none',
     status: 204,
     errors: [401, 404, 429],
     handler: async ({ db, params, caller }) => {
       if (!/^[0-9a-f-]{36}$/i.test(params.id)) throw new NotFoundError('No such token')
-      // An app's access token revokes its own authorization only: the grant's id or one of its
-      // tokens' (revoking any of them revokes the grant); anything else is not found for it.
+      // A scoped personal token revokes itself only. An app's access token revokes its own
+      // authorization only: the grant's id or one of its tokens' (revoking any of them revokes the
+      // grant). Anything else is not found for them.
       const ownGrantOnly =
         caller.oauthAppId === null
-          ? sql.fragment``
+          ? caller.scopes === null
+            ? sql.fragment``
+            : sql.fragment`and ${params.id}::uuid = ${caller.tokenId}`
           : sql.fragment`and ${params.id}::uuid in (
               select g.id from crm.tokens own join crm.oauth_grants g on g.workspace_id = own.workspace_id and g.id = own.oauth_grant_id
                where own.id = ${caller.tokenId}
@@ -317,15 +320,17 @@ export default defineRoutes(
     method: 'DELETE',
     path: '/api/tokens',
     summary:
-      "Revoke every token and session of the caller, this one included, and disconnect every app; an OAuth app's access token disconnects only its own authorization",
+      "Revoke every token and session of the caller, this one included, and disconnect every app; a scoped token revokes only itself, an OAuth app's access token only its own authorization",
     tag: 'auth',
     auth: 'required',
+    credentials: 'self',
     scope: 'none',
     status: 204,
     errors: [401, 429],
     handler: async ({ db, caller }) => {
-      if (caller.oauthAppId !== null) {
-        // Its own authorization: revoking its token revokes the grant and every token under it.
+      if (!isWholeAuthority(caller)) {
+        // A part of the user's authority revokes only itself: a scoped token itself, an app's token
+        // its own authorization (revoking its token revokes the grant and every token under it).
         await db.query(sql.unsafe`update crm.tokens set revoked_at = now() where id = ${caller.tokenId} and revoked_at is null`)
         return { status: 204 }
       }

@@ -97,9 +97,11 @@ export default defineRoutes(
   {
     method: 'POST',
     path: '/api/invitations/accept',
-    summary: 'Accept an invitation: as a new user with password and name, or as an existing user with their bearer token',
+    summary:
+      "Accept an invitation: as a new user with password and name, or as an existing user with their unscoped personal token (a scoped token or an app's token: 403); the token answered expires no later than the bearer",
     tag: 'workspace administration',
     auth: 'none',
+    credentials: 'unscoped',
     limitedPerAddress: true,
     body: AcceptBody,
     response: TokenBodySchema,

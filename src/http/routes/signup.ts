@@ -31,6 +31,7 @@ export default defineRoutes({
   summary: 'Create a user and a new workspace whose admin they are (trial starts now); answers with a bearer token',
   tag: 'workspace administration',
   auth: 'none',
+  credentials: 'anonymous',
   limitedPerAddress: true,
   body: SignUpBody,
   status: 201,

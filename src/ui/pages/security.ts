@@ -4,7 +4,7 @@
 import Type, { type Static } from 'typebox'
 import { PERSONAL_TOKEN_SCOPES, SCOPE_DESCRIPTIONS } from '../../auth/scopes.ts'
 import { open } from '../../auth/secret-box.ts'
-import { checkTotp, hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey } from '../../auth/two-factor.ts'
+import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret, totpKey, totpStep } from '../../auth/two-factor.ts'
 import { sql } from '../../db/pool.ts'
 import { Bytes, rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
@@ -41,6 +41,7 @@ const TotpSchema = Type.Object({ secret_encrypted: Bytes, confirmed: Type.Boolea
 type Totp = Static<typeof TotpSchema>
 const TotpRow = rowType(TotpSchema)
 const ClaimRow = rowType(Type.Object({ allowed: Type.Boolean(), retry_after_seconds: Type.Integer() }))
+const DisabledRow = rowType(Type.Object({ disabled: Type.Boolean() }))
 
 const DONE: Record<string, string> = {
   revoked: 'Revoked. It stops working at once.',
@@ -290,11 +291,13 @@ export const confirmTwoFactor: PageHandler = async (context) => {
   const totp = await myTotp(context)
   if (!totp || totp.confirmed) return { redirect: '/security' }
   const code = context.form.get('code').replace(/\s+/g, '')
-  if (!checkTotp(context.services.config.appSecret, totp.secret_encrypted, code)) {
+  const step = totpStep(context.services.config.appSecret, totp.secret_encrypted, code)
+  if (step === null) {
     return enrollmentPage(context, 'That code is not right. Enter the 6-digit code your app shows now.', 422)
   }
   const codes = newRecoveryCodes()
-  await context.db.query(sql.unsafe`select crm.confirm_totp_enrollment(${sql.array(codes.map(hashRecoveryCode), 'bytea')})`)
+  // The code's step is used up, as at sign-in: it cannot turn two-factor off again a moment later.
+  await context.db.query(sql.unsafe`select crm.confirm_totp_enrollment(${sql.array(codes.map(hashRecoveryCode), 'bytea')}, ${step})`)
   setFlash(context.services.config.appSecret, context.req, context.res, 'recovery-codes', codes)
   return { redirect: '/security/two-factor/recovery-codes' }
 }
@@ -336,9 +339,18 @@ export const disableTwoFactor: PageHandler = async (context) => {
       429,
     )
   }
-  if (!checkTotp(context.services.config.appSecret, totp.secret_encrypted, code)) {
+  const step = totpStep(context.services.config.appSecret, totp.secret_encrypted, code)
+  if (step === null) {
     return render(context, { twoFactorError: 'That code is not right. Two-factor sign-in is still on.' }, 422)
   }
-  await context.db.query(sql.unsafe`select crm.disable_totp()`)
+  // A code is accepted once (API.md section 3): one already used, at sign-in or here, is refused.
+  const disabled = await context.db.oneFirst(sql.type(DisabledRow)`select crm.disable_totp(${step}) as disabled`)
+  if (!disabled) {
+    return render(
+      context,
+      { twoFactorError: 'That code was used already. Wait for the next code of your app. Two-factor sign-in is still on.' },
+      422,
+    )
+  }
   return { redirect: '/security?done=two-factor-off' }
 }
