@@ -78,9 +78,9 @@ export interface paths {
         /** The caller's tokens, UI sessions and connected OAuth apps (never their values); an OAuth app's access token sees only its own authorization */
         get: operations["get_tokens"];
         put?: never;
-        /** Create a named personal API token, optionally limited to scopes; the value is shown this once */
+        /** Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403) */
         post: operations["post_tokens"];
-        /** Revoke every token and session of the caller, this one included, and disconnect every app; an OAuth app's access token disconnects only its own authorization */
+        /** Revoke every token and session of the caller, this one included, and disconnect every app; a scoped token revokes only itself, an OAuth app's access token only its own authorization */
         delete: operations["delete_tokens"];
         options?: never;
         head?: never;
@@ -97,7 +97,7 @@ export interface paths {
         get?: never;
         put?: never;
         post?: never;
-        /** Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization); an OAuth app's access token revokes only its own authorization */
+        /** Revoke one token or session of the caller, or disconnect an app (an oauth entry: every token of that authorization); a scoped token revokes only itself, an OAuth app's access token only its own authorization */
         delete: operations["delete_tokens_by_id"];
         options?: never;
         head?: never;
@@ -800,7 +800,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Accept an invitation: as a new user with password and name, or as an existing user with their bearer token */
+        /** Accept an invitation: as a new user with password and name, or as an existing user with their unscoped personal token (a scoped token or an app's token: 403); the token answered expires no later than the bearer */
         post: operations["post_invitations_accept"];
         delete?: never;
         options?: never;
@@ -1211,6 +1211,15 @@ export interface components {
         };
         /** @description A bug: only request_id is reported */
         Problem500: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The database cannot be reached (see Retry-After) */
+        Problem503: {
             headers: {
                 [name: string]: unknown;
             };
@@ -5194,6 +5203,7 @@ export interface operations {
             422: components["responses"]["Problem422"];
             429: components["responses"]["Problem429"];
             500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
         };
     };
     get_contacts_import_by_id: {
@@ -5324,6 +5334,7 @@ export interface operations {
             422: components["responses"]["Problem422"];
             429: components["responses"]["Problem429"];
             500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
         };
     };
     get_companies_import_by_id: {
@@ -5454,6 +5465,7 @@ export interface operations {
             422: components["responses"]["Problem422"];
             429: components["responses"]["Problem429"];
             500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
         };
     };
     get_deals_import_by_id: {
