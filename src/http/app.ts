@@ -25,7 +25,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createWorkspaceSlots } from './workspace-slots.ts'
+import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 
@@ -86,6 +86,7 @@ export function createApp(
   assertScopesDeclared(definitions)
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
+  const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
@@ -190,11 +191,14 @@ export function createApp(
       pool.transaction(async (db) => {
         const caller = await authenticate(db, req, req.requestId)
         authenticated(caller)
-        const release = definition.limitedPerWorkspace && workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+        // The workspace's own slot first (429: its quota), then the process's stream slot (503).
+        const releases: (() => void)[] = []
         try {
+          if (definition.limitedPerWorkspace) releases.push(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
+          if (definition.streams) releases.push(streamSlots.take())
           return await definition.handler({ ...base, db, caller } as RouteContext)
         } finally {
-          release?.()
+          for (const release of releases) release()
         }
       })
     return definition.auth === 'none'

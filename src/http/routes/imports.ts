@@ -231,8 +231,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
       auth: 'required',
       scope: writeScope({ path: type }),
       streams: true,
-      errors: [401, 404],
-      handler: async ({ db, res, params }) => {
+      // It holds a connection while the client reads, like an export, and counts as one.
+      limitedPerWorkspace: 'exports',
+      errors: [401, 404, 429, 503],
+      handler: async ({ db, res, params, services }) => {
         const id = importId(params.id)
         const upload = await db.maybeOne(sql.type(UploadColumnsRow)`
           select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)
@@ -260,6 +262,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
            order by e.row`,
           res,
           '\r\n',
+          services.config.exportTimeoutMs,
         )
       },
     },
