@@ -576,6 +576,8 @@ create table crm.imports (
   finished_at timestamp with time zone,
   token_scopes text[],
   oauth_app_id uuid,
+  token_id uuid,
+  failure_code text,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -599,6 +601,8 @@ comment on column crm.imports.staged is 'Every record of the file is in crm.impo
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
 comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
 comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
+comment on column crm.imports.token_id is 'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
+comment on column crm.imports.failure_code is 'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -609,7 +613,7 @@ comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs t
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
 comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
-grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
 create table crm.internal_secrets (
@@ -1707,10 +1711,12 @@ declare
   v_user uuid;
   v_scopes text[];
   v_app uuid;
+  v_token uuid;
+  v_withdrawn text;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.token_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, v_token, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1719,16 +1725,37 @@ begin
   if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
                   where m.workspace_id = p_workspace_id and m.user_id = v_user
                     and m.suspended_at is null and u.suspended_at is null) then
-    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'member_inactive';
+  end if;
+  -- The credential that queued the import, as crm.authenticate judges a request's: a revoked
+  -- grant first (it revokes its tokens too, and is the cause), then the token (gone or revoked),
+  -- then API access (tokens and app tokens; a UI session is not an API credential). Expiry does
+  -- not stop an import: it was started while the token was valid, and nobody withdrew it.
+  select case
+           when g.revoked_at is not null then 'grant_revoked'
+           when v_token is not null and (t.id is null or t.revoked_at is not null) then 'token_revoked'
+           when coalesce(t.kind, 'token') in ('token', 'oauth') and not u.api_access then 'api_access_disabled'
+         end
+    into v_withdrawn
+    from crm.users u
+    left join crm.tokens t on t.id = v_token and t.user_id = u.id
+    left join crm.oauth_grants g on g.workspace_id = t.workspace_id and g.id = t.oauth_grant_id
+   where u.id = v_user;
+  if v_withdrawn = 'grant_revoked' then
+    raise exception 'the app connection that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'token_revoked' then
+    raise exception 'the token that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'api_access_disabled' then
+    raise exception 'the importing user''s API access was turned off' using errcode = 'CR403', hint = v_withdrawn;
   end if;
   perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
-    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if mode = 'upsert' and crm.grant_scope(record_type, 'update') is null then
-    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if status = 'queued' then
     update crm.imports i set status = 'processing', started_at = coalesce(i.started_at, now())
@@ -1738,7 +1765,7 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
@@ -1917,13 +1944,13 @@ $function$;
 comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
+CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  update crm.imports set status = p_status, failure = p_failure, finished_at = now()
+  update crm.imports set status = p_status, failure = p_failure, failure_code = p_failure_code, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
   -- After a real run only the rows errors.csv needs are kept; a dry run keeps all for the real run.
   delete from crm.import_rows r
@@ -1932,8 +1959,8 @@ AS $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
+comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is 'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
  RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
@@ -3211,7 +3238,7 @@ end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
-CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
+CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3225,6 +3252,15 @@ declare
   v_dry_run boolean;
   v_available boolean;
 begin
+  -- The token named must be the caller's own, live, with the scopes and app the context proves:
+  -- the import is bound to the credential the request came with.
+  if not exists (select from crm.tokens t
+                  where t.id = p_token_id and t.user_id = v_context.user_id
+                    and t.revoked_at is null and t.expires_at > now()
+                    and t.scopes is not distinct from v_context.scopes
+                    and t.oauth_app_id is not distinct from v_context.oauth_app_id) then
+    raise exception 'the token of this request is not the caller''s' using errcode = 'CR401', hint = 'token_invalid';
+  end if;
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
@@ -3250,16 +3286,16 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, queued_at = now(), started_at = null, finished_at = null,
-         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
+         failure = null, failure_code = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id, token_id = p_token_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
+grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
