@@ -1246,6 +1246,25 @@ create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permi
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 
+create table crm.webhook_operation_counts (
+  workspace_id uuid not null,
+  subscription_id uuid not null,
+  operation text not null,
+  window_ends_at timestamp with time zone not null,
+  count integer not null,
+  constraint webhook_operation_counts_pkey PRIMARY KEY (workspace_id, subscription_id, operation),
+  constraint webhook_operation_counts_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
+  constraint webhook_operation_counts_count_positive CHECK ((count >= 1)),
+  constraint webhook_operation_counts_operation_known CHECK ((operation = ANY (ARRAY['test'::text, 'recover'::text])))
+);
+alter table crm.webhook_operation_counts enable row level security;
+alter table crm.webhook_operation_counts force row level security;
+comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
 create table crm.webhook_subscriptions (
   workspace_id uuid default crm.current_workspace_id() not null,
   id uuid default crm.uuid_v7() not null,
@@ -1895,6 +1914,34 @@ end
 $function$;
 comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
+
+CREATE OR REPLACE FUNCTION crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_window_ends_at timestamptz;
+begin
+  insert into crm.webhook_operation_counts as c (workspace_id, subscription_id, operation, window_ends_at, count)
+  values (p_workspace_id, p_subscription_id, p_operation, now() + p_window, 1)
+  on conflict (workspace_id, subscription_id, operation) do update
+    set count = case when c.window_ends_at <= now() then 1 else c.count + 1 end,
+        window_ends_at = case when c.window_ends_at <= now() then now() + p_window else c.window_ends_at end
+    where c.window_ends_at <= now() or c.count < p_allowance
+  returning c.window_ends_at into v_window_ends_at;
+  if v_window_ends_at is null then
+    -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
+    select c.window_ends_at into v_window_ends_at from crm.webhook_operation_counts c
+     where c.workspace_id = p_workspace_id and c.subscription_id = p_subscription_id and c.operation = p_operation;
+    raise exception 'a subscription may have % % every %; retry later', p_allowance,
+      case p_operation when 'test' then 'test events' else 'recoveries' end, p_window
+      using errcode = 'CR429', hint = 'rate_limited',
+            detail = greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer::text;
+  end if;
+end
+$function$;
+comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is 'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
 
 CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
@@ -3471,6 +3518,8 @@ begin
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
   perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Each recovery may start thousands of cycles again: 10 an hour per subscription.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'recover', 10, interval '1 hour');
   with recovered as (
     update crm.webhook_deliveries d
        set status = case when v_status = 'active' then 'pending' else 'held' end,
@@ -3486,7 +3535,7 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
 grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
@@ -3497,9 +3546,22 @@ CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_deliv
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
+  v_status text;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
+  select d.status into v_status from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     for update;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  -- Only a finished delivery starts a fresh cycle (API.md section 7): one still pending, retrying
+  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered') then
+    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+      using errcode = 'CR409', hint = 'delivery_not_finished';
+  end if;
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
@@ -3508,15 +3570,12 @@ begin
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
   returning d.* into v_delivery;
-  if not found then
-    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
-  end if;
   if v_delivery.status = 'pending' then
     perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
   end if;
 end
 $function$;
-comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
+comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
@@ -3795,6 +3854,9 @@ begin
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
+  -- A test goes out at once even while paused: 20 a minute per subscription, so the endpoint
+  -- cannot be used to make the sender flood an address.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'test', 20, interval '1 minute');
   insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
                                       next_attempt_at, generation, is_test, test_event)
   values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
@@ -3806,7 +3868,7 @@ begin
   return v_delivery.id;
 end
 $function$;
-comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)

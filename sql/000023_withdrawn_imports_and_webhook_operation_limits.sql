@@ -159,3 +159,169 @@ comment on function crm.complete_import(uuid, uuid, text, text, text) is
   'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
 revoke execute on function crm.complete_import(uuid, uuid, text, text, text) from public;
 grant execute on function crm.complete_import(uuid, uuid, text, text, text) to crm_worker;
+
+-- =============================================================================================
+-- Webhook operations: test events and recoveries are limited per subscription, and redeliver
+-- sends again only a delivery that has finished (dead or delivered).
+
+create table crm.webhook_operation_counts (
+  workspace_id uuid not null,
+  subscription_id uuid not null,
+  operation text not null,
+  window_ends_at timestamptz not null,
+  count integer not null,
+  constraint webhook_operation_counts_pkey primary key (workspace_id, subscription_id, operation),
+  constraint webhook_operation_counts_subscription_fkey foreign key (workspace_id, subscription_id)
+    references crm.webhook_subscriptions (workspace_id, id) on delete cascade,
+  constraint webhook_operation_counts_operation_known check (operation in ('test', 'recover')),
+  constraint webhook_operation_counts_count_positive check (count >= 1)
+);
+alter table crm.webhook_operation_counts enable row level security;
+alter table crm.webhook_operation_counts force row level security;
+comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts for all to crm_owner using (true) with check (true);
+comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
+-- Claimed inside the operation's transaction, after its checks: a refused or failed operation
+-- rolls its claim back, so only what was done counts.
+create function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
+returns void
+language plpgsql volatile
+set search_path = pg_catalog, crm, pg_temp
+as $$
+declare
+  v_window_ends_at timestamptz;
+begin
+  insert into crm.webhook_operation_counts as c (workspace_id, subscription_id, operation, window_ends_at, count)
+  values (p_workspace_id, p_subscription_id, p_operation, now() + p_window, 1)
+  on conflict (workspace_id, subscription_id, operation) do update
+    set count = case when c.window_ends_at <= now() then 1 else c.count + 1 end,
+        window_ends_at = case when c.window_ends_at <= now() then now() + p_window else c.window_ends_at end
+    where c.window_ends_at <= now() or c.count < p_allowance
+  returning c.window_ends_at into v_window_ends_at;
+  if v_window_ends_at is null then
+    -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
+    select c.window_ends_at into v_window_ends_at from crm.webhook_operation_counts c
+     where c.workspace_id = p_workspace_id and c.subscription_id = p_subscription_id and c.operation = p_operation;
+    raise exception 'a subscription may have % % every %; retry later', p_allowance,
+      case p_operation when 'test' then 'test events' else 'recoveries' end, p_window
+      using errcode = 'CR429', hint = 'rate_limited',
+            detail = greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer::text;
+  end if;
+end
+$$;
+comment on function crm.claim_webhook_operation(uuid, uuid, text, integer, interval) is
+  'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
+revoke execute on function crm.claim_webhook_operation(uuid, uuid, text, integer, interval) from public;
+
+create or replace function crm.send_webhook_test_event(p_subscription_id uuid, p_event text)
+returns uuid
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_data jsonb;
+  v_event_id uuid := crm.uuid_v7();
+  v_delivery crm.webhook_deliveries;
+begin
+  perform crm.require_webhook_access();
+  v_data := crm.webhook_sample_event_data(v_workspace, p_event);
+  -- A key-share lock keeps the subscription from being deleted until the delivery exists.
+  perform 1 from crm.webhook_subscriptions s where s.workspace_id = v_workspace and s.id = p_subscription_id for key share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  -- A test goes out at once even while paused: 20 a minute per subscription, so the endpoint
+  -- cannot be used to make the sender flood an address.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'test', 20, interval '1 minute');
+  insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
+                                      next_attempt_at, generation, is_test, test_event)
+  values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
+          split_part(p_event, '.', 1), (v_data -> 'object' ->> 'id')::uuid, 'pending', now(),
+          -- The generation a job carries starts at 2, as everywhere a job is added to a row.
+          2, true, jsonb_build_object('data', v_data, 'actor', crm.event_actor()))
+  returning * into v_delivery;
+  perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
+  return v_delivery.id;
+end
+$$;
+comment on function crm.send_webhook_test_event(uuid, text) is
+  'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
+
+create or replace function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamptz, p_until timestamptz default null)
+returns integer
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_status text;
+  v_count integer;
+  v_pending crm.webhook_deliveries[];
+begin
+  perform crm.require_webhook_access();
+  select s.status into v_status from crm.webhook_subscriptions s
+   where s.workspace_id = v_workspace and s.id = p_subscription_id for share;
+  if not found then
+    raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Each recovery may start thousands of cycles again: 10 an hour per subscription.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'recover', 10, interval '1 hour');
+  with recovered as (
+    update crm.webhook_deliveries d
+       set status = case when v_status = 'active' then 'pending' else 'held' end,
+           cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+           next_attempt_at = case when v_status = 'active' then now() end, updated_at = now()
+     where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id
+       and d.completed_at >= p_since and d.status = 'dead' and not d.is_test
+       and d.created_at >= p_since and d.created_at < coalesce(p_until, now())
+    returning d.*
+  )
+  select count(*), array_agg(r order by r.event_id) filter (where r.status = 'pending') into v_count, v_pending from recovered r;
+  perform crm.add_webhook_delivery_jobs(v_pending, now());
+  return v_count;
+end
+$$;
+comment on function crm.recover_webhook_deliveries(uuid, timestamptz, timestamptz) is
+  'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
+
+create or replace function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
+returns void
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_workspace uuid := crm.current_workspace_id();
+  v_status text;
+  v_delivery crm.webhook_deliveries;
+begin
+  perform crm.require_webhook_access();
+  select d.status into v_status from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     for update;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  -- Only a finished delivery starts a fresh cycle (API.md section 7): one still pending, retrying
+  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered') then
+    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+      using errcode = 'CR409', hint = 'delivery_not_finished';
+  end if;
+  update crm.webhook_deliveries d
+     set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
+         cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+         next_attempt_at = case when s.status = 'active' or d.is_test then now() end
+    from crm.webhook_subscriptions s
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     and s.workspace_id = d.workspace_id and s.id = d.subscription_id
+  returning d.* into v_delivery;
+  if v_delivery.status = 'pending' then
+    perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
+  end if;
+end
+$$;
+comment on function crm.redeliver_webhook(uuid, uuid) is
+  'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
