@@ -576,6 +576,8 @@ create table crm.imports (
   finished_at timestamp with time zone,
   token_scopes text[],
   oauth_app_id uuid,
+  token_id uuid,
+  failure_code text,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -599,6 +601,8 @@ comment on column crm.imports.staged is 'Every record of the file is in crm.impo
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
 comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
 comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
+comment on column crm.imports.token_id is 'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
+comment on column crm.imports.failure_code is 'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -609,7 +613,7 @@ comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs t
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
 comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
-grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
 create table crm.internal_secrets (
@@ -1244,6 +1248,25 @@ create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permi
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 
+create table crm.webhook_operation_counts (
+  workspace_id uuid not null,
+  subscription_id uuid not null,
+  operation text not null,
+  window_ends_at timestamp with time zone not null,
+  count integer not null,
+  constraint webhook_operation_counts_pkey PRIMARY KEY (workspace_id, subscription_id, operation),
+  constraint webhook_operation_counts_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
+  constraint webhook_operation_counts_count_positive CHECK ((count >= 1)),
+  constraint webhook_operation_counts_operation_known CHECK ((operation = ANY (ARRAY['test'::text, 'recover'::text])))
+);
+alter table crm.webhook_operation_counts enable row level security;
+alter table crm.webhook_operation_counts force row level security;
+comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+
 create table crm.webhook_subscriptions (
   workspace_id uuid default crm.current_workspace_id() not null,
   id uuid default crm.uuid_v7() not null,
@@ -1713,10 +1736,12 @@ declare
   v_user uuid;
   v_scopes text[];
   v_app uuid;
+  v_token uuid;
+  v_withdrawn text;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.token_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, v_token, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1725,16 +1750,37 @@ begin
   if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
                   where m.workspace_id = p_workspace_id and m.user_id = v_user
                     and m.suspended_at is null and u.suspended_at is null) then
-    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'member_inactive';
+  end if;
+  -- The credential that queued the import, as crm.authenticate judges a request's: a revoked
+  -- grant first (it revokes its tokens too, and is the cause), then the token (gone or revoked),
+  -- then API access (tokens and app tokens; a UI session is not an API credential). Expiry does
+  -- not stop an import: it was started while the token was valid, and nobody withdrew it.
+  select case
+           when g.revoked_at is not null then 'grant_revoked'
+           when v_token is not null and (t.id is null or t.revoked_at is not null) then 'token_revoked'
+           when coalesce(t.kind, 'token') in ('token', 'oauth') and not u.api_access then 'api_access_disabled'
+         end
+    into v_withdrawn
+    from crm.users u
+    left join crm.tokens t on t.id = v_token and t.user_id = u.id
+    left join crm.oauth_grants g on g.workspace_id = t.workspace_id and g.id = t.oauth_grant_id
+   where u.id = v_user;
+  if v_withdrawn = 'grant_revoked' then
+    raise exception 'the app connection that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'token_revoked' then
+    raise exception 'the token that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'api_access_disabled' then
+    raise exception 'the importing user''s API access was turned off' using errcode = 'CR403', hint = v_withdrawn;
   end if;
   perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
-    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if mode = 'upsert' and crm.grant_scope(record_type, 'update') is null then
-    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if status = 'queued' then
     update crm.imports i set status = 'processing', started_at = coalesce(i.started_at, now())
@@ -1744,7 +1790,7 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
@@ -1875,6 +1921,34 @@ $function$;
 comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
 
+CREATE OR REPLACE FUNCTION crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_window_ends_at timestamptz;
+begin
+  insert into crm.webhook_operation_counts as c (workspace_id, subscription_id, operation, window_ends_at, count)
+  values (p_workspace_id, p_subscription_id, p_operation, now() + p_window, 1)
+  on conflict (workspace_id, subscription_id, operation) do update
+    set count = case when c.window_ends_at <= now() then 1 else c.count + 1 end,
+        window_ends_at = case when c.window_ends_at <= now() then now() + p_window else c.window_ends_at end
+    where c.window_ends_at <= now() or c.count < p_allowance
+  returning c.window_ends_at into v_window_ends_at;
+  if v_window_ends_at is null then
+    -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
+    select c.window_ends_at into v_window_ends_at from crm.webhook_operation_counts c
+     where c.workspace_id = p_workspace_id and c.subscription_id = p_subscription_id and c.operation = p_operation;
+    raise exception 'a subscription may have % % every %; retry later', p_allowance,
+      case p_operation when 'test' then 'test events' else 'recoveries' end, p_window
+      using errcode = 'CR429', hint = 'rate_limited',
+            detail = greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer::text;
+  end if;
+end
+$function$;
+comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is 'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
+
 CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
  LANGUAGE sql
@@ -1923,13 +1997,13 @@ $function$;
 comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
+CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  update crm.imports set status = p_status, failure = p_failure, finished_at = now()
+  update crm.imports set status = p_status, failure = p_failure, failure_code = p_failure_code, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
   -- After a real run only the rows errors.csv needs are kept; a dry run keeps all for the real run.
   delete from crm.import_rows r
@@ -1938,8 +2012,8 @@ AS $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
+comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is 'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
  RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
@@ -3234,7 +3308,7 @@ end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
-CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
+CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3248,6 +3322,15 @@ declare
   v_dry_run boolean;
   v_available boolean;
 begin
+  -- The token named must be the caller's own, live, with the scopes and app the context proves:
+  -- the import is bound to the credential the request came with.
+  if not exists (select from crm.tokens t
+                  where t.id = p_token_id and t.user_id = v_context.user_id
+                    and t.revoked_at is null and t.expires_at > now()
+                    and t.scopes is not distinct from v_context.scopes
+                    and t.oauth_app_id is not distinct from v_context.oauth_app_id) then
+    raise exception 'the token of this request is not the caller''s' using errcode = 'CR401', hint = 'token_invalid';
+  end if;
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
@@ -3273,16 +3356,16 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, queued_at = now(), started_at = null, finished_at = null,
-         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
+         failure = null, failure_code = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id, token_id = p_token_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
+grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
@@ -3458,6 +3541,8 @@ begin
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
   perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Each recovery may start thousands of cycles again: 10 an hour per subscription.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'recover', 10, interval '1 hour');
   with recovered as (
     update crm.webhook_deliveries d
        set status = case when v_status = 'active' then 'pending' else 'held' end,
@@ -3473,7 +3558,7 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
 grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
@@ -3484,9 +3569,22 @@ CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_deliv
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
+  v_status text;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
+  select d.status into v_status from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     for update;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  -- Only a finished delivery starts a fresh cycle (API.md section 7): one still pending, retrying
+  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered') then
+    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+      using errcode = 'CR409', hint = 'delivery_not_finished';
+  end if;
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
@@ -3495,15 +3593,12 @@ begin
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
   returning d.* into v_delivery;
-  if not found then
-    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
-  end if;
   if v_delivery.status = 'pending' then
     perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
   end if;
 end
 $function$;
-comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
+comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
@@ -3782,6 +3877,9 @@ begin
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
+  -- A test goes out at once even while paused: 20 a minute per subscription, so the endpoint
+  -- cannot be used to make the sender flood an address.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'test', 20, interval '1 minute');
   insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
                                       next_attempt_at, generation, is_test, test_event)
   values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
@@ -3793,7 +3891,7 @@ begin
   return v_delivery.id;
 end
 $function$;
-comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)

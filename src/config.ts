@@ -67,6 +67,11 @@ export type Config = {
   exportTimeoutMs: number
   /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
   uploads: UploadReceiptLimits
+  /**
+   * Streams (exports, errors.csv) that may run at once in this process, each holding a connection
+   * for as long as its client reads: at most half the pool, so slow readers never take the rest.
+   */
+  streamsPerProcess: number
 }
 
 export class ConfigError extends Error {
@@ -182,6 +187,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   if (smtpUrl !== null && !/^smtps?:\/\//.test(smtpUrl)) problems.push('SMTP_URL: expected smtp:// or smtps://')
 
   const rateLimitPerMinute = integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000)
+  const dbPoolSize = integer('DB_POOL_SIZE', 20, 1, 1000)
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
@@ -212,7 +218,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     },
     smtpUrl,
     workerConcurrency: integer('WORKER_CONCURRENCY', 20, 1, 1000),
-    dbPoolSize: integer('DB_POOL_SIZE', 20, 1, 1000),
+    dbPoolSize,
     dbWaitMs: integer('DB_WAIT_MS', 5000, 1, 600_000),
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
     statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
@@ -222,9 +228,20 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       total: integer('UPLOADS_TOTAL', 64, 1, 100_000),
       tempBytes: integer('UPLOAD_TEMP_BYTES', 2 * 1024 ** 3, 1024, 2 ** 50),
     },
+    streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config
+}
+
+/** A quarter of the pool (5 of 20), at least 1. */
+export function defaultStreamsPerProcess(dbPoolSize: number): number {
+  return Math.max(1, Math.floor(dbPoolSize / 4))
+}
+
+/** Half the pool, at least 1: the other half always serves the requests that finish at once. */
+function maxStreamsPerProcess(dbPoolSize: number): number {
+  return Math.max(1, Math.floor(dbPoolSize / 2))
 }
 
 /** A process settles a user's requests at least every 1 % of the limit (600 a minute: every 6). */

@@ -12,6 +12,7 @@ import {
   ForbiddenError,
   NotFoundError,
   PlanRequiredError,
+  RateLimitedError,
   UnavailableError,
   ValidationError,
 } from '../errors.ts'
@@ -128,6 +129,8 @@ function raisedError(status: number, fields: DatabaseErrorFields): CrmError | nu
       return new ConflictError(code ?? 'conflict', message, { errors })
     case 422:
       return new ValidationError(message, errors, code)
+    case 429: // detail: the seconds until the limit's window ends (crm.claim_webhook_operation)
+      return new RateLimitedError(Number(fields.detail) || 60, code ?? 'rate_limited', message)
   }
   return null
 }

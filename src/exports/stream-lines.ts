@@ -1,49 +1,86 @@
-// Writes the `line` column of a query to an HTTP response as the rows arrive. slonik streams
-// through a server-side cursor (pg-query-stream) and honours backpressure: a slow client pauses
-// the cursor, so memory holds about one fetch plus one 64 KiB chunk whatever the row count.
+// Writes the `line` column of a query to an HTTP response, a fetch of rows at a time from a cursor
+// of the request transaction, waiting for the client to drain each 64 KiB chunk: a slow client
+// pauses the fetches, so memory holds about one fetch plus one chunk whatever the row count.
+//
+// The cursor is our own (DECLARE, FETCH) rather than a driver stream: when the client goes away in
+// the middle, the next write fails, the handler throws and the transaction rolls back on a
+// connection that is between statements. A driver stream cut in the middle left its portal
+// half-read and the ROLLBACK queued behind it, and the connection never came back to the pool
+// (test/hostile/slow-readers.test.ts).
 import type { ServerResponse } from 'node:http'
-import { Transform } from 'node:stream'
-import { pipeline } from 'node:stream/promises'
 import type { QuerySqlToken } from 'slonik'
-import Type, { type Static } from 'typebox'
-import type { DatabaseTransactionConnection } from '../db/pool.ts'
+import Type from 'typebox'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
+import { ClientWentAwayError } from '../http/body.ts'
 
 const CHUNK_CHARACTERS = 64 * 1024
+/** Rows per FETCH (written into its text: FETCH takes no parameter). */
+const FETCH_ROWS = 1000
 
 const LineSchema = Type.Object({ line: Type.String() })
 /** A row of a streamed query: one finished line of text, without its line break. */
 export const LineRow = rowType(LineSchema)
 export type LinesQuery = QuerySqlToken<typeof LineRow>
 
+/**
+ * Streams the query's lines and ends the response; past `deadlineMs` (slow readers included) the
+ * response is cut. Throws ClientWentAwayError when the client is gone before the end.
+ */
 export async function streamLines(
   db: DatabaseTransactionConnection,
   query: LinesQuery,
   res: ServerResponse,
   newline: string,
+  deadlineMs: number,
 ): Promise<number> {
-  let rows = 0
-  let piping: Promise<void> | null = null
-  await db.stream(query, (stream) => {
+  const deadline = setTimeout(() => res.destroy(), deadlineMs)
+  try {
+    await db.query(sql.unsafe`declare stream_lines no scroll cursor for ${query}`)
+    let rows = 0
     let buffer = ''
-    const lines = new Transform({
-      writableObjectMode: true,
-      transform(row: { data: Static<typeof LineSchema> }, _encoding, callback) {
-        buffer += row.data.line + newline
-        rows++
-        if (buffer.length < CHUNK_CHARACTERS) return callback()
-        const chunk = buffer
-        buffer = ''
-        callback(null, chunk)
-      },
-      flush(callback) {
-        callback(null, buffer)
-      },
-    })
-    piping = pipeline(stream, lines, res)
-    // Handled below; avoids an unhandled rejection when the query fails first.
-    piping.catch(() => {})
+    for (;;) {
+      const lines = await db.anyFirst(sql.type(LineRow)`fetch forward 1000 from stream_lines`)
+      for (const line of lines) {
+        buffer += line + newline
+        if (buffer.length >= CHUNK_CHARACTERS) {
+          await write(res, buffer)
+          buffer = ''
+        }
+      }
+      rows += lines.length
+      if (lines.length < FETCH_ROWS) break
+    }
+    await write(res, buffer)
+    res.end()
+    return rows
+  } finally {
+    clearTimeout(deadline)
+  }
+}
+
+/** The client closed the connection before the whole stream was written. */
+class ReaderWentAwayError extends ClientWentAwayError {
+  constructor() {
+    super(null)
+    this.message = 'The client closed the connection before the whole response was written'
+  }
+}
+
+/** Writes a chunk and waits until the response has room again, or fails once the client is gone. */
+function write(res: ServerResponse, chunk: string): Promise<void> {
+  if (res.destroyed) return Promise.reject(new ReaderWentAwayError())
+  if (res.write(chunk)) return Promise.resolve()
+  return new Promise((resolve, reject) => {
+    const settle = (error?: Error) => {
+      res.off('drain', onDrain)
+      res.off('close', onClose)
+      if (error) reject(error)
+      else resolve()
+    }
+    const onDrain = () => settle()
+    const onClose = () => settle(new ReaderWentAwayError())
+    res.once('drain', onDrain)
+    res.once('close', onClose)
   })
-  if (piping) await piping
-  return rows
 }

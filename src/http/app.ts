@@ -35,7 +35,7 @@ import {
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
 import { createUploadReceipts } from './upload-receipts.ts'
-import { createWorkspaceSlots } from './workspace-slots.ts'
+import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 
@@ -98,6 +98,7 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
+  const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
@@ -270,15 +271,17 @@ export function createApp(
     const statements = singleStatementsRefused ? undefined : extra.statements
     const inTransaction = () =>
       authenticatedTransaction(definition, req, res, async (db, caller) => {
-        // A file route took its slot before its body was received (receiveUpload).
-        const release =
-          definition.limitedPerWorkspace && definition.bodyKind !== 'file'
-            ? workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
-            : undefined
+        // The workspace's own slot first (429: its quota), then the process's stream slot (503).
+        // A file route took its workspace slot before its body was received (receiveUpload).
+        const releases: (() => void)[] = []
         try {
+          if (definition.limitedPerWorkspace && definition.bodyKind !== 'file') {
+            releases.push(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
+          }
+          if (definition.streams) releases.push(streamSlots.take())
           return await definition.handler({ ...base, db, caller } as RouteContext)
         } finally {
-          release?.()
+          for (const release of releases) release()
         }
       })
     if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)

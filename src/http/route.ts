@@ -154,7 +154,11 @@ export type RouteDefinition = {
    * Such a handler must not read `caller` before its query.
    */
   singleStatement?: boolean
-  /** The handler writes the response itself (streams); the framework must not. */
+  /**
+   * The handler writes the response itself (streams); the framework must not. It holds its
+   * connection while the client reads, so it takes one of the process's stream slots
+   * (STREAMS_PER_PROCESS, 503 past them).
+   */
   streams?: boolean
   handler: (context: RouteContext) => Promise<RouteResult>
 }

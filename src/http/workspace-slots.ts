@@ -2,7 +2,7 @@
 // holds a connection while it streams and an upload holds up to 50 MiB in memory while it is
 // inspected and stored, so one workspace cannot take the pool or the memory from the others.
 // Counted in each API process (docs/decisions.md): N processes allow N times the limit.
-import { RateLimitedError } from '../errors.ts'
+import { RateLimitedError, UnavailableError } from '../errors.ts'
 
 export type WorkspaceWork = 'uploads' | 'exports'
 
@@ -40,5 +40,37 @@ export function createWorkspaceSlots(limits: Record<WorkspaceWork, number> = WOR
       }
     },
     inUse: (work, workspaceId) => taken.get(keyOf(work, workspaceId)) ?? 0,
+  }
+}
+
+export type StreamSlots = {
+  /** Takes one of the process's stream slots, or throws 503 unavailable when none is left; returns its release. */
+  take: () => () => void
+  inUse: () => number
+}
+
+/**
+ * Every stream of the process together (exports, errors.csv: a connection held for as long as the
+ * client reads), whatever the workspace: the per-workspace slots bound one tenant, this bounds the
+ * sum, well under the pool (STREAMS_PER_PROCESS), so slow readers in many workspaces never leave
+ * the other requests without a connection. Past it the answer is 503: the service is busy, not
+ * the caller over a quota of its own.
+ */
+export function createStreamSlots(limit: number): StreamSlots {
+  let taken = 0
+  return {
+    take: () => {
+      if (taken >= limit) {
+        throw new UnavailableError(null, `This server already runs ${limit} exports and downloads at once; retry shortly`)
+      }
+      taken++
+      let released = false
+      return () => {
+        if (released) return
+        released = true
+        taken--
+      }
+    },
+    inUse: () => taken,
   }
 }

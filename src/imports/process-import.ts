@@ -39,8 +39,10 @@ export const DEFAULT_BATCH_SIZE = 5000
 const STAGE_CHUNK_RECORDS = 5000
 const FILE_SLICE_BYTES = 1024 * 1024
 
-/** A permanent refusal (grant gone, member suspended, broken file): the job fails without retrying. */
-export class ImportRefused extends Error {}
+/** A permanent refusal (a broken or removed file): the job fails without retrying. */
+export class ImportRefused extends Error {
+  readonly code = 'import_file_invalid'
+}
 
 const ImportRowFields = Type.Object({
   user_id: Type.String(),
@@ -150,9 +152,16 @@ async function stage(client: ImportClient, job: ImportJob, row: ImportRow): Prom
   }
 }
 
-function isRefusal(error: unknown): boolean {
-  const code = (error as { code?: string } | null)?.code
-  return error instanceof ImportRefused || code === 'CR403' || code === 'CR404'
+/**
+ * A permanent refusal's failure code, or null for an error worth a retry: the file, or
+ * crm.begin_import_batch's CR403 (member, credential or grant withdrawn; its hint is the code) and CR404.
+ */
+function refusalCode(error: unknown): string | null {
+  if (error instanceof ImportRefused) return error.code
+  const { code, hint } = (error ?? {}) as { code?: string; hint?: string }
+  if (code === 'CR403') return hint ?? 'forbidden'
+  if (code === 'CR404') return hint ?? 'not_found'
+  return null
 }
 
 /** What crm.begin_import_batch answers: the import's options and progress (mapping, mode and match_on are set once it is queued). */
@@ -169,8 +178,14 @@ const OpenedBatch = rowType(
   }),
 )
 
-export async function markFailed(client: Queryable, job: ImportJob, message: string): Promise<void> {
-  await client.query('select crm.complete_import($1, $2, $3, $4)', [job.workspace_id, job.import_id, 'failed', message.slice(0, 1000)])
+export async function markFailed(client: Queryable, job: ImportJob, message: string, code: string | null = null): Promise<void> {
+  await client.query('select crm.complete_import($1, $2, $3, $4, $5)', [
+    job.workspace_id,
+    job.import_id,
+    'failed',
+    message.slice(0, 1000),
+    code,
+  ])
 }
 
 /** Runs (or resumes) one import to its end. Returns false when there was nothing to do. */
@@ -238,8 +253,9 @@ export async function processImport(client: ImportClient, job: ImportJob, option
     await client.query('select crm.complete_import($1, $2, $3, null)', [job.workspace_id, job.import_id, 'completed'])
     return true
   } catch (error) {
-    if (isRefusal(error)) {
-      await markFailed(client, job, (error as Error).message)
+    const code = refusalCode(error)
+    if (code !== null) {
+      await markFailed(client, job, (error as Error).message, code)
       return true
     }
     throw error

@@ -120,9 +120,9 @@ t.test('export streams what the caller may export, and re-importing it changes n
   t.equal(own.text, 'email\r\nbobs@example.com\r\n', 'export:own gives only his own records')
 })
 
-// The stream is one statement for as long as the client reads. With the request statement timeout
-// shortened to 300 ms, a reader that pauses between chunks keeps it running for seconds: the
-// export must still arrive whole (it runs under EXPORT_TIMEOUT_MS), and past that limit it is cut.
+// The stream runs for as long as the client reads. With the request statement timeout shortened to
+// 300 ms, a reader that pauses between chunks keeps it running for seconds: the export must still
+// arrive whole (it runs under EXPORT_TIMEOUT_MS), and past that limit it is cut.
 t.test('an export outlasts the request statement timeout, within its own limit', async (t) => {
   const deals = 40_000
   const slowExport = async (env: Record<string, string>) => {

@@ -71,6 +71,16 @@ t.test('the rate limit batch: 1 % of the limit by default, never above it', asyn
   t.match(error.problems, [/^RATE_LIMIT_BATCH: expected a whole number from 1 to 100/])
 })
 
+t.test('streams per process: a quarter of the pool by default, never above half of it', async (t) => {
+  t.equal(loadConfig({}, { dataDir: dataDir() }).streamsPerProcess, 5)
+  t.equal(loadConfig({ DB_POOL_SIZE: '2' }, { dataDir: dataDir() }).streamsPerProcess, 1)
+  t.equal(loadConfig({ DB_POOL_SIZE: '40', STREAMS_PER_PROCESS: '20' }, { dataDir: dataDir() }).streamsPerProcess, 20)
+  const error = t.throws(() =>
+    loadConfig({ DB_POOL_SIZE: '20', STREAMS_PER_PROCESS: '11' }, { dataDir: dataDir() }),
+  ) as unknown as ConfigError
+  t.match(error.problems, [/^STREAMS_PER_PROCESS: expected a whole number from 1 to 10/])
+})
+
 t.test('production requires APP_SECRET', async (t) => {
   const error = t.throws(() => loadConfig({ NODE_ENV: 'production' }, { dataDir: dataDir() })) as unknown as ConfigError
   t.match(error.problems, [/^APP_SECRET: required when NODE_ENV=production/])

@@ -41,7 +41,7 @@ function routeFor(type: RecordType): RouteDefinition {
     body: ExportBody,
     streams: true,
     limitedPerWorkspace: 'exports',
-    errors: [400, 401, 403, 413, 415, 422, 429],
+    errors: [400, 401, 403, 413, 415, 422, 429, 503],
     example: { request: { format: 'csv', fields: ['id', 'name'], sort: '-created_at' } },
     handler: async ({ db, res, body, services }) => {
       const request = body as ExportRequest
@@ -56,12 +56,12 @@ function routeFor(type: RecordType): RouteDefinition {
         'Content-Disposition': `attachment; filename="${type.path}-${new Date().toISOString().slice(0, 10)}.${extension}"`,
         'Cache-Control': 'no-store',
       })
-      // The stream is one statement for as long as the client reads: a million rows outlast the
-      // request transaction's statement timeout, so the export gets its own, transaction-local.
+      // A million rows sorted for the first fetch can outlast the request transaction's statement
+      // timeout, so the export gets its own, transaction-local (the whole stream is bounded too).
       await db.query(sql.unsafe`select set_config('statement_timeout', ${`${services.config.exportTimeoutMs}ms`}, true)`)
       if (header !== null) res.write(header + '\r\n')
       else res.flushHeaders()
-      await streamLines(db, query, res, csv ? '\r\n' : '\n')
+      await streamLines(db, query, res, csv ? '\r\n' : '\n', services.config.exportTimeoutMs)
     },
   }
 }

@@ -74,6 +74,7 @@ const ImportJobRow = rowType(
     }),
     errors: Type.Array(Type.Object({ row: Type.Integer(), column: NullableString, field: NullableString, message: Type.String() })),
     failure: NullableString,
+    failure_code: NullableString,
     created_at: Type.String(),
     started_at: NullableString,
     finished_at: NullableString,
@@ -98,7 +99,7 @@ async function readJob(db: DatabaseTransactionConnection, type: ImportType, id: 
                        from (select * from crm.import_errors e
                               where e.workspace_id = i.workspace_id and e.import_id = i.id
                               order by e.row, e.position limit ${ERRORS_SHOWN}) e), '[]'::json) as errors,
-           i.failure, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at, crm.api_time(i.finished_at) as finished_at
+           i.failure, i.failure_code, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at, crm.api_time(i.finished_at) as finished_at
       from crm.imports i
      where i.workspace_id = (select crm.current_workspace_id()) and i.id = ${id} and i.record_type = ${type}`)
   if (!job) throw new NotFoundError('No such import')
@@ -187,7 +188,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
           dry_run: false,
         },
       },
-      handler: async ({ db, params, body }) => {
+      handler: async ({ db, params, body, caller }) => {
         const id = importId(params.id)
         const upload = await db.maybeOne(sql.type(UploadToStartRow)`
           select columns, suggested_mapping from crm.imports
@@ -211,7 +212,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
             { pointer: '/match_on', code: 'unmapped', message: `map a column to ${matchOn}` },
           ])
         }
-        await db.query(sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false})`)
+        // Bound to the request's token: each batch stops the import once it is withdrawn.
+        await db.query(
+          sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false}, ${caller.tokenId})`,
+        )
         return { status: 202, headers: { Location: `${base}/${id}` }, body: { data: await readJob(db, type, id) } }
       },
     },
@@ -233,8 +237,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
       auth: 'required',
       scope: writeScope({ path: type }),
       streams: true,
-      errors: [401, 404],
-      handler: async ({ db, res, params }) => {
+      // It holds a connection while the client reads, like an export, and counts as one.
+      limitedPerWorkspace: 'exports',
+      errors: [401, 404, 429, 503],
+      handler: async ({ db, res, params, services }) => {
         const id = importId(params.id)
         const upload = await db.maybeOne(sql.type(UploadColumnsRow)`
           select columns from crm.imports where workspace_id = (select crm.current_workspace_id()) and id = ${id} and record_type = ${type}`)
@@ -262,6 +268,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
            order by e.row`,
           res,
           '\r\n',
+          services.config.exportTimeoutMs,
         )
       },
     },
