@@ -1599,12 +1599,15 @@ comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed p
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
  RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint)
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
+#variable_conflict use_column
+begin
+  return query
   with caller as (
     select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id,
            t.workspace_id as bound_workspace_id,
@@ -1646,8 +1649,7 @@ AS $function$
   ),
   -- A request that passed the checks counts: this backend's counter goes up, and the other
   -- counters for the same user and minute are added (this statement's snapshot does not see its
-  -- own insert, so the new count comes from RETURNING). Counted per user, whatever the token: a
-  -- scoped token or an app's access token shares its user's limit.
+  -- own insert, so the new count comes from RETURNING). Counted per user, whatever the token.
   bumped as (
     insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
     select v.user_id, date_trunc('minute', now()), pg_backend_pid(), 1 from verdict v where v.failure is null
@@ -1663,19 +1665,10 @@ AS $function$
   admitted as materialized (
     select k.* from counted k where k.failure is null and k.rate_count <= p_rate_limit
   ),
-  -- The proven context, exactly as crm.set_context sets it (same message, same key), and the
-  -- bookkeeping when it changes. A CTE with volatile calls is materialized, so it runs once, and
-  -- only for an admitted caller.
+  -- The context and the bookkeeping when it changes. A CTE with volatile calls is materialized,
+  -- so it runs once, and only for an admitted caller.
   context as materialized (
-    select set_config('crm.user_id', a.user_id::text, true) as user_id,
-           set_config('crm.workspace_id', a.workspace_id::text, true) as workspace_id,
-           set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
-           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
-           set_config('crm.context_proof', encode(public.hmac(
-             crm.context_message(a.user_id::text, a.workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
-             (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-             'sha256'), 'hex'), true) as proof,
+    select crm.put_context(a.user_id, a.workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
            case when a.last_workspace_id is distinct from a.workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, a.workspace_id, a.last_workspace_id is distinct from a.workspace_id,
@@ -1685,14 +1678,15 @@ AS $function$
       from admitted a
   )
   select coalesce(k.failure, case when k.rate_count > p_rate_limit then 'rate_limited' end),
-         case when x.proof is not null and x.touched then a.user_id end,
+         case when x.written and x.touched then a.user_id end,
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
          greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
          a.scopes, a.oauth_app_id, a.access_version
     from counted k
     left join admitted a on true
-    left join context x on true
+    left join context x on true;
+end
 $function$;
 comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
@@ -1886,7 +1880,7 @@ CREATE OR REPLACE FUNCTION crm.colleague_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.user_id from crm.proven_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
+  select array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id())
 $function$;
 comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
@@ -2030,6 +2024,14 @@ $function$;
 comment on function crm.contact_search_text(first_name text, last_name text, email text, phone text) is 'The text search matches for a contact: names, email and phone digits, lower-case.';
 grant execute on function crm.contact_search_text(first_name text, last_name text, email text, phone text) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.context_field(p_field integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+RETURN split_part(crm.context_text(), ' '::text, p_field);
+comment on function crm.context_field(p_field integer) is 'One field of the request context (null without one); the fields are listed in sql/000025_context_carrier.sql.';
+grant execute on function crm.context_field(p_field integer) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id text)
  RETURNS bytea
  LANGUAGE sql
@@ -2072,6 +2074,14 @@ AS $function$
     'hex')
 $function$;
 comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid) is 'HMAC binding a user, workspace, token scopes and OAuth app to this backend and this transaction; only SECURITY DEFINER code can compute it.';
+
+CREATE OR REPLACE FUNCTION crm.context_text()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+RETURN CASE WHEN (split_part(current_setting('backtrace_functions'::text), ' '::text, 1) = 'crm_context'::text) THEN current_setting('backtrace_functions'::text) ELSE NULL::text END;
+comment on function crm.context_text() is 'This transaction''s request context as crm.put_context wrote it, or null. Inlined (carrier: backtrace_functions, which only the owner''s code can set) or SECURITY DEFINER (keyed proof: crm.context checked against its HMAC); crm.install_context_carrier decides.';
+grant execute on function crm.context_text() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
  RETURNS boolean
@@ -2148,44 +2158,25 @@ grant execute on function crm.csv_text_cell(value text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
- LANGUAGE plpgsql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-declare
-  v_import text := nullif(current_setting('crm.import_id', true), '');
-begin
-  if v_import is null or v_import !~ '^[0-9a-f-]{36}$' or crm.current_user_id() is null then
-    return null;
-  end if;
-  if crm.import_proof(v_import::uuid) is distinct from current_setting('crm.import_proof', true) then
-    return null;
-  end if;
-  return v_import::uuid;
-end
-$function$;
+ LANGUAGE sql
+ STABLE
+RETURN CASE WHEN (NULLIF(current_setting('crm.import_id'::text, true), ''::text) IS NOT NULL) THEN crm.proven_import_id() ELSE NULL::uuid END;
 comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.oauth_app_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(NULLIF(crm.context_field(4), '0'::text), ''::text))::uuid;
 comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_scopes()
  RETURNS text[]
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select case when c.user_id is null then '{}'::text[] else c.scopes end from crm.proven_context() c
-$function$;
+ STABLE
+RETURN CASE COALESCE(crm.context_field(6), ''::text) WHEN ''::text THEN '{}'::text[] WHEN 'n'::text THEN NULL::text[] ELSE (convert_from(decode(crm.context_field(6), 'hex'::text), 'UTF8'::name))::text[] END;
 comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
@@ -2195,7 +2186,7 @@ CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select case when c.user_id is not null then crm.team_user_ids(c.user_id, c.workspace_id) end from crm.proven_context() c
+  select case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end
 $function$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 grant execute on function crm.current_team_user_ids() to crm_api;
@@ -2203,11 +2194,8 @@ grant execute on function crm.current_team_user_ids() to crm_api;
 CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.user_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(crm.context_field(2), ''::text))::uuid;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
 
@@ -2215,20 +2203,15 @@ CREATE OR REPLACE FUNCTION crm.current_via()
  RETURNS text
  LANGUAGE sql
  STABLE
-AS $function$
-  select coalesce(nullif(current_setting('crm.via', true), ''), 'system')
-$function$;
+RETURN COALESCE(convert_from(decode(NULLIF(crm.context_field(5), ''::text), 'hex'::text), 'UTF8'::name), 'system'::text);
 comment on function crm.current_via() is 'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
 grant execute on function crm.current_via() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.workspace_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(crm.context_field(3), ''::text))::uuid;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
 
@@ -2416,16 +2399,8 @@ comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphil
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select g.scope
-    from crm.proven_context() c
-    join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-    join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
-                          and g.resource = p_resource and g.action = p_action
-   where crm.scopes_cover(c.scopes, p_resource, p_action)
-$function$;
+ STABLE
+RETURN NULLIF(split_part(split_part(crm.context_field(8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1), ''::text);
 comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
@@ -2575,6 +2550,64 @@ $function$;
 comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is 'Worker only: the state of an import its job needs (never the file itself).';
 grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
+CREATE OR REPLACE FUNCTION crm.install_context_carrier(p_mode text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_carrier boolean := p_mode is distinct from 'keyed_proof'
+                       and pg_catalog.has_parameter_privilege('backtrace_functions', 'SET');
+  v_current boolean := not (select p.prosecdef from pg_catalog.pg_proc p where p.oid = 'crm.context_text()'::regprocedure);
+begin
+  if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
+    raise exception 'context carrier mode must be auto or keyed_proof, not %', p_mode;
+  end if;
+  if v_carrier = v_current then
+    return case when v_carrier then 'parameter' else 'keyed_proof' end;
+  end if;
+  if v_carrier then
+    create or replace function crm.context_text() returns text
+    language sql stable
+    return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'
+                then pg_catalog.current_setting('backtrace_functions') end;
+    create or replace function crm.write_context(p_context text) returns void
+    language plpgsql
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+    begin
+      perform set_config('backtrace_functions', p_context, true);
+    end
+    $body$;
+    return 'parameter';
+  end if;
+  -- The proof binds the text to this backend and this transaction's start, with a key crm_api
+  -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
+  create or replace function crm.context_text() returns text
+  language sql stable security definer
+  set search_path = pg_catalog, crm, pg_temp
+  as $body$
+    select c.t from (select current_setting('crm.context', true) as t) c
+     where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                              (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
+           = current_setting('crm.context_proof', true)
+  $body$;
+  create or replace function crm.write_context(p_context text) returns void
+  language plpgsql
+  set search_path = pg_catalog, crm, pg_temp
+  as $body$
+  begin
+    perform set_config('crm.context', p_context, true);
+    perform set_config('crm.context_proof', encode(public.hmac(
+      convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+      (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
+  end
+  $body$;
+  return 'keyed_proof';
+end
+$function$;
+comment on function crm.install_context_carrier(p_mode text) is 'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof; answers parameter or keyed_proof. Run by every migration run.';
+
 CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
  RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
  LANGUAGE sql
@@ -2594,31 +2627,16 @@ grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runt
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select r.is_admin
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id), false)
-$function$;
+ STABLE
+RETURN COALESCE((crm.context_field(7) = '1'::text), false);
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
  RETURNS boolean
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select r.is_admin
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where crm.scopes_include(c.scopes, p_scope)), false)
-$function$;
+ STABLE
+RETURN COALESCE(((crm.context_field(7) = '1'::text) AND ((crm.context_field(6) = 'n'::text) OR (p_scope = ANY (crm.current_scopes())))), false);
 comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
@@ -2731,8 +2749,9 @@ CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id
-                where c.oauth_app_id is null or m.workspace_id = c.workspace_id)
+  select array(select m.workspace_id from crm.memberships m
+                where m.user_id = crm.current_user_id()
+                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()))
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
@@ -3088,20 +3107,31 @@ CREATE OR REPLACE FUNCTION crm.proven_context()
  LANGUAGE sql
  STABLE ROWS 1
 AS $function$
-  -- One row always; a value the proof does not cover never reaches a cast. offset 0 keeps the
-  -- check one computation rather than one per column.
-  select case when v.proven then c.u::uuid end, case when v.proven then c.w::uuid end,
-         case when v.proven then nullif(c.s, '')::text[] end, case when v.proven then nullif(c.a, '')::uuid end
-    from (select pg_catalog.current_setting('crm.user_id', true) as u, pg_catalog.current_setting('crm.workspace_id', true) as w,
-                 coalesce(pg_catalog.current_setting('crm.scopes', true), '') as s,
-                 coalesce(pg_catalog.current_setting('crm.oauth_app_id', true), '') as a,
-                 pg_catalog.current_setting('crm.context_proof', true) as p) c,
-         lateral (select pg_catalog.encode(public.hmac(crm.context_message(c.u, c.w, c.s, c.a),
-                                                       (select k.value from crm.internal_secrets k where k.name = 'context_proof'),
-                                                       'sha256'), 'hex') = c.p as proven
-                  offset 0) v
+  select crm.current_user_id(), crm.current_workspace_id(),
+         case when crm.current_user_id() is not null then crm.current_scopes() end, crm.current_oauth_app_id()
 $function$;
-comment on function crm.proven_context() is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. Inlined into the SECURITY DEFINER helpers that select from it (internal; crm_api calls those).';
+comment on function crm.proven_context() is 'The (user, workspace, token scopes, OAuth app) of this transaction''s context; nulls without one (internal).';
+
+CREATE OR REPLACE FUNCTION crm.proven_import_id()
+ RETURNS uuid
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_import text := nullif(current_setting('crm.import_id', true), '');
+begin
+  if v_import is null or v_import !~ '^[0-9a-f-]{36}$' or crm.current_user_id() is null then
+    return null;
+  end if;
+  if crm.import_proof(v_import::uuid) is distinct from current_setting('crm.import_proof', true) then
+    return null;
+  end if;
+  return v_import::uuid;
+end
+$function$;
+comment on function crm.proven_import_id() is 'The import id crm.begin_import_batch set when its proof checks out, else null (crm.current_import_id).';
+grant execute on function crm.proven_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
  RETURNS bigint
@@ -3210,6 +3240,39 @@ begin
 end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
+
+CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_admin boolean;
+  v_grants text;
+  v_team boolean;
+  v_team_ids text := '0';
+begin
+  select r.is_admin,
+         coalesce(',' || string_agg(g.resource || '_' || g.action || '_' || g.scope, ',') || ',', ','),
+         coalesce(bool_or(g.scope = 'team'), false)
+    into v_admin, v_grants, v_team
+    from crm.memberships m
+    join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+    left join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
+                               and crm.scopes_cover(p_scopes, g.resource, g.action)
+   where m.workspace_id = p_workspace_id and m.user_id = p_user_id and m.suspended_at is null
+   group by r.is_admin;
+  if v_team then
+    v_team_ids := array_to_string(array(select replace(t::text, '-', '') from unnest(crm.team_user_ids(p_user_id, p_workspace_id)) t), ',');
+  end if;
+  perform crm.write_context(concat_ws(' ', 'crm_context', replace(p_user_id::text, '-', ''), replace(p_workspace_id::text, '-', ''),
+    coalesce(replace(p_oauth_app_id::text, '-', ''), '0'), encode(convert_to(coalesce(p_via, 'api'), 'UTF8'), 'hex'),
+    coalesce(encode(convert_to(p_scopes::text, 'UTF8'), 'hex'), 'n'), case when v_admin then '1' else '0' end,
+    coalesce(v_grants, ','), v_team_ids));
+  return true;
+end
+$function$;
+comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
 
 CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
  RETURNS void
@@ -3560,12 +3623,15 @@ grant execute on function crm.require_webhook_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
  RETURNS TABLE(failure text, user_id uuid)
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
+#variable_conflict use_column
+begin
+  return query
   with admitted as materialized (
     select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, u.last_workspace_id
       from crm.tokens t
@@ -3580,17 +3646,9 @@ AS $function$
        and m.access_version = p_access_version
        and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id)
   ),
-  -- The proven context as crm.authenticate sets it, and the same bookkeeping.
+  -- The context as crm.authenticate writes it, and the same bookkeeping.
   context as materialized (
-    select set_config('crm.user_id', a.user_id::text, true) as user_id,
-           set_config('crm.workspace_id', p_workspace_id::text, true) as workspace_id,
-           set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
-           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
-           set_config('crm.context_proof', encode(public.hmac(
-             crm.context_message(a.user_id::text, p_workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
-             (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-             'sha256'), 'hex'), true) as proof,
+    select a.user_id, crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
            case when a.last_workspace_id is distinct from p_workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,
@@ -3599,10 +3657,11 @@ AS $function$
            end as touched
       from admitted a
   )
-  select case when x.proof is not null and x.touched then null else 'stale' end,
-         case when x.proof is not null and x.touched then x.user_id::uuid end
+  select case when x.written and x.touched then null else 'stale' end,
+         case when x.written and x.touched then x.user_id end
     from (select) as always_one_row
-    left join context x on true
+    left join context x on true;
+end
 $function$;
 comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is 'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
 grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) to crm_api;
@@ -3675,20 +3734,8 @@ grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_se
 CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select case g.scope
-             when 'own' then array[c.user_id]
-             when 'team' then crm.team_user_ids(c.user_id, c.workspace_id)
-           end
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
-                            and g.resource = p_resource and g.action = p_action
-     where crm.scopes_cover(c.scopes, p_resource, p_action)), '{}'::uuid[])
-$function$;
+ STABLE
+RETURN CASE crm.grant_scope(p_resource, p_action) WHEN 'own'::text THEN ARRAY[crm.current_user_id()] WHEN 'team'::text THEN (string_to_array(crm.context_field(9), ','::text))::uuid[] ELSE '{}'::uuid[] END;
 comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
@@ -3792,12 +3839,7 @@ CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, 
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
-  perform set_config('crm.user_id', p_user_id::text, true);
-  perform set_config('crm.workspace_id', p_workspace_id::text, true);
-  perform set_config('crm.via', coalesce(p_via, 'api'), true);
-  perform set_config('crm.scopes', coalesce(p_scopes::text, ''), true);
-  perform set_config('crm.oauth_app_id', coalesce(p_oauth_app_id::text, ''), true);
-  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id, p_scopes, p_oauth_app_id), true);
+  perform crm.put_context(p_user_id, p_workspace_id, p_via, p_scopes, p_oauth_app_id);
 end
 $function$;
 comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
@@ -4628,7 +4670,8 @@ CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select c.user_id, c.workspace_id, c.scopes, c.oauth_app_id from crm.proven_context() c
+  select crm.current_user_id(), crm.current_workspace_id(),
+         case when crm.current_user_id() is not null then crm.current_scopes() end, crm.current_oauth_app_id()
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 
@@ -5115,3 +5158,14 @@ end
 $function$;
 comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is 'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
 grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.write_context(p_context text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform set_config('backtrace_functions', p_context, true);
+end
+$function$;
+comment on function crm.write_context(p_context text) is 'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';

@@ -62,7 +62,14 @@ export type Config = {
   statementTimeoutMs: number
   /** The longest an export may stream, slow readers included (its cursor is one statement). */
   exportTimeoutMs: number
+  /**
+   * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
+   * the owner may set it) or keyed_proof (always the slower keyed proof; sql/000025_context_carrier.sql).
+   */
+  contextCarrier: ContextCarrierMode
 }
+
+export type ContextCarrierMode = 'auto' | 'keyed_proof'
 
 export class ConfigError extends Error {
   readonly problems: string[]
@@ -177,6 +184,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
   if (smtpUrl !== null && !/^smtps?:\/\//.test(smtpUrl)) problems.push('SMTP_URL: expected smtp:// or smtps://')
 
   const rateLimitPerMinute = integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000)
+  const contextCarrier = env.CONTEXT_CARRIER || 'auto'
+  if (contextCarrier !== 'auto' && contextCarrier !== 'keyed_proof') problems.push('CONTEXT_CARRIER: expected auto or keyed_proof')
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
@@ -211,6 +220,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
     statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
     exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
+    contextCarrier: contextCarrier as ContextCarrierMode,
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config
