@@ -254,37 +254,64 @@ create or replace function crm.current_import_id() returns uuid
 language sql stable
 return case when nullif(pg_catalog.current_setting('crm.import_id', true), '') is not null then crm.proven_import_id() end;
 
--- Not on a record's path: these read other members' rows, so they stay SECURITY DEFINER.
+-- These read other members' rows, so they run as the owner: PL/pgSQL, planned once per connection.
 create or replace function crm.current_team_user_ids() returns uuid[]
-language sql stable security definer
+language plpgsql stable security definer
 set search_path = pg_catalog, crm, pg_temp
 as $$
-  select case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end
+begin
+  return case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end;
+end
 $$;
 
 create or replace function crm.colleague_ids() returns uuid[]
-language sql stable security definer
+language plpgsql stable security definer
 set search_path = pg_catalog, crm, pg_temp
 as $$
-  select array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id())
+begin
+  return array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id());
+end
 $$;
 
 create or replace function crm.my_workspace_ids() returns uuid[]
-language sql stable security definer
+language plpgsql stable security definer
 set search_path = pg_catalog, crm, pg_temp
 as $$
-  select array(select m.workspace_id from crm.memberships m
+begin
+  return array(select m.workspace_id from crm.memberships m
                 where m.user_id = crm.current_user_id()
-                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()))
+                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()));
+end
 $$;
 
 create or replace function crm.verified_context(out user_id uuid, out workspace_id uuid, out scopes text[], out oauth_app_id uuid)
-language sql stable security definer
+language plpgsql stable security definer
 set search_path = pg_catalog, crm, pg_temp
 as $$
-  select crm.current_user_id(), crm.current_workspace_id(),
-         case when crm.current_user_id() is not null then crm.current_scopes() end, crm.current_oauth_app_id()
+begin
+  user_id := crm.current_user_id();
+  workspace_id := crm.current_workspace_id();
+  scopes := case when user_id is not null then crm.current_scopes() end;
+  oauth_app_id := crm.current_oauth_app_id();
+end
 $$;
+
+-- The scope tests name the scopes once: PostgreSQL does not inline a function whose argument is a
+-- sub-select, as policies pass (select crm.current_scopes()), when the body reads it twice.
+create or replace function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) returns boolean
+language sql immutable parallel safe
+return coalesce(p_scopes operator(pg_catalog.&&) array[p_resource || ':write',
+                                                       case when p_action in ('view', 'export') then p_resource || ':read' end], true);
+
+create or replace function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) returns boolean
+language sql immutable parallel safe
+return coalesce(p_scopes operator(pg_catalog.&&) array[case when p_contact_id is not null then 'contacts:write' end,
+                                                       case when p_company_id is not null then 'companies:write' end,
+                                                       case when p_deal_id is not null then 'deals:write' end], true);
+
+create or replace function crm.scopes_include(p_scopes text[], p_scope text) returns boolean
+language sql immutable parallel safe
+return coalesce(p_scope = any (p_scopes), true);
 
 create or replace function crm.proven_context()
 returns table (user_id uuid, workspace_id uuid, scopes text[], oauth_app_id uuid)

@@ -1876,11 +1876,13 @@ grant execute on function crm.clear_import_rows(p_workspace_id uuid, p_import_id
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id())
+begin
+  return array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id());
+end
 $function$;
 comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
@@ -2182,11 +2184,13 @@ grant execute on function crm.current_scopes() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end
+begin
+  return case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end;
+end
 $function$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 grant execute on function crm.current_team_user_ids() to crm_api;
@@ -2745,13 +2749,15 @@ grant execute on function crm.my_totp() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.workspace_id from crm.memberships m
+begin
+  return array(select m.workspace_id from crm.memberships m
                 where m.user_id = crm.current_user_id()
-                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()))
+                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()));
+end
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
@@ -3756,11 +3762,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null
-      or (p_resource || ':write') = any (p_scopes)
-      or (p_action in ('view', 'export') and (p_resource || ':read') = any (p_scopes))
-$function$;
+RETURN COALESCE((p_scopes && ARRAY[(p_resource || ':write'::text), CASE WHEN (p_action = ANY (ARRAY['view'::text, 'export'::text])) THEN (p_resource || ':read'::text) ELSE NULL::text END]), true);
 comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is 'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
 grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
 
@@ -3768,12 +3770,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id u
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null
-      or (p_contact_id is not null and 'contacts:write' = any (p_scopes))
-      or (p_company_id is not null and 'companies:write' = any (p_scopes))
-      or (p_deal_id is not null and 'deals:write' = any (p_scopes))
-$function$;
+RETURN COALESCE((p_scopes && ARRAY[CASE WHEN (p_contact_id IS NOT NULL) THEN 'contacts:write'::text ELSE NULL::text END, CASE WHEN (p_company_id IS NOT NULL) THEN 'companies:write'::text ELSE NULL::text END, CASE WHEN (p_deal_id IS NOT NULL) THEN 'deals:write'::text ELSE NULL::text END]), true);
 comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is 'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
 grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) to crm_api;
 
@@ -3781,9 +3778,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_include(p_scopes text[], p_scope text)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null or p_scope = any (p_scopes)
-$function$;
+RETURN COALESCE((p_scope = ANY (p_scopes)), true);
 comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
 grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
 
@@ -4666,12 +4661,16 @@ grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_a
 
 CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
  RETURNS record
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select crm.current_user_id(), crm.current_workspace_id(),
-         case when crm.current_user_id() is not null then crm.current_scopes() end, crm.current_oauth_app_id()
+begin
+  user_id := crm.current_user_id();
+  workspace_id := crm.current_workspace_id();
+  scopes := case when user_id is not null then crm.current_scopes() end;
+  oauth_app_id := crm.current_oauth_app_id();
+end
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 

@@ -138,7 +138,17 @@ t.test('RESET ALL, DISCARD ALL and a rolled-back savepoint leave nothing visible
 
 t.test('a hand-made context sees nothing', async (t) => {
   // A well-formed context for Ada, made by hand, in the keyed proof's settings.
-  const hand = ['crm_context', ada.id.replaceAll('-', ''), tenant.id.replaceAll('-', ''), '0', '617069', 'n', '1', ',deals_view_all,', '0'].join(' ')
+  const hand = [
+    'crm_context',
+    ada.id.replaceAll('-', ''),
+    tenant.id.replaceAll('-', ''),
+    '0',
+    '617069',
+    'n',
+    '1',
+    ',deals_view_all,',
+    '0',
+  ].join(' ')
   await runtime.query('begin')
   await runtime.query("select set_config('role', 'crm_api', true)")
   await runtime.query("select set_config('crm.context', $1, true), set_config('crm.context_proof', 'forged', true)", [hand])
@@ -164,7 +174,10 @@ t.test('the keyed-proof path, where the grant cannot be made', async (t) => {
   // The text and proof of that transaction, replayed by hand on the same backend, prove nothing.
   await client.query('begin')
   await client.query("select set_config('role', 'crm_api', true)")
-  await client.query("select set_config('crm.context', $1, true), set_config('crm.context_proof', $2, true)", [written[0].text, written[0].proof])
+  await client.query("select set_config('crm.context', $1, true), set_config('crm.context_proof', $2, true)", [
+    written[0].text,
+    written[0].proof,
+  ])
   t.same((await client.query(SEEN)).rows[0], NOTHING, 'a replayed proof')
   await client.query('rollback')
 
@@ -175,6 +188,10 @@ t.test('the keyed-proof path, where the grant cannot be made', async (t) => {
     list.body.data.map((deal: { name: string }) => deal.name),
     ['Visible'],
   )
-  const created = await server.request('POST', '/api/deals', { token: ada.token, headers: { 'x-tenant-slug': 'carry' }, body: { name: 'Made' } })
+  const created = await server.request('POST', '/api/deals', {
+    token: ada.token,
+    headers: { 'x-tenant-slug': 'carry' },
+    body: { name: 'Made' },
+  })
   t.equal(created.status, 201)
 })
