@@ -68,8 +68,14 @@ $$;
 comment on function crm.write_context(text) is 'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';
 revoke execute on function crm.write_context(text) from public;
 
--- Chooses the carrier when the owner may set the parameter, unless p_mode is keyed_proof; answers
--- the path in use. Only the two functions above change, and only when the path does.
+-- Chooses the carrier when the owner may set the parameter, unless p_mode is keyed_proof, and
+-- defines the reader, the writer and the policy helpers for it; answers the path in use. Nothing is
+-- redefined while the path stays the same.
+--
+-- The helpers are SQL functions with a return body, not SECURITY DEFINER, without SET clauses, so
+-- PostgreSQL inlines them into every policy. Each reads its fields from the context in one level
+-- (%1$s below): planning a statement inlines every helper of its policies, and each nested
+-- function would be one more inlining step per statement planned.
 create function crm.install_context_carrier(p_mode text) returns text
 language plpgsql
 set search_path = pg_catalog, crm, pg_temp
@@ -77,15 +83,18 @@ as $$
 declare
   v_carrier boolean := p_mode is distinct from 'keyed_proof'
                        and pg_catalog.has_parameter_privilege('backtrace_functions', 'SET');
-  v_current boolean := not (select p.prosecdef from pg_catalog.pg_proc p where p.oid = 'crm.context_text()'::regprocedure);
+  v_installed boolean := (select position('backtrace_functions' in pg_catalog.pg_get_function_sqlbody(p.oid)) > 0
+                            from pg_catalog.pg_proc p where p.oid = 'crm.current_user_id()'::regprocedure);
+  v_source text;
 begin
   if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
     raise exception 'context carrier mode must be auto or keyed_proof, not %', p_mode;
   end if;
-  if v_carrier = v_current then
+  if v_carrier is not distinct from v_installed then
     return case when v_carrier then 'parameter' else 'keyed_proof' end;
   end if;
   if v_carrier then
+    v_source := 'pg_catalog.current_setting(''backtrace_functions'')';
     create or replace function crm.context_text() returns text
     language sql stable
     return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'
@@ -98,38 +107,95 @@ begin
       perform set_config('backtrace_functions', p_context, true);
     end
     $body$;
-    return 'parameter';
+  else
+    v_source := 'crm.context_text()';
+    -- The proof binds the text to this backend and this transaction's start, with a key crm_api
+    -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
+    create or replace function crm.context_text() returns text
+    language sql stable security definer
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+      select c.t from (select current_setting('crm.context', true) as t) c
+       where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                                (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
+             = current_setting('crm.context_proof', true)
+    $body$;
+    create or replace function crm.write_context(p_context text) returns void
+    language plpgsql
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+    begin
+      perform set_config('crm.context', p_context, true);
+      perform set_config('crm.context_proof', encode(public.hmac(
+        convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+        (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
+    end
+    $body$;
   end if;
-  -- The proof binds the text to this backend and this transaction's start, with a key crm_api
-  -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
-  create or replace function crm.context_text() returns text
-  language sql stable security definer
-  set search_path = pg_catalog, crm, pg_temp
-  as $body$
-    select c.t from (select current_setting('crm.context', true) as t) c
-     where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-                              (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
-           = current_setting('crm.context_proof', true)
-  $body$;
-  create or replace function crm.write_context(p_context text) returns void
-  language plpgsql
-  set search_path = pg_catalog, crm, pg_temp
-  as $body$
-  begin
-    perform set_config('crm.context', p_context, true);
-    perform set_config('crm.context_proof', encode(public.hmac(
-      convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-      (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
-  end
-  $body$;
-  return 'keyed_proof';
+  execute format($ddl$
+    create or replace function crm.current_user_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid;
+
+    create or replace function crm.current_workspace_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 3), '')::uuid;
+
+    create or replace function crm.current_oauth_app_id() returns uuid
+    language sql stable
+    return nullif(nullif(pg_catalog.split_part(%1$s, ' ', 4), '0'), '')::uuid;
+
+    create or replace function crm.current_via() returns text
+    language sql stable
+    return coalesce(pg_catalog.convert_from(pg_catalog.decode(nullif(pg_catalog.split_part(%1$s, ' ', 5), ''), 'hex'), 'UTF8'), 'system');
+
+    -- Without a context: the empty list, which allows nothing; null for an unscoped token.
+    create or replace function crm.current_scopes() returns text[]
+    language sql stable
+    return case coalesce(pg_catalog.split_part(%1$s, ' ', 6), '')
+             when '' then '{}'::text[]
+             when 'n' then null
+             else pg_catalog.convert_from(pg_catalog.decode(pg_catalog.split_part(%1$s, ' ', 6), 'hex'), 'UTF8')::text[]
+           end;
+
+    create or replace function crm.grant_scope(p_resource text, p_action text) returns text
+    language sql stable
+    return nullif(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                              ',' || p_resource || '_' || p_action || '_', 2), ',', 1), '');
+
+    create or replace function crm.scope_owner_ids(p_resource text, p_action text) returns uuid[]
+    language sql stable
+    return case pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                            ',' || p_resource || '_' || p_action || '_', 2), ',', 1)
+             when 'own' then array[nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid]
+             when 'team' then pg_catalog.string_to_array(pg_catalog.split_part(%1$s, ' ', 9), ',')::uuid[]
+             else '{}'::uuid[]
+           end;
+
+    create or replace function crm.is_admin() returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1', false);
+
+    create or replace function crm.is_admin_for(p_scope text) returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1'
+                    and (pg_catalog.split_part(%1$s, ' ', 6) = 'n'
+                         or p_scope = any (pg_catalog.convert_from(pg_catalog.decode(
+                                             nullif(nullif(pg_catalog.split_part(%1$s, ' ', 6), 'n'), ''), 'hex'), 'UTF8')::text[])),
+                    false);
+  $ddl$, v_source);
+  return case when v_carrier then 'parameter' else 'keyed_proof' end;
 end
 $$;
 comment on function crm.install_context_carrier(text) is
-  'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof; answers parameter or keyed_proof. Run by every migration run.';
+  'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 revoke execute on function crm.install_context_carrier(text) from public;
 
 select crm.install_context_carrier('auto');
+comment on function crm.grant_scope(text, text) is
+  'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
+comment on function crm.scope_owner_ids(text, text) is
+  'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
 
 -- What the helpers read, written once per transaction: the member's active membership gives the
 -- admin flag and the grants, narrowed here by the token's scopes; the team only when a grant is
@@ -179,54 +245,7 @@ begin
 end
 $$;
 
--- ---------------------------------------------------------------------------------------------
--- The helpers: inlinable reads of the context (SQL, not SECURITY DEFINER, no SET clause)
--- ---------------------------------------------------------------------------------------------
-
-create or replace function crm.current_user_id() returns uuid
-language sql stable
-return nullif(crm.context_field(2), '')::uuid;
-
-create or replace function crm.current_workspace_id() returns uuid
-language sql stable
-return nullif(crm.context_field(3), '')::uuid;
-
-create or replace function crm.current_oauth_app_id() returns uuid
-language sql stable
-return nullif(nullif(crm.context_field(4), '0'), '')::uuid;
-
-create or replace function crm.current_via() returns text
-language sql stable
-return coalesce(pg_catalog.convert_from(pg_catalog.decode(nullif(crm.context_field(5), ''), 'hex'), 'UTF8'), 'system');
-
--- Without a context: the empty list, which allows nothing; null for an unscoped token.
-create or replace function crm.current_scopes() returns text[]
-language sql stable
-return case coalesce(crm.context_field(6), '')
-         when '' then '{}'::text[]
-         when 'n' then null
-         else pg_catalog.convert_from(pg_catalog.decode(crm.context_field(6), 'hex'), 'UTF8')::text[]
-       end;
-
-create or replace function crm.grant_scope(p_resource text, p_action text) returns text
-language sql stable
-return nullif(pg_catalog.split_part(pg_catalog.split_part(crm.context_field(8), ',' || p_resource || '_' || p_action || '_', 2), ',', 1), '');
-
-create or replace function crm.scope_owner_ids(p_resource text, p_action text) returns uuid[]
-language sql stable
-return case crm.grant_scope(p_resource, p_action)
-         when 'own' then array[crm.current_user_id()]
-         when 'team' then pg_catalog.string_to_array(crm.context_field(9), ',')::uuid[]
-         else '{}'::uuid[]
-       end;
-
-create or replace function crm.is_admin() returns boolean
-language sql stable
-return coalesce(crm.context_field(7) = '1', false);
-
-create or replace function crm.is_admin_for(p_scope text) returns boolean
-language sql stable
-return coalesce(crm.context_field(7) = '1' and (crm.context_field(6) = 'n' or p_scope = any (crm.current_scopes())), false);
+-- The helpers are defined by crm.install_context_carrier (above), one level deep each.
 
 -- Import batches: the import id and its proof are set by crm.begin_import_batch; only a transaction
 -- that has one pays for the check.

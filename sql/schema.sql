@@ -2170,7 +2170,7 @@ CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  RETURNS uuid
  LANGUAGE sql
  STABLE
-RETURN (NULLIF(NULLIF(crm.context_field(4), '0'::text), ''::text))::uuid;
+RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 4), '0'::text), ''::text))::uuid;
 comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
 
@@ -2178,7 +2178,7 @@ CREATE OR REPLACE FUNCTION crm.current_scopes()
  RETURNS text[]
  LANGUAGE sql
  STABLE
-RETURN CASE COALESCE(crm.context_field(6), ''::text) WHEN ''::text THEN '{}'::text[] WHEN 'n'::text THEN NULL::text[] ELSE (convert_from(decode(crm.context_field(6), 'hex'::text), 'UTF8'::name))::text[] END;
+RETURN CASE COALESCE(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), ''::text) WHEN ''::text THEN '{}'::text[] WHEN 'n'::text THEN NULL::text[] ELSE (convert_from(decode(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'hex'::text), 'UTF8'::name))::text[] END;
 comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
@@ -2199,7 +2199,7 @@ CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE sql
  STABLE
-RETURN (NULLIF(crm.context_field(2), ''::text))::uuid;
+RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
 
@@ -2207,7 +2207,7 @@ CREATE OR REPLACE FUNCTION crm.current_via()
  RETURNS text
  LANGUAGE sql
  STABLE
-RETURN COALESCE(convert_from(decode(NULLIF(crm.context_field(5), ''::text), 'hex'::text), 'UTF8'::name), 'system'::text);
+RETURN COALESCE(convert_from(decode(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 5), ''::text), 'hex'::text), 'UTF8'::name), 'system'::text);
 comment on function crm.current_via() is 'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
 grant execute on function crm.current_via() to crm_api;
 
@@ -2215,7 +2215,7 @@ CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE sql
  STABLE
-RETURN (NULLIF(crm.context_field(3), ''::text))::uuid;
+RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 3), ''::text))::uuid;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
 
@@ -2404,8 +2404,8 @@ CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE sql
  STABLE
-RETURN NULLIF(split_part(split_part(crm.context_field(8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1), ''::text);
-comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
+RETURN NULLIF(split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1), ''::text);
+comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
@@ -2562,15 +2562,18 @@ AS $function$
 declare
   v_carrier boolean := p_mode is distinct from 'keyed_proof'
                        and pg_catalog.has_parameter_privilege('backtrace_functions', 'SET');
-  v_current boolean := not (select p.prosecdef from pg_catalog.pg_proc p where p.oid = 'crm.context_text()'::regprocedure);
+  v_installed boolean := (select position('backtrace_functions' in pg_catalog.pg_get_function_sqlbody(p.oid)) > 0
+                            from pg_catalog.pg_proc p where p.oid = 'crm.current_user_id()'::regprocedure);
+  v_source text;
 begin
   if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
     raise exception 'context carrier mode must be auto or keyed_proof, not %', p_mode;
   end if;
-  if v_carrier = v_current then
+  if v_carrier is not distinct from v_installed then
     return case when v_carrier then 'parameter' else 'keyed_proof' end;
   end if;
   if v_carrier then
+    v_source := 'pg_catalog.current_setting(''backtrace_functions'')';
     create or replace function crm.context_text() returns text
     language sql stable
     return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'
@@ -2583,34 +2586,87 @@ begin
       perform set_config('backtrace_functions', p_context, true);
     end
     $body$;
-    return 'parameter';
+  else
+    v_source := 'crm.context_text()';
+    -- The proof binds the text to this backend and this transaction's start, with a key crm_api
+    -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
+    create or replace function crm.context_text() returns text
+    language sql stable security definer
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+      select c.t from (select current_setting('crm.context', true) as t) c
+       where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                                (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
+             = current_setting('crm.context_proof', true)
+    $body$;
+    create or replace function crm.write_context(p_context text) returns void
+    language plpgsql
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+    begin
+      perform set_config('crm.context', p_context, true);
+      perform set_config('crm.context_proof', encode(public.hmac(
+        convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+        (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
+    end
+    $body$;
   end if;
-  -- The proof binds the text to this backend and this transaction's start, with a key crm_api
-  -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
-  create or replace function crm.context_text() returns text
-  language sql stable security definer
-  set search_path = pg_catalog, crm, pg_temp
-  as $body$
-    select c.t from (select current_setting('crm.context', true) as t) c
-     where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-                              (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
-           = current_setting('crm.context_proof', true)
-  $body$;
-  create or replace function crm.write_context(p_context text) returns void
-  language plpgsql
-  set search_path = pg_catalog, crm, pg_temp
-  as $body$
-  begin
-    perform set_config('crm.context', p_context, true);
-    perform set_config('crm.context_proof', encode(public.hmac(
-      convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
-      (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
-  end
-  $body$;
-  return 'keyed_proof';
+  execute format($ddl$
+    create or replace function crm.current_user_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid;
+
+    create or replace function crm.current_workspace_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 3), '')::uuid;
+
+    create or replace function crm.current_oauth_app_id() returns uuid
+    language sql stable
+    return nullif(nullif(pg_catalog.split_part(%1$s, ' ', 4), '0'), '')::uuid;
+
+    create or replace function crm.current_via() returns text
+    language sql stable
+    return coalesce(pg_catalog.convert_from(pg_catalog.decode(nullif(pg_catalog.split_part(%1$s, ' ', 5), ''), 'hex'), 'UTF8'), 'system');
+
+    -- Without a context: the empty list, which allows nothing; null for an unscoped token.
+    create or replace function crm.current_scopes() returns text[]
+    language sql stable
+    return case coalesce(pg_catalog.split_part(%1$s, ' ', 6), '')
+             when '' then '{}'::text[]
+             when 'n' then null
+             else pg_catalog.convert_from(pg_catalog.decode(pg_catalog.split_part(%1$s, ' ', 6), 'hex'), 'UTF8')::text[]
+           end;
+
+    create or replace function crm.grant_scope(p_resource text, p_action text) returns text
+    language sql stable
+    return nullif(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                              ',' || p_resource || '_' || p_action || '_', 2), ',', 1), '');
+
+    create or replace function crm.scope_owner_ids(p_resource text, p_action text) returns uuid[]
+    language sql stable
+    return case pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                            ',' || p_resource || '_' || p_action || '_', 2), ',', 1)
+             when 'own' then array[nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid]
+             when 'team' then pg_catalog.string_to_array(pg_catalog.split_part(%1$s, ' ', 9), ',')::uuid[]
+             else '{}'::uuid[]
+           end;
+
+    create or replace function crm.is_admin() returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1', false);
+
+    create or replace function crm.is_admin_for(p_scope text) returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1'
+                    and (pg_catalog.split_part(%1$s, ' ', 6) = 'n'
+                         or p_scope = any (pg_catalog.convert_from(pg_catalog.decode(
+                                             nullif(nullif(pg_catalog.split_part(%1$s, ' ', 6), 'n'), ''), 'hex'), 'UTF8')::text[])),
+                    false);
+  $ddl$, v_source);
+  return case when v_carrier then 'parameter' else 'keyed_proof' end;
 end
 $function$;
-comment on function crm.install_context_carrier(p_mode text) is 'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof; answers parameter or keyed_proof. Run by every migration run.';
+comment on function crm.install_context_carrier(p_mode text) is 'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 
 CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
  RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
@@ -2632,7 +2688,7 @@ CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE sql
  STABLE
-RETURN COALESCE((crm.context_field(7) = '1'::text), false);
+RETURN COALESCE((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text), false);
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
@@ -2640,7 +2696,7 @@ CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
  RETURNS boolean
  LANGUAGE sql
  STABLE
-RETURN COALESCE(((crm.context_field(7) = '1'::text) AND ((crm.context_field(6) = 'n'::text) OR (p_scope = ANY (crm.current_scopes())))), false);
+RETURN COALESCE(((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text) AND ((split_part(current_setting('backtrace_functions'::text), ' '::text, 6) = 'n'::text) OR (p_scope = ANY ((convert_from(decode(NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'n'::text), ''::text), 'hex'::text), 'UTF8'::name))::text[])))), false);
 comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
@@ -3741,8 +3797,8 @@ CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE sql
  STABLE
-RETURN CASE crm.grant_scope(p_resource, p_action) WHEN 'own'::text THEN ARRAY[crm.current_user_id()] WHEN 'team'::text THEN (string_to_array(crm.context_field(9), ','::text))::uuid[] ELSE '{}'::uuid[] END;
-comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
+RETURN CASE split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1) WHEN 'own'::text THEN ARRAY[(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid] WHEN 'team'::text THEN (string_to_array(split_part(current_setting('backtrace_functions'::text), ' '::text, 9), ','::text))::uuid[] ELSE '{}'::uuid[] END;
+comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
@@ -5163,8 +5219,8 @@ CREATE OR REPLACE FUNCTION crm.write_context(p_context text)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-begin
-  perform set_config('backtrace_functions', p_context, true);
-end
-$function$;
+    begin
+      perform set_config('backtrace_functions', p_context, true);
+    end
+    $function$;
 comment on function crm.write_context(p_context text) is 'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';
