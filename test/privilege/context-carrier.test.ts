@@ -43,6 +43,8 @@ const { rows: path } = await runtime.query(`select crm.context_text() is null as
   not (select prosecdef from pg_proc where oid = 'crm.context_text()'::regprocedure) as carrier`)
 
 t.test('the owner may set the carrier; the runtime role may not', async (t) => {
+  const result = await migrate(url)
+  t.equal(result.contextCarrier, 'parameter', 'migrations choose the parameter where the owner may set it')
   t.same(path[0], { empty: true, carrier: true }, 'the parameter path is in use, and empty outside a request')
   const { rows } = await runtime.query(`select has_parameter_privilege('crm_owner', 'backtrace_functions', 'SET') as owner,
     has_parameter_privilege('crm_api', 'backtrace_functions', 'SET') as api,
@@ -181,7 +183,12 @@ t.test('the keyed-proof path, where the grant cannot be made', async (t) => {
   t.same((await client.query(SEEN)).rows[0], NOTHING, 'a replayed proof')
   await client.query('rollback')
 
-  const server = await startTestServer(t, { databaseUrl: url, env: { CONTEXT_CARRIER: 'keyed_proof' } })
+  const server = await startTestServer(t, { databaseUrl: url, env: { CONTEXT_CARRIER: 'keyed_proof' }, migrate: true })
+  t.equal(
+    server.logLines.filter((line) => line.includes('the request context is carried by the keyed proof')).length,
+    1,
+    'one start-up line says so',
+  )
   const list = await server.request('GET', '/api/deals', { token: ada.token, headers: { 'x-tenant-slug': 'carry' } })
   t.equal(list.status, 200)
   t.same(
