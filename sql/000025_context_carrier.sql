@@ -17,7 +17,7 @@
 -- Where the grant cannot be made (a managed service that refuses it, or CONTEXT_CARRIER=keyed_proof),
 -- the same text is kept in crm.context with an HMAC over it, this backend and this transaction in
 -- crm.context_proof, as before; crm.context_text checks it. crm.install_context_carrier chooses,
--- and redefines only crm.context_text and crm.write_context: the helpers read either the same way.
+-- and defines the reader, the writer and the helpers for the path chosen.
 
 set local lock_timeout = '5s';
 set local statement_timeout = '60s';
@@ -36,7 +36,8 @@ $$;
 -- 4 OAuth app or 0, 5 via (hex), 6 the token's scopes (hex of the array's text) or n for an
 -- unscoped token, 7 the role's admin flag (1 or 0), 8 the grants ",resource_action_scope,...",
 -- 9 the team's user ids (comma-separated) when a grant is team, else 0. Uuids are written as their
--- 32 hex digits, which the uuid type reads back.
+-- 32 hex digits, which the uuid type reads back. The helpers read fields 2 to 9 directly: on the
+-- carrier path nothing but the owner's code (or a superuser) can have put a value there.
 
 -- The carrier path's reader; crm.install_context_carrier replaces it with the keyed proof's when
 -- the owner cannot set the parameter.
