@@ -9,10 +9,13 @@ export async function provision(): Promise<{ url: string; stop: () => Promise<vo
   if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
   const { startEmbeddedPostgres } = await import('../src/db/provision.ts')
   const baseDir = mkdtempSync(join(tmpdir(), 'crm-bench-'))
-  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none' })
+  // BENCH_POSTGRES_DIR: another PostgreSQL build (bin/ holding initdb, pg_ctl, postgres), such as
+  // Debian's /usr/lib/postgresql/15, in a throwaway cluster of its own (bench/run.ts sets it).
+  const nativeDir = process.env.BENCH_POSTGRES_DIR || undefined
+  const database = await startEmbeddedPostgres({ baseDir, database: 'crm_bench', persistent: false, durability: 'none', nativeDir })
   return {
     url: database.url,
-    label: 'embedded PostgreSQL (fsync off)',
+    label: nativeDir ? `${nativeDir}, throwaway cluster (fsync off)` : 'embedded PostgreSQL (fsync off)',
     stop: async () => {
       await database.stop()
       rmSync(baseDir, { recursive: true, force: true })

@@ -1,7 +1,7 @@
 // `make bench`: runs every benchmark in bench/ (each prints a markdown section with its baseline
 // measured in the same run) and writes bench/RESULTS.md with the machine it ran on.
 import { spawnSync } from 'node:child_process'
-import { readdirSync, writeFileSync } from 'node:fs'
+import { existsSync, readdirSync, writeFileSync } from 'node:fs'
 import { cpus, totalmem } from 'node:os'
 import { fileURLToPath } from 'node:url'
 
@@ -12,16 +12,25 @@ const files = readdirSync(here)
   .filter((name) => only.length === 0 || only.some((wanted) => name.includes(wanted)))
   .sort()
 
+// The request path is measured on the oldest supported PostgreSQL too when its server is installed
+// (Debian's postgresql-15): PostgreSQL before 18 plans non-inlined SQL functions on every call.
+const OLDEST_SUPPORTED = '/usr/lib/postgresql/15'
+const runs: { file: string; env: Record<string, string> }[] = files.map((file) => ({ file, env: {} }))
+if (!process.env.DATABASE_URL && existsSync(`${OLDEST_SUPPORTED}/bin/postgres`) && files.includes('records.ts')) {
+  runs.push({ file: 'records.ts', env: { BENCH_POSTGRES_DIR: OLDEST_SUPPORTED } })
+}
+
 const sections: string[] = []
 let failed = 0
-for (const file of files) {
-  console.log(`\n=== bench/${file}`)
+for (const { file, env } of runs) {
+  console.log(`\n=== bench/${file}${env.BENCH_POSTGRES_DIR ? ` on ${env.BENCH_POSTGRES_DIR}` : ''}`)
   const started = Date.now()
   const result = spawnSync(process.execPath, [`${here}${file}`], {
     stdio: ['ignore', 'pipe', 'inherit'],
     encoding: 'utf8',
     maxBuffer: 64 * 1024 * 1024,
     timeout: 30 * 60_000,
+    env: { ...process.env, ...env },
   })
   process.stdout.write(result.stdout ?? '')
   if (result.status !== 0) {

@@ -576,8 +576,6 @@ create table crm.imports (
   finished_at timestamp with time zone,
   token_scopes text[],
   oauth_app_id uuid,
-  token_id uuid,
-  failure_code text,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -601,8 +599,6 @@ comment on column crm.imports.staged is 'Every record of the file is in crm.impo
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
 comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
 comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
-comment on column crm.imports.token_id is 'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
-comment on column crm.imports.failure_code is 'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -613,7 +609,7 @@ comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs t
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
 comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
-grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
 create table crm.internal_secrets (
@@ -816,7 +812,6 @@ alter table crm.oauth_grants enable row level security;
 alter table crm.oauth_grants force row level security;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
-CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
 comment on table crm.oauth_grants is 'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
 comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
@@ -1066,7 +1061,6 @@ CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE
 comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
 comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
-CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL))) EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
 comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
 comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
@@ -1078,8 +1072,8 @@ create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   with check (true);
 comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
-  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (kind = 'token'::text) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL)));
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
+comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
 comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
@@ -1247,25 +1241,6 @@ create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permi
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
-
-create table crm.webhook_operation_counts (
-  workspace_id uuid not null,
-  subscription_id uuid not null,
-  operation text not null,
-  window_ends_at timestamp with time zone not null,
-  count integer not null,
-  constraint webhook_operation_counts_pkey PRIMARY KEY (workspace_id, subscription_id, operation),
-  constraint webhook_operation_counts_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
-  constraint webhook_operation_counts_count_positive CHECK ((count >= 1)),
-  constraint webhook_operation_counts_operation_known CHECK ((operation = ANY (ARRAY['test'::text, 'recover'::text])))
-);
-alter table crm.webhook_operation_counts enable row level security;
-alter table crm.webhook_operation_counts force row level security;
-comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
-create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
-  using (true)
-  with check (true);
-comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.webhook_subscriptions (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -1480,7 +1455,6 @@ declare
   v_invitation record;
   v_user uuid;
   v_bearer record;
-  v_ttl interval := p_token_ttl;
 begin
   select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
     into v_invitation
@@ -1495,16 +1469,14 @@ begin
                 when t.revoked_at is not null then 'token_revoked'
                 when t.expires_at <= now() then 'token_expired'
                 when u.suspended_at is not null then 'user_suspended'
-                when t.kind = 'token' and not u.api_access then 'api_access_disabled'
-                when t.kind not in ('token', 'session') or t.scopes is not null then 'token_not_allowed' end as failure,
-           u.id, u.email, t.expires_at
+                when t.kind = 'token' and not u.api_access then 'api_access_disabled' end as failure,
+           u.id, u.email
       into v_bearer
       from (select 1) one
       left join crm.tokens t on t.token_hash = p_bearer_hash
       left join crm.users u on u.id = t.user_id;
     failure := coalesce(v_bearer.failure, case when v_bearer.email is distinct from v_invitation.email then 'wrong_email' end);
     v_user := v_bearer.id;
-    v_ttl := least(p_token_ttl, v_bearer.expires_at - now());
     if failure is null and exists (select from crm.memberships m where m.workspace_id = v_invitation.workspace_id and m.user_id = v_user) then
       failure := 'already_member';
     end if;
@@ -1521,21 +1493,20 @@ begin
     return;
   end if;
   if v_user is null then
-    insert into crm.users (email, name, password_hash, last_workspace_id)
-    values (v_invitation.email, p_name, p_password_hash, v_invitation.workspace_id)
-    returning crm.users.id into v_user;
+    insert into crm.users (email, name, password_hash) values (v_invitation.email, p_name, p_password_hash) returning crm.users.id into v_user;
   end if;
   insert into crm.memberships (workspace_id, user_id, role_id) values (v_invitation.workspace_id, v_user, v_invitation.role_id);
   insert into crm.team_members (workspace_id, team_id, user_id)
   select it.workspace_id, it.team_id, v_user from crm.invitation_teams it
    where it.workspace_id = v_invitation.workspace_id and it.invitation_id = v_invitation.id;
   update crm.invitations i set accepted_at = now(), accepted_by = v_user where i.workspace_id = v_invitation.workspace_id and i.id = v_invitation.id;
+  update crm.users u set last_workspace_id = v_invitation.workspace_id where u.id = v_user;
   select i.id, i.expires_at into id, expires_at
-    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, v_ttl) i;
+    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, p_token_ttl) i;
   return next;
 end
 $function$;
-comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer token''s user or a new user; answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, wrong_email, account_exists, already_member).';
 grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
@@ -1628,12 +1599,15 @@ comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed p
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
  RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint)
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
+#variable_conflict use_column
+begin
+  return query
   with caller as (
     select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id,
            t.workspace_id as bound_workspace_id,
@@ -1675,8 +1649,7 @@ AS $function$
   ),
   -- A request that passed the checks counts: this backend's counter goes up, and the other
   -- counters for the same user and minute are added (this statement's snapshot does not see its
-  -- own insert, so the new count comes from RETURNING). Counted per user, whatever the token: a
-  -- scoped token or an app's access token shares its user's limit.
+  -- own insert, so the new count comes from RETURNING). Counted per user, whatever the token.
   bumped as (
     insert into crm.rate_limit_counters as rc (user_id, window_start, backend_pid, count)
     select v.user_id, date_trunc('minute', now()), pg_backend_pid(), 1 from verdict v where v.failure is null
@@ -1692,19 +1665,10 @@ AS $function$
   admitted as materialized (
     select k.* from counted k where k.failure is null and k.rate_count <= p_rate_limit
   ),
-  -- The proven context, exactly as crm.set_context sets it (same message, same key), and the
-  -- bookkeeping when it changes. A CTE with volatile calls is materialized, so it runs once, and
-  -- only for an admitted caller.
+  -- The context and the bookkeeping when it changes. A CTE with volatile calls is materialized,
+  -- so it runs once, and only for an admitted caller.
   context as materialized (
-    select set_config('crm.user_id', a.user_id::text, true) as user_id,
-           set_config('crm.workspace_id', a.workspace_id::text, true) as workspace_id,
-           set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
-           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
-           set_config('crm.context_proof', encode(public.hmac(
-             crm.context_message(a.user_id::text, a.workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
-             (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-             'sha256'), 'hex'), true) as proof,
+    select crm.put_context(a.user_id, a.workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
            case when a.last_workspace_id is distinct from a.workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, a.workspace_id, a.last_workspace_id is distinct from a.workspace_id,
@@ -1714,14 +1678,15 @@ AS $function$
       from admitted a
   )
   select coalesce(k.failure, case when k.rate_count > p_rate_limit then 'rate_limited' end),
-         case when x.proof is not null and x.touched then a.user_id end,
+         case when x.written and x.touched then a.user_id end,
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
          greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
          a.scopes, a.oauth_app_id, a.access_version
     from counted k
     left join admitted a on true
-    left join context x on true
+    left join context x on true;
+end
 $function$;
 comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
@@ -1736,12 +1701,10 @@ declare
   v_user uuid;
   v_scopes text[];
   v_app uuid;
-  v_token uuid;
-  v_withdrawn text;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.token_scopes, i.oauth_app_id, i.token_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, v_scopes, v_app, v_token, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1750,37 +1713,16 @@ begin
   if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
                   where m.workspace_id = p_workspace_id and m.user_id = v_user
                     and m.suspended_at is null and u.suspended_at is null) then
-    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'member_inactive';
-  end if;
-  -- The credential that queued the import, as crm.authenticate judges a request's: a revoked
-  -- grant first (it revokes its tokens too, and is the cause), then the token (gone or revoked),
-  -- then API access (tokens and app tokens; a UI session is not an API credential). Expiry does
-  -- not stop an import: it was started while the token was valid, and nobody withdrew it.
-  select case
-           when g.revoked_at is not null then 'grant_revoked'
-           when v_token is not null and (t.id is null or t.revoked_at is not null) then 'token_revoked'
-           when coalesce(t.kind, 'token') in ('token', 'oauth') and not u.api_access then 'api_access_disabled'
-         end
-    into v_withdrawn
-    from crm.users u
-    left join crm.tokens t on t.id = v_token and t.user_id = u.id
-    left join crm.oauth_grants g on g.workspace_id = t.workspace_id and g.id = t.oauth_grant_id
-   where u.id = v_user;
-  if v_withdrawn = 'grant_revoked' then
-    raise exception 'the app connection that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
-  elsif v_withdrawn = 'token_revoked' then
-    raise exception 'the token that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
-  elsif v_withdrawn = 'api_access_disabled' then
-    raise exception 'the importing user''s API access was turned off' using errcode = 'CR403', hint = v_withdrawn;
+    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
   end if;
   perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
-    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'import_grant_missing';
+    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'forbidden';
   end if;
   if mode = 'upsert' and crm.grant_scope(record_type, 'update') is null then
-    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'import_grant_missing';
+    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'forbidden';
   end if;
   if status = 'queued' then
     update crm.imports i set status = 'processing', started_at = coalesce(i.started_at, now())
@@ -1790,7 +1732,7 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
@@ -1921,34 +1863,6 @@ $function$;
 comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
 
-CREATE OR REPLACE FUNCTION crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-declare
-  v_window_ends_at timestamptz;
-begin
-  insert into crm.webhook_operation_counts as c (workspace_id, subscription_id, operation, window_ends_at, count)
-  values (p_workspace_id, p_subscription_id, p_operation, now() + p_window, 1)
-  on conflict (workspace_id, subscription_id, operation) do update
-    set count = case when c.window_ends_at <= now() then 1 else c.count + 1 end,
-        window_ends_at = case when c.window_ends_at <= now() then now() + p_window else c.window_ends_at end
-    where c.window_ends_at <= now() or c.count < p_allowance
-  returning c.window_ends_at into v_window_ends_at;
-  if v_window_ends_at is null then
-    -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
-    select c.window_ends_at into v_window_ends_at from crm.webhook_operation_counts c
-     where c.workspace_id = p_workspace_id and c.subscription_id = p_subscription_id and c.operation = p_operation;
-    raise exception 'a subscription may have % % every %; retry later', p_allowance,
-      case p_operation when 'test' then 'test events' else 'recoveries' end, p_window
-      using errcode = 'CR429', hint = 'rate_limited',
-            detail = greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer::text;
-  end if;
-end
-$function$;
-comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is 'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
-
 CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
  LANGUAGE sql
@@ -1962,11 +1876,13 @@ grant execute on function crm.clear_import_rows(p_workspace_id uuid, p_import_id
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.user_id from crm.proven_context() c join crm.memberships m on m.workspace_id = c.workspace_id)
+begin
+  return array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id());
+end
 $function$;
 comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
@@ -1997,13 +1913,13 @@ $function$;
 comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  update crm.imports set status = p_status, failure = p_failure, failure_code = p_failure_code, finished_at = now()
+  update crm.imports set status = p_status, failure = p_failure, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
   -- After a real run only the rows errors.csv needs are kept; a dry run keeps all for the real run.
   delete from crm.import_rows r
@@ -2012,8 +1928,8 @@ AS $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is 'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) to crm_worker;
+comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
  RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
@@ -2064,7 +1980,7 @@ $function$;
 comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
 grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
-CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint)
+CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[])
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -2073,7 +1989,7 @@ AS $function$
 declare
   v_user uuid := crm.current_user_id();
 begin
-  update crm.user_totp t set confirmed_at = now(), last_used_step = p_totp_step where t.user_id = v_user and t.confirmed_at is null;
+  update crm.user_totp t set confirmed_at = now() where t.user_id = v_user and t.confirmed_at is null;
   if not found then
     raise exception 'no two-factor enrollment is waiting for confirmation' using errcode = 'CR409', hint = 'conflict';
   end if;
@@ -2081,8 +1997,8 @@ begin
   insert into crm.recovery_codes (user_id, code_hash) select v_user, h from unnest(p_recovery_code_hashes) h;
 end
 $function$;
-comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is 'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
-grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) to crm_api;
+comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) is 'Turns two-factor on for the current user (the service has checked a code) and replaces the recovery codes.';
+grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
  RETURNS json
@@ -2109,6 +2025,14 @@ AS $function$
 $function$;
 comment on function crm.contact_search_text(first_name text, last_name text, email text, phone text) is 'The text search matches for a contact: names, email and phone digits, lower-case.';
 grant execute on function crm.contact_search_text(first_name text, last_name text, email text, phone text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.context_field(p_field integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+RETURN split_part(crm.context_text(), ' '::text, p_field);
+comment on function crm.context_field(p_field integer) is 'One field of the request context (null without one); the fields are listed in sql/000025_context_carrier.sql.';
+grant execute on function crm.context_field(p_field integer) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.context_message(p_user_id text, p_workspace_id text)
  RETURNS bytea
@@ -2152,6 +2076,14 @@ AS $function$
     'hex')
 $function$;
 comment on function crm.context_proof(p_user_id uuid, p_workspace_id uuid, p_scopes text[], p_oauth_app_id uuid) is 'HMAC binding a user, workspace, token scopes and OAuth app to this backend and this transaction; only SECURITY DEFINER code can compute it.';
+
+CREATE OR REPLACE FUNCTION crm.context_text()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+RETURN CASE WHEN (split_part(current_setting('backtrace_functions'::text), ' '::text, 1) = 'crm_context'::text) THEN current_setting('backtrace_functions'::text) ELSE NULL::text END;
+comment on function crm.context_text() is 'This transaction''s request context as crm.put_context wrote it, or null. Inlined (carrier: backtrace_functions, which only the owner''s code can set) or SECURITY DEFINER (keyed proof: crm.context checked against its HMAC); crm.install_context_carrier decides.';
+grant execute on function crm.context_text() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
  RETURNS boolean
@@ -2228,54 +2160,37 @@ grant execute on function crm.csv_text_cell(value text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_import_id()
  RETURNS uuid
- LANGUAGE plpgsql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-declare
-  v_import text := nullif(current_setting('crm.import_id', true), '');
-begin
-  if v_import is null or v_import !~ '^[0-9a-f-]{36}$' or crm.current_user_id() is null then
-    return null;
-  end if;
-  if crm.import_proof(v_import::uuid) is distinct from current_setting('crm.import_proof', true) then
-    return null;
-  end if;
-  return v_import::uuid;
-end
-$function$;
+ LANGUAGE sql
+ STABLE
+RETURN CASE WHEN (NULLIF(current_setting('crm.import_id'::text, true), ''::text) IS NOT NULL) THEN crm.proven_import_id() ELSE NULL::uuid END;
 comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.oauth_app_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 4), '0'::text), ''::text))::uuid;
 comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_scopes()
  RETURNS text[]
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select case when c.user_id is null then '{}'::text[] else c.scopes end from crm.proven_context() c
-$function$;
+ STABLE
+RETURN CASE COALESCE(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), ''::text) WHEN ''::text THEN '{}'::text[] WHEN 'n'::text THEN NULL::text[] ELSE (convert_from(decode(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'hex'::text), 'UTF8'::name))::text[] END;
 comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_team_user_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select case when c.user_id is not null then crm.team_user_ids(c.user_id, c.workspace_id) end from crm.proven_context() c
+begin
+  return case when crm.current_user_id() is not null then crm.team_user_ids(crm.current_user_id(), crm.current_workspace_id()) end;
+end
 $function$;
 comment on function crm.current_team_user_ids() is 'The current user and everyone sharing a team with them in the current workspace.';
 grant execute on function crm.current_team_user_ids() to crm_api;
@@ -2283,11 +2198,8 @@ grant execute on function crm.current_team_user_ids() to crm_api;
 CREATE OR REPLACE FUNCTION crm.current_user_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.user_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid;
 comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
 
@@ -2295,20 +2207,15 @@ CREATE OR REPLACE FUNCTION crm.current_via()
  RETURNS text
  LANGUAGE sql
  STABLE
-AS $function$
-  select coalesce(nullif(current_setting('crm.via', true), ''), 'system')
-$function$;
+RETURN COALESCE(convert_from(decode(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 5), ''::text), 'hex'::text), 'UTF8'::name), 'system'::text);
 comment on function crm.current_via() is 'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
 grant execute on function crm.current_via() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  RETURNS uuid
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select c.workspace_id from crm.proven_context() c
-$function$;
+ STABLE
+RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 3), ''::text))::uuid;
 comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
 
@@ -2370,29 +2277,18 @@ $function$;
 comment on function crm.digits(value text) is 'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
 grant execute on function crm.digits(value text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.disable_totp(p_totp_step bigint)
- RETURNS boolean
- LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION crm.disable_totp()
+ RETURNS void
+ LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-declare
-  v_user uuid := crm.current_user_id();
-begin
-  -- The row lock this takes also orders two requests with the same code: the second finds the step used.
-  update crm.user_totp t set last_used_step = p_totp_step
-   where t.user_id = v_user and t.confirmed_at is not null and (t.last_used_step is null or t.last_used_step < p_totp_step);
-  if not found then
-    return false;
-  end if;
-  delete from crm.recovery_codes r where r.user_id = v_user;
-  delete from crm.user_totp t where t.user_id = v_user;
-  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = v_user::text;
-  return true;
-end
+  delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
+  delete from crm.user_totp t where t.user_id = crm.current_user_id();
+  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = crm.current_user_id()::text;
 $function$;
-comment on function crm.disable_totp(p_totp_step bigint) is 'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
-grant execute on function crm.disable_totp(p_totp_step bigint) to crm_api;
+comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first) and clears their count of two-factor codes.';
+grant execute on function crm.disable_totp() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
@@ -2507,17 +2403,9 @@ comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphil
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select g.scope
-    from crm.proven_context() c
-    join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-    join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
-                          and g.resource = p_resource and g.action = p_action
-   where crm.scopes_cover(c.scopes, p_resource, p_action)
-$function$;
-comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. Read live, so role changes apply on the next statement.';
+ STABLE
+RETURN NULLIF(split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1), ''::text);
+comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
@@ -2666,6 +2554,120 @@ $function$;
 comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is 'Worker only: the state of an import its job needs (never the file itself).';
 grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
+CREATE OR REPLACE FUNCTION crm.install_context_carrier(p_mode text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_carrier boolean := p_mode is distinct from 'keyed_proof'
+                       and pg_catalog.has_parameter_privilege('backtrace_functions', 'SET');
+  v_installed boolean := (select position('backtrace_functions' in pg_catalog.pg_get_function_sqlbody(p.oid)) > 0
+                            from pg_catalog.pg_proc p where p.oid = 'crm.current_user_id()'::regprocedure);
+  v_source text;
+begin
+  if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
+    raise exception 'context carrier mode must be auto or keyed_proof, not %', p_mode;
+  end if;
+  if v_carrier is not distinct from v_installed then
+    return case when v_carrier then 'parameter' else 'keyed_proof' end;
+  end if;
+  if v_carrier then
+    v_source := 'pg_catalog.current_setting(''backtrace_functions'')';
+    create or replace function crm.context_text() returns text
+    language sql stable
+    return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'
+                then pg_catalog.current_setting('backtrace_functions') end;
+    create or replace function crm.write_context(p_context text) returns void
+    language plpgsql
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+    begin
+      perform set_config('backtrace_functions', p_context, true);
+    end
+    $body$;
+  else
+    v_source := 'crm.context_text()';
+    -- The proof binds the text to this backend and this transaction's start, with a key crm_api
+    -- cannot read: settings set by hand, or copied from another transaction, prove nothing.
+    create or replace function crm.context_text() returns text
+    language sql stable security definer
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+      select c.t from (select current_setting('crm.context', true) as t) c
+       where encode(public.hmac(convert_to(c.t || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+                                (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
+             = current_setting('crm.context_proof', true)
+    $body$;
+    create or replace function crm.write_context(p_context text) returns void
+    language plpgsql
+    set search_path = pg_catalog, crm, pg_temp
+    as $body$
+    begin
+      perform set_config('crm.context', p_context, true);
+      perform set_config('crm.context_proof', encode(public.hmac(
+        convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
+        (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
+    end
+    $body$;
+  end if;
+  execute format($ddl$
+    create or replace function crm.current_user_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid;
+
+    create or replace function crm.current_workspace_id() returns uuid
+    language sql stable
+    return nullif(pg_catalog.split_part(%1$s, ' ', 3), '')::uuid;
+
+    create or replace function crm.current_oauth_app_id() returns uuid
+    language sql stable
+    return nullif(nullif(pg_catalog.split_part(%1$s, ' ', 4), '0'), '')::uuid;
+
+    create or replace function crm.current_via() returns text
+    language sql stable
+    return coalesce(pg_catalog.convert_from(pg_catalog.decode(nullif(pg_catalog.split_part(%1$s, ' ', 5), ''), 'hex'), 'UTF8'), 'system');
+
+    -- Without a context: the empty list, which allows nothing; null for an unscoped token.
+    create or replace function crm.current_scopes() returns text[]
+    language sql stable
+    return case coalesce(pg_catalog.split_part(%1$s, ' ', 6), '')
+             when '' then '{}'::text[]
+             when 'n' then null
+             else pg_catalog.convert_from(pg_catalog.decode(pg_catalog.split_part(%1$s, ' ', 6), 'hex'), 'UTF8')::text[]
+           end;
+
+    create or replace function crm.grant_scope(p_resource text, p_action text) returns text
+    language sql stable
+    return nullif(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                              ',' || p_resource || '_' || p_action || '_', 2), ',', 1), '');
+
+    create or replace function crm.scope_owner_ids(p_resource text, p_action text) returns uuid[]
+    language sql stable
+    return case pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(%1$s, ' ', 8),
+                                                            ',' || p_resource || '_' || p_action || '_', 2), ',', 1)
+             when 'own' then array[nullif(pg_catalog.split_part(%1$s, ' ', 2), '')::uuid]
+             when 'team' then pg_catalog.string_to_array(pg_catalog.split_part(%1$s, ' ', 9), ',')::uuid[]
+             else '{}'::uuid[]
+           end;
+
+    create or replace function crm.is_admin() returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1', false);
+
+    create or replace function crm.is_admin_for(p_scope text) returns boolean
+    language sql stable
+    return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1'
+                    and (pg_catalog.split_part(%1$s, ' ', 6) = 'n'
+                         or p_scope = any (pg_catalog.convert_from(pg_catalog.decode(
+                                             nullif(nullif(pg_catalog.split_part(%1$s, ' ', 6), 'n'), ''), 'hex'), 'UTF8')::text[])),
+                    false);
+  $ddl$, v_source);
+  return case when v_carrier then 'parameter' else 'keyed_proof' end;
+end
+$function$;
+comment on function crm.install_context_carrier(p_mode text) is 'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
+
 CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
  RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
  LANGUAGE sql
@@ -2685,31 +2687,16 @@ grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runt
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select r.is_admin
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id), false)
-$function$;
+ STABLE
+RETURN COALESCE((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text), false);
 comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
  RETURNS boolean
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select r.is_admin
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
-     where crm.scopes_include(c.scopes, p_scope)), false)
-$function$;
+ STABLE
+RETURN COALESCE(((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text) AND ((split_part(current_setting('backtrace_functions'::text), ' '::text, 6) = 'n'::text) OR (p_scope = ANY ((convert_from(decode(NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'n'::text), ''::text), 'hex'::text), 'UTF8'::name))::text[])))), false);
 comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
@@ -2818,12 +2805,15 @@ grant execute on function crm.my_totp() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
  RETURNS uuid[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select array(select m.workspace_id from crm.verified_context() c join crm.memberships m on m.user_id = c.user_id
-                where c.oauth_app_id is null or m.workspace_id = c.workspace_id)
+begin
+  return array(select m.workspace_id from crm.memberships m
+                where m.user_id = crm.current_user_id()
+                  and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()));
+end
 $function$;
 comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
@@ -2856,22 +2846,16 @@ CREATE OR REPLACE FUNCTION crm.oauth_authorization_client(p_client_id text, p_re
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select a.id, a.name,
-         case when c.may_connect then w.id end,
-         case when c.may_connect then w.slug end,
-         case when c.may_connect then w.name end,
+  select a.id, a.name, w.id, w.slug, w.name,
          crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri),
-         c.may_connect
+         exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                  where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
+                    and m.suspended_at is null and u.suspended_at is null and u.api_access)
     from crm.oauth_apps a
     join crm.workspaces w on w.id = a.workspace_id
-   cross join lateral (
-     select exists (select from crm.memberships m join crm.users u on u.id = m.user_id
-                     where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
-                       and m.suspended_at is null and u.suspended_at is null and u.api_access) as may_connect
-   ) c
    where a.client_id = p_client_id
 $function$;
-comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
+comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (name, workspace), whether the redirect URI is registered, whether the current user may connect it.';
 grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_client(p_client_id text, p_client_secret_hash bytea)
@@ -3185,20 +3169,31 @@ CREATE OR REPLACE FUNCTION crm.proven_context()
  LANGUAGE sql
  STABLE ROWS 1
 AS $function$
-  -- One row always; a value the proof does not cover never reaches a cast. offset 0 keeps the
-  -- check one computation rather than one per column.
-  select case when v.proven then c.u::uuid end, case when v.proven then c.w::uuid end,
-         case when v.proven then nullif(c.s, '')::text[] end, case when v.proven then nullif(c.a, '')::uuid end
-    from (select pg_catalog.current_setting('crm.user_id', true) as u, pg_catalog.current_setting('crm.workspace_id', true) as w,
-                 coalesce(pg_catalog.current_setting('crm.scopes', true), '') as s,
-                 coalesce(pg_catalog.current_setting('crm.oauth_app_id', true), '') as a,
-                 pg_catalog.current_setting('crm.context_proof', true) as p) c,
-         lateral (select pg_catalog.encode(public.hmac(crm.context_message(c.u, c.w, c.s, c.a),
-                                                       (select k.value from crm.internal_secrets k where k.name = 'context_proof'),
-                                                       'sha256'), 'hex') = c.p as proven
-                  offset 0) v
+  select crm.current_user_id(), crm.current_workspace_id(),
+         case when crm.current_user_id() is not null then crm.current_scopes() end, crm.current_oauth_app_id()
 $function$;
-comment on function crm.proven_context() is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. Inlined into the SECURITY DEFINER helpers that select from it (internal; crm_api calls those).';
+comment on function crm.proven_context() is 'The (user, workspace, token scopes, OAuth app) of this transaction''s context; nulls without one (internal).';
+
+CREATE OR REPLACE FUNCTION crm.proven_import_id()
+ RETURNS uuid
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_import text := nullif(current_setting('crm.import_id', true), '');
+begin
+  if v_import is null or v_import !~ '^[0-9a-f-]{36}$' or crm.current_user_id() is null then
+    return null;
+  end if;
+  if crm.import_proof(v_import::uuid) is distinct from current_setting('crm.import_proof', true) then
+    return null;
+  end if;
+  return v_import::uuid;
+end
+$function$;
+comment on function crm.proven_import_id() is 'The import id crm.begin_import_batch set when its proof checks out, else null (crm.current_import_id).';
+grant execute on function crm.proven_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
  RETURNS bigint
@@ -3308,7 +3303,40 @@ end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
-CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
+CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_admin boolean;
+  v_grants text;
+  v_team boolean;
+  v_team_ids text := '0';
+begin
+  select r.is_admin,
+         coalesce(',' || string_agg(g.resource || '_' || g.action || '_' || g.scope, ',') || ',', ','),
+         coalesce(bool_or(g.scope = 'team'), false)
+    into v_admin, v_grants, v_team
+    from crm.memberships m
+    join crm.roles r on r.workspace_id = m.workspace_id and r.id = m.role_id
+    left join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
+                               and crm.scopes_cover(p_scopes, g.resource, g.action)
+   where m.workspace_id = p_workspace_id and m.user_id = p_user_id and m.suspended_at is null
+   group by r.is_admin;
+  if v_team then
+    v_team_ids := array_to_string(array(select replace(t::text, '-', '') from unnest(crm.team_user_ids(p_user_id, p_workspace_id)) t), ',');
+  end if;
+  perform crm.write_context(concat_ws(' ', 'crm_context', replace(p_user_id::text, '-', ''), replace(p_workspace_id::text, '-', ''),
+    coalesce(replace(p_oauth_app_id::text, '-', ''), '0'), encode(convert_to(coalesce(p_via, 'api'), 'UTF8'), 'hex'),
+    coalesce(encode(convert_to(p_scopes::text, 'UTF8'), 'hex'), 'n'), case when v_admin then '1' else '0' end,
+    coalesce(v_grants, ','), v_team_ids));
+  return true;
+end
+$function$;
+comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
+
+CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3322,15 +3350,6 @@ declare
   v_dry_run boolean;
   v_available boolean;
 begin
-  -- The token named must be the caller's own, live, with the scopes and app the context proves:
-  -- the import is bound to the credential the request came with.
-  if not exists (select from crm.tokens t
-                  where t.id = p_token_id and t.user_id = v_context.user_id
-                    and t.revoked_at is null and t.expires_at > now()
-                    and t.scopes is not distinct from v_context.scopes
-                    and t.oauth_app_id is not distinct from v_context.oauth_app_id) then
-    raise exception 'the token of this request is not the caller''s' using errcode = 'CR401', hint = 'token_invalid';
-  end if;
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
@@ -3356,16 +3375,16 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, failure_code = null, queued_at = now(), started_at = null, finished_at = null,
-         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id, token_id = p_token_id
+         failure = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) to crm_api;
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
+grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
@@ -3541,8 +3560,6 @@ begin
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
   perform crm.check_webhook_recovery_window(p_since, p_until);
-  -- Each recovery may start thousands of cycles again: 10 an hour per subscription.
-  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'recover', 10, interval '1 hour');
   with recovered as (
     update crm.webhook_deliveries d
        set status = case when v_status = 'active' then 'pending' else 'held' end,
@@ -3558,7 +3575,7 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
 grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
@@ -3569,22 +3586,9 @@ CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_deliv
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
-  v_status text;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
-  select d.status into v_status from crm.webhook_deliveries d
-   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
-     for update;
-  if not found then
-    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
-  end if;
-  -- Only a finished delivery starts a fresh cycle (API.md section 7): one still pending, retrying
-  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
-  if v_status not in ('dead', 'delivered') then
-    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
-      using errcode = 'CR409', hint = 'delivery_not_finished';
-  end if;
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
@@ -3593,12 +3597,15 @@ begin
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
   returning d.* into v_delivery;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
   if v_delivery.status = 'pending' then
     perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
   end if;
 end
 $function$;
-comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
+comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
@@ -3678,12 +3685,15 @@ grant execute on function crm.require_webhook_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
  RETURNS TABLE(failure text, user_id uuid)
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
+#variable_conflict use_column
+begin
+  return query
   with admitted as materialized (
     select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, u.last_workspace_id
       from crm.tokens t
@@ -3698,17 +3708,9 @@ AS $function$
        and m.access_version = p_access_version
        and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id)
   ),
-  -- The proven context as crm.authenticate sets it, and the same bookkeeping.
+  -- The context as crm.authenticate writes it, and the same bookkeeping.
   context as materialized (
-    select set_config('crm.user_id', a.user_id::text, true) as user_id,
-           set_config('crm.workspace_id', p_workspace_id::text, true) as workspace_id,
-           set_config('crm.via', coalesce(p_via, 'api'), true) as via,
-           set_config('crm.scopes', coalesce(a.scopes::text, ''), true) as scopes,
-           set_config('crm.oauth_app_id', coalesce(a.oauth_app_id::text, ''), true) as oauth_app_id,
-           set_config('crm.context_proof', encode(public.hmac(
-             crm.context_message(a.user_id::text, p_workspace_id::text, coalesce(a.scopes::text, ''), coalesce(a.oauth_app_id::text, '')),
-             (select s.value from crm.internal_secrets s where s.name = 'context_proof'),
-             'sha256'), 'hex'), true) as proof,
+    select a.user_id, crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
            case when a.last_workspace_id is distinct from p_workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,
@@ -3717,10 +3719,11 @@ AS $function$
            end as touched
       from admitted a
   )
-  select case when x.proof is not null and x.touched then null else 'stale' end,
-         case when x.proof is not null and x.touched then x.user_id::uuid end
+  select case when x.written and x.touched then null else 'stale' end,
+         case when x.written and x.touched then x.user_id end
     from (select) as always_one_row
-    left join context x on true
+    left join context x on true;
+end
 $function$;
 comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is 'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
 grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) to crm_api;
@@ -3793,21 +3796,9 @@ grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_se
 CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  RETURNS uuid[]
  LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-  select coalesce((
-    select case g.scope
-             when 'own' then array[c.user_id]
-             when 'team' then crm.team_user_ids(c.user_id, c.workspace_id)
-           end
-      from crm.proven_context() c
-      join crm.memberships m on m.workspace_id = c.workspace_id and m.user_id = c.user_id and m.suspended_at is null
-      join crm.role_grants g on g.workspace_id = m.workspace_id and g.role_id = m.role_id
-                            and g.resource = p_resource and g.action = p_action
-     where crm.scopes_cover(c.scopes, p_resource, p_action)), '{}'::uuid[])
-$function$;
-comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'Owners whose records an own or team scope covers; empty for all (checked separately), no grant, or an action the token''s scopes do not cover.';
+ STABLE
+RETURN CASE split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1) WHEN 'own'::text THEN ARRAY[(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid] WHEN 'team'::text THEN (string_to_array(split_part(current_setting('backtrace_functions'::text), ' '::text, 9), ','::text))::uuid[] ELSE '{}'::uuid[] END;
+comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
@@ -3827,11 +3818,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null
-      or (p_resource || ':write') = any (p_scopes)
-      or (p_action in ('view', 'export') and (p_resource || ':read') = any (p_scopes))
-$function$;
+RETURN COALESCE((p_scopes && ARRAY[(p_resource || ':write'::text), CASE WHEN (p_action = ANY (ARRAY['view'::text, 'export'::text])) THEN (p_resource || ':read'::text) ELSE NULL::text END]), true);
 comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is 'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
 grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
 
@@ -3839,12 +3826,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id u
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null
-      or (p_contact_id is not null and 'contacts:write' = any (p_scopes))
-      or (p_company_id is not null and 'companies:write' = any (p_scopes))
-      or (p_deal_id is not null and 'deals:write' = any (p_scopes))
-$function$;
+RETURN COALESCE((p_scopes && ARRAY[CASE WHEN (p_contact_id IS NOT NULL) THEN 'contacts:write'::text ELSE NULL::text END, CASE WHEN (p_company_id IS NOT NULL) THEN 'companies:write'::text ELSE NULL::text END, CASE WHEN (p_deal_id IS NOT NULL) THEN 'deals:write'::text ELSE NULL::text END]), true);
 comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is 'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
 grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) to crm_api;
 
@@ -3852,9 +3834,7 @@ CREATE OR REPLACE FUNCTION crm.scopes_include(p_scopes text[], p_scope text)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$
-  select p_scopes is null or p_scope = any (p_scopes)
-$function$;
+RETURN COALESCE((p_scope = ANY (p_scopes)), true);
 comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
 grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
 
@@ -3877,9 +3857,6 @@ begin
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
-  -- A test goes out at once even while paused: 20 a minute per subscription, so the endpoint
-  -- cannot be used to make the sender flood an address.
-  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'test', 20, interval '1 minute');
   insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
                                       next_attempt_at, generation, is_test, test_event)
   values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
@@ -3891,7 +3868,7 @@ begin
   return v_delivery.id;
 end
 $function$;
-comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
@@ -3913,12 +3890,7 @@ CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, 
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
-  perform set_config('crm.user_id', p_user_id::text, true);
-  perform set_config('crm.workspace_id', p_workspace_id::text, true);
-  perform set_config('crm.via', coalesce(p_via, 'api'), true);
-  perform set_config('crm.scopes', coalesce(p_scopes::text, ''), true);
-  perform set_config('crm.oauth_app_id', coalesce(p_oauth_app_id::text, ''), true);
-  perform set_config('crm.context_proof', crm.context_proof(p_user_id, p_workspace_id, p_scopes, p_oauth_app_id), true);
+  perform crm.put_context(p_user_id, p_workspace_id, p_via, p_scopes, p_oauth_app_id);
 end
 $function$;
 comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
@@ -4145,17 +4117,6 @@ end
 $function$;
 comment on function crm.tg__assert_company_visible() is 'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
 grant execute on function crm.tg__assert_company_visible() to crm_api;
-
-CREATE OR REPLACE FUNCTION crm.tg__revocation_is_final()
- RETURNS trigger
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-begin
-  raise exception 'a revoked % stays revoked', tg_table_name using errcode = 'CR409', hint = 'conflict';
-end
-$function$;
-comment on function crm.tg__revocation_is_final() is 'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
 CREATE OR REPLACE FUNCTION crm.tg__touch_updated_at()
  RETURNS trigger
@@ -4756,11 +4717,16 @@ grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_a
 
 CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
  RETURNS record
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select c.user_id, c.workspace_id, c.scopes, c.oauth_app_id from crm.proven_context() c
+begin
+  user_id := crm.current_user_id();
+  workspace_id := crm.current_workspace_id();
+  scopes := case when user_id is not null then crm.current_scopes() end;
+  oauth_app_id := crm.current_oauth_app_id();
+end
 $function$;
 comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 
@@ -5247,3 +5213,14 @@ end
 $function$;
 comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is 'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
 grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.write_context(p_context text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+    begin
+      perform set_config('backtrace_functions', p_context, true);
+    end
+    $function$;
+comment on function crm.write_context(p_context text) is 'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';

@@ -72,7 +72,14 @@ export type Config = {
    * for as long as its client reads: at most half the pool, so slow readers never take the rest.
    */
   streamsPerProcess: number
+  /**
+   * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
+   * the owner may set it) or keyed_proof (always the slower keyed proof; sql/000025_context_carrier.sql).
+   */
+  contextCarrier: ContextCarrierMode
 }
+
+export type ContextCarrierMode = 'auto' | 'keyed_proof'
 
 export class ConfigError extends Error {
   readonly problems: string[]
@@ -188,6 +195,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
 
   const rateLimitPerMinute = integer('RATE_LIMIT_PER_MINUTE', 600, 1, 1_000_000)
   const dbPoolSize = integer('DB_POOL_SIZE', 20, 1, 1000)
+  const contextCarrier = env.CONTEXT_CARRIER || 'auto'
+  if (contextCarrier !== 'auto' && contextCarrier !== 'keyed_proof') problems.push('CONTEXT_CARRIER: expected auto or keyed_proof')
   const config: Config = {
     databaseUrl,
     runtimeDatabaseUrl,
@@ -229,6 +238,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       tempBytes: integer('UPLOAD_TEMP_BYTES', 2 * 1024 ** 3, 1024, 2 ** 50),
     },
     streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
+    contextCarrier: contextCarrier as ContextCarrierMode,
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -40,8 +40,14 @@ export async function startService(options: {
     options.database ??
     (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
   if (options.migrate !== false) {
-    const result = await migrate(database.url, { log: (line) => logger.info(line) })
+    const result = await migrate(database.url, { log: (line) => logger.info(line), contextCarrier: config.contextCarrier })
     logger.info('schema is current', { applied_now: result.applied.length })
+    if (result.contextCarrier === 'keyed_proof') {
+      logger.warn(
+        'the request context is carried by the keyed proof: slower policies (the owner may not set backtrace_functions; a superuser grants it with GRANT SET ON PARAMETER backtrace_functions TO crm_owner, see sql/000025_context_carrier.sql)',
+        { CONTEXT_CARRIER: config.contextCarrier },
+      )
+    }
   }
   // The owner only migrates (and sets the login roles' passwords): requests run as the runtime
   // role, the worker as its own (src/db/runtime-role.ts, sql/000013_runtime_confinement.sql).

@@ -68,9 +68,15 @@ function unknownLedgerEntry(name: string): MigrationError {
   )
 }
 
-export type MigrateResult = { applied: string[]; alreadyApplied: number }
+/** Where the request context travels (sql/000025_context_carrier.sql): the parameter, or the keyed proof. */
+export type ContextCarrier = 'parameter' | 'keyed_proof'
 
-export async function migrate(databaseUrl: string, options: { dir?: string; log?: (line: string) => void } = {}): Promise<MigrateResult> {
+export type MigrateResult = { applied: string[]; alreadyApplied: number; contextCarrier: ContextCarrier | null }
+
+export async function migrate(
+  databaseUrl: string,
+  options: { dir?: string; log?: (line: string) => void; contextCarrier?: 'auto' | 'keyed_proof' } = {},
+): Promise<MigrateResult> {
   const files = readMigrationFiles(options.dir)
   const client = new pg.Client({ connectionString: databaseUrl })
   await client.connect()
@@ -116,11 +122,22 @@ export async function migrate(databaseUrl: string, options: { dir?: string; log?
     // graphile-worker's schema exists only now: the worker's login role gets its queue (every time,
     // so a graphile-worker upgrade's new tables are covered too).
     await client.query('select crm.grant_job_queue_to_worker()')
-    return { applied, alreadyApplied: files.length - applied.length }
+    // Every run, under the lock: a GRANT SET ON PARAMETER made since the last one takes effect.
+    const contextCarrier = await installContextCarrier(client, options.contextCarrier ?? 'auto')
+    return { applied, alreadyApplied: files.length - applied.length, contextCarrier }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY]).catch(() => {})
     await client.end()
   }
+}
+
+async function installContextCarrier(client: pg.Client, mode: 'auto' | 'keyed_proof'): Promise<ContextCarrier | null> {
+  const { rows } = await client.query<{ exists: boolean }>(
+    "select to_regprocedure('crm.install_context_carrier(text)') is not null as exists",
+  )
+  if (!rows[0].exists) return null
+  const installed = await client.query<{ carrier: ContextCarrier }>('select crm.install_context_carrier($1) as carrier', [mode])
+  return installed.rows[0].carrier
 }
 
 /** The newest migration number on disk versus in the database: /readyz answers 200 only when equal. */

@@ -18,16 +18,19 @@ t.test('request settings are transaction-local and gone after commit on the same
       sql.unsafe`select a.*, set_config('role', 'crm_api', true) from crm.authenticate(${sql.binary(hashToken(ada.token))}, ${'acme'}, ${'api'}, ${600}) a`,
     )
     return (await db.one(sql.unsafe`
-      select current_user as role, current_setting('crm.user_id') as user_id, current_setting('crm.workspace_id') as workspace_id,
-             current_setting('crm.via') as via, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<string, unknown>
+      select current_user as role, crm.current_user_id() as user_id, crm.current_workspace_id() as workspace_id,
+             crm.current_via() as via, crm.context_text() as context, pg_backend_pid() as pid`)) as Record<string, unknown>
   })
-  t.match(inside, { role: 'crm_api', user_id: ada.id, workspace_id: tenant.id, via: 'api', proven_user: ada.id })
+  t.match(inside, { role: 'crm_api', user_id: ada.id, workspace_id: tenant.id, via: 'api' })
+  t.ok(inside.context, 'a context was written')
   const after = (await pool.one(sql.unsafe`
-    select current_user as role, coalesce(current_setting('crm.user_id', true), '') as user_id,
-           crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<string, unknown>
+    select current_user as role, crm.context_text() as context, crm.current_user_id() as proven_user, pg_backend_pid() as pid`)) as Record<
+    string,
+    unknown
+  >
   t.equal(after.pid, inside.pid, 'the same pooled connection')
   t.not(after.role, 'crm_api', 'the role switch ended with the transaction')
-  t.equal(after.user_id, '', 'the setting is gone')
+  t.equal(after.context, null, 'the context is gone')
   t.equal(after.proven_user, null)
 })
 
@@ -87,8 +90,8 @@ t.test('the policy helpers answer for a proven context only; a replayed context 
     await client.query("select a.failure, set_config('role', 'crm_api', true) from crm.authenticate($1, 'acme', 'api', 600) a", [
       hashToken(token),
     ])
-    const { rows } = await client.query(`${CONTEXT_HELPERS}, current_setting('crm.context_proof') as proof,
-      current_setting('crm.scopes') as scopes_setting, current_setting('crm.oauth_app_id') as app_setting`)
+    const { rows } = await client.query(`${CONTEXT_HELPERS}, crm.context_text() as context_text,
+      current_setting('crm.context_proof', true) as proof`)
     await client.query('commit')
     return rows[0]
   }
@@ -117,14 +120,21 @@ t.test('the policy helpers answer for a proven context only; a replayed context 
   })
   t.same(asBob.team, expected[0].team)
 
-  // The same backend, a later transaction: Ada's settings and proof set by hand.
+  // The same backend, a later transaction: Ada's context and proof set by hand, in the keyed proof's
+  // settings and in the carrier (which crm_api may not set at all).
   await client.query('begin')
   await client.query("select set_config('role', 'crm_api', true)")
-  await client.query(
-    `select set_config('crm.user_id', $1, true), set_config('crm.workspace_id', $2, true), set_config('crm.via', 'api', true),
-            set_config('crm.scopes', $3, true), set_config('crm.oauth_app_id', $4, true), set_config('crm.context_proof', $5, true)`,
-    [ada.id, tenant.id, asAda.scopes_setting, asAda.app_setting, asAda.proof],
+  await client.query("select set_config('crm.context', $1, true), set_config('crm.context_proof', $2, true)", [
+    asAda.context_text,
+    asAda.proof ?? 'forged',
+  ])
+  await client.query('savepoint carrier')
+  const carrierRefused = await client.query("select set_config('backtrace_functions', $1, true)", [asAda.context_text]).then(
+    () => null,
+    (error: { code?: string }) => error.code,
   )
+  t.equal(carrierRefused, '42501', 'crm_api cannot set the carrier')
+  await client.query('rollback to savepoint carrier')
   const { rows: replayed } = await client.query(CONTEXT_HELPERS)
   t.same(replayed[0], {
     user_id: null,

@@ -181,7 +181,7 @@ t.test('SQL: act_as refuses scopes that are not known, and the audit views', asy
   ])
 })
 
-t.test('SQL: the scopes are part of the proof; set or widened by hand they read as nobody', async (t) => {
+t.test('SQL: the scopes are part of the context; set or widened by hand they change nothing', async (t) => {
   const token = await scoped(ada.id, ['deals:read'])
   const client = await ownerClient(t, url)
   const authenticate = () =>
@@ -200,15 +200,24 @@ t.test('SQL: the scopes are part of the proof; set or widened by hand they read 
     )
   t.equal(write, '42501')
   await client.query('rollback')
+  // The settings of the keyed proof set by hand are not read; the carrier cannot be set by crm_api.
   for (const hand of ['', '{deals:read,deals:write}', '{contacts:read}']) {
     await client.query('begin')
     await authenticate()
-    await client.query(`select set_config('crm.scopes', $1, true)`, [hand])
+    await client.query(`select set_config('crm.scopes', $1, true), set_config('crm.context', $1, true)`, [hand])
     const { rows } = await client.query(`select crm.current_user_id() as user_id, crm.current_scopes() as scopes,
       (select count(*)::int from crm.deals) as deals, crm.is_admin_for('workspace:admin') as admin`)
     await client.query('rollback')
-    t.same(rows[0], { user_id: null, scopes: [], deals: 0, admin: false }, `crm.scopes set to '${hand}' by hand`)
+    t.same(rows[0], { user_id: ada.id, scopes: ['deals:read'], deals: 1, admin: false }, `crm.scopes set to '${hand}' by hand`)
   }
+  await client.query('begin')
+  await authenticate()
+  const widened = await client.query("select set_config('backtrace_functions', 'crm_context', true)").then(
+    () => null,
+    (error: { code?: string }) => error.code,
+  )
+  await client.query('rollback')
+  t.equal(widened, '42501', 'crm_api cannot write the carrier')
 })
 
 t.test('HTTP: a route the scopes do not cover answers 403 insufficient_scope with the challenge', async (t) => {

@@ -27,7 +27,7 @@ export const TEST_APP_SECRET = 'test-app-secret-that-is-long-enough-0123456789'
 
 export async function startTestServer(
   t: Teardown,
-  options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string; countQueries?: boolean } = {},
+  options: { env?: Record<string, string>; worker?: boolean; databaseUrl?: string; countQueries?: boolean; migrate?: boolean } = {},
 ): Promise<TestServer> {
   const url = options.databaseUrl ?? (await createTestDatabase(t))
   // Tests sign in far more often than a person would: the per-address limit has its own test.
@@ -53,7 +53,7 @@ export async function startTestServer(
     config,
     logger,
     worker: options.worker ?? false,
-    migrate: false,
+    migrate: options.migrate ?? false,
     database: { url, description: 'test', stop: async () => {} },
     onQuery: options.countQueries ? (text) => queries.push(text) : undefined,
   })
