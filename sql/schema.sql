@@ -576,6 +576,8 @@ create table crm.imports (
   finished_at timestamp with time zone,
   token_scopes text[],
   oauth_app_id uuid,
+  token_id uuid,
+  failure_code text,
   constraint imports_pkey PRIMARY KEY (workspace_id, id),
   constraint imports_user_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint imports_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -599,6 +601,8 @@ comment on column crm.imports.staged is 'Every record of the file is in crm.impo
 comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
 comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
 comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
+comment on column crm.imports.token_id is 'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
+comment on column crm.imports.failure_code is 'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
@@ -609,7 +613,7 @@ comment on policy imports_insert_with_grant on crm.imports is 'Uploading needs t
 create policy imports_select_own_or_admin on crm.imports as permissive for select to crm_api
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin)) AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text)));
 comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
-grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at) on crm.imports to crm_api;
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 
 create table crm.internal_secrets (
@@ -812,6 +816,7 @@ alter table crm.oauth_grants enable row level security;
 alter table crm.oauth_grants force row level security;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
+CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
 comment on table crm.oauth_grants is 'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
 comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
@@ -1061,6 +1066,7 @@ CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE
 comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
 comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
+CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
 CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL))) EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
 comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
 comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
@@ -1072,8 +1078,8 @@ create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   with check (true);
 comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
-  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND ((( SELECT crm.current_scopes() AS current_scopes) IS NULL) OR (scopes <@ ( SELECT crm.current_scopes() AS current_scopes)))));
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself; a scoped token only within its own scopes, an OAuth access token not at all.';
+  with check (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND (kind = 'token'::text) AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL)));
+comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using (((user_id = ( SELECT crm.current_user_id() AS current_user_id)) AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL) OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id)))));
 comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
@@ -1241,6 +1247,25 @@ create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permi
   using (((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for)));
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
+
+create table crm.webhook_operation_counts (
+  workspace_id uuid not null,
+  subscription_id uuid not null,
+  operation text not null,
+  window_ends_at timestamp with time zone not null,
+  count integer not null,
+  constraint webhook_operation_counts_pkey PRIMARY KEY (workspace_id, subscription_id, operation),
+  constraint webhook_operation_counts_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
+  constraint webhook_operation_counts_count_positive CHECK ((count >= 1)),
+  constraint webhook_operation_counts_operation_known CHECK ((operation = ANY (ARRAY['test'::text, 'recover'::text])))
+);
+alter table crm.webhook_operation_counts enable row level security;
+alter table crm.webhook_operation_counts force row level security;
+comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.webhook_subscriptions (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -1455,6 +1480,7 @@ declare
   v_invitation record;
   v_user uuid;
   v_bearer record;
+  v_ttl interval := p_token_ttl;
 begin
   select i.workspace_id, i.id, i.email, i.role_id, i.accepted_at is not null as accepted, i.expires_at <= now() as expired, w.slug
     into v_invitation
@@ -1469,14 +1495,16 @@ begin
                 when t.revoked_at is not null then 'token_revoked'
                 when t.expires_at <= now() then 'token_expired'
                 when u.suspended_at is not null then 'user_suspended'
-                when t.kind = 'token' and not u.api_access then 'api_access_disabled' end as failure,
-           u.id, u.email
+                when t.kind = 'token' and not u.api_access then 'api_access_disabled'
+                when t.kind not in ('token', 'session') or t.scopes is not null then 'token_not_allowed' end as failure,
+           u.id, u.email, t.expires_at
       into v_bearer
       from (select 1) one
       left join crm.tokens t on t.token_hash = p_bearer_hash
       left join crm.users u on u.id = t.user_id;
     failure := coalesce(v_bearer.failure, case when v_bearer.email is distinct from v_invitation.email then 'wrong_email' end);
     v_user := v_bearer.id;
+    v_ttl := least(p_token_ttl, v_bearer.expires_at - now());
     if failure is null and exists (select from crm.memberships m where m.workspace_id = v_invitation.workspace_id and m.user_id = v_user) then
       failure := 'already_member';
     end if;
@@ -1493,20 +1521,21 @@ begin
     return;
   end if;
   if v_user is null then
-    insert into crm.users (email, name, password_hash) values (v_invitation.email, p_name, p_password_hash) returning crm.users.id into v_user;
+    insert into crm.users (email, name, password_hash, last_workspace_id)
+    values (v_invitation.email, p_name, p_password_hash, v_invitation.workspace_id)
+    returning crm.users.id into v_user;
   end if;
   insert into crm.memberships (workspace_id, user_id, role_id) values (v_invitation.workspace_id, v_user, v_invitation.role_id);
   insert into crm.team_members (workspace_id, team_id, user_id)
   select it.workspace_id, it.team_id, v_user from crm.invitation_teams it
    where it.workspace_id = v_invitation.workspace_id and it.invitation_id = v_invitation.id;
   update crm.invitations i set accepted_at = now(), accepted_by = v_user where i.workspace_id = v_invitation.workspace_id and i.id = v_invitation.id;
-  update crm.users u set last_workspace_id = v_invitation.workspace_id where u.id = v_user;
   select i.id, i.expires_at into id, expires_at
-    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, p_token_ttl) i;
+    from crm.issue_token(v_user, 'token', 'invitation to ' || v_invitation.slug, p_token_hash, v_ttl) i;
   return next;
 end
 $function$;
-comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer token''s user or a new user; answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, wrong_email, account_exists, already_member).';
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
 grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text)
@@ -1701,10 +1730,12 @@ declare
   v_user uuid;
   v_scopes text[];
   v_app uuid;
+  v_token uuid;
+  v_withdrawn text;
 begin
   -- Column by column: never drags the file (file_bytes) into the function.
-  select i.user_id, i.token_scopes, i.oauth_app_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
-    into v_user, v_scopes, v_app, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
+  select i.user_id, i.token_scopes, i.oauth_app_id, i.token_id, i.status, i.record_type, i.columns, i.mapping, i.mode, i.match_on, i.dry_run, i.last_row_done
+    into v_user, v_scopes, v_app, v_token, status, record_type, columns, mapping, mode, match_on, dry_run, last_row_done
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
      for update;
   if not found then
@@ -1713,16 +1744,37 @@ begin
   if not exists (select from crm.memberships m join crm.users u on u.id = m.user_id
                   where m.workspace_id = p_workspace_id and m.user_id = v_user
                     and m.suspended_at is null and u.suspended_at is null) then
-    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member is suspended or has left the workspace' using errcode = 'CR403', hint = 'member_inactive';
+  end if;
+  -- The credential that queued the import, as crm.authenticate judges a request's: a revoked
+  -- grant first (it revokes its tokens too, and is the cause), then the token (gone or revoked),
+  -- then API access (tokens and app tokens; a UI session is not an API credential). Expiry does
+  -- not stop an import: it was started while the token was valid, and nobody withdrew it.
+  select case
+           when g.revoked_at is not null then 'grant_revoked'
+           when v_token is not null and (t.id is null or t.revoked_at is not null) then 'token_revoked'
+           when coalesce(t.kind, 'token') in ('token', 'oauth') and not u.api_access then 'api_access_disabled'
+         end
+    into v_withdrawn
+    from crm.users u
+    left join crm.tokens t on t.id = v_token and t.user_id = u.id
+    left join crm.oauth_grants g on g.workspace_id = t.workspace_id and g.id = t.oauth_grant_id
+   where u.id = v_user;
+  if v_withdrawn = 'grant_revoked' then
+    raise exception 'the app connection that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'token_revoked' then
+    raise exception 'the token that started this import was revoked' using errcode = 'CR403', hint = v_withdrawn;
+  elsif v_withdrawn = 'api_access_disabled' then
+    raise exception 'the importing user''s API access was turned off' using errcode = 'CR403', hint = v_withdrawn;
   end if;
   perform crm.set_context(v_user, p_workspace_id, 'import', v_scopes, v_app);
   perform set_config('crm.import_id', p_import_id::text, true);
   perform set_config('crm.import_proof', crm.import_proof(p_import_id), true);
   if crm.grant_scope(record_type, 'import') is null then
-    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % import grant', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if mode = 'upsert' and crm.grant_scope(record_type, 'update') is null then
-    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'forbidden';
+    raise exception 'the importing member''s role has no % update grant (needed for upsert)', record_type using errcode = 'CR403', hint = 'import_grant_missing';
   end if;
   if status = 'queued' then
     update crm.imports i set status = 'processing', started_at = coalesce(i.started_at, now())
@@ -1732,7 +1784,7 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership and grants; locks the import row.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
@@ -1863,6 +1915,34 @@ $function$;
 comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
 
+CREATE OR REPLACE FUNCTION crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_window_ends_at timestamptz;
+begin
+  insert into crm.webhook_operation_counts as c (workspace_id, subscription_id, operation, window_ends_at, count)
+  values (p_workspace_id, p_subscription_id, p_operation, now() + p_window, 1)
+  on conflict (workspace_id, subscription_id, operation) do update
+    set count = case when c.window_ends_at <= now() then 1 else c.count + 1 end,
+        window_ends_at = case when c.window_ends_at <= now() then now() + p_window else c.window_ends_at end
+    where c.window_ends_at <= now() or c.count < p_allowance
+  returning c.window_ends_at into v_window_ends_at;
+  if v_window_ends_at is null then
+    -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
+    select c.window_ends_at into v_window_ends_at from crm.webhook_operation_counts c
+     where c.workspace_id = p_workspace_id and c.subscription_id = p_subscription_id and c.operation = p_operation;
+    raise exception 'a subscription may have % % every %; retry later', p_allowance,
+      case p_operation when 'test' then 'test events' else 'recoveries' end, p_window
+      using errcode = 'CR429', hint = 'rate_limited',
+            detail = greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer::text;
+  end if;
+end
+$function$;
+comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is 'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
+
 CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
  LANGUAGE sql
@@ -1913,13 +1993,13 @@ $function$;
 comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text)
+CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  update crm.imports set status = p_status, failure = p_failure, finished_at = now()
+  update crm.imports set status = p_status, failure = p_failure, failure_code = p_failure_code, finished_at = now()
    where workspace_id = p_workspace_id and id = p_import_id;
   -- After a real run only the rows errors.csv needs are kept; a dry run keeps all for the real run.
   delete from crm.import_rows r
@@ -1928,8 +2008,8 @@ AS $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) is 'Worker only: ends an import (completed or failed) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text) to crm_worker;
+comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is 'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
  RETURNS TABLE(failure text, id uuid, expires_at timestamp with time zone)
@@ -1980,7 +2060,7 @@ $function$;
 comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
 grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
 
-CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[])
+CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1989,7 +2069,7 @@ AS $function$
 declare
   v_user uuid := crm.current_user_id();
 begin
-  update crm.user_totp t set confirmed_at = now() where t.user_id = v_user and t.confirmed_at is null;
+  update crm.user_totp t set confirmed_at = now(), last_used_step = p_totp_step where t.user_id = v_user and t.confirmed_at is null;
   if not found then
     raise exception 'no two-factor enrollment is waiting for confirmation' using errcode = 'CR409', hint = 'conflict';
   end if;
@@ -1997,8 +2077,8 @@ begin
   insert into crm.recovery_codes (user_id, code_hash) select v_user, h from unnest(p_recovery_code_hashes) h;
 end
 $function$;
-comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) is 'Turns two-factor on for the current user (the service has checked a code) and replaces the recovery codes.';
-grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[]) to crm_api;
+comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is 'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
+grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
  RETURNS json
@@ -2277,18 +2357,29 @@ $function$;
 comment on function crm.digits(value text) is 'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
 grant execute on function crm.digits(value text) to crm_api;
 
-CREATE OR REPLACE FUNCTION crm.disable_totp()
- RETURNS void
- LANGUAGE sql
+CREATE OR REPLACE FUNCTION crm.disable_totp(p_totp_step bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  delete from crm.recovery_codes r where r.user_id = crm.current_user_id();
-  delete from crm.user_totp t where t.user_id = crm.current_user_id();
-  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = crm.current_user_id()::text;
+declare
+  v_user uuid := crm.current_user_id();
+begin
+  -- The row lock this takes also orders two requests with the same code: the second finds the step used.
+  update crm.user_totp t set last_used_step = p_totp_step
+   where t.user_id = v_user and t.confirmed_at is not null and (t.last_used_step is null or t.last_used_step < p_totp_step);
+  if not found then
+    return false;
+  end if;
+  delete from crm.recovery_codes r where r.user_id = v_user;
+  delete from crm.user_totp t where t.user_id = v_user;
+  delete from crm.attempt_counters c where c.purpose = 'two_factor' and c.subject = v_user::text;
+  return true;
+end
 $function$;
-comment on function crm.disable_totp() is 'Turns two-factor off for the current user (the service has checked a code first) and clears their count of two-factor codes.';
-grant execute on function crm.disable_totp() to crm_api;
+comment on function crm.disable_totp(p_totp_step bigint) is 'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
+grant execute on function crm.disable_totp(p_totp_step bigint) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
  RETURNS void
@@ -2846,16 +2937,22 @@ CREATE OR REPLACE FUNCTION crm.oauth_authorization_client(p_client_id text, p_re
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
-  select a.id, a.name, w.id, w.slug, w.name,
+  select a.id, a.name,
+         case when c.may_connect then w.id end,
+         case when c.may_connect then w.slug end,
+         case when c.may_connect then w.name end,
          crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri),
-         exists (select from crm.memberships m join crm.users u on u.id = m.user_id
-                  where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
-                    and m.suspended_at is null and u.suspended_at is null and u.api_access)
+         c.may_connect
     from crm.oauth_apps a
     join crm.workspaces w on w.id = a.workspace_id
+   cross join lateral (
+     select exists (select from crm.memberships m join crm.users u on u.id = m.user_id
+                     where m.workspace_id = a.workspace_id and m.user_id = crm.current_user_id()
+                       and m.suspended_at is null and u.suspended_at is null and u.api_access) as may_connect
+   ) c
    where a.client_id = p_client_id
 $function$;
-comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (name, workspace), whether the redirect URI is registered, whether the current user may connect it.';
+comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
 grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_client(p_client_id text, p_client_secret_hash bytea)
@@ -3336,7 +3433,7 @@ end
 $function$;
 comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
 
-CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean)
+CREATE OR REPLACE FUNCTION crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3350,6 +3447,15 @@ declare
   v_dry_run boolean;
   v_available boolean;
 begin
+  -- The token named must be the caller's own, live, with the scopes and app the context proves:
+  -- the import is bound to the credential the request came with.
+  if not exists (select from crm.tokens t
+                  where t.id = p_token_id and t.user_id = v_context.user_id
+                    and t.revoked_at is null and t.expires_at > now()
+                    and t.scopes is not distinct from v_context.scopes
+                    and t.oauth_app_id is not distinct from v_context.oauth_app_id) then
+    raise exception 'the token of this request is not the caller''s' using errcode = 'CR401', hint = 'token_invalid';
+  end if;
   select i.record_type, i.status, i.dry_run, (i.staged or i.file_bytes is not null)
     into v_record_type, v_status, v_dry_run, v_available
     from crm.imports i
@@ -3375,16 +3481,16 @@ begin
   update crm.imports i
      set status = 'queued', mapping = p_mapping, mode = p_mode, match_on = p_match_on, dry_run = p_dry_run,
          last_row_done = 0, created = 0, updated = 0, skipped = 0, failed = 0, companies_created = 0,
-         failure = null, queued_at = now(), started_at = null, finished_at = null,
-         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id
+         failure = null, failure_code = null, queued_at = now(), started_at = null, finished_at = null,
+         token_scopes = v_context.scopes, oauth_app_id = v_context.oauth_app_id, token_id = p_token_id
    where i.workspace_id = v_workspace and i.id = p_import_id;
   perform graphile_worker.add_job('process_import',
     json_build_object('workspace_id', v_workspace, 'import_id', p_import_id),
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options and the token''s scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean) to crm_api;
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
+grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
@@ -3560,6 +3666,8 @@ begin
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
   perform crm.check_webhook_recovery_window(p_since, p_until);
+  -- Each recovery may start thousands of cycles again: 10 an hour per subscription.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'recover', 10, interval '1 hour');
   with recovered as (
     update crm.webhook_deliveries d
        set status = case when v_status = 'active' then 'pending' else 'held' end,
@@ -3575,7 +3683,7 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); returns how many.';
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
 grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
@@ -3586,9 +3694,22 @@ CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_deliv
 AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
+  v_status text;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
+  select d.status into v_status from crm.webhook_deliveries d
+   where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
+     for update;
+  if not found then
+    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  -- Only a finished delivery starts a fresh cycle (API.md section 7): one still pending, retrying
+  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered') then
+    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+      using errcode = 'CR409', hint = 'delivery_not_finished';
+  end if;
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
          cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
@@ -3597,15 +3718,12 @@ begin
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      and s.workspace_id = d.workspace_id and s.id = d.subscription_id
   returning d.* into v_delivery;
-  if not found then
-    raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
-  end if;
   if v_delivery.status = 'pending' then
     perform crm.add_webhook_delivery_jobs(array[v_delivery], now());
   end if;
 end
 $function$;
-comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a delivery, same delivery_id, the first at once (held when the subscription is paused).';
+comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
@@ -3857,6 +3975,9 @@ begin
   if not found then
     raise exception 'no such webhook subscription' using errcode = 'CR404', hint = 'not_found';
   end if;
+  -- A test goes out at once even while paused: 20 a minute per subscription, so the endpoint
+  -- cannot be used to make the sender flood an address.
+  perform crm.claim_webhook_operation(v_workspace, p_subscription_id, 'test', 20, interval '1 minute');
   insert into crm.webhook_deliveries (workspace_id, id, subscription_id, event_id, event, record_type, record_id, status,
                                       next_attempt_at, generation, is_test, test_event)
   values (v_workspace, crm.webhook_delivery_id(v_event_id, p_subscription_id), p_subscription_id, v_event_id, p_event,
@@ -3868,7 +3989,7 @@ begin
   return v_delivery.id;
 end
 $function$;
-comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; returns its delivery id.';
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text)
@@ -4117,6 +4238,17 @@ end
 $function$;
 comment on function crm.tg__assert_company_visible() is 'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
 grant execute on function crm.tg__assert_company_visible() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg__revocation_is_final()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  raise exception 'a revoked % stays revoked', tg_table_name using errcode = 'CR409', hint = 'conflict';
+end
+$function$;
+comment on function crm.tg__revocation_is_final() is 'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
 CREATE OR REPLACE FUNCTION crm.tg__touch_updated_at()
  RETURNS trigger
