@@ -262,8 +262,10 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
     // `total` holds this request and what was settled when crm.authenticate read; `seen + 1` holds
     // it and every total a settlement answered since (their requests are then no longer pending).
     // Neither holds `pending`: no settlement that carries those had answered when the total was read.
-    if (Math.max(total, count.seen + 1) + count.pending > limit) throw refusal(time)
-    if (total > count.seen) count.seen = total
+    const known = Math.max(total, count.seen + 1)
+    if (known + count.pending > limit) throw refusal(time)
+    // The view holds this request from now on, also when a settlement's total that lacks it was larger.
+    count.seen = known
     return quotaOf(count, time)
   }
 

@@ -4,10 +4,11 @@
 // no process's unsettled requests; the process admits them against its unsettled count too, and
 // takes back its own count of a stale identity's request, which crm.authenticate then counts.
 // One process, requests one after another: exactly the limit passes, the first ones, whatever the
-// mix of paths.
+// mix of paths. Two processes: within the README's bound, limit + (2 − 1) × batch.
 import fc from 'fast-check'
 import t from 'tap'
 import { addMember, createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
+import { startCrm } from '../helpers/processes.ts'
 import { startTestServer } from '../helpers/server.ts'
 
 const LIMIT = 12
@@ -16,9 +17,12 @@ const REQUESTS = 20
 
 // Settled only when a batch fills (the timer's interval is as long as allowed), so unsettled
 // requests are there to be missed.
-const server = await startTestServer(t, {
-  env: { RATE_LIMIT_PER_MINUTE: String(LIMIT), RATE_LIMIT_BATCH: String(BATCH), RATE_LIMIT_SETTLE_MS: '10000' },
+const limits = (limit: number, batch: number) => ({
+  RATE_LIMIT_PER_MINUTE: String(limit),
+  RATE_LIMIT_BATCH: String(batch),
+  RATE_LIMIT_SETTLE_MS: '10000',
 })
+const server = await startTestServer(t, { env: limits(LIMIT, BATCH) })
 const first = await createTenant(server.databaseUrl, { members: {} })
 const second = await createTenant(server.databaseUrl, { members: {} })
 
@@ -36,9 +40,9 @@ async function windowWithRoom(seconds: number) {
 }
 
 let runs = 0
-async function statusesOf(kinds: Kind[]): Promise<number[]> {
+/** Sends the requests one after another, the i-th to bases[i % bases.length], for a user of its own (nothing counted before). */
+async function statusesOf(kinds: Kind[], bases: string[] = [server.url]): Promise<number[]> {
   runs++
-  // A user of its own per run: nothing counted before.
   const email = `run-${runs}-${Math.random().toString(36).slice(2, 8)}@acme.test`
   const { userId, token } = await withOwner(server.databaseUrl, async (client) => {
     const member = await addMember(client, first.id, email, 'member')
@@ -46,13 +50,14 @@ async function statusesOf(kinds: Kind[]): Promise<number[]> {
     return { userId: member.id, token: member.token }
   })
   const fresh = await withOwner(server.databaseUrl, (client) => Promise.all(kinds.map(() => mintToken(client, userId))))
-  await windowWithRoom(20)
+  await windowWithRoom(30)
   const statuses: number[] = []
   for (const [index, kind] of kinds.entries()) {
-    const headers: Record<string, string> = {}
+    const headers: Record<string, string> = { authorization: `Bearer ${kind === 'fresh token' ? fresh[index] : token}` }
     if (kind === 'first slug') headers['x-tenant-slug'] = first.slug
     if (kind === 'second slug') headers['x-tenant-slug'] = second.slug
-    const response = await server.request('GET', '/api/me', { token: kind === 'fresh token' ? fresh[index] : token, headers })
+    const response = await fetch(`${bases[index % bases.length]}/api/me`, { headers })
+    await response.arrayBuffer()
     statuses.push(response.status)
   }
   return statuses
@@ -85,4 +90,20 @@ t.test('any mix of the paths: the first requests up to the limit pass, and no mo
     { numRuns: 10 },
   )
   t.pass('held for every mix tried')
+})
+
+t.test('two processes, each holding unsettled requests, then fresh tokens: within limit + batch', async (t) => {
+  // A process of its own beside this one, on the same database, both with a batch of 20 of 60.
+  const [limit, batch] = [60, 20]
+  const one = await startTestServer(t, { databaseUrl: server.databaseUrl, env: limits(limit, batch) })
+  const other = await startCrm(t, 'api', { databaseUrl: server.databaseUrl, env: limits(limit, batch) })
+  // 20 requests of the cached identity in each process (its first authenticates in full, 19 stay
+  // unsettled), then fresh tokens: each authenticates in full, and the database sees none of the 38.
+  const kinds: Kind[] = [...Array(2 * batch).fill('no slug'), ...Array(2 * limit).fill('fresh token')]
+  const statuses = await statusesOf(kinds, [one.url, other.url])
+  const passed = statuses.filter((status) => status === 200).length
+  const firstRefused = statuses.indexOf(429)
+  t.ok(firstRefused >= limit, `the first ${limit} pass (the first refused: ${firstRefused})`)
+  t.ok(passed <= limit + batch, `${passed} passed: within ${limit} + (2 − 1) × ${batch}`)
+  t.equal(statuses.filter((status) => status !== 200 && status !== 429).length, 0, 'every other answer is a 429')
 })

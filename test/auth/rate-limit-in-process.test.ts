@@ -304,6 +304,17 @@ t.test('a settlement in flight when the database answered: decided after it, cou
   t.throws(() => limiter.admit(ALICE), RateLimitedError)
 })
 
+t.test('a request the database counted before a larger settled total: the view holds both', async (t) => {
+  const { db, limiter } = setup({ limit: 10, batch: 3 })
+  t.teardown(() => limiter.stop())
+  for (let i = 0; i < 3; i++) synchronous(limiter.admit(ALICE))
+  // Read before the settlement committed: the database's 2 lacks its 3, the settlement's 3 lacks this request.
+  const decided = waits(limiter.admitCounted(ALICE, 2, 50))
+  db.inFlight()?.answer()
+  t.same(await decided, { limit: 10, remaining: 6, resetSeconds: 50 }, '3 settled, 1 counted before them, and this one')
+  t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 5, resetSeconds: 50 })
+})
+
 t.test('a released admission counts once, before or after a settlement carried it', async (t) => {
   const { db, limiter } = setup({ limit: 10, batch: 3 })
   t.teardown(() => limiter.stop())
