@@ -238,17 +238,22 @@ async function authenticateThrough<Rest>(
   run: (call: AuthenticationCall) => Promise<{ auth: unknown; rest: Rest }>,
 ): Promise<{ caller: Caller; rest: Rest }> {
   const admitted = await admittedIdentity(attempt, state)
+  let full = attempt
   if (admitted) {
-    const answer = await run(resumeCall(attempt, admitted.identity))
-    if ((answer.auth as ResumeRow).failure === null) {
-      return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: answer.rest }
+    const resumed = await run(resumeCall(attempt, admitted.identity))
+    if ((resumed.auth as ResumeRow).failure === null) {
+      return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: resumed.rest }
     }
     // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full,
-    // and crm.authenticate counts it, so the process's admission is taken back.
+    // and crm.authenticate counts it, so the process's admission is taken back. A settlement may
+    // have carried that admission already: then the database's total holds this request twice
+    // until the next settlement carries one less, so its own check allows one more and the
+    // process decides (admitCounted, which counts the request once).
     state?.identities.delete(attempt.cacheKey)
     state?.rateLimit.release(admitted.identity.caller.userId)
+    full = { ...attempt, limit: attempt.limit + 1 }
   }
-  const answer = await run(authenticateCall(attempt))
+  const answer = await run(authenticateCall(full))
   return { caller: await callerOf(answer.auth as AuthRow, attempt, state), rest: answer.rest }
 }
 

@@ -10,6 +10,6 @@ const UUID_V7 = /\nCREATE OR REPLACE FUNCTION crm\.uuid_v7\(\)\n[\s\S]*?\ncommen
 export async function comparableDump(client: pg.Client, dump: string): Promise<string> {
   const { rows } = await client.query<{ version: number }>(`select current_setting('server_version_num')::int as version`)
   if (rows[0].version >= 180000) return dump
-  if (!UUID_V7.test(dump)) throw new Error("the dump has no crm.uuid_v7 definition to set aside: update test/helpers/schema.ts")
+  if (!UUID_V7.test(dump)) throw new Error('the dump has no crm.uuid_v7 definition to set aside: update test/helpers/schema.ts')
   return dump.replace(UUID_V7, '\n-- crm.uuid_v7: its definition depends on the server version\n')
 }
