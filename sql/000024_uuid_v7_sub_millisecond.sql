@@ -1,7 +1,7 @@
 -- crm.uuid_v7 on PostgreSQL 15 to 17 takes the sub-millisecond part of the clock into its 12 rand_a
 -- bits (RFC 9562, method 3), as uuidv7() does from 18 on. Ids made one after another in a session
 -- were ordered only to the millisecond before, then at random: "the newest id" (a webhook
--- subscription's last delivery, keyset pages in creation order) could name an older row on those
+-- subscription's last delivery) could name an older row on those
 -- versions. The milliseconds are floored now (they were rounded), so an id never runs ahead of its
 -- clock. PostgreSQL 18 and later keep uuidv7().
 set local lock_timeout = '5s';
