@@ -121,6 +121,9 @@ export async function startService(options: {
         // Stop accepting, let in-flight requests finish, and close idle keep-alive sockets now.
         app.server.close(() => resolve())
         app.server.closeIdleConnections()
+        // A connection whose request is in flight closes right after its answer, not after the
+        // keep-alive timeout (src/http/app.ts), which would hold the close that long.
+        app.server.keepAliveTimeout = 1
         setTimeout(() => app.server.closeAllConnections(), 10_000).unref()
       })
   }

@@ -1,6 +1,9 @@
 // `make test`: provision one PostgreSQL for the whole run, migrate a template database once, then
 // run tap; every test file clones the template (CREATE DATABASE ... TEMPLATE), which takes
 // milliseconds and isolates files from each other. Ends with the plain "N passed, N failed" line.
+// TEST_POSTGRES_BIN=<a PostgreSQL bin directory> (Debian's /usr/lib/postgresql/15/bin, say) runs the
+// throwaway cluster, and the clusters tests start themselves, from those binaries instead of the
+// embedded ones: CI runs the suite on the oldest supported version that way too.
 import { spawn } from 'node:child_process'
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -8,6 +11,7 @@ import { join } from 'node:path'
 import pg from 'pg'
 import { migrate } from '../src/db/migrate.ts'
 import { type ProvisionedDatabase, redactUrl, startEmbeddedPostgres } from '../src/db/provision.ts'
+import { testPostgresBuild } from './helpers/database.ts'
 
 const TEMPLATE = 'crm_test_template'
 
@@ -37,10 +41,11 @@ async function provision(): Promise<ProvisionedDatabase & { label: string }> {
     }
   }
   const baseDir = mkdtempSync(join(tmpdir(), 'crm-test-'))
-  const database = await startEmbeddedPostgres({ baseDir, database: 'postgres', persistent: false, durability: 'none' })
+  const nativeDir = testPostgresBuild()
+  const database = await startEmbeddedPostgres({ baseDir, database: 'postgres', persistent: false, durability: 'none', nativeDir })
   return {
     ...database,
-    label: 'the embedded PostgreSQL (throwaway cluster)',
+    label: nativeDir ? `a throwaway cluster of ${nativeDir}` : 'the embedded PostgreSQL (throwaway cluster)',
     stop: async () => {
       await database.stop()
       rmSync(baseDir, { recursive: true, force: true })

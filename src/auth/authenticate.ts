@@ -41,7 +41,10 @@ export type Caller = {
 }
 
 /** What the authenticators of one process share: the identity cache and the rate limit that lets it count. */
-export type AuthenticationState = { identities: IdentityCache; rateLimit: Pick<RequestRateLimit, 'admit' | 'observe'> }
+export type AuthenticationState = {
+  identities: IdentityCache
+  rateLimit: Pick<RequestRateLimit, 'admit' | 'admitCounted' | 'release'>
+}
 
 /** Authenticates a request inside its transaction (which it switches to crm_api). */
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
@@ -182,9 +185,10 @@ function cachedCaller(identity: CachedIdentity, attempt: Attempt, rateLimit: Rat
 
 /**
  * Turns crm.authenticate's answer into the caller, or into the refusal the API answers with; an
- * admitted caller goes into the cache, and its count into the process's view of the rate limit.
+ * admitted caller goes into the cache, and is admitted by the process's rate limit too (the
+ * database's count does not see the process's unsettled requests).
  */
-function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): Caller {
+async function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): Promise<Caller> {
   const { limit } = attempt
   const resetSeconds = row.rate_reset_seconds ?? 60
   let rateLimit = { limit, remaining: Math.max(0, limit - (row.rate_count ?? 0)), resetSeconds }
@@ -207,7 +211,7 @@ function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationState): 
   }
   if (state) {
     state.identities.set(attempt.cacheKey, identity)
-    rateLimit = state.rateLimit.observe(row.user_id, row.rate_count ?? 0, resetSeconds)
+    rateLimit = await state.rateLimit.admitCounted(row.user_id, row.rate_count ?? 0, resetSeconds)
   }
   return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'database' }
 }
@@ -234,16 +238,23 @@ async function authenticateThrough<Rest>(
   run: (call: AuthenticationCall) => Promise<{ auth: unknown; rest: Rest }>,
 ): Promise<{ caller: Caller; rest: Rest }> {
   const admitted = await admittedIdentity(attempt, state)
+  let full = attempt
   if (admitted) {
-    const answer = await run(resumeCall(attempt, admitted.identity))
-    if ((answer.auth as ResumeRow).failure === null) {
-      return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: answer.rest }
+    const resumed = await run(resumeCall(attempt, admitted.identity))
+    if ((resumed.auth as ResumeRow).failure === null) {
+      return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: resumed.rest }
     }
-    // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full.
+    // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full,
+    // and crm.authenticate counts it, so the process's admission is taken back. A settlement may
+    // have carried that admission already: then the database's total holds this request twice
+    // until the next settlement carries one less, so its own check allows one more and the
+    // process decides (admitCounted, which counts the request once).
     state?.identities.delete(attempt.cacheKey)
+    state?.rateLimit.release(admitted.identity.caller.userId)
+    full = { ...attempt, limit: attempt.limit + 1 }
   }
-  const answer = await run(authenticateCall(attempt))
-  return { caller: callerOf(answer.auth as AuthRow, attempt, state), rest: answer.rest }
+  const answer = await run(authenticateCall(full))
+  return { caller: await callerOf(answer.auth as AuthRow, attempt, state), rest: answer.rest }
 }
 
 /**

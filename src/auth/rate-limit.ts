@@ -3,9 +3,11 @@
 // user's total, as the last settlement answered it, plus this process's admitted but unsettled
 // requests stays under the limit: no round trip and no promise in the common case. The counts go
 // to the database every intervalMs, and at once when a user's unsettled count reaches the batch;
-// a request that finds its user's batch full waits for that settlement. With N processes the
-// total admitted per user and window is at most limit + (N - 1) × batch (the argument is in
-// docs/decisions.md, "The rate limit counted in the process").
+// a request that finds its user's batch full waits for that settlement. A request that
+// crm.authenticate counted in the database is admitted against the total it answered plus this
+// process's unsettled requests too (admitCounted). With N processes the total admitted per user and
+// window is at most limit + (N - 1) × batch (the argument, and what full authentications running
+// at the same moment add, is in docs/decisions.md, "The rate limit counted in the process").
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { randomInt } from 'node:crypto'
 import Type from 'typebox'
@@ -53,6 +55,21 @@ export type RequestRateLimit = {
   admit(userId: string): RateQuota | Promise<RateQuota>
   /** A total PostgreSQL counted itself (crm.authenticate counts its request in the database): the user's view rises to it. */
   observe(userId: string, total: number, resetSeconds: number): RateQuota
+  /**
+   * A request crm.authenticate admitted and counted in the database, `total` (this request
+   * included) being what it answered: admitted only when that total, or the process's own view with
+   * this request, plus this process's unsettled requests stays within the limit, else refused with
+   * RateLimitedError, and the user's view rises to the total (as observe). The database's total
+   * sees no process's unsettled requests. A settlement in flight may or may not be in the total:
+   * the answer waits for it (then it is in the view), so nothing is counted twice.
+   */
+  admitCounted(userId: string, total: number, resetSeconds: number): RateQuota | Promise<RateQuota>
+  /**
+   * Takes back one admission of the user whose request is then counted by crm.authenticate after
+   * all (its cached identity was stale), so that it counts once. When a settlement already carried
+   * it, the next settlement carries one less.
+   */
+  release(userId: string): void
   /** Settles every count this process holds; rejects when a settlement fails (the counts stay). */
   flush(): Promise<void>
   /** Ends the timer (settlements by amount and flush still work). */
@@ -73,7 +90,11 @@ export function rateLimitedError(limit: number, resetSeconds: number): RateLimit
 /** One user in one window: the total the last settlement answered, and this process's unsettled requests. */
 type UserCount = {
   seen: number
-  /** Admitted and not yet acknowledged by a settlement, those in flight included. */
+  /**
+   * Admitted and not yet acknowledged by a settlement, those in flight included. Below zero when
+   * admissions were released after a settlement carried them: the next settlements carry that
+   * many fewer.
+   */
   pending: number
   /** The part of pending a settlement in flight carries. */
   sending: number
@@ -114,7 +135,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
     if (time < current.end) return current
     const previous = current
     current = windowAt(time)
-    for (const [userId, count] of previous.users) if (count.pending === 0) previous.users.delete(userId)
+    for (const [userId, count] of previous.users) if (count.pending <= 0) previous.users.delete(userId)
     if (previous.users.size > 0) ended.push(previous)
     // The database takes counts for the window that just ended, no older one: the requests of
     // older windows decide nothing any more, so what is left of them is dropped, and said.
@@ -134,7 +155,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
   const resetSecondsAt = (time: number) => Math.min(60, Math.max(1, Math.ceil((current.end - time) / 1000)))
   const quotaOf = (count: UserCount, time: number): RateQuota => ({
     limit,
-    remaining: Math.max(0, limit - count.seen - count.pending),
+    remaining: Math.max(0, Math.min(limit, limit - count.seen - count.pending)),
     resetSeconds: resetSecondsAt(time),
   })
   const refusal = (time: number) => rateLimitedError(limit, resetSecondsAt(time))
@@ -182,7 +203,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
       }
       const endedAt = ended.indexOf(window)
       if (endedAt >= 0) {
-        for (const [userId, count] of window.users) if (count.pending === 0) window.users.delete(userId)
+        for (const [userId, count] of window.users) if (count.pending <= 0) window.users.delete(userId)
         if (window.users.size === 0) ended.splice(endedAt, 1)
       }
     }
@@ -226,6 +247,28 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
     }
   }
 
+  /** The user's count when the database's window is this process's current one; null otherwise. */
+  const countInDatabaseWindow = (userId: string, time: number, resetSeconds: number): UserCount | null => {
+    const window = windowOf(time)
+    // The database's window is the minute that ends resetSeconds from now (to within a second).
+    if (Math.round((time + resetSeconds * 1000) / MINUTE_MS) * MINUTE_MS !== window.end) return null
+    return countOf(window, userId)
+  }
+
+  const decideCounted = (userId: string, count: UserCount, total: number, answeredAt: number): RateQuota => {
+    const time = now()
+    // The window ended while waiting: the request belongs to the one that ended, and decided nothing there.
+    if (windowOf(time).start !== Math.floor(answeredAt / MINUTE_MS) * MINUTE_MS) return quotaOf(countOf(current, userId), time)
+    // `total` holds this request and what was settled when crm.authenticate read; `seen + 1` holds
+    // it and every total a settlement answered since (their requests are then no longer pending).
+    // Neither holds `pending`: no settlement that carries those had answered when the total was read.
+    const known = Math.max(total, count.seen + 1)
+    if (known + count.pending > limit) throw refusal(time)
+    // The view holds this request from now on, also when a settlement's total that lacks it was larger.
+    count.seen = known
+    return quotaOf(count, time)
+  }
+
   const timer = setInterval(() => {
     // Also moves to the next window when no request does, so ended windows are let go.
     windowOf(now())
@@ -248,14 +291,26 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
 
     observe(userId, total, resetSeconds) {
       const time = now()
-      const window = windowOf(time)
-      // The database's window is the minute that ends resetSeconds from now (to within a second).
-      if (Math.round((time + resetSeconds * 1000) / MINUTE_MS) * MINUTE_MS !== window.end) {
-        return { limit, remaining: Math.max(0, limit - total), resetSeconds }
-      }
-      const count = countOf(window, userId)
+      const count = countInDatabaseWindow(userId, time, resetSeconds)
+      if (count === null) return { limit, remaining: Math.max(0, limit - total), resetSeconds }
       if (total > count.seen) count.seen = total
       return quotaOf(count, time)
+    },
+
+    admitCounted(userId, total, resetSeconds) {
+      const answeredAt = now()
+      const count = countInDatabaseWindow(userId, answeredAt, resetSeconds)
+      if (count === null) return { limit, remaining: Math.max(0, limit - total), resetSeconds }
+      if (count.sending > 0 && inFlight !== null) {
+        // Whatever settlement starts after this one carries requests the total cannot include.
+        return inFlight.catch(() => {}).then(() => decideCounted(userId, count, total, answeredAt))
+      }
+      return decideCounted(userId, count, total, answeredAt)
+    },
+
+    release(userId) {
+      const count = current.users.get(userId)
+      if (count !== undefined) count.pending--
     },
 
     async flush() {

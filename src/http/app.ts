@@ -324,6 +324,11 @@ export function createApp(
   // Node's own limit on receiving a whole request (300 s by default) would cut a slow but steady
   // 50 MiB upload short with a bare 408; body.ts's deadlines decide, and this stays behind them.
   server.requestTimeout = bodyDeadlineMs(CSV_BODY_LIMIT, config.bodyIdleTimeoutMs) + 60_000
+  // An idle keep-alive connection is closed by the client or its proxy, not here first: Node's 5 s
+  // would race with the next request a client sends on it at that moment (the client reads a
+  // reset, a proxy answers 502). Proxies keep idle upstream connections up to 60 s; clients whose
+  // timers run late on a loaded machine reused them past 5 s (fetch failed with ECONNRESET).
+  server.keepAliveTimeout = 65_000
   server.on('clientError', answerClientError)
   return { server, handler }
 }

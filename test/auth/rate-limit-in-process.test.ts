@@ -280,6 +280,64 @@ t.test('observe raises the view to a total the database counted itself', async (
   t.same(synchronous(limiter.admit(BOB)), { limit: 10, remaining: 9, resetSeconds: 1 }, 'and not taken for this one')
 })
 
+t.test('a request the database counted is admitted against the unsettled requests too', async (t) => {
+  const { db, limiter } = setup({ limit: 10, batch: 3 })
+  t.teardown(() => limiter.stop())
+  synchronous(limiter.admit(ALICE))
+  synchronous(limiter.admit(ALICE))
+  // The database counted 7 (this request among them) and cannot see the 2 unsettled here.
+  t.same(synchronous(limiter.admitCounted(ALICE, 7, 50)), { limit: 10, remaining: 1, resetSeconds: 50 }, '7 + 2 of 10')
+  t.same(synchronous(limiter.admitCounted(ALICE, 8, 50)), { limit: 10, remaining: 0, resetSeconds: 50 }, 'the tenth')
+  t.throws(() => limiter.admitCounted(ALICE, 9, 50), RateLimitedError, 'the eleventh is refused, though the database counted 9')
+  t.equal(db.calls.length, 0)
+})
+
+t.test('a settlement in flight when the database answered: decided after it, counted once', async (t) => {
+  const { db, limiter } = setup({ limit: 10, batch: 3 })
+  t.teardown(() => limiter.stop())
+  for (let i = 0; i < 3; i++) synchronous(limiter.admit(ALICE))
+  t.same(db.inFlight()?.counts, { [ALICE]: 3 }, 'the full batch is being settled')
+  // Whether the database's 10 holds those 3 depends on when each committed: wait for the settlement.
+  const decided = waits(limiter.admitCounted(ALICE, 10, 50))
+  db.inFlight()?.answer()
+  t.same(await decided, { limit: 10, remaining: 0, resetSeconds: 50 }, 'the tenth: the 3 in the total, not counted again')
+  t.throws(() => limiter.admit(ALICE), RateLimitedError)
+})
+
+t.test('a request the database counted before a larger settled total: the view holds both', async (t) => {
+  const { db, limiter } = setup({ limit: 10, batch: 3 })
+  t.teardown(() => limiter.stop())
+  for (let i = 0; i < 3; i++) synchronous(limiter.admit(ALICE))
+  // Read before the settlement committed: the database's 2 lacks its 3, the settlement's 3 lacks this request.
+  const decided = waits(limiter.admitCounted(ALICE, 2, 50))
+  db.inFlight()?.answer()
+  t.same(await decided, { limit: 10, remaining: 6, resetSeconds: 50 }, '3 settled, 1 counted before them, and this one')
+  t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 5, resetSeconds: 50 })
+})
+
+t.test('a released admission counts once, before or after a settlement carried it', async (t) => {
+  const { db, limiter } = setup({ limit: 10, batch: 3 })
+  t.teardown(() => limiter.stop())
+  synchronous(limiter.admit(ALICE))
+  limiter.release(ALICE)
+  t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 9, resetSeconds: 50 }, 'taken back before it was settled')
+  synchronous(limiter.admit(ALICE))
+  synchronous(limiter.admit(ALICE))
+  t.same(db.inFlight()?.counts, { [ALICE]: 3 })
+  limiter.release(ALICE)
+  db.inFlight()?.answer()
+  await limiter.flush()
+  t.same(
+    synchronous(limiter.admit(ALICE)),
+    { limit: 10, remaining: 7, resetSeconds: 50 },
+    'taken back after: 3 settled, 1 of them released',
+  )
+  for (let i = 0; i < 3; i++) synchronous(limiter.admit(ALICE))
+  db.answerAll()
+  await limiter.flush()
+  t.equal(db.settled(T0, ALICE), 6, 'the next settlement carried one less')
+})
+
 t.test('the timer settles what is below the batch', async (t) => {
   const db = fakeDatabase()
   const limiter = createRequestRateLimit({ limit: 600, intervalMs: 10, settle: db.settle })

@@ -45,10 +45,12 @@ t.test('600 a minute across two processes: at least 600 pass, at most 600 + batc
     statuses.push(...responses.map((response) => response.status))
   }
   const passed = statuses.filter((status) => status === 200).length
-  t.ok(
-    statuses.slice(0, 600).every((status) => status === 200),
-    'the first 600 pass',
-  )
+  // Each process's first request authenticates in full, and so do the requests that find its
+  // identity cached before that first transaction committed (their resume finds the last
+  // workspace not yet set, and is stale): each of those was counted twice, and one 429 came before
+  // the 600th request in some runs on a loaded machine.
+  const firstRefused = statuses.findIndex((status) => status !== 200)
+  t.ok(firstRefused === -1 || firstRefused >= 600, `the first 600 pass (the first refused: ${firstRefused})`)
   t.ok(passed >= 600 && passed <= 600 + batch, `${passed} passed: within the bound 600 + (2 − 1) × ${batch} (README)`)
   t.equal(statuses.filter((status) => status !== 200 && status !== 429).length, 0, 'every other answer is a 429')
   const refused = await get(childUrl)

@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
 import { type ProvisionedDatabase, startEmbeddedPostgres } from '../../src/db/provision.ts'
+import { testPostgresBuild } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { eventually, sleep, startCrm } from '../helpers/processes.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
@@ -19,7 +20,12 @@ const ENV = { ...WEBHOOK_TEST_ENV, RATE_LIMIT_PER_MINUTE: '1000000', LOG_LEVEL: 
 
 t.test('restart PostgreSQL under load: 503 with Retry-After meanwhile, then recovery by itself', async (t) => {
   const baseDir = mkdtempSync(join(tmpdir(), 'crm-fault-pg-'))
-  let database: ProvisionedDatabase = await startEmbeddedPostgres({ baseDir, database: 'crm', durability: 'none' })
+  let database: ProvisionedDatabase = await startEmbeddedPostgres({
+    baseDir,
+    database: 'crm',
+    durability: 'none',
+    nativeDir: testPostgresBuild(),
+  })
   t.teardown(async () => {
     await database.stop().catch(() => {})
     rmSync(baseDir, { recursive: true, force: true })
@@ -86,7 +92,7 @@ t.test('restart PostgreSQL under load: 503 with Retry-After meanwhile, then reco
   t.ok(api.running(), 'the API survived the outage', { lines: api.lines.slice(-15) })
   t.ok(worker.running(), 'the worker survived the outage', { lines: worker.lines.slice(-80) })
 
-  database = await startEmbeddedPostgres({ baseDir, database: 'crm', durability: 'none', port })
+  database = await startEmbeddedPostgres({ baseDir, database: 'crm', durability: 'none', port, nativeDir: testPostgresBuild() })
   const upAt = Date.now()
   await eventually(
     'the API answers 200 again',

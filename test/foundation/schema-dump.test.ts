@@ -4,6 +4,7 @@ import { readFileSync } from 'node:fs'
 import t from 'tap'
 import { dumpSchema, SCHEMA_FILE, schemaFileText } from '../../src/db/schema-dump.ts'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
+import { comparableDump } from '../helpers/schema.ts'
 
 /** The first lines where two texts part, with a little context, as a unified-diff-like excerpt. */
 function firstDifference(committed: string, fresh: string, context = 3, shown = 12): string {
@@ -21,8 +22,8 @@ function firstDifference(committed: string, fresh: string, context = 3, shown = 
 
 t.test('sql/schema.sql is the dump of a freshly migrated database', async (t) => {
   const client = await ownerClient(t, await createTestDatabase(t))
-  const fresh = schemaFileText(await dumpSchema(client))
-  const committed = readFileSync(SCHEMA_FILE, 'utf8')
+  const fresh = await comparableDump(client, schemaFileText(await dumpSchema(client)))
+  const committed = await comparableDump(client, readFileSync(SCHEMA_FILE, 'utf8'))
   if (committed === fresh) {
     t.pass('sql/schema.sql matches the migrations')
     return

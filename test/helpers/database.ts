@@ -1,5 +1,7 @@
 // Each test file gets its own database, cloned from the migrated template that test/run.ts made.
 import { randomBytes } from 'node:crypto'
+import { existsSync } from 'node:fs'
+import { dirname, join, resolve } from 'node:path'
 import pg from 'pg'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
@@ -8,6 +10,20 @@ export function testServerUrl(): string {
   const url = process.env.CRM_TEST_SERVER_URL
   if (!url) throw new Error('CRM_TEST_SERVER_URL is not set: run the tests with `make test` (test/run.ts provisions PostgreSQL)')
   return url
+}
+
+/**
+ * The PostgreSQL build (the directory above bin/) that TEST_POSTGRES_BIN names, for every cluster the
+ * tests start; undefined for the embedded one.
+ */
+export function testPostgresBuild(): string | undefined {
+  const bin = process.env.TEST_POSTGRES_BIN
+  if (!bin) return undefined
+  const build = dirname(resolve(bin))
+  for (const program of ['postgres', 'initdb', 'pg_ctl']) {
+    if (!existsSync(join(build, 'bin', program))) throw new Error(`TEST_POSTGRES_BIN=${bin} has no ${program}`)
+  }
+  return build
 }
 
 export function databaseUrl(name: string): string {
