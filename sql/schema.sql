@@ -1833,7 +1833,8 @@ begin
   -- Refused: the row is locked by the statement above and read again with a fresh snapshot.
   select c.window_id, c.window_ends_at into v_window_id, v_window_ends_at
     from crm.attempt_counters c where c.purpose = p_purpose and c.subject = p_subject;
-  return query select false, greatest(1, ceil(extract(epoch from v_window_ends_at - now())))::integer, v_window_id;
+  return query
+    select false, least(900, greatest(1, ceil(extract(epoch from v_window_ends_at - clock_timestamp()))))::integer, v_window_id;
 end
 $function$;
 comment on function crm.claim_attempt(p_purpose text, p_subject text) is 'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else refused with the seconds until the window ends.';

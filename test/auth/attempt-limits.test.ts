@@ -4,6 +4,7 @@
 import { generateSync } from 'otplib'
 import t from 'tap'
 import { crm } from '../helpers/cli.ts'
+import { ownerClient } from '../helpers/database.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { setPassword } from '../ui/browser.ts'
@@ -212,4 +213,22 @@ t.test('housekeeping removes the counters whose window has ended', async (t) => 
   )
   t.ok(Number(rows[0].removed) >= 1, 'crm.prune_attempt_counters is a housekeeping step')
   t.equal(await attemptsOf('sign_in', email), undefined)
+})
+
+t.test('a refusal inside a window that a later-starting transaction opened waits no longer than the window', async (t) => {
+  // The earlier transaction's now() is before the window's start; counted from it, the seconds
+  // left came to 901 (the flake of the concurrent sign-ins above).
+  const subject = 'late-window@acme.test'
+  const earlier = await ownerClient(t, url)
+  const later = await ownerClient(t, url)
+  await earlier.query('begin')
+  await earlier.query('select now()')
+  await later.query(`select crm.claim_attempt('sign_in', $1) from generate_series(1, 5)`, [subject])
+  const { rows } = await earlier.query(`select allowed, retry_after_seconds from crm.claim_attempt('sign_in', $1)`, [subject])
+  await earlier.query('rollback')
+  t.equal(rows[0].allowed, false, 'the sixth attempt is refused')
+  t.ok(
+    rows[0].retry_after_seconds >= 1 && rows[0].retry_after_seconds <= 900,
+    `Retry-After ${rows[0].retry_after_seconds} s within the window`,
+  )
 })
