@@ -61,6 +61,9 @@ export const WEBHOOK_TEST_ENV = {
   WEBHOOK_RETRY_SCHEDULE: '50ms,50ms,50ms,50ms,50ms,50ms',
   // Every test receiver is one loopback host: the per-host cap has its own test (host-rate.test.ts).
   WEBHOOK_HOST_RATE_PER_SECOND: '100000',
+  // Tests poll state every 25 ms while they wait (waitUntil): on a loaded machine a wait can pass
+  // the default 600 requests a minute. The rate limit has its own tests (test/auth/rate-limit*.test.ts).
+  RATE_LIMIT_PER_MINUTE: '100000',
   LOG_LEVEL: 'warn',
 }
 

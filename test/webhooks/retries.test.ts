@@ -149,7 +149,7 @@ t.test('auto-pause: 9 final deliveries never pause; 10 with 5 dead do', async (t
   const paused = await waitUntil(
     async () => {
       const answer = await server.request('GET', `/api/webhook-subscriptions/${ten.id}`, { token })
-      return answer.body.data.status === 'paused' ? answer.body.data : null
+      return answer.body.data?.status === 'paused' ? answer.body.data : null
     },
     20_000,
     'auto-pause',
