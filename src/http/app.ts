@@ -268,8 +268,8 @@ export function createApp(
     base: Omit<RouteContext, 'db' | 'caller'>,
   ): Promise<RouteResult> {
     const statements = singleStatementsRefused ? undefined : extra.statements
-    const inTransaction = () =>
-      authenticatedTransaction(definition, req, res, async (db, caller) => {
+    const inTransaction = async () => {
+      const result = await authenticatedTransaction(definition, req, res, async (db, caller) => {
         // A file route took its slot before its body was received (receiveUpload).
         const release =
           definition.limitedPerWorkspace && definition.bodyKind !== 'file'
@@ -281,6 +281,11 @@ export function createApp(
           release?.()
         }
       })
+      // Committed: before the answer, the user's reads are held to this write's WAL position, so
+      // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
+      if (definition.method !== 'GET' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
+      return result
+    }
     if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)
     return admitted(req, () => {
       if (definition.singleStatement && statements) {
