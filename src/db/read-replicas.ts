@@ -6,15 +6,16 @@
 // bookkeeping too when it is a minute old or the workspace changed: on a standby that write is
 // refused (read-only transaction) and the read runs again on the primary, which writes it.
 //
-// What a standby may answer is decided inside the read's own statement, by a one-time filter on
-// the standby's state (guardedText): it is still a standby, it has replayed the user's last write
-// (the primary's WAL position after that write committed, remembered in this process), and it has
-// replayed everything the primary had written at most READ_REPLICA_MAX_LAG_MS ago (its replay
-// reached a primary position observed within that time, or its last replayed commit is that
-// recent). A statement that fails the filter answers no row (a wrapped read always answers one)
-// and runs on the primary; so does a statement the standby refuses or cannot take. A check every
-// quarter of the cap keeps what the filter compares against current, picks the standbys worth
-// trying, reports them on /readyz and logs each change of a standby's state.
+// A standby answers a read only when it is known, from an observation made before the read was
+// sent, to have replayed (1) the primary's WAL position after the user's last write (remembered in
+// this process) and (2) a primary position read at most READ_REPLICA_MAX_LAG_MS ago. The
+// observation must come first: a statement takes its snapshot when it starts, so a replay position
+// read inside the statement could already include a commit its snapshot does not (a create-then-list
+// loop missed its own write now and then with the check inside the statement). Observations come from a check every quarter of the cap (at most a second), from
+// every read a standby answers (it sends its replay position along) and from the primary's
+// position after each write. Inside the read, a one-time filter refuses a server that is no longer
+// a standby (promoted). A standby that refuses or cannot take a statement leaves it to the primary.
+// The checks also report the standbys on /readyz and log each change of a standby's state.
 import pg from 'pg'
 import type { Logger } from '../log.ts'
 import { redactUrl } from './provision.ts'
@@ -54,29 +55,31 @@ const MAX_REMEMBERED_WRITES = 100_000
 const MAX_GUARDED_TEXTS = 256
 
 /**
- * The read behind the standby's one-time filter. The read keeps its ORDER BY (a subquery with one
- * is not pulled up into the outer query), and when the filter is false PostgreSQL does not run it.
+ * The read behind the standby's one-time filter (still a standby), with the standby's replay
+ * position on its first row. The read keeps its ORDER BY (a subquery with one is not pulled up into
+ * the outer query), and when the filter is false PostgreSQL does not run it. The extra column's name
+ * starts with auth_, so the route never sees it (unwrapRows in src/auth/authenticate.ts).
  */
-function guardedText(text: string, valueCount: number): string {
-  const [written, primary, maxLag] = [valueCount + 1, valueCount + 2, valueCount + 3].map((n) => `$${n}`)
-  return `select * from (${text}) replica_read
- where (select pg_is_in_recovery()
-               and pg_last_wal_replay_lsn() >= ${written}::pg_lsn
-               and (pg_last_wal_replay_lsn() >= ${primary}::pg_lsn
-                    or now() - pg_last_xact_replay_timestamp() <= ${maxLag}::interval))`
+function guardedText(text: string): string {
+  return `select replica_read.*, (select pg_last_wal_replay_lsn())::text as auth_replica_replayed
+  from (${text}) replica_read
+ where (select pg_is_in_recovery())`
 }
 
 const CHECK_PRIMARY = 'select pg_current_wal_lsn()::text as lsn'
-const CHECK_STANDBY = `select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed,
-  (extract(epoch from now() - pg_last_xact_replay_timestamp()) * 1000)::float8 as since_replay_ms`
+const CHECK_STANDBY = 'select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed'
+/** Primary positions kept to date a standby's replay position (a check's worth and more). */
+const MAX_PRIMARY_POSITIONS = 512
 
 type Replica = {
   label: string
   pool: StatementPool
   state: ReplicaState
   lagMs: number | null
-  /** The position the last check found replayed (0 when unknown). */
+  /** The newest replay position observed (0 when unknown). */
   replayed: bigint
+  /** The latest time (this process's clock) at which the primary's position is known replayed here. */
+  freshAt: number | null
   guarded: Map<string, string>
   reads: number
 }
@@ -101,7 +104,7 @@ export function createReadRouting(options: {
   logger: Logger
 }): ReadRouting {
   const { primary, logger, maxLagMs } = options
-  const checkEveryMs = Math.max(25, Math.floor(maxLagMs / 4))
+  const checkEveryMs = Math.min(1000, Math.max(25, Math.floor(maxLagMs / 4)))
   // One connection for the position checks: they are one short query each, and shared (see observePrimary).
   const positions = new pg.Pool({ connectionString: options.primaryUrl, max: 1, connectionTimeoutMillis: 5000 })
   positions.on('error', () => {})
@@ -117,11 +120,12 @@ export function createReadRouting(options: {
     state: 'starting',
     lagMs: null,
     replayed: 0n,
+    freshAt: null,
     guarded: new Map(),
     reads: 0,
   }))
-  /** The newest primary position seen, and when the query that saw it started. */
-  let primaryPosition: { lsn: bigint; observedAt: number } | null = null
+  /** Primary positions seen, oldest first, each with when the query that read it was sent. */
+  const primaryPositions: { lsn: bigint; at: number }[] = []
   /** Per user: the primary's position after the user's last write, until every standby has replayed it. */
   const writes = new Map<string, bigint>()
   /** Users who wrote and whose position is not known yet: their reads stay on the primary. */
@@ -150,7 +154,9 @@ export function createReadRouting(options: {
       try {
         const { rows } = await positions.query(CHECK_PRIMARY)
         const lsn = parseLsn(rows[0].lsn)
-        if (!primaryPosition || lsn >= primaryPosition.lsn) primaryPosition = { lsn, observedAt }
+        const last = primaryPositions.at(-1)
+        if (!last || (lsn >= last.lsn && observedAt >= last.at)) primaryPositions.push({ lsn, at: observedAt })
+        if (primaryPositions.length > MAX_PRIMARY_POSITIONS) primaryPositions.splice(0, primaryPositions.length - MAX_PRIMARY_POSITIONS)
         for (const user of covered) {
           writes.delete(user)
           writes.set(user, lsn)
@@ -166,24 +172,38 @@ export function createReadRouting(options: {
     return observing
   }
 
+  /**
+   * A replay position observed on a standby: everything the primary had written when it answered a
+   * position at or below it is in every snapshot the standby takes from now on.
+   */
+  function observeReplay(replica: Replica, replayed: bigint): void {
+    if (replayed > replica.replayed) replica.replayed = replayed
+    for (let index = primaryPositions.length - 1; index >= 0; index--) {
+      if (primaryPositions[index].lsn <= replica.replayed) {
+        replica.freshAt = Math.max(replica.freshAt ?? 0, primaryPositions[index].at)
+        return
+      }
+    }
+  }
+
+  /** How far behind the primary a standby is known to be: the age of the newest primary position it has replayed. */
+  const lagOf = (replica: Replica) => (replica.freshAt === null ? null : Math.max(0, Date.now() - replica.freshAt))
+
   async function checkReplica(replica: Replica): Promise<void> {
-    let row: { standby: boolean; replayed: string | null; since_replay_ms: number | null }
+    let row: { standby: boolean; replayed: string | null }
     try {
       row = (await replica.pool.rows({ sql: CHECK_STANDBY, values: [] }))[0] as typeof row
     } catch (error) {
-      replica.replayed = 0n
       setState(replica, 'down', null, (error as Error).message)
       return
     }
     if (!row.standby || row.replayed === null) {
-      replica.replayed = 0n
       setState(replica, 'promoted', null, 'not in recovery')
       return
     }
-    replica.replayed = parseLsn(row.replayed)
-    const caughtUp = primaryPosition !== null && replica.replayed >= primaryPosition.lsn
-    const lagMs = caughtUp ? 0 : Math.max(0, Math.round(row.since_replay_ms ?? Number.POSITIVE_INFINITY))
-    setState(replica, lagMs <= maxLagMs ? 'serving' : 'lagging', Number.isFinite(lagMs) ? lagMs : null)
+    observeReplay(replica, parseLsn(row.replayed))
+    const lagMs = lagOf(replica)
+    setState(replica, lagMs !== null && lagMs <= maxLagMs ? 'serving' : 'lagging', lagMs)
   }
 
   async function check(): Promise<void> {
@@ -192,7 +212,8 @@ export function createReadRouting(options: {
     )
     await Promise.all(replicas.map(checkReplica))
     // A write every standby has replayed needs remembering no longer.
-    const everywhere = replicas.reduce((least, replica) => (replica.replayed < least ? replica.replayed : least), replicas[0].replayed)
+    let everywhere = replicas[0].replayed
+    for (const replica of replicas) if (replica.replayed < everywhere) everywhere = replica.replayed
     for (const [user, lsn] of writes) if (lsn <= everywhere) writes.delete(user)
   }
 
@@ -205,42 +226,47 @@ export function createReadRouting(options: {
   timer.unref()
   void check()
 
-  /** A standby that may answer this user now, by the last check; null: the primary. */
-  function choose(userId: string): { replica: Replica; written: bigint; primaryLsn: bigint } | null {
-    if (pending.has(userId) || !primaryPosition || Date.now() - primaryPosition.observedAt > maxLagMs) return null
+  /**
+   * A standby that may answer this user now: still a standby by the last check, known to have
+   * replayed the user's last write and a primary position at most the cap old. Null: the primary.
+   */
+  function choose(userId: string): Replica | null {
+    if (pending.has(userId)) return null
     const written = writes.get(userId) ?? 0n
     for (let tried = 0; tried < replicas.length; tried++) {
       const replica = replicas[next++ % replicas.length]
-      if (replica.state === 'serving' && replica.replayed >= written) return { replica, written, primaryLsn: primaryPosition.lsn }
+      if (replica.state !== 'serving' && replica.state !== 'lagging') continue
+      const lagMs = lagOf(replica)
+      if (lagMs !== null && lagMs <= maxLagMs && replica.replayed >= written) return replica
     }
     return null
   }
 
-  async function readOn(choice: NonNullable<ReturnType<typeof choose>>, query: StatementQuery) {
-    const { replica } = choice
+  async function readOn(replica: Replica, query: StatementQuery): Promise<Record<string, unknown>[]> {
     let text = replica.guarded.get(query.sql)
     if (text === undefined) {
-      text = guardedText(query.sql, query.values.length)
+      text = guardedText(query.sql)
       if (replica.guarded.size < MAX_GUARDED_TEXTS) replica.guarded.set(query.sql, text)
     }
-    const values = [...query.values, formatLsn(choice.written), formatLsn(choice.primaryLsn), `${maxLagMs} milliseconds`]
-    return replica.pool.rows({ sql: text, values, name: query.name })
+    const rows = await replica.pool.rows({ sql: text, values: query.values, name: query.name })
+    if (rows.length > 0) observeReplay(replica, parseLsn(rows[0].auth_replica_replayed as string))
+    return rows
   }
 
   const pool: StatementPool = {
     rows: async (query) => {
-      const choice = query.readOnlyFor === undefined ? null : choose(query.readOnlyFor)
-      if (choice) {
+      const replica = query.readOnlyFor === undefined ? null : choose(query.readOnlyFor)
+      if (replica) {
         try {
-          const rows = await readOn(choice, query)
+          const rows = await readOn(replica, query)
           if (rows.length > 0) {
-            choice.replica.reads++
+            replica.reads++
             return rows
           }
         } catch (error) {
           // The standby refused (a bookkeeping write, a conflict with recovery) or is gone: the
           // primary answers; a standby that is gone is skipped until a check finds it back.
-          if (isUnavailable(error)) setState(choice.replica, 'down', null, (error as Error).message)
+          if (isUnavailable(error)) setState(replica, 'down', null, (error as Error).message)
         }
       }
       return primary.rows(query)
@@ -262,7 +288,8 @@ export function createReadRouting(options: {
         logger.warn('the primary WAL position could not be read', { error: (error as Error).message })
       }
     },
-    report: () => replicas.map((replica) => ({ replica: replica.label, state: replica.state, lag_ms: replica.lagMs, reads: replica.reads })),
+    report: () =>
+      replicas.map((replica) => ({ replica: replica.label, state: replica.state, lag_ms: replica.lagMs, reads: replica.reads })),
     check,
     end: () => pool.end(),
   }

@@ -1,0 +1,337 @@
+// Reads on a real streaming standby: a throwaway primary and a standby made from it with
+// `pg_basebackup -R`, from the system's PostgreSQL 15 (its embedded build has no pg_basebackup).
+// The API reads on the standby (proven by reads a paused standby answers without a row written
+// since), keeps workspaces and scopes apart there, shows a client its own writes at once, refuses a
+// revoked token once the standby's lag passes READ_REPLICA_MAX_LAG_MS, and falls back to the
+// primary when the standby is promoted or down. Skipped when the binaries are missing (.ci/run
+// installs postgresql-15).
+import { type SpawnSyncOptions, spawnSync } from 'node:child_process'
+import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import pg from 'pg'
+import t, { type Test } from 'tap'
+import { hashToken } from '../../src/auth/tokens.ts'
+import { migrate } from '../../src/db/migrate.ts'
+import { freePort } from '../../src/db/provision.ts'
+import { ensureRuntimeRole } from '../../src/db/runtime-role.ts'
+import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
+import { startTestServer, TEST_APP_SECRET, type TestResponse, type TestServer } from '../helpers/server.ts'
+
+const BIN = '/usr/lib/postgresql/15/bin'
+const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup']
+
+/** PostgreSQL refuses to run as root: as root, the servers run as the postgres system user. */
+const asRoot = process.getuid?.() === 0
+
+function run(command: string, args: string[], options: SpawnSyncOptions = {}): string {
+  const [file, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', join(BIN, command), ...args]] : [join(BIN, command), args]
+  const result = spawnSync(file, argv, { encoding: 'utf8', ...options })
+  if (result.status !== 0) throw new Error(`${command} ${args.join(' ')} failed: ${result.stderr}${result.stdout}`)
+  return String(result.stdout)
+}
+
+type Cluster = { dir: string; port: number; url: (database: string, user?: string, password?: string) => string }
+
+function cluster(dir: string, port: number): Cluster {
+  return {
+    dir,
+    port,
+    url: (database, user = 'postgres', password) =>
+      `postgres://${user}${password ? `:${encodeURIComponent(password)}` : ''}@127.0.0.1:${port}/${database}`,
+  }
+}
+
+function start(node: Cluster): void {
+  const settings = [
+    `-p ${node.port}`,
+    `-k ${node.dir}`,
+    '-c listen_addresses=127.0.0.1',
+    '-c wal_level=replica',
+    '-c max_wal_senders=4',
+    '-c hot_standby=on',
+    '-c hot_standby_feedback=on',
+    '-c fsync=off',
+    '-c max_connections=100',
+  ].join(' ')
+  run('pg_ctl', ['-D', join(node.dir, 'data'), '-o', settings, '-l', join(node.dir, 'log'), '-w', 'start'])
+}
+
+function stop(node: Cluster): void {
+  if (existsSync(join(node.dir, 'data', 'postmaster.pid'))) run('pg_ctl', ['-D', join(node.dir, 'data'), '-m', 'immediate', '-w', 'stop'])
+}
+
+async function query(url: string, text: string, values: unknown[] = []): Promise<pg.QueryResult> {
+  const client = new pg.Client({ connectionString: url })
+  client.on('error', () => {})
+  await client.connect()
+  try {
+    return await client.query(text, values)
+  } finally {
+    await client.end()
+  }
+}
+
+/** Polls until `check` answers a truthy value (tests wait for conditions, not for time). */
+async function until<T>(what: string, check: () => Promise<T>, attempts = 600): Promise<T> {
+  let last: unknown
+  for (let attempt = 0; attempt < attempts; attempt++) {
+    try {
+      const value = await check()
+      if (value) return value
+    } catch (error) {
+      last = error
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+  throw new Error(`gave up waiting: ${what}${last ? ` (${(last as Error).message})` : ''}`)
+}
+
+async function onStandby(t: Test): Promise<void> {
+  const base = mkdtempSync(join(tmpdir(), 'crm-replica-'))
+  if (asRoot) chmodSync(base, 0o777)
+  const primary = cluster(join(base, 'primary'), await freePort())
+  const standby = cluster(join(base, 'standby'), await freePort())
+  const mkdir = (dir: string) =>
+    spawnSync(asRoot ? 'runuser' : 'mkdir', asRoot ? ['-u', 'postgres', '--', 'mkdir', '-p', dir] : ['-p', dir])
+  mkdir(primary.dir)
+  mkdir(standby.dir)
+  t.teardown(() => {
+    for (const node of [standby, primary]) {
+      try {
+        stop(node)
+      } catch {}
+    }
+    rmSync(base, { recursive: true, force: true })
+  })
+
+  run('initdb', ['-D', join(primary.dir, 'data'), '-U', 'postgres', '--auth=trust', '--no-sync', '-E', 'UTF8', '--locale=C'])
+  start(primary)
+  await query(primary.url('postgres'), 'create database crm')
+  const ownerUrl = primary.url('crm')
+  await migrate(ownerUrl)
+  const runtimeUrl = new URL(await ensureRuntimeRole(ownerUrl, TEST_APP_SECRET))
+
+  run('pg_basebackup', [
+    '-h',
+    '127.0.0.1',
+    '-p',
+    String(primary.port),
+    '-U',
+    'postgres',
+    '-D',
+    join(standby.dir, 'data'),
+    '-R',
+    '-X',
+    'stream',
+    '--checkpoint=fast',
+  ])
+  start(standby)
+  const replicaUrl = new URL(runtimeUrl)
+  replicaUrl.port = String(standby.port)
+  const standbyAdmin = standby.url('crm')
+  await until('the standby answers as the runtime role', async () => (await query(replicaUrl.toString(), 'select 1')).rowCount === 1)
+  t.equal((await query(standbyAdmin, 'select pg_is_in_recovery() as r')).rows[0].r, true, 'the standby is in recovery')
+
+  /** Replay on the standby: paused while a test needs it behind the primary. */
+  const pauseReplay = () => query(standbyAdmin, 'select pg_wal_replay_pause()')
+  const resumeReplay = () => query(standbyAdmin, 'select pg_wal_replay_resume()')
+  const caughtUp = async () => {
+    const want = (await query(ownerUrl, 'select pg_current_wal_lsn() as lsn')).rows[0].lsn
+    await until('the standby replays everything', async () => {
+      return (await query(standbyAdmin, 'select pg_last_wal_replay_lsn() >= $1::pg_lsn as ok', [want])).rows[0].ok
+    })
+  }
+
+  const serve = async (maxLagMs: number): Promise<TestServer> => {
+    const service = await startTestServer(t, {
+      databaseUrl: ownerUrl,
+      env: {
+        RUNTIME_DATABASE_URL: runtimeUrl.toString(),
+        READ_REPLICA_URLS: replicaUrl.toString(),
+        READ_REPLICA_MAX_LAG_MS: String(maxLagMs),
+        RATE_LIMIT_PER_MINUTE: '1000000',
+      },
+    })
+    await until('the standby serves', async () => {
+      await service.readRouting?.check()
+      return service.readRouting?.report()[0].state === 'serving'
+    })
+    return service
+  }
+  const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
+
+  const a = await createTenant(ownerUrl, { slug: 'replica-a', members: { 'admin@a.test': 'admin', 'bob@a.test': 'member' } })
+  const b = await createTenant(ownerUrl, { slug: 'replica-b', members: { 'admin@b.test': 'admin' } })
+  const tokenA = a.members['admin@a.test'].token
+  const tokenB = b.members['admin@b.test'].token
+  const dealsOnly = await withOwner(ownerUrl, (client) => mintToken(client, a.members['admin@a.test'].id, { scopes: ['deals:read'] }))
+  await caughtUp()
+
+  // A cap far above any lag here: the standby answers whatever it has replayed.
+  const wide = await serve(3_600_000)
+
+  await t.test('reads go to the standby, and a paused standby answers without what it has not replayed', async (t) => {
+    const created = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Ada' } })
+    t.equal(created.status, 201)
+    await caughtUp()
+    // The process learns that the standby has the write at its next check.
+    await wide.readRouting?.check()
+    // The first read authenticates in full on the primary; the next ones resume on the standby.
+    t.equal((await wide.request('GET', '/api/contacts', { token: tokenA })).status, 200)
+    const before = replicaReads(wide)
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    // Written behind the API's back: this process does not know the user wrote it.
+    await withOwner(ownerUrl, (client) =>
+      client.query(`insert into crm.contacts (workspace_id, owner_id, first_name) values ($1, $2, 'Unreplayed')`, [
+        a.id,
+        a.members['admin@a.test'].id,
+      ]),
+    )
+    const list = await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })
+    t.equal(list.status, 200)
+    t.same(
+      list.body.data.map((contact: { first_name: string }) => contact.first_name),
+      ['Ada'],
+      'the standby answered: the row it has not replayed is not there',
+    )
+    t.ok(replicaReads(wide) > before, 'the standby counted the read')
+    await resumeReplay()
+    await caughtUp()
+    const after = await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })
+    t.equal(after.body.data.length, 2, 'once replayed, the standby shows it')
+  })
+
+  await t.test('workspaces and scopes stay apart on the standby', async (t) => {
+    const created = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Secret' } })
+    const id = created.body.data.id
+    await caughtUp()
+    await wide.request('GET', '/api/contacts', { token: tokenB })
+    await wide.request('GET', '/api/deals', { token: dealsOnly })
+    const before = replicaReads(wide)
+    for (let i = 0; i < 5; i++) {
+      t.equal(
+        (await wide.request('GET', `/api/contacts/${id}`, { token: tokenB })).status,
+        404,
+        `another workspace reads nothing (${i + 1})`,
+      )
+      const foreign = await wide.request('GET', '/api/contacts?limit=200', { token: tokenB })
+      t.same(foreign.body.data, [], 'nor lists it')
+      const search = await wide.request('GET', '/api/contacts/search?q=Secret', { token: tokenB })
+      t.same(search.body.data, [], 'nor finds it')
+      const scoped = await wide.request('GET', `/api/contacts/${id}`, { token: dealsOnly })
+      t.equal(scoped.status, 403, 'a deals:read token reads no contact')
+      t.equal((await wide.request('GET', '/api/deals', { token: dealsOnly })).status, 200, 'but lists deals')
+    }
+    t.ok(replicaReads(wide) >= before + 15, `the standby answered them (${replicaReads(wide) - before} reads)`)
+    t.equal((await wide.request('GET', `/api/contacts/${id}`, { token: tokenA })).status, 200, 'its own workspace reads it')
+  })
+
+  await t.test('a client sees its own writes at once, every time', async (t) => {
+    const before = replicaReads(wide)
+    let seen = 0
+    for (let i = 0; i < 100; i++) {
+      const created = await wide.request('POST', '/api/deals', { token: tokenA, body: { name: `Deal ${i}` } })
+      if (created.status !== 201) t.fail(`create ${i}: ${created.status} ${created.text}`)
+      const id = created.body.data.id
+      // Another user's read on the standby brings this process news of its replay position.
+      await wide.request('GET', '/api/contacts', { token: tokenB })
+      const list = await wide.request('GET', '/api/deals?sort=-created_at&limit=5', { token: tokenA })
+      const one = await wide.request('GET', `/api/deals/${id}`, { token: tokenA })
+      if (list.body.data.some((deal: { id: string }) => deal.id === id) && one.status === 200) seen++
+    }
+    t.equal(seen, 100, 'each deal is in the list and readable right after its creation')
+    t.comment(`${replicaReads(wide) - before} of 300 reads answered by the standby (100 of them another user's)`)
+
+    // With replay paused the standby cannot have the write: the reads go to the primary.
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    const created = await wide.request('POST', '/api/deals', { token: tokenA, body: { name: 'While paused' } })
+    const read = await wide.request('GET', `/api/deals/${created.body.data.id}`, { token: tokenA })
+    t.equal(read.status, 200, 'a write the paused standby has not replayed is read on the primary')
+    await resumeReplay()
+    await caughtUp()
+  })
+
+  await t.test('a revoked token is refused once the standby lags past the cap', async (t) => {
+    const tight = await serve(500)
+    const bob = a.members['bob@a.test']
+    t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 200)
+    const before = replicaReads(tight)
+    t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 200)
+    t.ok(replicaReads(tight) > before, 'the token reads on the standby')
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    // Revoked on the primary, by another path than this process: only the cap bounds it.
+    await withOwner(ownerUrl, (client) =>
+      client.query('update crm.tokens set revoked_at = now() where token_hash = $1', [hashToken(bob.token)]),
+    )
+    const revokedAt = (await query(ownerUrl, 'select pg_current_wal_lsn() as lsn')).rows[0].lsn
+    const refused = (await until('the revoked token is refused', async () => {
+      const answer = await tight.request('GET', '/api/contacts', { token: bob.token })
+      return answer.status === 401 ? answer : null
+    })) as TestResponse
+    t.equal(refused.body.code, 'token_revoked')
+    const behind = (await query(standbyAdmin, 'select pg_last_wal_replay_lsn() < $1::pg_lsn as behind', [revokedAt])).rows[0].behind
+    t.equal(behind, true, 'refused while the standby still has not replayed the revocation: the primary answered')
+    for (let i = 0; i < 5; i++) t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 401, 'and from then on')
+    await until('the standby is reported lagging', async () => {
+      await tight.readRouting?.check()
+      return tight.readRouting?.report()[0].state === 'lagging'
+    })
+    const ready = await tight.request('GET', '/readyz')
+    t.equal(ready.status, 200, 'still ready: the primary serves')
+    t.equal(ready.body.replicas[0].state, 'lagging', '/readyz reports the standby lagging')
+    t.ok(
+      tight.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"lagging"')),
+      'the change is logged',
+    )
+    await resumeReplay()
+    await caughtUp()
+  })
+
+  await t.test('a promoted standby, then a stopped one, is skipped without an error', async (t) => {
+    const created = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Before promotion' } })
+    await caughtUp()
+    run('pg_ctl', ['-D', join(standby.dir, 'data'), '-w', 'promote'])
+    const after = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'After promotion' } })
+    for (const id of [created.body.data.id, after.body.data.id]) {
+      t.equal((await wide.request('GET', `/api/contacts/${id}`, { token: tokenA })).status, 200, 'read on the primary')
+    }
+    // Written behind the API's back, after the promotion: only the primary has it.
+    await withOwner(ownerUrl, (client) =>
+      client.query(`insert into crm.contacts (workspace_id, owner_id, first_name) values ($1, $2, 'Primary only')`, [
+        a.id,
+        a.members['admin@a.test'].id,
+      ]),
+    )
+    const listed = await wide.request('GET', '/api/contacts/search?q=Primary', { token: tokenA })
+    t.equal(listed.body.data.length, 1, 'the promoted server does not answer')
+    await until('the standby is reported promoted', async () => {
+      await wide.readRouting?.check()
+      return wide.readRouting?.report()[0].state === 'promoted'
+    })
+    stop(standby)
+    for (let i = 0; i < 5; i++) {
+      t.equal((await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })).status, 200, `read ${i + 1} with the standby down`)
+    }
+    await until('the standby is reported down', async () => {
+      await wide.readRouting?.check()
+      return wide.readRouting?.report()[0].state === 'down'
+    })
+    t.equal((await wide.request('GET', '/readyz')).body.replicas[0].state, 'down')
+    t.ok(
+      wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"down"')),
+      'the change is logged',
+    )
+  })
+}
+
+const missing = NEEDED.filter((name) => !existsSync(join(BIN, name)))
+if (missing.length > 0) {
+  t.comment(`skipped: ${missing.map((name) => join(BIN, name)).join(', ')} missing (apt-get install postgresql-15; .ci/run installs it)`)
+  t.pass('PostgreSQL 15 server binaries are not installed')
+} else {
+  t.test('reads on a streaming standby', onStandby)
+}
