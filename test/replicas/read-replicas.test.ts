@@ -161,7 +161,7 @@ async function onStandby(t: Test): Promise<void> {
   }
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
 
-  const a = await createTenant(ownerUrl, { slug: 'replica-a', members: { 'admin@a.test': 'admin', 'bob@a.test': 'member' } })
+  const a = await createTenant(ownerUrl, { slug: 'replica-a', members: { 'admin@a.test': 'admin', 'bob@a.test': 'member', 'carol@a.test': 'member' } })
   const b = await createTenant(ownerUrl, { slug: 'replica-b', members: { 'admin@b.test': 'admin' } })
   const tokenA = a.members['admin@a.test'].token
   const tokenB = b.members['admin@b.test'].token
@@ -228,6 +228,22 @@ async function onStandby(t: Test): Promise<void> {
     t.equal((await wide.request('GET', `/api/contacts/${id}`, { token: tokenA })).status, 200, 'its own workspace reads it')
   })
 
+  await t.test("the last-used bookkeeping a standby cannot write is left to the primary", async (t) => {
+    t.equal((await wide.request('GET', '/api/contacts', { token: tokenA })).status, 200)
+    // Last used two minutes ago: crm.resume_identity writes the bookkeeping, which a standby refuses.
+    await withOwner(ownerUrl, (client) =>
+      client.query(`update crm.tokens set last_used_at = now() - interval '2 minutes' where token_hash = $1`, [hashToken(tokenA)]),
+    )
+    await caughtUp()
+    await wide.readRouting?.check()
+    const read = await wide.request('GET', '/api/contacts', { token: tokenA })
+    t.equal(read.status, 200, 'the read is answered')
+    const { rows } = await query(ownerUrl, `select last_used_at > now() - interval '1 minute' as fresh from crm.tokens where token_hash = $1`, [
+      hashToken(tokenA),
+    ])
+    t.equal(rows[0].fresh, true, 'by the primary, which wrote the bookkeeping')
+  })
+
   await t.test('a client sees its own writes at once, every time', async (t) => {
     const before = replicaReads(wide)
     let seen = 0
@@ -292,6 +308,13 @@ async function onStandby(t: Test): Promise<void> {
   })
 
   await t.test('a promoted standby, then a stopped one, is skipped without an error', async (t) => {
+    // Carol writes nothing: only the standby's own state keeps her reads off it.
+    const carol = a.members['carol@a.test'].token
+    await wide.readRouting?.check()
+    const carolBefore = replicaReads(wide)
+    t.equal((await wide.request('GET', '/api/contacts/search?q=Primary', { token: carol })).status, 200)
+    t.equal((await wide.request('GET', '/api/contacts/search?q=Primary', { token: carol })).status, 200)
+    t.ok(replicaReads(wide) > carolBefore, 'her reads are on the standby')
     const created = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Before promotion' } })
     await caughtUp()
     run('pg_ctl', ['-D', join(standby.dir, 'data'), '-w', 'promote'])
@@ -306,8 +329,10 @@ async function onStandby(t: Test): Promise<void> {
         a.members['admin@a.test'].id,
       ]),
     )
-    const listed = await wide.request('GET', '/api/contacts/search?q=Primary', { token: tokenA })
-    t.equal(listed.body.data.length, 1, 'the promoted server does not answer')
+    for (const token of [tokenA, carol]) {
+      const listed = await wide.request('GET', '/api/contacts/search?q=Primary', { token })
+      t.equal(listed.body.data.length, 1, 'the promoted server does not answer')
+    }
     await until('the standby is reported promoted', async () => {
       await wide.readRouting?.check()
       return wide.readRouting?.report()[0].state === 'promoted'
