@@ -307,6 +307,28 @@ async function onStandby(t: Test): Promise<void> {
     await caughtUp()
   })
 
+  await t.test('a standby that goes down is skipped without an error, and used again once back', async (t) => {
+    const carol = a.members['carol@a.test'].token
+    await wide.readRouting?.check()
+    t.equal((await wide.request('GET', '/api/contacts', { token: carol })).status, 200)
+    stop(standby)
+    for (let i = 0; i < 5; i++) {
+      t.equal((await wide.request('GET', '/api/contacts', { token: carol })).status, 200, `read ${i + 1} with the standby down`)
+    }
+    t.equal(wide.readRouting?.report()[0].state, 'down', 'the failed read took the standby out at once')
+    t.equal((await wide.request('GET', '/readyz')).body.replicas[0].state, 'down', '/readyz reports it')
+    t.ok(wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"down"')), 'the change is logged')
+    start(standby)
+    await caughtUp()
+    await until('the standby serves again', async () => {
+      await wide.readRouting?.check()
+      return wide.readRouting?.report()[0].state === 'serving'
+    })
+    const before = replicaReads(wide)
+    t.equal((await wide.request('GET', '/api/contacts', { token: carol })).status, 200)
+    t.ok(replicaReads(wide) > before, 'and answers again')
+  })
+
   await t.test('a promoted standby, then a stopped one, is skipped without an error', async (t) => {
     // Carol writes nothing: only the standby's own state keeps her reads off it.
     const carol = a.members['carol@a.test'].token
@@ -337,6 +359,7 @@ async function onStandby(t: Test): Promise<void> {
       await wide.readRouting?.check()
       return wide.readRouting?.report()[0].state === 'promoted'
     })
+    t.ok(wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"promoted"')), 'the change is logged')
     stop(standby)
     for (let i = 0; i < 5; i++) {
       t.equal((await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })).status, 200, `read ${i + 1} with the standby down`)
