@@ -161,7 +161,10 @@ async function onStandby(t: Test): Promise<void> {
   }
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
 
-  const a = await createTenant(ownerUrl, { slug: 'replica-a', members: { 'admin@a.test': 'admin', 'bob@a.test': 'member', 'carol@a.test': 'member' } })
+  const a = await createTenant(ownerUrl, {
+    slug: 'replica-a',
+    members: { 'admin@a.test': 'admin', 'bob@a.test': 'member', 'carol@a.test': 'member', 'dave@a.test': 'member' },
+  })
   const b = await createTenant(ownerUrl, { slug: 'replica-b', members: { 'admin@b.test': 'admin' } })
   const tokenA = a.members['admin@a.test'].token
   const tokenB = b.members['admin@b.test'].token
@@ -228,7 +231,7 @@ async function onStandby(t: Test): Promise<void> {
     t.equal((await wide.request('GET', `/api/contacts/${id}`, { token: tokenA })).status, 200, 'its own workspace reads it')
   })
 
-  await t.test("the last-used bookkeeping a standby cannot write is left to the primary", async (t) => {
+  await t.test('the last-used bookkeeping a standby cannot write is left to the primary', async (t) => {
     t.equal((await wide.request('GET', '/api/contacts', { token: tokenA })).status, 200)
     // Last used two minutes ago: crm.resume_identity writes the bookkeeping, which a standby refuses.
     await withOwner(ownerUrl, (client) =>
@@ -238,9 +241,11 @@ async function onStandby(t: Test): Promise<void> {
     await wide.readRouting?.check()
     const read = await wide.request('GET', '/api/contacts', { token: tokenA })
     t.equal(read.status, 200, 'the read is answered')
-    const { rows } = await query(ownerUrl, `select last_used_at > now() - interval '1 minute' as fresh from crm.tokens where token_hash = $1`, [
-      hashToken(tokenA),
-    ])
+    const { rows } = await query(
+      ownerUrl,
+      `select last_used_at > now() - interval '1 minute' as fresh from crm.tokens where token_hash = $1`,
+      [hashToken(tokenA)],
+    )
     t.equal(rows[0].fresh, true, 'by the primary, which wrote the bookkeeping')
   })
 
@@ -273,7 +278,9 @@ async function onStandby(t: Test): Promise<void> {
   await t.test('a revoked token is refused once the standby lags past the cap', async (t) => {
     const tight = await serve(500)
     const bob = a.members['bob@a.test']
+    const dave = a.members['dave@a.test']
     t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 200)
+    t.equal((await tight.request('GET', '/api/contacts', { token: dave.token })).status, 200)
     const before = replicaReads(tight)
     t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 200)
     t.ok(replicaReads(tight) > before, 'the token reads on the standby')
@@ -282,6 +289,9 @@ async function onStandby(t: Test): Promise<void> {
     // Revoked on the primary, by another path than this process: only the cap bounds it.
     await withOwner(ownerUrl, (client) =>
       client.query('update crm.tokens set revoked_at = now() where token_hash = $1', [hashToken(bob.token)]),
+    )
+    await withOwner(ownerUrl, (client) =>
+      client.query('update crm.memberships set suspended_at = now() where workspace_id = $1 and user_id = $2', [a.id, dave.id]),
     )
     const revokedAt = (await query(ownerUrl, 'select pg_current_wal_lsn() as lsn')).rows[0].lsn
     const refused = (await until('the revoked token is refused', async () => {
@@ -292,6 +302,8 @@ async function onStandby(t: Test): Promise<void> {
     const behind = (await query(standbyAdmin, 'select pg_last_wal_replay_lsn() < $1::pg_lsn as behind', [revokedAt])).rows[0].behind
     t.equal(behind, true, 'refused while the standby still has not replayed the revocation: the primary answered')
     for (let i = 0; i < 5; i++) t.equal((await tight.request('GET', '/api/contacts', { token: bob.token })).status, 401, 'and from then on')
+    const suspended = await tight.request('GET', '/api/contacts', { token: dave.token })
+    t.equal(suspended.status, 401, `the member suspended meanwhile is refused too (${suspended.body?.code})`)
     await until('the standby is reported lagging', async () => {
       await tight.readRouting?.check()
       return tight.readRouting?.report()[0].state === 'lagging'
@@ -317,7 +329,10 @@ async function onStandby(t: Test): Promise<void> {
     }
     t.equal(wide.readRouting?.report()[0].state, 'down', 'the failed read took the standby out at once')
     t.equal((await wide.request('GET', '/readyz')).body.replicas[0].state, 'down', '/readyz reports it')
-    t.ok(wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"down"')), 'the change is logged')
+    t.ok(
+      wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"down"')),
+      'the change is logged',
+    )
     start(standby)
     await caughtUp()
     await until('the standby serves again', async () => {
@@ -359,7 +374,10 @@ async function onStandby(t: Test): Promise<void> {
       await wide.readRouting?.check()
       return wide.readRouting?.report()[0].state === 'promoted'
     })
-    t.ok(wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"promoted"')), 'the change is logged')
+    t.ok(
+      wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"promoted"')),
+      'the change is logged',
+    )
     stop(standby)
     for (let i = 0; i < 5; i++) {
       t.equal((await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })).status, 200, `read ${i + 1} with the standby down`)
