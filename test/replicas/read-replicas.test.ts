@@ -5,150 +5,24 @@
 // revoked token once the standby's lag passes READ_REPLICA_MAX_LAG_MS, and falls back to the
 // primary when the standby is promoted or down. Skipped when the binaries are missing (.ci/run
 // installs postgresql-15).
-import { type SpawnSyncOptions, spawnSync } from 'node:child_process'
-import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import pg from 'pg'
 import t, { type Test } from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
-import { migrate } from '../../src/db/migrate.ts'
-import { freePort } from '../../src/db/provision.ts'
-import { ensureRuntimeRole } from '../../src/db/runtime-role.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET, type TestResponse, type TestServer } from '../helpers/server.ts'
-
-const BIN = '/usr/lib/postgresql/15/bin'
-const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup']
-
-/** PostgreSQL refuses to run as root: as root, the servers run as the postgres system user. */
-const asRoot = process.getuid?.() === 0
-
-function run(command: string, args: string[], options: SpawnSyncOptions = {}): string {
-  const [file, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', join(BIN, command), ...args]] : [join(BIN, command), args]
-  const result = spawnSync(file, argv, { encoding: 'utf8', ...options })
-  if (result.status !== 0) throw new Error(`${command} ${args.join(' ')} failed: ${result.stderr}${result.stdout}`)
-  return String(result.stdout)
-}
-
-type Cluster = { dir: string; port: number; url: (database: string, user?: string, password?: string) => string }
-
-function cluster(dir: string, port: number): Cluster {
-  return {
-    dir,
-    port,
-    url: (database, user = 'postgres', password) =>
-      `postgres://${user}${password ? `:${encodeURIComponent(password)}` : ''}@127.0.0.1:${port}/${database}`,
-  }
-}
-
-function start(node: Cluster): void {
-  const settings = [
-    `-p ${node.port}`,
-    `-k ${node.dir}`,
-    '-c listen_addresses=127.0.0.1',
-    '-c wal_level=replica',
-    '-c max_wal_senders=4',
-    '-c hot_standby=on',
-    '-c hot_standby_feedback=on',
-    '-c fsync=off',
-    '-c max_connections=100',
-  ].join(' ')
-  run('pg_ctl', ['-D', join(node.dir, 'data'), '-o', settings, '-l', join(node.dir, 'log'), '-w', 'start'])
-}
-
-function stop(node: Cluster): void {
-  if (existsSync(join(node.dir, 'data', 'postmaster.pid'))) run('pg_ctl', ['-D', join(node.dir, 'data'), '-m', 'immediate', '-w', 'stop'])
-}
-
-async function query(url: string, text: string, values: unknown[] = []): Promise<pg.QueryResult> {
-  const client = new pg.Client({ connectionString: url })
-  client.on('error', () => {})
-  await client.connect()
-  try {
-    return await client.query(text, values)
-  } finally {
-    await client.end()
-  }
-}
-
-/** Polls until `check` answers a truthy value (tests wait for conditions, not for time). */
-async function until<T>(what: string, check: () => Promise<T>, attempts = 600): Promise<T> {
-  let last: unknown
-  for (let attempt = 0; attempt < attempts; attempt++) {
-    try {
-      const value = await check()
-      if (value) return value
-    } catch (error) {
-      last = error
-    }
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error(`gave up waiting: ${what}${last ? ` (${(last as Error).message})` : ''}`)
-}
+import { missingStandbyBinaries, promoteCluster, query, startCluster, startStandbyPair, stopCluster, until } from '../helpers/standby.ts'
 
 async function onStandby(t: Test): Promise<void> {
-  const base = mkdtempSync(join(tmpdir(), 'crm-replica-'))
-  if (asRoot) chmodSync(base, 0o777)
-  const primary = cluster(join(base, 'primary'), await freePort())
-  const standby = cluster(join(base, 'standby'), await freePort())
-  const mkdir = (dir: string) =>
-    spawnSync(asRoot ? 'runuser' : 'mkdir', asRoot ? ['-u', 'postgres', '--', 'mkdir', '-p', dir] : ['-p', dir])
-  mkdir(primary.dir)
-  mkdir(standby.dir)
-  t.teardown(() => {
-    for (const node of [standby, primary]) {
-      try {
-        stop(node)
-      } catch {}
-    }
-    rmSync(base, { recursive: true, force: true })
-  })
-
-  run('initdb', ['-D', join(primary.dir, 'data'), '-U', 'postgres', '--auth=trust', '--no-sync', '-E', 'UTF8', '--locale=C'])
-  start(primary)
-  await query(primary.url('postgres'), 'create database crm')
-  const ownerUrl = primary.url('crm')
-  await migrate(ownerUrl)
-  const runtimeUrl = new URL(await ensureRuntimeRole(ownerUrl, TEST_APP_SECRET))
-
-  run('pg_basebackup', [
-    '-h',
-    '127.0.0.1',
-    '-p',
-    String(primary.port),
-    '-U',
-    'postgres',
-    '-D',
-    join(standby.dir, 'data'),
-    '-R',
-    '-X',
-    'stream',
-    '--checkpoint=fast',
-  ])
-  start(standby)
-  const replicaUrl = new URL(runtimeUrl)
-  replicaUrl.port = String(standby.port)
-  const standbyAdmin = standby.url('crm')
-  await until('the standby answers as the runtime role', async () => (await query(replicaUrl.toString(), 'select 1')).rowCount === 1)
+  const pair = await startStandbyPair(TEST_APP_SECRET)
+  t.teardown(pair.stop)
+  const { ownerUrl, runtimeUrl, replicaUrl, standbyAdmin, standby, pauseReplay, resumeReplay, caughtUp } = pair
   t.equal((await query(standbyAdmin, 'select pg_is_in_recovery() as r')).rows[0].r, true, 'the standby is in recovery')
-
-  /** Replay on the standby: paused while a test needs it behind the primary. */
-  const pauseReplay = () => query(standbyAdmin, 'select pg_wal_replay_pause()')
-  const resumeReplay = () => query(standbyAdmin, 'select pg_wal_replay_resume()')
-  const caughtUp = async () => {
-    const want = (await query(ownerUrl, 'select pg_current_wal_lsn() as lsn')).rows[0].lsn
-    await until('the standby replays everything', async () => {
-      return (await query(standbyAdmin, 'select pg_last_wal_replay_lsn() >= $1::pg_lsn as ok', [want])).rows[0].ok
-    })
-  }
 
   const serve = async (maxLagMs: number): Promise<TestServer> => {
     const service = await startTestServer(t, {
       databaseUrl: ownerUrl,
       env: {
-        RUNTIME_DATABASE_URL: runtimeUrl.toString(),
-        READ_REPLICA_URLS: replicaUrl.toString(),
+        RUNTIME_DATABASE_URL: runtimeUrl,
+        READ_REPLICA_URLS: replicaUrl,
         READ_REPLICA_MAX_LAG_MS: String(maxLagMs),
         RATE_LIMIT_PER_MINUTE: '1000000',
       },
@@ -323,7 +197,7 @@ async function onStandby(t: Test): Promise<void> {
     const carol = a.members['carol@a.test'].token
     await wide.readRouting?.check()
     t.equal((await wide.request('GET', '/api/contacts', { token: carol })).status, 200)
-    stop(standby)
+    stopCluster(standby)
     for (let i = 0; i < 5; i++) {
       t.equal((await wide.request('GET', '/api/contacts', { token: carol })).status, 200, `read ${i + 1} with the standby down`)
     }
@@ -333,7 +207,7 @@ async function onStandby(t: Test): Promise<void> {
       wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"down"')),
       'the change is logged',
     )
-    start(standby)
+    startCluster(standby)
     await caughtUp()
     await until('the standby serves again', async () => {
       await wide.readRouting?.check()
@@ -354,7 +228,7 @@ async function onStandby(t: Test): Promise<void> {
     t.ok(replicaReads(wide) > carolBefore, 'her reads are on the standby')
     const created = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Before promotion' } })
     await caughtUp()
-    run('pg_ctl', ['-D', join(standby.dir, 'data'), '-w', 'promote'])
+    promoteCluster(standby)
     const after = await wide.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'After promotion' } })
     for (const id of [created.body.data.id, after.body.data.id]) {
       t.equal((await wide.request('GET', `/api/contacts/${id}`, { token: tokenA })).status, 200, 'read on the primary')
@@ -378,7 +252,7 @@ async function onStandby(t: Test): Promise<void> {
       wide.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"promoted"')),
       'the change is logged',
     )
-    stop(standby)
+    stopCluster(standby)
     for (let i = 0; i < 5; i++) {
       t.equal((await wide.request('GET', '/api/contacts?limit=200', { token: tokenA })).status, 200, `read ${i + 1} with the standby down`)
     }
@@ -394,9 +268,9 @@ async function onStandby(t: Test): Promise<void> {
   })
 }
 
-const missing = NEEDED.filter((name) => !existsSync(join(BIN, name)))
+const missing = missingStandbyBinaries()
 if (missing.length > 0) {
-  t.comment(`skipped: ${missing.map((name) => join(BIN, name)).join(', ')} missing (apt-get install postgresql-15; .ci/run installs it)`)
+  t.comment(`skipped: ${missing.join(', ')} missing (apt-get install postgresql-15; .ci/run installs it)`)
   t.pass('PostgreSQL 15 server binaries are not installed')
 } else {
   t.test('reads on a streaming standby', onStandby)
