@@ -124,8 +124,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') throw new Error('scheme')
       return raw
     } catch {
-      const which = position === undefined ? name : `${name} (URI ${position})`
-      problems.push(`${which}: expected a postgres:// or postgresql:// connection URI`)
+      problems.push(`${name}: expected a postgres:// or postgresql:// connection URI${position === undefined ? '' : ` (URI ${position})`}`)
       return null
     }
   }
