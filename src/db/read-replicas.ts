@@ -45,10 +45,6 @@ export function parseLsn(text: string): bigint {
   return (BigInt(`0x${high}`) << 32n) | BigInt(`0x${low}`)
 }
 
-export function formatLsn(lsn: bigint): string {
-  return `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`
-}
-
 /** Users whose last write a standby must have replayed before it answers them; past this, the oldest are forgotten. */
 const MAX_REMEMBERED_WRITES = 100_000
 /** Guarded texts kept per standby pool, like the named statements (src/http/single-statement.ts). */
@@ -139,7 +135,9 @@ export function createReadRouting(options: {
     const was = replica.state
     replica.state = state
     const serving = replicas.filter((r) => r.state === 'serving').length
-    logger.warn('read routing changed', { replica: replica.label, from: was, to: state, lag_ms: lagMs, reason, serving_replicas: serving })
+    const fields = { replica: replica.label, from: was, to: state, lag_ms: lagMs, reason, serving_replicas: serving }
+    if (state === 'serving') logger.info('read routing changed', fields)
+    else logger.warn('read routing changed', fields)
   }
 
   /**
@@ -218,13 +216,17 @@ export function createReadRouting(options: {
   }
 
   let checking = false
-  const timer = setInterval(() => {
-    if (checking) return
+  let ended = false
+  const checkInBackground = () => {
+    if (checking || ended) return
     checking = true
-    check().finally(() => (checking = false))
-  }, checkEveryMs)
+    check()
+      .catch((error: unknown) => logger.warn('read replica check failed', { error: (error as Error).message }))
+      .finally(() => (checking = false))
+  }
+  const timer = setInterval(checkInBackground, checkEveryMs)
   timer.unref()
-  void check()
+  checkInBackground()
 
   /**
    * A standby that may answer this user now: still a standby by the last check, known to have
@@ -272,6 +274,7 @@ export function createReadRouting(options: {
       return primary.rows(query)
     },
     end: async () => {
+      ended = true
       clearInterval(timer)
       await Promise.all([primary.end(), positions.end(), ...replicas.map((replica) => replica.pool.end())])
     },
