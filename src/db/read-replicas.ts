@@ -62,7 +62,12 @@ function guardedText(text: string): string {
  where (select pg_is_in_recovery())`
 }
 
-const CHECK_PRIMARY = 'select pg_current_wal_lsn()::text as lsn'
+/**
+ * The primary's insert position: at or past the end of every commit that has returned, even one
+ * with synchronous_commit off, whose record may not be written out yet (pg_current_wal_lsn could
+ * then be behind it).
+ */
+const CHECK_PRIMARY = 'select pg_current_wal_insert_lsn()::text as lsn'
 const CHECK_STANDBY = 'select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed'
 /** Primary positions kept to date a standby's replay position (a check's worth and more). */
 const MAX_PRIMARY_POSITIONS = 512
