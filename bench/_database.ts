@@ -27,7 +27,7 @@ export async function provision(): Promise<{ url: string; stop: () => Promise<vo
 export const BENCH_APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 
 /** The real API (no worker) in this process on a free port, silent and without a rate limit worth the name. */
-export async function startBenchApi(databaseUrl: string) {
+export async function startBenchApi(databaseUrl: string, env: Record<string, string> = {}) {
   const { loadConfig } = await import('../src/config.ts')
   const { createLogger } = await import('../src/log.ts')
   const { startService } = await import('../src/service.ts')
@@ -38,6 +38,7 @@ export async function startBenchApi(databaseUrl: string) {
     APP_SECRET: BENCH_APP_SECRET,
     LOG_LEVEL: 'silent',
     RATE_LIMIT_PER_MINUTE: '1000000',
+    ...env,
   })
   return startService({
     config,

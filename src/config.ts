@@ -16,6 +16,12 @@ export type Config = {
   runtimeDatabaseUrl: string | null
   /** The role the worker runs as; null: the service creates its own (src/db/runtime-role.ts). */
   workerDatabaseUrl: string | null
+  /**
+   * READ_REPLICA_URLS: streaming standbys that serve single-statement reads (src/db/read-replicas.ts);
+   * empty: every read on the primary. READ_REPLICA_MAX_LAG_MS: the replay lag past which a standby
+   * is skipped, which bounds how long a revocation or a role change can go unseen there.
+   */
+  readReplicas: { urls: string[]; maxLagMs: number }
   host: string
   port: number
   appSecret: string
@@ -123,21 +129,25 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     return fallback
   }
 
-  const connectionUri = (name: string): string | null => {
-    const raw = env[name] || null
+  const connectionUri = (name: string, raw = env[name] || null, position?: number): string | null => {
     if (raw === null) return null
     try {
       const url = new URL(raw)
       if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') throw new Error('scheme')
       return raw
     } catch {
-      problems.push(`${name}: expected a postgres:// or postgresql:// connection URI`)
+      problems.push(`${name}: expected a postgres:// or postgresql:// connection URI${position === undefined ? '' : ` (URI ${position})`}`)
       return null
     }
   }
   const databaseUrl = connectionUri('DATABASE_URL')
   const runtimeDatabaseUrl = connectionUri('RUNTIME_DATABASE_URL')
   const workerDatabaseUrl = connectionUri('WORKER_DATABASE_URL')
+  const readReplicaUrls = (env.READ_REPLICA_URLS || '')
+    .split(/[\s,]+/)
+    .filter((url) => url !== '')
+    .map((url, index) => connectionUri(`READ_REPLICA_URLS`, url, index + 1))
+    .filter((url): url is string => url !== null)
 
   const port = integer('PORT', 3000, 0, 65535)
   const host = env.HOST || '127.0.0.1'
@@ -201,6 +211,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     databaseUrl,
     runtimeDatabaseUrl,
     workerDatabaseUrl,
+    readReplicas: { urls: readReplicaUrls, maxLagMs: integer('READ_REPLICA_MAX_LAG_MS', 5000, 100, 3_600_000) },
     host,
     port,
     appSecret,

@@ -8,6 +8,7 @@ import type { Config } from './config.ts'
 import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
+import { createReadRouting, type ReadRouting } from './db/read-replicas.ts'
 import { ensureRuntimeRole, ensureWorkerRole } from './db/runtime-role.ts'
 import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
@@ -22,6 +23,8 @@ export type RunningService = {
   databaseUrl: string
   pool: DatabasePool
   worker: WorkerHandle | null
+  /** The standbys' routing when READ_REPLICA_URLS is set. */
+  readRouting: ReadRouting | null
   stop: () => Promise<void>
 }
 
@@ -63,6 +66,18 @@ export async function startService(options: {
     onError: (error) => logger.warn('idle statement connection failed', { error: error.message }),
     onWarning: (message) => logger.warn(message),
   })
+  // With standbys, a cached identity's reads go to one that has replayed far enough (read-replicas.ts).
+  const readRouting: ReadRouting | null =
+    config.readReplicas.urls.length === 0
+      ? null
+      : createReadRouting({
+          primary: statementPool,
+          primaryUrl: runtimeUrl,
+          replicaUrls: config.readReplicas.urls,
+          maxLagMs: config.readReplicas.maxLagMs,
+          poolSize: config.dbPoolSize,
+          logger,
+        })
   const worker = workerUrl === null ? null : await startWorker({ databaseUrl: workerUrl, config, logger })
   if (config.webhook.allowHttp || config.webhook.allowedCidrs) {
     logger.warn('WEBHOOK EXCEPTIONS ARE ON: for local development only, never in production', {
@@ -81,6 +96,7 @@ export async function startService(options: {
       pool,
       logger,
       worker,
+      readRouting,
       baseUrl: config.publicBaseUrl ?? '',
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
@@ -104,7 +120,10 @@ export async function startService(options: {
     const authentication = { identities: new IdentityCache(), rateLimit }
     const app = createApp(services, routes, createAuthenticator(config, undefined, authentication), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
-      statements: { authenticate: createStatementAuthenticator(config, undefined, authentication), pool: statementPool },
+      statements: {
+        authenticate: createStatementAuthenticator(config, undefined, authentication),
+        pool: readRouting?.pool ?? statementPool,
+      },
       checkCredential: createCredentialCheck(),
     })
     await new Promise<void>((resolve, reject) => {
@@ -141,9 +160,9 @@ export async function startService(options: {
         )
       await settlePool?.end()
       await worker?.stop()
-      await Promise.all([pool.end(), statementPool.end()])
+      await Promise.all([pool.end(), readRouting ? readRouting.end() : statementPool.end()])
       await database.stop()
     })())
 
-  return { url, databaseUrl: database.url, pool, worker, stop }
+  return { url, databaseUrl: database.url, pool, worker, readRouting, stop }
 }

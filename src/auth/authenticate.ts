@@ -50,7 +50,16 @@ export type AuthenticationState = {
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
 
 /** A statement in plain pg form ($1, $2, ...), ready for the statement pool. */
-export type PlainStatement = { sql: string; values: readonly unknown[] }
+export type PlainStatement = {
+  sql: string
+  values: readonly unknown[]
+  /**
+   * The caller's user when the statement writes nothing (a cached identity's crm.resume_identity
+   * and a read), so a streaming standby may answer it (src/db/read-replicas.ts); unset for
+   * crm.authenticate, which counts the rate limit and keeps the last-used bookkeeping.
+   */
+  readOnlyFor?: string
+}
 
 /** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
 export type StatementAuthenticator = (req: IncomingMessage) => {
@@ -159,7 +168,13 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
  * (wrapStatement checks the two agree): crm.authenticate, or crm.resume_identity for a cached
  * identity.
  */
-type AuthenticationCall = { fragment: ReturnType<typeof sql.fragment>; values: unknown[]; resumes: boolean }
+type AuthenticationCall = {
+  fragment: ReturnType<typeof sql.fragment>
+  values: unknown[]
+  resumes: boolean
+  /** A resumed identity's user (see PlainStatement.readOnlyFor). */
+  readOnlyFor?: string
+}
 
 function authenticateCall(attempt: Attempt): AuthenticationCall {
   return {
@@ -175,6 +190,7 @@ function resumeCall(attempt: Attempt, identity: CachedIdentity): AuthenticationC
     fragment: sql.fragment`crm.resume_identity(${sql.binary(attempt.tokenHash)}, ${identity.caller.workspaceId}, ${identity.accessVersion}, ${attempt.via}, ${follows})`,
     values: [attempt.tokenHash, identity.caller.workspaceId, identity.accessVersion, attempt.via, follows],
     resumes: true,
+    readOnlyFor: identity.caller.userId,
   }
 }
 
@@ -329,7 +345,7 @@ function wrapStatement(call: AuthenticationCall, query: ReturnType<typeof sql.un
     text = pgQueryText(built.sql)
     if (texts.size < MAX_WRAPPED_TEXTS) texts.set(query.sql, text)
   }
-  return { sql: text, values }
+  return { sql: text, values, readOnlyFor: call.readOnlyFor }
 }
 
 /** The route's rows of a wrapped statement's answer, and the authentication row of its first row. */

@@ -8,7 +8,13 @@ import pg from 'pg'
 import { API_TYPE_PARSERS, pgQueryText } from './pool.ts'
 
 /** A statement's text (pg's $1 placeholders, or slonik's, which are renumbered), values and name. */
-export type StatementQuery = { sql: string; values: readonly unknown[]; name?: string }
+export type StatementQuery = {
+  sql: string
+  values: readonly unknown[]
+  name?: string
+  /** The user of a statement that writes nothing, which a standby may answer (src/db/read-replicas.ts). */
+  readOnlyFor?: string
+}
 export type StatementPool = {
   rows: (query: StatementQuery) => Promise<Record<string, unknown>[]>
   end: () => Promise<void>

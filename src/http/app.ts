@@ -269,8 +269,8 @@ export function createApp(
     base: Omit<RouteContext, 'db' | 'caller'>,
   ): Promise<RouteResult> {
     const statements = singleStatementsRefused ? undefined : extra.statements
-    const inTransaction = () =>
-      authenticatedTransaction(definition, req, res, async (db, caller) => {
+    const inTransaction = async () => {
+      const result = await authenticatedTransaction(definition, req, res, async (db, caller) => {
         // The workspace's own slot first (429: its quota), then the process's stream slot (503).
         // A file route took its workspace slot before its body was received (receiveUpload).
         const releases: (() => void)[] = []
@@ -284,6 +284,11 @@ export function createApp(
           for (const release of releases) release()
         }
       })
+      // Committed: before the answer, the user's reads are held to this write's WAL position, so
+      // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
+      if (definition.method !== 'GET' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
+      return result
+    }
     if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)
     return admitted(req, () => {
       if (definition.singleStatement && statements) {

@@ -7,6 +7,7 @@ import type { Caller } from '../auth/authenticate.ts'
 import { type RouteScope, scopeAttribute, scopesAllow } from '../auth/scopes.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
+import type { ReadRouting } from '../db/read-replicas.ts'
 import { type FieldProblem, ForbiddenError, InsufficientScopeError, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
@@ -35,6 +36,8 @@ export type Services = {
   addressRateLimit: AddressRateLimit
   /** The OAuth token and revocation endpoints' limit of clients that send a secret (429 past it). */
   oauthClientRateLimit: OAuthClientRateLimit
+  /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */
+  readRouting?: ReadRouting | null
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
   [key: string]: unknown
 }

@@ -25,11 +25,11 @@ const statementNames = new Map<string, string>()
 function named(query: PlainStatement): StatementQuery {
   let name = statementNames.get(query.sql)
   if (!name) {
-    if (statementNames.size >= MAX_NAMED) return query
+    if (statementNames.size >= MAX_NAMED) return { ...query }
     name = `read_${createHash('sha256').update(query.sql).digest('hex').slice(0, 24)}`
     statementNames.set(query.sql, name)
   }
-  return { sql: query.sql, values: query.values, name }
+  return { sql: query.sql, values: query.values, name, readOnlyFor: query.readOnlyFor }
 }
 
 /**

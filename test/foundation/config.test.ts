@@ -53,6 +53,8 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     TRUST_PROXY: '10.0.0.0/99',
     SMTP_URL: 'http://mail',
     BODY_IDLE_TIMEOUT_MS: '10s',
+    READ_REPLICA_URLS: 'postgres://standby/crm,mysql://replica',
+    READ_REPLICA_MAX_LAG_MS: '5',
   }
   const error = t.throws(() => loadConfig(env, { dataDir: dataDir() })) as unknown as ConfigError
   t.type(error, ConfigError)
@@ -60,6 +62,16 @@ t.test('each bad value yields one line naming its variable', async (t) => {
     t.equal(error.problems.filter((line) => line.startsWith(`${name}:`)).length, 1, `${name} named once`)
   }
   t.equal(error.problems.length, Object.keys(env).length)
+})
+
+t.test('read replicas: none by default; URIs separated by commas; the lag cap', async (t) => {
+  const none = loadConfig({}, { dataDir: dataDir() })
+  t.same(none.readReplicas, { urls: [], maxLagMs: 5000 }, 'every read on the primary')
+  const two = loadConfig(
+    { READ_REPLICA_URLS: 'postgres://a@standby-1/crm, postgresql://a@standby-2:5433/crm', READ_REPLICA_MAX_LAG_MS: '2000' },
+    { dataDir: dataDir() },
+  )
+  t.same(two.readReplicas, { urls: ['postgres://a@standby-1/crm', 'postgresql://a@standby-2:5433/crm'], maxLagMs: 2000 })
 })
 
 t.test('the rate limit batch: 1 % of the limit by default, never above it', async (t) => {

@@ -21,11 +21,24 @@ export default defineRoutes(
   {
     method: 'GET',
     path: '/readyz',
-    summary: 'The database answers and every migration is applied',
+    summary: 'The database answers and every migration is applied; lists the read replicas and their state',
     tag: 'operations',
     auth: 'none',
     errors: [503],
-    response: Type.Object({ status: Type.Literal('ready') }),
+    response: Type.Object({
+      status: Type.Literal('ready'),
+      replicas: Type.Optional(
+        Type.Array(
+          Type.Object({
+            replica: Type.String({ description: 'the standby, its password masked' }),
+            state: Type.Union(['starting', 'serving', 'lagging', 'down', 'promoted'].map((state) => Type.Literal(state))),
+            lag_ms: Type.Union([Type.Integer(), Type.Null()], { description: 'replay lag at the last check' }),
+            reads: Type.Integer({ description: 'reads this process has had answered by the standby' }),
+          }),
+          { description: 'READ_REPLICA_URLS: a standby that is not serving leaves its reads to the primary (still ready)' },
+        ),
+      ),
+    }),
     handler: async ({ services }) => {
       let current: boolean
       try {
@@ -36,7 +49,8 @@ export default defineRoutes(
         throw new UnavailableError(error)
       }
       if (!current) throw new UnavailableError(null, 'The database schema is behind this version: run crm migrate')
-      return { body: { status: 'ready' } }
+      const replicas = services.readRouting?.report()
+      return { body: { status: 'ready', ...(replicas ? { replicas } : {}) } }
     },
   },
 )

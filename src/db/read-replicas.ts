@@ -1,0 +1,304 @@
+// Single-statement reads on streaming standbys (READ_REPLICA_URLS). A statement may leave the
+// primary only when it writes nothing: a cached identity's read (crm.resume_identity and the
+// route's query, marked `readOnlyFor` by the authenticator). crm.authenticate counts the rate limit
+// and keeps the last-used bookkeeping, so a token's first statement in a process, and every
+// request that is not such a read, stays on the primary. crm.resume_identity writes that
+// bookkeeping too when it is a minute old or the workspace changed: on a standby that write is
+// refused (read-only transaction) and the read runs again on the primary, which writes it.
+//
+// A standby answers a read only when it is known, from an observation made before the read was
+// sent, to have replayed (1) the primary's WAL position after the user's last write (remembered in
+// this process) and (2) a primary position read at most READ_REPLICA_MAX_LAG_MS ago. The
+// observation must come first: a statement takes its snapshot when it starts, so a replay position
+// read inside the statement could already include a commit its snapshot does not (a create-then-list
+// loop missed its own write now and then with the check inside the statement). Observations come from a check every quarter of the cap (at most a second), from
+// every read a standby answers (it sends its replay position along) and from the primary's
+// position after each write. Inside the read, a one-time filter refuses a server that is no longer
+// a standby (promoted). A standby that refuses or cannot take a statement leaves it to the primary.
+// The checks also report the standbys on /readyz and log each change of a standby's state.
+import pg from 'pg'
+import type { Logger } from '../log.ts'
+import { redactUrl } from './provision.ts'
+import { createStatementPool, type StatementPool, type StatementQuery } from './statement-pool.ts'
+
+export type ReplicaState = 'starting' | 'serving' | 'lagging' | 'down' | 'promoted'
+/** A standby as /readyz shows it: its state and replay lag at the last check, and the reads it has answered. */
+export type ReplicaReport = { replica: string; state: ReplicaState; lag_ms: number | null; reads: number }
+
+export type ReadRouting = {
+  /** The statement pool of single-statement reads: a standby when it may answer, else the primary. */
+  pool: StatementPool
+  /**
+   * After a request of this user that may have written, before its answer: the user's reads stay on
+   * the primary until a standby has replayed past the primary's WAL position as of now.
+   */
+  noteWrite: (userId: string) => Promise<void>
+  report: () => ReplicaReport[]
+  /** Runs one check of the primary and every standby now (tests wait for a state with it). */
+  check: () => Promise<void>
+  end: () => Promise<void>
+}
+
+/** A WAL position (pg_lsn, `16/B374D848`) as a number, so positions compare. */
+export function parseLsn(text: string): bigint {
+  const [high, low] = text.split('/')
+  return (BigInt(`0x${high}`) << 32n) | BigInt(`0x${low}`)
+}
+
+/** Users whose last write a standby must have replayed before it answers them; past this, the oldest are forgotten. */
+const MAX_REMEMBERED_WRITES = 100_000
+/** Guarded texts kept per standby pool, like the named statements (src/http/single-statement.ts). */
+const MAX_GUARDED_TEXTS = 256
+
+/**
+ * The read behind the standby's one-time filter (still a standby), with the standby's replay
+ * position on its first row. The read keeps its ORDER BY (a subquery with one is not pulled up into
+ * the outer query), and when the filter is false PostgreSQL does not run it. The extra column's name
+ * starts with auth_, so the route never sees it (unwrapRows in src/auth/authenticate.ts).
+ */
+function guardedText(text: string): string {
+  return `select replica_read.*, (select pg_last_wal_replay_lsn())::text as auth_replica_replayed
+  from (${text}) replica_read
+ where (select pg_is_in_recovery())`
+}
+
+/**
+ * The primary's insert position: at or past the end of every commit that has returned, even one
+ * with synchronous_commit off, whose record may not be written out yet (pg_current_wal_lsn could
+ * then be behind it).
+ */
+const CHECK_PRIMARY = 'select pg_current_wal_insert_lsn()::text as lsn'
+const CHECK_STANDBY = 'select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed'
+/** Primary positions kept to date a standby's replay position (a check's worth and more). */
+const MAX_PRIMARY_POSITIONS = 512
+
+type Replica = {
+  label: string
+  pool: StatementPool
+  state: ReplicaState
+  lagMs: number | null
+  /** The newest replay position observed (0 when unknown). */
+  replayed: bigint
+  /** The latest time (this process's clock) at which the primary's position is known replayed here. */
+  freshAt: number | null
+  guarded: Map<string, string>
+  reads: number
+}
+
+/**
+ * A standby's error that says the standby cannot serve (a lost or refused connection, a shutdown, a
+ * start-up), not that this statement failed: PostgreSQL's own errors are about the statement
+ * otherwise (a refused bookkeeping write, a conflict with recovery).
+ */
+function isUnavailable(error: unknown): boolean {
+  if (!(error instanceof pg.DatabaseError)) return true
+  return error.code?.startsWith('08') === true || error.code?.startsWith('57P') === true
+}
+
+export function createReadRouting(options: {
+  primary: StatementPool
+  /** The runtime role's URL on the primary: the WAL position checks. */
+  primaryUrl: string
+  replicaUrls: string[]
+  maxLagMs: number
+  poolSize: number
+  logger: Logger
+}): ReadRouting {
+  const { primary, logger, maxLagMs } = options
+  const checkEveryMs = Math.min(1000, Math.max(25, Math.floor(maxLagMs / 4)))
+  // One connection for the position checks: they are one short query each, and shared (see observePrimary).
+  const positions = new pg.Pool({ connectionString: options.primaryUrl, max: 1, connectionTimeoutMillis: 5000 })
+  positions.on('error', () => {})
+  const replicas: Replica[] = options.replicaUrls.map((url) => ({
+    label: redactUrl(url),
+    pool: createStatementPool(url, {
+      maxPoolSize: options.poolSize,
+      // A standby that does not answer is skipped, not waited for.
+      connectionTimeoutMs: Math.min(1000, maxLagMs),
+      onError: (error) => logger.warn('idle read replica connection failed', { error: error.message }),
+      onWarning: (message) => logger.warn(message),
+    }),
+    state: 'starting',
+    lagMs: null,
+    replayed: 0n,
+    freshAt: null,
+    guarded: new Map(),
+    reads: 0,
+  }))
+  /** Primary positions seen, oldest first, each with when the query that read it was sent. */
+  const primaryPositions: { lsn: bigint; at: number }[] = []
+  /** Per user: the primary's position after the user's last write, until every standby has replayed it. */
+  const writes = new Map<string, bigint>()
+  /** Users who wrote and whose position is not known yet: their reads stay on the primary. */
+  const pending = new Set<string>()
+  let observing: Promise<void> | null = null
+  let next = 0
+
+  function setState(replica: Replica, state: ReplicaState, lagMs: number | null, reason?: string): void {
+    replica.lagMs = lagMs
+    if (replica.state === state) return
+    const was = replica.state
+    replica.state = state
+    const serving = replicas.filter((r) => r.state === 'serving').length
+    const fields = { replica: replica.label, from: was, to: state, lag_ms: lagMs, reason, serving_replicas: serving }
+    if (state === 'serving') logger.info('read routing changed', fields)
+    else logger.warn('read routing changed', fields)
+  }
+
+  /**
+   * One query of the primary's WAL position, shared by whoever asks while it runs. It covers the
+   * writes noted before it started: those users get the position it answers.
+   */
+  function observePrimary(): Promise<void> {
+    observing ??= (async () => {
+      const covered = [...pending]
+      pending.clear()
+      const observedAt = Date.now()
+      try {
+        const { rows } = await positions.query(CHECK_PRIMARY)
+        const lsn = parseLsn(rows[0].lsn)
+        const last = primaryPositions.at(-1)
+        if (!last || (lsn >= last.lsn && observedAt >= last.at)) primaryPositions.push({ lsn, at: observedAt })
+        if (primaryPositions.length > MAX_PRIMARY_POSITIONS) primaryPositions.splice(0, primaryPositions.length - MAX_PRIMARY_POSITIONS)
+        for (const user of covered) {
+          writes.delete(user)
+          writes.set(user, lsn)
+        }
+        while (writes.size > MAX_REMEMBERED_WRITES) writes.delete(writes.keys().next().value as string)
+      } catch (error) {
+        for (const user of covered) pending.add(user)
+        throw error
+      } finally {
+        observing = null
+      }
+    })()
+    return observing
+  }
+
+  /**
+   * A replay position observed on a standby: everything the primary had written when it answered a
+   * position at or below it is in every snapshot the standby takes from now on.
+   */
+  function observeReplay(replica: Replica, replayed: bigint): void {
+    if (replayed > replica.replayed) replica.replayed = replayed
+    for (let index = primaryPositions.length - 1; index >= 0; index--) {
+      if (primaryPositions[index].lsn <= replica.replayed) {
+        replica.freshAt = Math.max(replica.freshAt ?? 0, primaryPositions[index].at)
+        return
+      }
+    }
+  }
+
+  /** How far behind the primary a standby is known to be: the age of the newest primary position it has replayed. */
+  const lagOf = (replica: Replica) => (replica.freshAt === null ? null : Math.max(0, Date.now() - replica.freshAt))
+
+  async function checkReplica(replica: Replica): Promise<void> {
+    let row: { standby: boolean; replayed: string | null }
+    try {
+      row = (await replica.pool.rows({ sql: CHECK_STANDBY, values: [] }))[0] as typeof row
+    } catch (error) {
+      setState(replica, 'down', null, (error as Error).message)
+      return
+    }
+    if (!row.standby || row.replayed === null) {
+      setState(replica, 'promoted', null, 'not in recovery')
+      return
+    }
+    observeReplay(replica, parseLsn(row.replayed))
+    const lagMs = lagOf(replica)
+    setState(replica, lagMs !== null && lagMs <= maxLagMs ? 'serving' : 'lagging', lagMs)
+  }
+
+  async function check(): Promise<void> {
+    await observePrimary().catch((error: unknown) =>
+      logger.warn('the primary WAL position could not be read', { error: (error as Error).message }),
+    )
+    await Promise.all(replicas.map(checkReplica))
+    // A write every standby has replayed needs remembering no longer.
+    let everywhere = replicas[0].replayed
+    for (const replica of replicas) if (replica.replayed < everywhere) everywhere = replica.replayed
+    for (const [user, lsn] of writes) if (lsn <= everywhere) writes.delete(user)
+  }
+
+  let checking = false
+  let ended = false
+  const checkInBackground = () => {
+    if (checking || ended) return
+    checking = true
+    check()
+      .catch((error: unknown) => logger.warn('read replica check failed', { error: (error as Error).message }))
+      .finally(() => (checking = false))
+  }
+  const timer = setInterval(checkInBackground, checkEveryMs)
+  timer.unref()
+  checkInBackground()
+
+  /**
+   * A standby that may answer this user now: still a standby by the last check, known to have
+   * replayed the user's last write and a primary position at most the cap old. Null: the primary.
+   */
+  function choose(userId: string): Replica | null {
+    if (pending.has(userId)) return null
+    const written = writes.get(userId) ?? 0n
+    for (let tried = 0; tried < replicas.length; tried++) {
+      const replica = replicas[next++ % replicas.length]
+      if (replica.state !== 'serving' && replica.state !== 'lagging') continue
+      const lagMs = lagOf(replica)
+      if (lagMs !== null && lagMs <= maxLagMs && replica.replayed >= written) return replica
+    }
+    return null
+  }
+
+  async function readOn(replica: Replica, query: StatementQuery): Promise<Record<string, unknown>[]> {
+    let text = replica.guarded.get(query.sql)
+    if (text === undefined) {
+      text = guardedText(query.sql)
+      if (replica.guarded.size < MAX_GUARDED_TEXTS) replica.guarded.set(query.sql, text)
+    }
+    const rows = await replica.pool.rows({ sql: text, values: query.values, name: query.name })
+    if (rows.length > 0) observeReplay(replica, parseLsn(rows[0].auth_replica_replayed as string))
+    return rows
+  }
+
+  const pool: StatementPool = {
+    rows: async (query) => {
+      const replica = query.readOnlyFor === undefined ? null : choose(query.readOnlyFor)
+      if (replica) {
+        try {
+          const rows = await readOn(replica, query)
+          if (rows.length > 0) {
+            replica.reads++
+            return rows
+          }
+        } catch (error) {
+          // The standby refused (a bookkeeping write, a conflict with recovery) or is gone: the
+          // primary answers; a standby that is gone is skipped until a check finds it back.
+          if (isUnavailable(error)) setState(replica, 'down', null, (error as Error).message)
+        }
+      }
+      return primary.rows(query)
+    },
+    end: async () => {
+      ended = true
+      clearInterval(timer)
+      await Promise.all([primary.end(), positions.end(), ...replicas.map((replica) => replica.pool.end())])
+    },
+  }
+
+  return {
+    pool,
+    noteWrite: async (userId) => {
+      pending.add(userId)
+      try {
+        while (pending.has(userId)) await observePrimary()
+      } catch (error) {
+        // The user stays pending (reads on the primary) until a check reads the position.
+        logger.warn('the primary WAL position could not be read', { error: (error as Error).message })
+      }
+    },
+    report: () =>
+      replicas.map((replica) => ({ replica: replica.label, state: replica.state, lag_ms: replica.lagMs, reads: replica.reads })),
+    check,
+    end: () => pool.end(),
+  }
+}
