@@ -7,6 +7,7 @@
 // workspace slots.
 import type { IncomingMessage } from 'node:http'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
+import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 
 export type UploadReceiptLimits = {
@@ -45,7 +46,8 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
   let tempBytes = 0
   return {
     take: (req) => {
-      const address = clientOf(req).address
+      // An IPv6 client by its /64, as the per-address rate limit counts it: a /64 rotates freely.
+      const address = addressBlock(clientOf(req).address)
       const fromAddress = byAddress.get(address) ?? 0
       if (fromAddress >= limits.perAddress) {
         throw new RateLimitedError(

@@ -154,3 +154,12 @@ t.test('temporary files are bounded together: a declared or an arriving body pas
   t.equal((await holding.finish()).status, 201)
   t.equal((await upload({ body: half, forwardedFor: '203.0.113.5' }).answer).status, 201, 'the bytes were given back')
 })
+
+t.test('an IPv6 client counts by its /64, as for the per-address rate limit', async (t) => {
+  const body = multipart(csvOf(1000))
+  const held = upload({ body, first: 100, forwardedFor: '2001:db8:1:2::1' })
+  await until(() => uploadDirectories().length === 1, 'the held upload to be received')
+  const neighbour = await upload({ body, forwardedFor: '2001:db8:1:2:ffff::9' }).answer
+  t.equal(neighbour.status, 429, 'another address of the same /64 shares its bound')
+  t.equal((await held.finish()).status, 201)
+})
