@@ -193,7 +193,7 @@ async function alterUnlessDoneMeanwhile(owner: pg.Client, statement: string, don
 }
 
 /** Whether the URL logs in; any failure (through a pooler, a wrong password is 08P01, not 28P01) means no. */
-async function canLogIn(url: string): Promise<boolean> {
+export async function canLogIn(url: string): Promise<boolean> {
   const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 5000 })
   client.on('error', () => {})
   try {

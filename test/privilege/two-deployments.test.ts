@@ -3,10 +3,9 @@
 // crm_worker, the second to start set passwords derived from its owner's and the first one's next
 // connection failed. Each database now has login roles of its own: after both started, and after
 // every connection of the first was cut, both still log in and answer.
-import pg from 'pg'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
-import { ensureRuntimeRole, ensureWorkerRole } from '../../src/db/runtime-role.ts'
+import { canLogIn, ensureRuntimeRole, ensureWorkerRole } from '../../src/db/runtime-role.ts'
 import { crm } from '../helpers/cli.ts'
 import { adminQuery, databaseUrl } from '../helpers/database.ts'
 import { TEST_PASSWORD } from '../helpers/fixtures.ts'
@@ -31,20 +30,6 @@ async function deployment(name: string): Promise<Deployment> {
   ownerUrl.password = `${name}-owner-password`
   await migrate(ownerUrl.toString())
   return { database, ownerUrl: ownerUrl.toString() }
-}
-
-/** Whether a fresh connection logs in: a pool's next connection, or another process's. */
-async function logsIn(url: string): Promise<boolean> {
-  const client = new pg.Client({ connectionString: url })
-  client.on('error', () => {})
-  try {
-    await client.connect()
-    return true
-  } catch {
-    return false
-  } finally {
-    await client.end().catch(() => {})
-  }
 }
 
 /** Signs up until the service answers (its pool replaces the connections that were cut). */
@@ -81,8 +66,8 @@ t.test('two deployments in one cluster both start and keep working', async (t) =
     ['first', firstLogins],
     ['second', secondLogins],
   ] as const) {
-    t.ok(await logsIn(logins.requests), `after both started, the ${label} deployment's requests still log in`)
-    t.ok(await logsIn(logins.worker), `and its worker`)
+    t.ok(await canLogIn(logins.requests), `after both started, the ${label} deployment's requests still log in`)
+    t.ok(await canLogIn(logins.worker), `and its worker`)
   }
 
   // Every connection of the first deployment is cut: its pool logs in again.
@@ -106,5 +91,5 @@ t.test('crm login-roles prints what the service logs in as', async (t) => {
   t.equal(printed.status, 0, printed.stderr)
   t.equal(printed.json.runtime.url, await ensureRuntimeRole(second.ownerUrl, TEST_APP_SECRET))
   t.equal(printed.json.worker.url, await ensureWorkerRole(second.ownerUrl, TEST_APP_SECRET))
-  t.ok(await logsIn(printed.json.runtime.url), 'its runtime login logs in')
+  t.ok(await canLogIn(printed.json.runtime.url), 'its runtime login logs in')
 })
