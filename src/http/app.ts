@@ -197,6 +197,10 @@ export function createApp(
   ): Promise<{ file: ReceivedFile; release: () => void }> {
     const receipt = uploadReceipts.take(req)
     let releaseSlot: (() => void) | undefined
+    const release = () => {
+      receipt.release()
+      releaseSlot?.()
+    }
     try {
       if (definition.auth === 'required') {
         await admitted(req, () =>
@@ -210,16 +214,9 @@ export function createApp(
       }
       receipt.checkDeclaredLength()
       const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
-      return {
-        file,
-        release: () => {
-          receipt.release()
-          releaseSlot?.()
-        },
-      }
+      return { file, release }
     } catch (error) {
-      receipt.release()
-      releaseSlot?.()
+      release()
       throw error
     }
   }

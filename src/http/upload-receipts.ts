@@ -9,6 +9,7 @@ import type { IncomingMessage } from 'node:http'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
 import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
+import { createKeyedCounts } from './workspace-slots.ts'
 
 export type UploadReceiptLimits = {
   /** UPLOADS_PER_ADDRESS: bodies received at once from one client address (429 past it). */
@@ -41,15 +42,14 @@ function tempFull(limits: UploadReceiptLimits): UnavailableError {
 }
 
 export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipts {
-  const byAddress = new Map<string, number>()
+  const byAddress = createKeyedCounts()
   let receipts = 0
   let tempBytes = 0
   return {
     take: (req) => {
       // An IPv6 client by its /64, as the per-address rate limit counts it: a /64 rotates freely.
       const address = addressBlock(clientOf(req).address)
-      const fromAddress = byAddress.get(address) ?? 0
-      if (fromAddress >= limits.perAddress) {
+      if (byAddress.count(address) >= limits.perAddress) {
         throw new RateLimitedError(
           RETRY_AFTER_SECONDS,
           'rate_limited',
@@ -59,7 +59,7 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
       if (receipts >= limits.total) {
         throw new UnavailableError(null, `This server already receives ${limits.total} uploads; retry shortly`)
       }
-      byAddress.set(address, fromAddress + 1)
+      const releaseAddress = byAddress.take(address)
       receipts++
       let reserved = 0
       let released = false
@@ -79,9 +79,7 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
           released = true
           tempBytes -= reserved
           receipts--
-          const left = (byAddress.get(address) ?? 1) - 1
-          if (left === 0) byAddress.delete(address)
-          else byAddress.set(address, left)
+          releaseAddress()
         },
       }
     },

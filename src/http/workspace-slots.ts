@@ -16,30 +16,44 @@ export type WorkspaceSlots = {
 }
 
 export function createWorkspaceSlots(limits: Record<WorkspaceWork, number> = WORKSPACE_SLOTS): WorkspaceSlots {
-  const taken = new Map<string, number>()
+  const taken = createKeyedCounts()
   const keyOf = (work: WorkspaceWork, workspaceId: string) => `${work}:${workspaceId}`
   return {
     take: (work, workspaceId) => {
       const key = keyOf(work, workspaceId)
-      const count = taken.get(key) ?? 0
-      if (count >= limits[work]) {
+      if (taken.count(key) >= limits[work]) {
         throw new RateLimitedError(
           RETRY_AFTER_SECONDS,
           'rate_limited',
           `This workspace already has ${limits[work]} ${work} in progress; retry when one has finished`,
         )
       }
-      taken.set(key, count + 1)
+      return taken.take(key)
+    },
+    inUse: (work, workspaceId) => taken.count(keyOf(work, workspaceId)),
+  }
+}
+
+/**
+ * Counts held per key (a workspace's work, a client address): `take` counts one more and answers
+ * its release, which gives it back once however often it is called; a key whose count is back to
+ * 0 is forgotten, so the map holds only keys in use. The caller checks its bound before `take`.
+ */
+export function createKeyedCounts(): { count: (key: string) => number; take: (key: string) => () => void } {
+  const counts = new Map<string, number>()
+  return {
+    count: (key) => counts.get(key) ?? 0,
+    take: (key) => {
+      counts.set(key, (counts.get(key) ?? 0) + 1)
       let released = false
       return () => {
         if (released) return
         released = true
-        const left = (taken.get(key) ?? 1) - 1
-        if (left === 0) taken.delete(key)
-        else taken.set(key, left)
+        const left = (counts.get(key) ?? 1) - 1
+        if (left === 0) counts.delete(key)
+        else counts.set(key, left)
       }
     },
-    inUse: (work, workspaceId) => taken.get(keyOf(work, workspaceId)) ?? 0,
   }
 }
 
