@@ -70,8 +70,8 @@ function splitTopLevel(text: string, separator: RegExp): { parts: string[]; sepa
   return { parts, separators }
 }
 
-/** The index of the parenthesis that closes the one at open. */
-function closingParen(text: string, open: number): number {
+/** The index of the parenthesis that closes the one at open (-1 when none does). */
+export function closingParen(text: string, open: number): number {
   const { quoted, depth } = scan(text)
   for (let i = open + 1; i < text.length; i++) {
     if (!quoted[i] && depth[i] === depth[open] && (text[i] === ')' || text[i] === ']')) return i
