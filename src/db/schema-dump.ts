@@ -106,7 +106,9 @@ function placeObjects(objects: DumpedObject[]) {
   if (missing.length > 0 || unplaced.length > 0) {
     throw new Error(
       [
-        unplaced.length > 0 ? `objects of crm with no place in src/db/schema-layout.ts: ${unplaced.map((name) => `crm.${name}`).join(', ')}` : '',
+        unplaced.length > 0
+          ? `objects of crm with no place in src/db/schema-layout.ts: ${unplaced.map((name) => `crm.${name}`).join(', ')}`
+          : '',
         missing.length > 0 ? `names in src/db/schema-layout.ts that crm does not hold: ${missing.join(', ')}` : '',
       ]
         .filter(Boolean)

@@ -37,7 +37,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
   },
   {
     title: 'Tenancy and access',
-    about: 'workspaces, users, memberships, roles and their grants, teams, invitations, tokens, the rate limit, the request context and its helpers',
+    about:
+      'workspaces, users, memberships, roles and their grants, teams, invitations, tokens, the rate limit, the request context and its helpers',
     sections: [
       {
         objects: [

@@ -51,7 +51,7 @@ export function collapseWhitespace(text: string): string {
   return out.trim()
 }
 
-/** The text split where a separator stands at depth 0 outside literals; the separators are kept. */
+/** The text split where a separator (a regular expression anchored with ^) stands at depth 0 outside literals; the separators are kept. */
 function splitTopLevel(text: string, separator: RegExp): { parts: string[]; separators: string[] } {
   const { quoted, depth } = scan(text)
   const parts: string[] = []
@@ -60,7 +60,7 @@ function splitTopLevel(text: string, separator: RegExp): { parts: string[]; sepa
   for (let i = 0; i < text.length; i++) {
     if (quoted[i] || depth[i] !== 0) continue
     const match = separator.exec(text.slice(i))
-    if (!match || match.index !== 0 || i === 0) continue
+    if (!match || i === 0) continue
     parts.push(text.slice(from, i))
     separators.push(match[0])
     from = i + match[0].length
