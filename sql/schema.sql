@@ -43,7 +43,8 @@ CREATE OR REPLACE FUNCTION crm.uuid_v7()
  LANGUAGE sql
  PARALLEL SAFE
 RETURN uuidv7();
-comment on function crm.uuid_v7() is 'A time-ordered UUID version 7: PostgreSQL''s uuidv7() (this server is 18 or later).';
+comment on function crm.uuid_v7() is
+  'A time-ordered UUID version 7: PostgreSQL''s uuidv7() (this server is 18 or later).';
 grant execute on function crm.uuid_v7() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.uuid_v7_floor(t timestamp with time zone)
@@ -53,7 +54,8 @@ CREATE OR REPLACE FUNCTION crm.uuid_v7_floor(t timestamp with time zone)
 AS $function$
   select (lpad(to_hex((extract(epoch from t) * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid
 $function$;
-comment on function crm.uuid_v7_floor(t timestamp with time zone) is 'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
+comment on function crm.uuid_v7_floor(t timestamp with time zone) is
+  'The lowest crm.uuid_v7() value of a millisecond (deliveries_24h counts by id range).';
 grant execute on function crm.uuid_v7_floor(t timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.api_time(value timestamp with time zone)
@@ -61,7 +63,8 @@ CREATE OR REPLACE FUNCTION crm.api_time(value timestamp with time zone)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN to_char((value AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text);
-comment on function crm.api_time(value timestamp with time zone) is 'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below spell the same to_char out inline (one inlining step less per query).';
+comment on function crm.api_time(value timestamp with time zone) is
+  'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below spell the same to_char out inline (one inlining step less per query).';
 grant execute on function crm.api_time(value timestamp with time zone) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg__touch_updated_at()
@@ -92,13 +95,15 @@ create table crm.worker_heartbeats (
   host text,
   constraint worker_heartbeats_pkey PRIMARY KEY (worker_id)
 );
-comment on table crm.worker_heartbeats is 'One row per live graphile-worker pool (its locked_by id); the owner role only.';
+comment on table crm.worker_heartbeats is
+  'One row per live graphile-worker pool (its locked_by id); the owner role only.';
 alter table crm.worker_heartbeats enable row level security;
 alter table crm.worker_heartbeats force row level security;
 create policy worker_heartbeats_all_owner on crm.worker_heartbeats as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy worker_heartbeats_all_owner on crm.worker_heartbeats is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy worker_heartbeats_all_owner on crm.worker_heartbeats is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 CREATE OR REPLACE FUNCTION crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval)
  RETURNS text[]
@@ -131,7 +136,8 @@ begin
   return coalesce(v_dead, '{}');
 end
 $function$;
-comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is 'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
+comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is
+  'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
 grant execute on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.worker_stopped(p_worker_id text)
@@ -142,7 +148,8 @@ CREATE OR REPLACE FUNCTION crm.worker_stopped(p_worker_id text)
 AS $function$
   delete from crm.worker_heartbeats where worker_id = p_worker_id
 $function$;
-comment on function crm.worker_stopped(p_worker_id text) is 'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
+comment on function crm.worker_stopped(p_worker_id text) is
+  'A pool that shut down cleanly (its jobs already released) leaves the heartbeat table.';
 grant execute on function crm.worker_stopped(p_worker_id text) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.grant_job_queue_to_worker()
@@ -171,7 +178,8 @@ begin
   end loop;
 end
 $function$;
-comment on function crm.grant_job_queue_to_worker() is 'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
+comment on function crm.grant_job_queue_to_worker() is
+  'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
 
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
@@ -194,7 +202,8 @@ begin
   end loop;
 end
 $function$;
-comment on function crm.housekeeping(log_retention_days integer) is 'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
+comment on function crm.housekeeping(log_retention_days integer) is
+  'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
 grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 -- =================================================================================================
@@ -220,20 +229,29 @@ create table crm.workspaces (
 );
 comment on table crm.workspaces is 'A tenant. Every tenant table carries workspace_id first in its keys.';
 comment on column crm.workspaces.trial_ends_at is 'Webhooks work on pro, or while now() < trial_ends_at.';
-comment on column crm.workspaces.seat_limit is 'Active (not suspended) members may not exceed this; null means unlimited.';
+comment on column crm.workspaces.seat_limit is
+  'Active (not suspended) members may not exceed this; null means unlimited.';
 alter table crm.workspaces enable row level security;
 alter table crm.workspaces force row level security;
 create policy workspaces_all_owner on crm.workspaces as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy workspaces_all_owner on crm.workspaces is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy workspaces_all_owner on crm.workspaces is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy workspaces_select_member on crm.workspaces as permissive for select to crm_api
   using ((id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
 grant select on crm.workspaces to crm_api;
-CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
-CREATE TRIGGER tg_workspaces__delete_records BEFORE DELETE ON crm.workspaces FOR EACH ROW EXECUTE FUNCTION crm.tg_workspaces__delete_records();
-CREATE TRIGGER tg_workspaces__seed_deal_stages AFTER INSERT ON crm.workspaces REFERENCING NEW TABLE AS new_workspaces FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_workspaces__seed_deal_stages();
+CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
+CREATE TRIGGER tg_workspaces__delete_records BEFORE DELETE ON crm.workspaces
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_workspaces__delete_records();
+CREATE TRIGGER tg_workspaces__seed_deal_stages AFTER INSERT ON crm.workspaces
+  REFERENCING NEW TABLE AS new_workspaces
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_workspaces__seed_deal_stages();
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__create_builtin_roles()
  RETURNS trigger
@@ -260,7 +278,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_workspaces__create_builtin_roles() is 'admin (every grant, all), member (view all; create, update, delete own), read_only (view all).';
+comment on function crm.tg_workspaces__create_builtin_roles() is
+  'admin (every grant, all), member (view all; create, update, delete own), read_only (view all).';
 grant execute on function crm.tg_workspaces__create_builtin_roles() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_records()
@@ -276,7 +295,8 @@ begin
   return old;
 end
 $function$;
-comment on function crm.tg_workspaces__delete_records() is 'Deletes a workspace''s deals, contacts and companies before the workspace itself (the cascade a workspace foreign key would give: the record tables have none, their owner keys prove the workspace exists).';
+comment on function crm.tg_workspaces__delete_records() is
+  'Deletes a workspace''s deals, contacts and companies before the workspace itself (the cascade a workspace foreign key would give: the record tables have none, their owner keys prove the workspace exists).';
 grant execute on function crm.tg_workspaces__delete_records() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_workspaces__seed_deal_stages()
@@ -298,7 +318,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_workspaces__seed_deal_stages() is 'Gives every new workspace the default pipeline: lead, qualified, proposal, negotiation, won, lost.';
+comment on function crm.tg_workspaces__seed_deal_stages() is
+  'Gives every new workspace the default pipeline: lead, qualified, proposal, negotiation, won, lost.';
 grant execute on function crm.tg_workspaces__seed_deal_stages() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.free_workspace_slug(p_base text)
@@ -314,7 +335,8 @@ AS $function$
   order by n
   limit 1
 $function$;
-comment on function crm.free_workspace_slug(p_base text) is 'The first free slug of base, base-2, base-3, ... (sign-up retries on the rare race for the same one).';
+comment on function crm.free_workspace_slug(p_base text) is
+  'The first free slug of base, base-2, base-3, ... (sign-up retries on the rare race for the same one).';
 
 create table crm.users (
   id uuid default crm.uuid_v7() not null,
@@ -332,21 +354,26 @@ create table crm.users (
   constraint users_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 255)))
 );
 comment on table crm.users is 'People who sign in. Email is stored lower-case, so the unique key is case-insensitive.';
-comment on column crm.users.password_hash is 'scrypt (N=32768, r=8, p=1, 16-byte salt), encoded as scrypt$N$r$p$salt$hash (base64url).';
-comment on column crm.users.api_access is 'Platform operator switch: when false, the user''s API tokens stop working at once.';
-comment on column crm.users.suspended_at is 'Platform-wide suspension: every token and session of the user stops at once.';
+comment on column crm.users.password_hash is
+  'scrypt (N=32768, r=8, p=1, 16-byte salt), encoded as scrypt$N$r$p$salt$hash (base64url).';
+comment on column crm.users.api_access is
+  'Platform operator switch: when false, the user''s API tokens stop working at once.';
+comment on column crm.users.suspended_at is
+  'Platform-wide suspension: every token and session of the user stops at once.';
 alter table crm.users enable row level security;
 alter table crm.users force row level security;
 create policy users_all_owner on crm.users as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy users_all_owner on crm.users is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy users_all_owner on crm.users is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy users_select_self_or_colleague on crm.users as permissive for select to crm_api
   using (
     ((id = ( SELECT crm.current_user_id() AS current_user_id))
      OR (id = ANY (( SELECT crm.colleague_ids() AS colleague_ids)::uuid[])))
   );
-comment on policy users_select_self_or_colleague on crm.users is 'A user sees themself and the members of the current workspace.';
+comment on policy users_select_self_or_colleague on crm.users is
+  'A user sees themself and the members of the current workspace.';
 create policy users_update_self on crm.users as permissive for update to crm_api
   using ((id = ( SELECT crm.current_user_id() AS current_user_id)))
   with check ((id = ( SELECT crm.current_user_id() AS current_user_id)));
@@ -370,13 +397,15 @@ create table crm.memberships (
   constraint memberships_workspace_id_role_id_fkey FOREIGN KEY (workspace_id, role_id) REFERENCES crm.roles(workspace_id, id)
 );
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
-comment on column crm.memberships.access_version is 'A new value from crm.access_versions in the transaction that changes what the membership grants (its role or suspension, the role''s admin flag or grants) or creates it; a cached identity is refused once it moved (crm.resume_identity). Never set by hand: any write to it draws the next value.';
+comment on column crm.memberships.access_version is
+  'A new value from crm.access_versions in the transaction that changes what the membership grants (its role or suspension, the role''s admin flag or grants) or creates it; a cached identity is refused once it moved (crm.resume_identity). Never set by hand: any write to it draws the next value.';
 alter table crm.memberships enable row level security;
 alter table crm.memberships force row level security;
 create policy memberships_all_owner on crm.memberships as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy memberships_all_owner on crm.memberships is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy memberships_all_owner on crm.memberships is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -385,7 +414,8 @@ create policy memberships_select_own_or_workspace on crm.memberships as permissi
      OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text)))
   );
-comment on policy memberships_select_own_or_workspace on crm.memberships is 'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
+comment on policy memberships_select_own_or_workspace on crm.memberships is
+  'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -395,15 +425,25 @@ create policy memberships_write_admin on crm.memberships as permissive for all t
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy memberships_write_admin on crm.memberships is 'Admins add, change, suspend and remove members of their workspace (a scoped token needs workspace:admin).';
+comment on policy memberships_write_admin on crm.memberships is
+  'Admins add, change, suspend and remove members of their workspace (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.memberships to crm_api;
 grant update (role_id, suspended_at) on crm.memberships to crm_api;
 CREATE INDEX memberships_role_idx ON crm.memberships USING btree (workspace_id, role_id);
 CREATE INDEX memberships_user_idx ON crm.memberships USING btree (user_id, joined_at);
-CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__check_seats();
-CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
-CREATE TRIGGER tg_memberships__next_access_version_insert BEFORE INSERT ON crm.memberships FOR EACH ROW EXECUTE FUNCTION crm.tg_memberships__next_access_version();
-CREATE TRIGGER tg_memberships__next_access_version_update BEFORE UPDATE OF role_id, suspended_at, access_version ON crm.memberships FOR EACH ROW WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at)) OR (old.access_version IS DISTINCT FROM new.access_version))) EXECUTE FUNCTION crm.tg_memberships__next_access_version();
+CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_memberships__check_seats();
+CREATE TRIGGER tg_memberships__keep_an_admin AFTER DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_memberships__keep_an_admin();
+CREATE TRIGGER tg_memberships__next_access_version_insert BEFORE INSERT ON crm.memberships
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_memberships__next_access_version();
+CREATE TRIGGER tg_memberships__next_access_version_update BEFORE UPDATE OF role_id, suspended_at, access_version ON crm.memberships
+  FOR EACH ROW
+  WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at)) OR (old.access_version IS DISTINCT FROM new.access_version)))
+  EXECUTE FUNCTION crm.tg_memberships__next_access_version();
 
 CREATE OR REPLACE FUNCTION crm.tg_memberships__check_seats()
  RETURNS trigger
@@ -429,7 +469,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_memberships__check_seats() is 'Active members may not exceed the workspace seat limit (on join and on unsuspend).';
+comment on function crm.tg_memberships__check_seats() is
+  'Active members may not exceed the workspace seat limit (on join and on unsuspend).';
 grant execute on function crm.tg_memberships__check_seats() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_memberships__keep_an_admin()
@@ -463,7 +504,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_memberships__next_access_version() is 'A membership created, or its role, suspension or version written: it takes the next access version, and cached identities of it are stale.';
+comment on function crm.tg_memberships__next_access_version() is
+  'A membership created, or its role, suspension or version written: it takes the next access version, and cached identities of it are stale.';
 
 create table crm.roles (
   workspace_id uuid not null,
@@ -477,16 +519,19 @@ create table crm.roles (
   constraint roles_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint roles_name_format CHECK ((name ~ '^[a-z][a-z0-9_]{0,62}$'::text))
 );
-comment on table crm.roles is 'Per-workspace roles. Built-in: admin, member, read_only (created by a trigger on crm.workspaces).';
+comment on table crm.roles is
+  'Per-workspace roles. Built-in: admin, member, read_only (created by a trigger on crm.workspaces).';
 alter table crm.roles enable row level security;
 alter table crm.roles force row level security;
 create policy roles_all_owner on crm.roles as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy roles_all_owner on crm.roles is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy roles_all_owner on crm.roles is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy roles_select_workspace on crm.roles as permissive for select to crm_api
   using ((workspace_id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
-comment on policy roles_select_workspace on crm.roles is 'Members see the roles of their workspaces (the workspace list shows their role in each).';
+comment on policy roles_select_workspace on crm.roles is
+  'Members see the roles of their workspaces (the workspace list shows their role in each).';
 create policy roles_write_admin on crm.roles as permissive for all to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -496,13 +541,23 @@ create policy roles_write_admin on crm.roles as permissive for all to crm_api
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy roles_write_admin on crm.roles is 'Admins manage custom roles (a scoped token needs workspace:admin).';
+comment on policy roles_write_admin on crm.roles is
+  'Admins manage custom roles (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.roles to crm_api;
 grant update (name, is_admin) on crm.roles to crm_api;
-CREATE TRIGGER tg_roles__bump_access_versions AFTER UPDATE ON crm.roles REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_roles__bump_access_versions();
-CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
-CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__protect_builtin();
-CREATE TRIGGER tg_roles__refuse_delete_in_use BEFORE DELETE ON crm.roles FOR EACH ROW EXECUTE FUNCTION crm.tg_roles__refuse_delete_in_use();
+CREATE TRIGGER tg_roles__bump_access_versions AFTER UPDATE ON crm.roles
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_roles__bump_access_versions();
+CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
+CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_roles__protect_builtin();
+CREATE TRIGGER tg_roles__refuse_delete_in_use BEFORE DELETE ON crm.roles
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_roles__refuse_delete_in_use();
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__bump_access_versions()
  RETURNS trigger
@@ -517,7 +572,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_roles__bump_access_versions() is 'A role''s admin flag changed: its members'' cached identities are stale.';
+comment on function crm.tg_roles__bump_access_versions() is
+  'A role''s admin flag changed: its members'' cached identities are stale.';
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__keep_an_admin()
  RETURNS trigger
@@ -534,7 +590,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_roles__keep_an_admin() is 'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see this change).';
+comment on function crm.tg_roles__keep_an_admin() is
+  'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see this change).';
 grant execute on function crm.tg_roles__keep_an_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__protect_builtin()
@@ -550,7 +607,8 @@ begin
   return coalesce(new, old);
 end
 $function$;
-comment on function crm.tg_roles__protect_builtin() is 'Refuses changes to built-in roles (they are removed only with their workspace).';
+comment on function crm.tg_roles__protect_builtin() is
+  'Refuses changes to built-in roles (they are removed only with their workspace).';
 grant execute on function crm.tg_roles__protect_builtin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__refuse_delete_in_use()
@@ -570,7 +628,8 @@ begin
   return old;
 end
 $function$;
-comment on function crm.tg_roles__refuse_delete_in_use() is 'A role held by a member or named by a pending invitation cannot be deleted (409 role_in_use).';
+comment on function crm.tg_roles__refuse_delete_in_use() is
+  'A role held by a member or named by a pending invitation cannot be deleted (409 role_in_use).';
 grant execute on function crm.tg_roles__refuse_delete_in_use() to crm_api;
 
 create table crm.role_grants (
@@ -591,10 +650,12 @@ alter table crm.role_grants force row level security;
 create policy role_grants_all_owner on crm.role_grants as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy role_grants_all_owner on crm.role_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy role_grants_all_owner on crm.role_grants is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy role_grants_select_workspace on crm.role_grants as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
-comment on policy role_grants_select_workspace on crm.role_grants is 'Members see the grants of the current workspace''s roles.';
+comment on policy role_grants_select_workspace on crm.role_grants is
+  'Members see the grants of the current workspace''s roles.';
 create policy role_grants_write_admin on crm.role_grants as permissive for all to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -604,12 +665,24 @@ create policy role_grants_write_admin on crm.role_grants as permissive for all t
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy role_grants_write_admin on crm.role_grants is 'Admins change the grants of custom roles (a scoped token needs workspace:admin).';
+comment on policy role_grants_write_admin on crm.role_grants is
+  'Admins change the grants of custom roles (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.role_grants to crm_api;
-CREATE TRIGGER tg_role_grants__bump_access_versions_delete AFTER DELETE ON crm.role_grants REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
-CREATE TRIGGER tg_role_grants__bump_access_versions_insert AFTER INSERT ON crm.role_grants REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
-CREATE TRIGGER tg_role_grants__bump_access_versions_update AFTER UPDATE ON crm.role_grants REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
-CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants FOR EACH ROW EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
+CREATE TRIGGER tg_role_grants__bump_access_versions_delete AFTER DELETE ON crm.role_grants
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__bump_access_versions_insert AFTER INSERT ON crm.role_grants
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__bump_access_versions_update AFTER UPDATE ON crm.role_grants
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
 
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__bump_access_versions()
  RETURNS trigger
@@ -635,7 +708,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_role_grants__bump_access_versions() is 'A role''s grants changed: its members'' cached identities are stale.';
+comment on function crm.tg_role_grants__bump_access_versions() is
+  'A role''s grants changed: its members'' cached identities are stale.';
 
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__protect_builtin()
  RETURNS trigger
@@ -652,7 +726,8 @@ begin
   return coalesce(new, old);
 end
 $function$;
-comment on function crm.tg_role_grants__protect_builtin() is 'Refuses grant changes on built-in roles after their creation transaction.';
+comment on function crm.tg_role_grants__protect_builtin() is
+  'Refuses grant changes on built-in roles after their creation transaction.';
 grant execute on function crm.tg_role_grants__protect_builtin() to crm_api;
 
 create table crm.teams (
@@ -665,13 +740,15 @@ create table crm.teams (
   constraint teams_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint teams_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 100)))
 );
-comment on table crm.teams is 'Groups of members; the team scope covers records owned by anyone sharing a team with the user.';
+comment on table crm.teams is
+  'Groups of members; the team scope covers records owned by anyone sharing a team with the user.';
 alter table crm.teams enable row level security;
 alter table crm.teams force row level security;
 create policy teams_all_owner on crm.teams as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy teams_all_owner on crm.teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy teams_all_owner on crm.teams is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy teams_select_workspace on crm.teams as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy teams_select_workspace on crm.teams is 'Members see the teams of the current workspace.';
@@ -701,7 +778,8 @@ alter table crm.team_members force row level security;
 create policy team_members_all_owner on crm.team_members as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy team_members_all_owner on crm.team_members is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy team_members_all_owner on crm.team_members is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy team_members_select_workspace on crm.team_members as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy team_members_select_workspace on crm.team_members is 'Members see who is in which team.';
@@ -714,7 +792,8 @@ create policy team_members_write_admin on crm.team_members as permissive for all
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy team_members_write_admin on crm.team_members is 'Admins change team membership (a scoped token needs workspace:admin).';
+comment on policy team_members_write_admin on crm.team_members is
+  'Admins change team membership (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.team_members to crm_api;
 CREATE INDEX team_members_user_idx ON crm.team_members USING btree (workspace_id, user_id);
 
@@ -737,8 +816,10 @@ create table crm.invitations (
   constraint invitations_workspace_id_role_id_fkey FOREIGN KEY (workspace_id, role_id) REFERENCES crm.roles(workspace_id, id) ON DELETE CASCADE,
   constraint invitations_email_format CHECK (((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254)))
 );
-comment on table crm.invitations is 'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
-comment on column crm.invitations.token_hash is 'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when SMTP_URL is set).';
+comment on table crm.invitations is
+  'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
+comment on column crm.invitations.token_hash is
+  'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when SMTP_URL is set).';
 alter table crm.invitations enable row level security;
 alter table crm.invitations force row level security;
 create policy invitations_all_admin on crm.invitations as permissive for all to crm_api
@@ -750,11 +831,13 @@ create policy invitations_all_admin on crm.invitations as permissive for all to 
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy invitations_all_admin on crm.invitations is 'Only admins see, create and withdraw the invitations of their workspace (a scoped token needs workspace:admin).';
+comment on policy invitations_all_admin on crm.invitations is
+  'Only admins see, create and withdraw the invitations of their workspace (a scoped token needs workspace:admin).';
 create policy invitations_all_owner on crm.invitations as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy invitations_all_owner on crm.invitations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy invitations_all_owner on crm.invitations is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.invitations to crm_api;
 grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by) on crm.invitations to crm_api;
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
@@ -769,7 +852,8 @@ create table crm.invitation_teams (
   constraint invitation_teams_workspace_id_invitation_id_fkey FOREIGN KEY (workspace_id, invitation_id) REFERENCES crm.invitations(workspace_id, id) ON DELETE CASCADE,
   constraint invitation_teams_workspace_id_team_id_fkey FOREIGN KEY (workspace_id, team_id) REFERENCES crm.teams(workspace_id, id) ON DELETE CASCADE
 );
-comment on table crm.invitation_teams is 'Teams an invited member joins on acceptance (a team deleted meanwhile is simply dropped).';
+comment on table crm.invitation_teams is
+  'Teams an invited member joins on acceptance (a team deleted meanwhile is simply dropped).';
 alter table crm.invitation_teams enable row level security;
 alter table crm.invitation_teams force row level security;
 create policy invitation_teams_all_admin on crm.invitation_teams as permissive for all to crm_api
@@ -781,11 +865,13 @@ create policy invitation_teams_all_admin on crm.invitation_teams as permissive f
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy invitation_teams_all_admin on crm.invitation_teams is 'Follows crm.invitations: admins only (a scoped token needs workspace:admin).';
+comment on policy invitation_teams_all_admin on crm.invitation_teams is
+  'Follows crm.invitations: admins only (a scoped token needs workspace:admin).';
 create policy invitation_teams_all_owner on crm.invitation_teams as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy invitation_teams_all_owner on crm.invitation_teams is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy invitation_teams_all_owner on crm.invitation_teams is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 CREATE INDEX invitation_teams_team_idx ON crm.invitation_teams USING btree (workspace_id, team_id);
 
@@ -802,7 +888,8 @@ AS $function$
     join crm.roles r on r.workspace_id = i.workspace_id and r.id = i.role_id
    where i.token_hash = p_token_hash
 $function$;
-comment on function crm.invitation_preview(p_token_hash bytea) is 'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email has an account.';
+comment on function crm.invitation_preview(p_token_hash bytea) is
+  'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email has an account.';
 grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
@@ -870,8 +957,10 @@ begin
   return next;
 end
 $function$;
-comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is 'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
-grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is
+  'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
+grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
+  to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.prune_invitations(log_retention_days integer)
  RETURNS bigint
@@ -883,7 +972,8 @@ AS $function$
     returning 1)
   select count(*) from gone
 $function$;
-comment on function crm.prune_invitations(log_retention_days integer) is 'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
+comment on function crm.prune_invitations(log_retention_days integer) is
+  'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
 
 create table crm.tokens (
   id uuid default crm.uuid_v7() not null,
@@ -911,20 +1001,29 @@ create table crm.tokens (
   constraint tokens_oauth_grant_bound CHECK (((kind = 'oauth'::text) = (oauth_grant_id IS NOT NULL))),
   constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
-comment on table crm.tokens is 'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
-comment on column crm.tokens.scopes is 'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
-comment on column crm.tokens.workspace_id is 'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
-comment on column crm.tokens.oauth_app_id is 'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
-comment on column crm.tokens.oauth_grant_id is 'The grant an OAuth access token was issued under; revoking either revokes the other.';
-comment on constraint tokens_kind_known on crm.tokens is 'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
-comment on constraint tokens_oauth_bound on crm.tokens is 'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
-comment on constraint tokens_oauth_grant_bound on crm.tokens is 'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
+comment on table crm.tokens is
+  'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
+comment on column crm.tokens.scopes is
+  'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
+comment on column crm.tokens.workspace_id is
+  'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
+comment on column crm.tokens.oauth_app_id is
+  'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
+comment on column crm.tokens.oauth_grant_id is
+  'The grant an OAuth access token was issued under; revoking either revokes the other.';
+comment on constraint tokens_kind_known on crm.tokens is
+  'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
+comment on constraint tokens_oauth_bound on crm.tokens is
+  'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
+comment on constraint tokens_oauth_grant_bound on crm.tokens is
+  'An OAuth access token belongs to a grant; personal tokens and sessions do not.';
 alter table crm.tokens enable row level security;
 alter table crm.tokens force row level security;
 create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy tokens_all_owner on crm.tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy tokens_all_owner on crm.tokens is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
   with check (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -932,14 +1031,16 @@ create policy tokens_insert_own on crm.tokens as permissive for insert to crm_ap
      AND (( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
      AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
   );
-comment on policy tokens_insert_own on crm.tokens is 'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
+comment on policy tokens_insert_own on crm.tokens is
+  'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
      AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
           OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
   );
-comment on policy tokens_select_own on crm.tokens is 'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+comment on policy tokens_select_own on crm.tokens is
+  'A user sees their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
 create policy tokens_update_own on crm.tokens as permissive for update to crm_api
   using (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -951,15 +1052,22 @@ create policy tokens_update_own on crm.tokens as permissive for update to crm_ap
      AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
           OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
   );
-comment on policy tokens_update_own on crm.tokens is 'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+comment on policy tokens_update_own on crm.tokens is
+  'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
 grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
-CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
-CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL))) EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
+CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens
+  FOR EACH ROW
+  WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL)))
+  EXECUTE FUNCTION crm.tg__revocation_is_final();
+CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.tokens
+  FOR EACH ROW
+  WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL) AND (new.oauth_grant_id IS NOT NULL)))
+  EXECUTE FUNCTION crm.tg_tokens__revoke_oauth_grant();
 
 CREATE OR REPLACE FUNCTION crm.tg__revocation_is_final()
  RETURNS trigger
@@ -970,7 +1078,8 @@ begin
   raise exception 'a revoked % stays revoked', tg_table_name using errcode = 'CR409', hint = 'conflict';
 end
 $function$;
-comment on function crm.tg__revocation_is_final() is 'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
+comment on function crm.tg__revocation_is_final() is
+  'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
 CREATE OR REPLACE FUNCTION crm.tg_tokens__revoke_oauth_grant()
  RETURNS trigger
@@ -984,7 +1093,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_tokens__revoke_oauth_grant() is 'A revoked OAuth access token revokes its grant (and with it the refresh tokens and the other access tokens).';
+comment on function crm.tg_tokens__revoke_oauth_grant() is
+  'A revoked OAuth access token revokes its grant (and with it the refresh tokens and the other access tokens).';
 
 CREATE OR REPLACE FUNCTION crm.known_scopes()
  RETURNS text[]
@@ -994,7 +1104,8 @@ AS $function$
   select array['contacts:read', 'contacts:write', 'companies:read', 'companies:write', 'deals:read', 'deals:write',
                'webhooks:manage', 'workspace:admin', 'offline_access']
 $function$;
-comment on function crm.known_scopes() is 'Every scope a token may carry (API.md section 4a), in the order the documentation lists them.';
+comment on function crm.known_scopes() is
+  'Every scope a token may carry (API.md section 4a), in the order the documentation lists them.';
 grant execute on function crm.known_scopes() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_are_valid(p_scopes text[])
@@ -1007,7 +1118,8 @@ AS $function$
      and array_position(p_scopes, null) is null
      and cardinality(p_scopes) = (select count(distinct s) from unnest(p_scopes) s)
 $function$;
-comment on function crm.scopes_are_valid(p_scopes text[]) is 'CHECK for a token''s scopes: 1 to 9 known scopes, no null, no repeat.';
+comment on function crm.scopes_are_valid(p_scopes text[]) is
+  'CHECK for a token''s scopes: 1 to 9 known scopes, no null, no repeat.';
 grant execute on function crm.scopes_are_valid(p_scopes text[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval)
@@ -1018,7 +1130,8 @@ AS $function$
   values (p_user_id, p_kind, left(p_name, 200), p_token_hash, now() + p_ttl)
   returning id, expires_at
 $function$;
-comment on function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval) is 'Stores a new token or session (its SHA-256 only).';
+comment on function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval) is
+  'Stores a new token or session (its SHA-256 only).';
 
 CREATE OR REPLACE FUNCTION crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
  RETURNS TABLE(id uuid, expires_at timestamp with time zone, workspace_slug text)
@@ -1052,8 +1165,10 @@ begin
   return next;
 end
 $function$;
-comment on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) is 'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with them as admin, and their first token.';
-grant execute on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+comment on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) is
+  'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with them as admin, and their first token.';
+grant execute on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
+  to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.prune_tenancy(log_retention_days integer)
  RETURNS bigint
@@ -1064,7 +1179,8 @@ AS $function$
        challenges as (delete from crm.two_factor_challenges where expires_at < now() - interval '1 hour' returning 1)
   select (select count(*) from tokens) + (select count(*) from counters) + (select count(*) from challenges)
 $function$;
-comment on function crm.prune_tenancy(log_retention_days integer) is 'Removes expired tokens (a week after expiry or revocation), rate-limit windows and challenges.';
+comment on function crm.prune_tenancy(log_retention_days integer) is
+  'Removes expired tokens (a week after expiry or revocation), rate-limit windows and challenges.';
 
 -- The rate limit
 
@@ -1076,13 +1192,15 @@ create unlogged table crm.rate_limit_counters (
   constraint rate_limit_counters_pkey PRIMARY KEY (user_id, window_start, backend_pid)
 ) with (fillfactor=10);
 comment on table crm.rate_limit_counters is 'Requests per user per clock-aligned minute, shared by every API process.';
-comment on column crm.rate_limit_counters.backend_pid is 'Whose count the row holds: a positive PostgreSQL backend pid (crm.authenticate and crm.count_request count a request in the backend that ran it), or a negative API process counter id (crm.settle_request_counts: each process picks a random negative integer at start, so it never meets a backend pid; two processes drawing the same one would only share a row, and the totals stay right).';
+comment on column crm.rate_limit_counters.backend_pid is
+  'Whose count the row holds: a positive PostgreSQL backend pid (crm.authenticate and crm.count_request count a request in the backend that ran it), or a negative API process counter id (crm.settle_request_counts: each process picks a random negative integer at start, so it never meets a backend pid; two processes drawing the same one would only share a row, and the totals stay right).';
 alter table crm.rate_limit_counters enable row level security;
 alter table crm.rate_limit_counters force row level security;
 create policy rate_limit_counters_all_owner on crm.rate_limit_counters as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy rate_limit_counters_all_owner on crm.rate_limit_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy rate_limit_counters_all_owner on crm.rate_limit_counters is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 CREATE OR REPLACE FUNCTION crm.count_request(p_user_id uuid)
  RETURNS void
@@ -1094,7 +1212,8 @@ AS $function$
   values (p_user_id, date_trunc('minute', now()), pg_backend_pid(), 1)
   on conflict (user_id, window_start, backend_pid) do update set count = c.count + 1
 $function$;
-comment on function crm.count_request(p_user_id uuid) is 'Counts a request whose transaction rolled back against the user''s rate limit.';
+comment on function crm.count_request(p_user_id uuid) is
+  'Counts a request whose transaction rolled back against the user''s rate limit.';
 grant execute on function crm.count_request(p_user_id uuid) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
@@ -1160,8 +1279,10 @@ begin
      group by u.user_id;
 end
 $function$;
-comment on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) is 'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
-grant execute on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) to crm_runtime;
+comment on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) is
+  'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
+grant execute on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
+  to crm_runtime;
 
 -- The request context and the policy helpers
 
@@ -1170,20 +1291,23 @@ create table crm.internal_secrets (
   value bytea not null,
   constraint internal_secrets_pkey PRIMARY KEY (name)
 );
-comment on table crm.internal_secrets is 'Keys used only inside SECURITY DEFINER functions; crm_api has no grant and no policy here.';
+comment on table crm.internal_secrets is
+  'Keys used only inside SECURITY DEFINER functions; crm_api has no grant and no policy here.';
 alter table crm.internal_secrets enable row level security;
 alter table crm.internal_secrets force row level security;
 create policy internal_secrets_all_owner on crm.internal_secrets as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy internal_secrets_all_owner on crm.internal_secrets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy internal_secrets_all_owner on crm.internal_secrets is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 CREATE OR REPLACE FUNCTION crm.context_text()
  RETURNS text
  LANGUAGE sql
  STABLE
 RETURN CASE WHEN (split_part(current_setting('backtrace_functions'::text), ' '::text, 1) = 'crm_context'::text) THEN current_setting('backtrace_functions'::text) ELSE NULL::text END;
-comment on function crm.context_text() is 'This transaction''s request context as crm.put_context wrote it, or null. Inlined (carrier: backtrace_functions, which only the owner''s code can set) or SECURITY DEFINER (keyed proof: crm.context checked against its HMAC); crm.install_context_carrier decides.';
+comment on function crm.context_text() is
+  'This transaction''s request context as crm.put_context wrote it, or null. Inlined (carrier: backtrace_functions, which only the owner''s code can set) or SECURITY DEFINER (keyed proof: crm.context checked against its HMAC); crm.install_context_carrier decides.';
 grant execute on function crm.context_text() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.write_context(p_context text)
@@ -1195,7 +1319,8 @@ AS $function$
       perform set_config('backtrace_functions', p_context, true);
     end
     $function$;
-comment on function crm.write_context(p_context text) is 'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';
+comment on function crm.write_context(p_context text) is
+  'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';
 
 CREATE OR REPLACE FUNCTION crm.install_context_carrier(p_mode text)
  RETURNS text
@@ -1309,7 +1434,8 @@ begin
   return case when v_carrier then 'parameter' else 'keyed_proof' end;
 end
 $function$;
-comment on function crm.install_context_carrier(p_mode text) is 'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
+comment on function crm.install_context_carrier(p_mode text) is
+  'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 
 CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
  RETURNS boolean
@@ -1342,7 +1468,8 @@ begin
   return true;
 end
 $function$;
-comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
+comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is
+  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
  RETURNS void
@@ -1354,7 +1481,8 @@ begin
   perform crm.put_context(p_user_id, p_workspace_id, p_via, p_scopes, p_oauth_app_id);
 end
 $function$;
-comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is 'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
+comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is
+  'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
  RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint)
@@ -1447,8 +1575,10 @@ begin
     left join context x on true;
 end
 $function$;
-comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is 'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
-grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) to crm_api;
+comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is
+  'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
+grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
  RETURNS TABLE(failure text, user_id uuid)
@@ -1492,8 +1622,10 @@ begin
     left join context x on true;
 end
 $function$;
-comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is 'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
-grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) to crm_api;
+comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is
+  'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
+grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean)
  RETURNS boolean
@@ -1509,7 +1641,8 @@ begin
   return true;
 end
 $function$;
-comment on function crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean) is 'crm.authenticate''s bookkeeping: the user''s last workspace and the token''s last use, when they change (internal).';
+comment on function crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean) is
+  'crm.authenticate''s bookkeeping: the user''s last workspace and the token''s last use, when they change (internal).';
 
 CREATE OR REPLACE FUNCTION crm.require_confined_role()
  RETURNS boolean
@@ -1523,7 +1656,8 @@ AS $function$
               else crm.refuse_unconfined_role()
          end
 $function$;
-comment on function crm.require_confined_role() is 'True when the current role is subject to the policies of crm_api and to no policy of crm_owner; raises 42501 (hint role_not_confined) otherwise. Inlined into the statement that asks.';
+comment on function crm.require_confined_role() is
+  'True when the current role is subject to the policies of crm_api and to no policy of crm_owner; raises 42501 (hint role_not_confined) otherwise. Inlined into the statement that asks.';
 grant execute on function crm.require_confined_role() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.refuse_unconfined_role()
@@ -1537,7 +1671,8 @@ begin
     using errcode = '42501', hint = 'role_not_confined';
 end
 $function$;
-comment on function crm.refuse_unconfined_role() is 'Raises 42501 (hint role_not_confined): crm.require_confined_role''s refusal (internal; crm_api calls that).';
+comment on function crm.refuse_unconfined_role() is
+  'Raises 42501 (hint role_not_confined): crm.require_confined_role''s refusal (internal; crm_api calls that).';
 grant execute on function crm.refuse_unconfined_role() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_user_id()
@@ -1545,7 +1680,8 @@ CREATE OR REPLACE FUNCTION crm.current_user_id()
  LANGUAGE sql
  STABLE
 RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid;
-comment on function crm.current_user_id() is 'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
+comment on function crm.current_user_id() is
+  'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_workspace_id()
@@ -1553,7 +1689,8 @@ CREATE OR REPLACE FUNCTION crm.current_workspace_id()
  LANGUAGE sql
  STABLE
 RETURN (NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 3), ''::text))::uuid;
-comment on function crm.current_workspace_id() is 'The workspace chosen for this transaction, or null without a proven context.';
+comment on function crm.current_workspace_id() is
+  'The workspace chosen for this transaction, or null without a proven context.';
 grant execute on function crm.current_workspace_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
@@ -1561,7 +1698,8 @@ CREATE OR REPLACE FUNCTION crm.current_oauth_app_id()
  LANGUAGE sql
  STABLE
 RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 4), '0'::text), ''::text))::uuid;
-comment on function crm.current_oauth_app_id() is 'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
+comment on function crm.current_oauth_app_id() is
+  'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_via()
@@ -1569,7 +1707,8 @@ CREATE OR REPLACE FUNCTION crm.current_via()
  LANGUAGE sql
  STABLE
 RETURN COALESCE(convert_from(decode(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 5), ''::text), 'hex'::text), 'UTF8'::name), 'system'::text);
-comment on function crm.current_via() is 'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
+comment on function crm.current_via() is
+  'How the change arrived: api, ui, import or system (only used to describe events, never to authorize).';
 grant execute on function crm.current_via() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_scopes()
@@ -1577,7 +1716,8 @@ CREATE OR REPLACE FUNCTION crm.current_scopes()
  LANGUAGE sql
  STABLE
 RETURN CASE COALESCE(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), ''::text) WHEN ''::text THEN '{}'::text[] WHEN 'n'::text THEN NULL::text[] ELSE (convert_from(decode(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'hex'::text), 'UTF8'::name))::text[] END;
-comment on function crm.current_scopes() is 'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
+comment on function crm.current_scopes() is
+  'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
@@ -1593,14 +1733,16 @@ begin
   oauth_app_id := crm.current_oauth_app_id();
 end
 $function$;
-comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is 'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
+comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is
+  'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
 
 CREATE OR REPLACE FUNCTION crm.grant_scope(p_resource text, p_action text)
  RETURNS text
  LANGUAGE sql
  STABLE
 RETURN NULLIF(split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1), ''::text);
-comment on function crm.grant_scope(p_resource text, p_action text) is 'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
+comment on function crm.grant_scope(p_resource text, p_action text) is
+  'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
@@ -1608,7 +1750,8 @@ CREATE OR REPLACE FUNCTION crm.scope_owner_ids(p_resource text, p_action text)
  LANGUAGE sql
  STABLE
 RETURN CASE split_part(split_part(split_part(current_setting('backtrace_functions'::text), ' '::text, 8), ((((','::text || p_resource) || '_'::text) || p_action) || '_'::text), 2), ','::text, 1) WHEN 'own'::text THEN ARRAY[(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 2), ''::text))::uuid] WHEN 'team'::text THEN (string_to_array(split_part(current_setting('backtrace_functions'::text), ' '::text, 9), ','::text))::uuid[] ELSE '{}'::uuid[] END;
-comment on function crm.scope_owner_ids(p_resource text, p_action text) is 'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
+comment on function crm.scope_owner_ids(p_resource text, p_action text) is
+  'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.team_user_ids(p_user_id uuid, p_workspace_id uuid)
@@ -1625,7 +1768,8 @@ AS $function$
     where mine.workspace_id = p_workspace_id and mine.user_id = p_user_id
   )
 $function$;
-comment on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) is 'A user and everyone sharing a team with them in a workspace (internal; not granted to crm_api).';
+comment on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) is
+  'A user and everyone sharing a team with them in a workspace (internal; not granted to crm_api).';
 grant execute on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin()
@@ -1633,7 +1777,8 @@ CREATE OR REPLACE FUNCTION crm.is_admin()
  LANGUAGE sql
  STABLE
 RETURN COALESCE((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text), false);
-comment on function crm.is_admin() is 'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
+comment on function crm.is_admin() is
+  'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
@@ -1641,7 +1786,8 @@ CREATE OR REPLACE FUNCTION crm.is_admin_for(p_scope text)
  LANGUAGE sql
  STABLE
 RETURN COALESCE(((split_part(current_setting('backtrace_functions'::text), ' '::text, 7) = '1'::text) AND ((split_part(current_setting('backtrace_functions'::text), ' '::text, 6) = 'n'::text) OR (p_scope = ANY ((convert_from(decode(NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 6), 'n'::text), ''::text), 'hex'::text), 'UTF8'::name))::text[])))), false);
-comment on function crm.is_admin_for(p_scope text) is 'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
+comment on function crm.is_admin_for(p_scope text) is
+  'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_action text)
@@ -1649,7 +1795,8 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover(p_scopes text[], p_resource text, p_
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN COALESCE((p_scopes && ARRAY[(p_resource || ':write'::text), CASE WHEN (p_action = ANY (ARRAY['view'::text, 'export'::text])) THEN (p_resource || ':read'::text) ELSE NULL::text END]), true);
-comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is 'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
+comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is
+  'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
 grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
@@ -1657,15 +1804,18 @@ CREATE OR REPLACE FUNCTION crm.scopes_cover_link(p_scopes text[], p_contact_id u
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN COALESCE((p_scopes && ARRAY[CASE WHEN (p_contact_id IS NOT NULL) THEN 'contacts:write'::text ELSE NULL::text END, CASE WHEN (p_company_id IS NOT NULL) THEN 'companies:write'::text ELSE NULL::text END, CASE WHEN (p_deal_id IS NOT NULL) THEN 'deals:write'::text ELSE NULL::text END]), true);
-comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is 'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
-grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) to crm_api;
+comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is
+  'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
+grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.scopes_include(p_scopes text[], p_scope text)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN COALESCE((p_scope = ANY (p_scopes)), true);
-comment on function crm.scopes_include(p_scopes text[], p_scope text) is 'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
+comment on function crm.scopes_include(p_scopes text[], p_scope text) is
+  'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
 grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
@@ -1678,7 +1828,8 @@ begin
   return array(select m.user_id from crm.memberships m where m.workspace_id = crm.current_workspace_id());
 end
 $function$;
-comment on function crm.colleague_ids() is 'The members of the current workspace (lets members see each other''s names).';
+comment on function crm.colleague_ids() is
+  'The members of the current workspace (lets members see each other''s names).';
 grant execute on function crm.colleague_ids() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.my_workspace_ids()
@@ -1693,7 +1844,8 @@ begin
                   and (crm.current_oauth_app_id() is null or m.workspace_id = crm.current_workspace_id()));
 end
 $function$;
-comment on function crm.my_workspace_ids() is 'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
+comment on function crm.my_workspace_ids() is
+  'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_import_id()
@@ -1701,7 +1853,8 @@ CREATE OR REPLACE FUNCTION crm.current_import_id()
  LANGUAGE sql
  STABLE
 RETURN CASE WHEN (NULLIF(current_setting('crm.import_id'::text, true), ''::text) IS NOT NULL) THEN crm.proven_import_id() ELSE NULL::uuid END;
-comment on function crm.current_import_id() is 'The import this transaction lands rows for, or null (no proven import context).';
+comment on function crm.current_import_id() is
+  'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.proven_import_id()
@@ -1722,7 +1875,8 @@ begin
   return v_import::uuid;
 end
 $function$;
-comment on function crm.proven_import_id() is 'The import id crm.begin_import_batch set when its proof checks out, else null (crm.current_import_id).';
+comment on function crm.proven_import_id() is
+  'The import id crm.begin_import_batch set when its proof checks out, else null (crm.current_import_id).';
 grant execute on function crm.proven_import_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.import_proof(p_import_id uuid)
@@ -1747,7 +1901,8 @@ begin
   return crm.act_as(p_email, p_slug, scopes => null);
 end
 $function$;
-comment on function crm.act_as(p_email text, p_slug text) is 'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, as their unscoped tokens and sessions do.';
+comment on function crm.act_as(p_email text, p_slug text) is
+  'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, as their unscoped tokens and sessions do.';
 
 CREATE OR REPLACE FUNCTION crm.act_as(p_email text, p_slug text, scopes text[])
  RETURNS text
@@ -1775,7 +1930,8 @@ begin
                 case when act_as.scopes is null then '' else ' with scopes ' || array_to_string(act_as.scopes, ' ') end);
 end
 $function$;
-comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is 'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through the API.';
+comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is
+  'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through the API.';
 
 -- Audit views
 
@@ -1814,7 +1970,8 @@ create view crm.scope_actions as
     unnest(ARRAY['view'::text, 'create'::text, 'update'::text, 'delete'::text, 'import'::text, 'export'::text]) a(action)
   WHERE crm.scopes_cover(ARRAY[s.scope], r.resource, a.action)
   ORDER BY s."position", r.resource, a.action;
-comment on view crm.scope_actions is 'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with its role''s grants.';
+comment on view crm.scope_actions is
+  'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with its role''s grants.';
 
 create view crm.token_access as
  WITH live AS (
@@ -1877,7 +2034,8 @@ UNION ALL
    FROM membership b
      CROSS JOIN unnest(ARRAY['webhooks:manage'::text, 'workspace:admin'::text]) s(scope)
   WHERE b.is_admin AND (s.scope = ANY (b.scopes));
-comment on view crm.token_access is 'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
+comment on view crm.token_access is
+  'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
 
 -- =================================================================================================
 -- RECORDS
@@ -1915,13 +2073,15 @@ create table crm.contacts (
   constraint contacts_phone_format CHECK (((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text)))
 );
 comment on table crm.contacts is 'People (API.md section 5); at least one of first name, last name or email.';
-comment on column crm.contacts.company_id is 'The contact''s company (a visible one when set through the API); set to null when that company is deleted.';
+comment on column crm.contacts.company_id is
+  'The contact''s company (a visible one when set through the API); set to null when that company is deleted.';
 alter table crm.contacts enable row level security;
 alter table crm.contacts force row level security;
 create policy contacts_all_owner on crm.contacts as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy contacts_all_owner on crm.contacts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy contacts_all_owner on crm.contacts is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy contacts_delete_scoped on crm.contacts as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1929,7 +2089,8 @@ create policy contacts_delete_scoped on crm.contacts as permissive for delete to
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('contacts'::text, 'delete'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy contacts_delete_scoped on crm.contacts is 'contacts:delete: all, or the owners the own/team scope covers.';
+comment on policy contacts_delete_scoped on crm.contacts is
+  'contacts:delete: all, or the owners the own/team scope covers.';
 create policy contacts_insert_import on crm.contacts as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1938,21 +2099,24 @@ create policy contacts_insert_import on crm.contacts as permissive for insert to
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('contacts'::text, 'import'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy contacts_insert_import on crm.contacts is 'An import creates contacts with contacts:import (the new owner within its scope).';
+comment on policy contacts_insert_import on crm.contacts is
+  'An import creates contacts with contacts:import (the new owner within its scope).';
 create policy contacts_insert_import_scope on crm.contacts as restrictive for insert to crm_api
   with check (
     ((( SELECT crm.current_import_id() AS current_import_id) IS NULL)
      OR (( SELECT crm.grant_scope('contacts'::text, 'import'::text) AS grant_scope) = 'all'::text)
      OR (owner_id = ANY (( SELECT crm.scope_owner_ids('contacts'::text, 'import'::text) AS scope_owner_ids)::uuid[])))
   );
-comment on policy contacts_insert_import_scope on crm.contacts is 'Inside an import, the new owner must be within the contacts:import scope.';
+comment on policy contacts_insert_import_scope on crm.contacts is
+  'Inside an import, the new owner must be within the contacts:import scope.';
 create policy contacts_insert_own_bookkeeping on crm.contacts as restrictive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND (NOT (created_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id)))
      AND (NOT (updated_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id))))
   );
-comment on policy contacts_insert_own_bookkeeping on crm.contacts is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+comment on policy contacts_insert_own_bookkeeping on crm.contacts is
+  'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
 create policy contacts_insert_scoped on crm.contacts as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1967,7 +2131,8 @@ create policy contacts_select_created_now on crm.contacts as permissive for sele
      AND (created_by = ( SELECT crm.current_user_id() AS current_user_id))
      AND (created_at = now()))
   );
-comment on policy contacts_select_created_now on crm.contacts is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+comment on policy contacts_select_created_now on crm.contacts is
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy contacts_select_scoped on crm.contacts as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1975,7 +2140,8 @@ create policy contacts_select_scoped on crm.contacts as permissive for select to
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('contacts'::text, 'view'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy contacts_select_scoped on crm.contacts is 'contacts:view: all, or the owners the own/team scope covers.';
+comment on policy contacts_select_scoped on crm.contacts is
+  'contacts:view: all, or the owners the own/team scope covers.';
 create policy contacts_update_scoped on crm.contacts as permissive for update to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1989,7 +2155,8 @@ create policy contacts_update_scoped on crm.contacts as permissive for update to
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('contacts'::text, 'update'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy contacts_update_scoped on crm.contacts is 'contacts:update on the row before and after (an owner change must stay within the scope).';
+comment on policy contacts_update_scoped on crm.contacts is
+  'contacts:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.contacts to crm_api;
 grant insert (workspace_id, id, owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields, created_by, updated_by) on crm.contacts to crm_api;
 grant update (owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields) on crm.contacts to crm_api;
@@ -2000,25 +2167,50 @@ comment on index crm.contacts_created_at is 'The default list order (created_at,
 CREATE INDEX contacts_custom_fields ON crm.contacts USING gin (custom_fields jsonb_path_ops);
 comment on index crm.contacts_custom_fields is 'filter[custom_fields.<key>]=value (containment @>).';
 CREATE UNIQUE INDEX contacts_email_unique ON crm.contacts USING btree (workspace_id, email);
-comment on index crm.contacts_email_unique is 'An email belongs to one contact per workspace (API 409 duplicate, pointer /email); import upserts match on it.';
+comment on index crm.contacts_email_unique is
+  'An email belongs to one contact per workspace (API 409 duplicate, pointer /email); import upserts match on it.';
 CREATE INDEX contacts_last_name ON crm.contacts USING btree (workspace_id, last_name, id);
 comment on index crm.contacts_last_name is 'sort=last_name.';
 CREATE INDEX contacts_owner ON crm.contacts USING btree (workspace_id, owner_id);
 comment on index crm.contacts_owner is 'The own/team scope of every contacts policy (owner_id = any (...)).';
 CREATE INDEX contacts_search_trigram ON crm.contacts USING gin (crm.contact_search_text(first_name, last_name, email, phone) gin_trgm_ops);
-comment on index crm.contacts_search_trigram is 'Search: substring and fuzzy (trigram) matches on names, email and phone digits.';
+comment on index crm.contacts_search_trigram is
+  'Search: substring and fuzzy (trigram) matches on names, email and phone digits.';
 CREATE INDEX contacts_search_words ON crm.contacts USING gin (to_tsvector('simple'::regconfig, crm.contact_search_text(first_name, last_name, email, phone)));
 comment on index crm.contacts_search_words is 'Search: full-text word and word-prefix matches.';
 CREATE INDEX contacts_updated_at ON crm.contacts USING btree (workspace_id, updated_at, id);
 comment on index crm.contacts_updated_at is 'updated_since and sort=updated_at (sync clients).';
-CREATE TRIGGER tg_contacts__before_insert BEFORE INSERT ON crm.contacts FOR EACH ROW WHEN ((new.email IS DISTINCT FROM lower(new.email))) EXECUTE FUNCTION crm.tg_contacts__before_write();
-CREATE TRIGGER tg_contacts__before_update BEFORE UPDATE ON crm.contacts FOR EACH ROW EXECUTE FUNCTION crm.tg_contacts__before_write();
-CREATE TRIGGER tg_contacts__company_visible_insert AFTER INSERT ON crm.contacts REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg__assert_company_visible();
-CREATE TRIGGER tg_contacts__company_visible_update AFTER UPDATE ON crm.contacts REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg__assert_company_visible();
-CREATE TRIGGER tg_contacts__events_delete AFTER DELETE ON crm.contacts REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_contacts__write_events();
-CREATE TRIGGER tg_contacts__events_insert AFTER INSERT ON crm.contacts REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_contacts__write_events();
-CREATE TRIGGER tg_contacts__events_update AFTER UPDATE ON crm.contacts REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_contacts__write_events();
-CREATE TRIGGER tg_contacts__touch_updated_at BEFORE UPDATE ON crm.contacts FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
+CREATE TRIGGER tg_contacts__before_insert BEFORE INSERT ON crm.contacts
+  FOR EACH ROW
+  WHEN ((new.email IS DISTINCT FROM lower(new.email)))
+  EXECUTE FUNCTION crm.tg_contacts__before_write();
+CREATE TRIGGER tg_contacts__before_update BEFORE UPDATE ON crm.contacts
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_contacts__before_write();
+CREATE TRIGGER tg_contacts__company_visible_insert AFTER INSERT ON crm.contacts
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg__assert_company_visible();
+CREATE TRIGGER tg_contacts__company_visible_update AFTER UPDATE ON crm.contacts
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg__assert_company_visible();
+CREATE TRIGGER tg_contacts__events_delete AFTER DELETE ON crm.contacts
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_contacts__write_events();
+CREATE TRIGGER tg_contacts__events_insert AFTER INSERT ON crm.contacts
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_contacts__write_events();
+CREATE TRIGGER tg_contacts__events_update AFTER UPDATE ON crm.contacts
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_contacts__write_events();
+CREATE TRIGGER tg_contacts__touch_updated_at BEFORE UPDATE ON crm.contacts
+  FOR EACH ROW
+  WHEN ((old.* IS DISTINCT FROM new.*))
+  EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 CREATE OR REPLACE FUNCTION crm.tg__assert_company_visible()
  RETURNS trigger
@@ -2049,7 +2241,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg__assert_company_visible() is 'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
+comment on function crm.tg__assert_company_visible() is
+  'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
 grant execute on function crm.tg__assert_company_visible() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_contacts__before_write()
@@ -2068,7 +2261,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_contacts__before_write() is 'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
+comment on function crm.tg_contacts__before_write() is
+  'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
 grant execute on function crm.tg_contacts__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_contacts__write_events()
@@ -2114,7 +2308,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_contacts__write_events() is 'Outbox: contact.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.contact_jsonb.';
+comment on function crm.tg_contacts__write_events() is
+  'Outbox: contact.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.contact_jsonb.';
 grant execute on function crm.tg_contacts__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
@@ -2122,7 +2317,8 @@ CREATE OR REPLACE FUNCTION crm.contact_json(c crm.contacts)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN json_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
-comment on function crm.contact_json(c crm.contacts) is 'A contact exactly as the API and webhooks show it (times as crm.api_time writes them).';
+comment on function crm.contact_json(c crm.contacts) is
+  'A contact exactly as the API and webhooks show it (times as crm.api_time writes them).';
 grant execute on function crm.contact_json(c crm.contacts) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.contact_jsonb(c crm.contacts)
@@ -2130,7 +2326,8 @@ CREATE OR REPLACE FUNCTION crm.contact_jsonb(c crm.contacts)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN jsonb_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
-comment on function crm.contact_jsonb(c crm.contacts) is 'crm.contact_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
+comment on function crm.contact_jsonb(c crm.contacts) is
+  'crm.contact_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.contact_jsonb(c crm.contacts) to crm_api;
 
 create table crm.companies (
@@ -2172,7 +2369,8 @@ alter table crm.companies force row level security;
 create policy companies_all_owner on crm.companies as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy companies_all_owner on crm.companies is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy companies_all_owner on crm.companies is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy companies_delete_scoped on crm.companies as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2180,7 +2378,8 @@ create policy companies_delete_scoped on crm.companies as permissive for delete 
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('companies'::text, 'delete'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy companies_delete_scoped on crm.companies is 'companies:delete: all, or the owners the own/team scope covers.';
+comment on policy companies_delete_scoped on crm.companies is
+  'companies:delete: all, or the owners the own/team scope covers.';
 create policy companies_insert_import on crm.companies as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2189,21 +2388,24 @@ create policy companies_insert_import on crm.companies as permissive for insert 
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('companies'::text, 'import'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy companies_insert_import on crm.companies is 'An import creates companies (rows and company_name links) with companies:import.';
+comment on policy companies_insert_import on crm.companies is
+  'An import creates companies (rows and company_name links) with companies:import.';
 create policy companies_insert_import_scope on crm.companies as restrictive for insert to crm_api
   with check (
     ((( SELECT crm.current_import_id() AS current_import_id) IS NULL)
      OR (( SELECT crm.grant_scope('companies'::text, 'import'::text) AS grant_scope) = 'all'::text)
      OR (owner_id = ANY (( SELECT crm.scope_owner_ids('companies'::text, 'import'::text) AS scope_owner_ids)::uuid[])))
   );
-comment on policy companies_insert_import_scope on crm.companies is 'Inside an import, the new owner must be within the companies:import scope.';
+comment on policy companies_insert_import_scope on crm.companies is
+  'Inside an import, the new owner must be within the companies:import scope.';
 create policy companies_insert_own_bookkeeping on crm.companies as restrictive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND (NOT (created_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id)))
      AND (NOT (updated_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id))))
   );
-comment on policy companies_insert_own_bookkeeping on crm.companies is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+comment on policy companies_insert_own_bookkeeping on crm.companies is
+  'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
 create policy companies_insert_scoped on crm.companies as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2211,14 +2413,16 @@ create policy companies_insert_scoped on crm.companies as permissive for insert 
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('companies'::text, 'create'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy companies_insert_scoped on crm.companies is 'companies:create: the new owner must be within the scope.';
+comment on policy companies_insert_scoped on crm.companies is
+  'companies:create: the new owner must be within the scope.';
 create policy companies_select_created_now on crm.companies as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND (created_by = ( SELECT crm.current_user_id() AS current_user_id))
      AND (created_at = now()))
   );
-comment on policy companies_select_created_now on crm.companies is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+comment on policy companies_select_created_now on crm.companies is
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy companies_select_scoped on crm.companies as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2226,7 +2430,8 @@ create policy companies_select_scoped on crm.companies as permissive for select 
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('companies'::text, 'view'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy companies_select_scoped on crm.companies is 'companies:view: all, or the owners the own/team scope covers.';
+comment on policy companies_select_scoped on crm.companies is
+  'companies:view: all, or the owners the own/team scope covers.';
 create policy companies_update_scoped on crm.companies as permissive for update to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2240,7 +2445,8 @@ create policy companies_update_scoped on crm.companies as permissive for update 
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('companies'::text, 'update'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy companies_update_scoped on crm.companies is 'companies:update on the row before and after (an owner change must stay within the scope).';
+comment on policy companies_update_scoped on crm.companies is
+  'companies:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.companies to crm_api;
 grant insert (workspace_id, id, owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields, created_by, updated_by) on crm.companies to crm_api;
 grant update (owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields) on crm.companies to crm_api;
@@ -2249,25 +2455,45 @@ comment on index crm.companies_created_at is 'The default list order (created_at
 CREATE INDEX companies_custom_fields ON crm.companies USING gin (custom_fields jsonb_path_ops);
 comment on index crm.companies_custom_fields is 'filter[custom_fields.<key>]=value (containment @>).';
 CREATE UNIQUE INDEX companies_domain_unique ON crm.companies USING btree (workspace_id, domain);
-comment on index crm.companies_domain_unique is 'A domain belongs to one company per workspace (API 409 duplicate, pointer /domain); import upserts match on it.';
+comment on index crm.companies_domain_unique is
+  'A domain belongs to one company per workspace (API 409 duplicate, pointer /domain); import upserts match on it.';
 CREATE INDEX companies_name ON crm.companies USING btree (workspace_id, name, id);
 comment on index crm.companies_name is 'sort=name and the company_name lookups of imports.';
 CREATE INDEX companies_name_lower ON crm.companies USING btree (workspace_id, lower(name));
-comment on index crm.companies_name_lower is 'Imports: the company_name pseudo-field finds a company by name, case-insensitively.';
+comment on index crm.companies_name_lower is
+  'Imports: the company_name pseudo-field finds a company by name, case-insensitively.';
 CREATE INDEX companies_owner ON crm.companies USING btree (workspace_id, owner_id);
 comment on index crm.companies_owner is 'The own/team scope of every companies policy (owner_id = any (...)).';
 CREATE INDEX companies_search_trigram ON crm.companies USING gin (crm.company_search_text(name, domain, phone) gin_trgm_ops);
-comment on index crm.companies_search_trigram is 'Search: substring and fuzzy (trigram) matches on name, domain and phone digits.';
+comment on index crm.companies_search_trigram is
+  'Search: substring and fuzzy (trigram) matches on name, domain and phone digits.';
 CREATE INDEX companies_search_words ON crm.companies USING gin (to_tsvector('simple'::regconfig, crm.company_search_text(name, domain, phone)));
 comment on index crm.companies_search_words is 'Search: full-text word and word-prefix matches.';
 CREATE INDEX companies_updated_at ON crm.companies USING btree (workspace_id, updated_at, id);
 comment on index crm.companies_updated_at is 'updated_since and sort=updated_at (sync clients).';
-CREATE TRIGGER tg_companies__before_insert BEFORE INSERT ON crm.companies FOR EACH ROW WHEN ((new.domain IS DISTINCT FROM rtrim(lower(new.domain), '.'::text))) EXECUTE FUNCTION crm.tg_companies__before_write();
-CREATE TRIGGER tg_companies__before_update BEFORE UPDATE ON crm.companies FOR EACH ROW EXECUTE FUNCTION crm.tg_companies__before_write();
-CREATE TRIGGER tg_companies__events_delete AFTER DELETE ON crm.companies REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_companies__write_events();
-CREATE TRIGGER tg_companies__events_insert AFTER INSERT ON crm.companies REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_companies__write_events();
-CREATE TRIGGER tg_companies__events_update AFTER UPDATE ON crm.companies REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_companies__write_events();
-CREATE TRIGGER tg_companies__touch_updated_at BEFORE UPDATE ON crm.companies FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
+CREATE TRIGGER tg_companies__before_insert BEFORE INSERT ON crm.companies
+  FOR EACH ROW
+  WHEN ((new.domain IS DISTINCT FROM rtrim(lower(new.domain), '.'::text)))
+  EXECUTE FUNCTION crm.tg_companies__before_write();
+CREATE TRIGGER tg_companies__before_update BEFORE UPDATE ON crm.companies
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_companies__before_write();
+CREATE TRIGGER tg_companies__events_delete AFTER DELETE ON crm.companies
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_companies__write_events();
+CREATE TRIGGER tg_companies__events_insert AFTER INSERT ON crm.companies
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_companies__write_events();
+CREATE TRIGGER tg_companies__events_update AFTER UPDATE ON crm.companies
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_companies__write_events();
+CREATE TRIGGER tg_companies__touch_updated_at BEFORE UPDATE ON crm.companies
+  FOR EACH ROW
+  WHEN ((old.* IS DISTINCT FROM new.*))
+  EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 CREATE OR REPLACE FUNCTION crm.tg_companies__before_write()
  RETURNS trigger
@@ -2285,7 +2511,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_companies__before_write() is 'Stores domains lower-case without a trailing dot; keeps created_*; records updated_by when something changed.';
+comment on function crm.tg_companies__before_write() is
+  'Stores domains lower-case without a trailing dot; keeps created_*; records updated_by when something changed.';
 grant execute on function crm.tg_companies__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_companies__write_events()
@@ -2331,7 +2558,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_companies__write_events() is 'Outbox: company.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.company_jsonb.';
+comment on function crm.tg_companies__write_events() is
+  'Outbox: company.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.company_jsonb.';
 grant execute on function crm.tg_companies__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.company_json(c crm.companies)
@@ -2339,7 +2567,8 @@ CREATE OR REPLACE FUNCTION crm.company_json(c crm.companies)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN json_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
-comment on function crm.company_json(c crm.companies) is 'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as crm.api_time writes them).';
+comment on function crm.company_json(c crm.companies) is
+  'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as crm.api_time writes them).';
 grant execute on function crm.company_json(c crm.companies) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.company_jsonb(c crm.companies)
@@ -2347,7 +2576,8 @@ CREATE OR REPLACE FUNCTION crm.company_jsonb(c crm.companies)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN jsonb_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
-comment on function crm.company_jsonb(c crm.companies) is 'crm.company_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
+comment on function crm.company_jsonb(c crm.companies) is
+  'crm.company_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.company_jsonb(c crm.companies) to crm_api;
 
 create table crm.deals (
@@ -2375,14 +2605,17 @@ create table crm.deals (
   constraint deals_custom_fields_check CHECK (crm.custom_fields_are_valid(custom_fields)),
   constraint deals_name_length CHECK (((length(name) >= 1) AND (length(name) <= 255)))
 );
-comment on table crm.deals is 'Deals (API.md section 5): money in numeric(18,2), the stage one of the workspace''s deal_stages.';
-comment on column crm.deals.stage_changed_at is 'When the stage last changed (read-only, kept by tg_deals__before_write).';
+comment on table crm.deals is
+  'Deals (API.md section 5): money in numeric(18,2), the stage one of the workspace''s deal_stages.';
+comment on column crm.deals.stage_changed_at is
+  'When the stage last changed (read-only, kept by tg_deals__before_write).';
 alter table crm.deals enable row level security;
 alter table crm.deals force row level security;
 create policy deals_all_owner on crm.deals as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy deals_all_owner on crm.deals is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy deals_all_owner on crm.deals is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deals_delete_scoped on crm.deals as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2399,21 +2632,24 @@ create policy deals_insert_import on crm.deals as permissive for insert to crm_a
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('deals'::text, 'import'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy deals_insert_import on crm.deals is 'An import creates deals with deals:import (the new owner within its scope).';
+comment on policy deals_insert_import on crm.deals is
+  'An import creates deals with deals:import (the new owner within its scope).';
 create policy deals_insert_import_scope on crm.deals as restrictive for insert to crm_api
   with check (
     ((( SELECT crm.current_import_id() AS current_import_id) IS NULL)
      OR (( SELECT crm.grant_scope('deals'::text, 'import'::text) AS grant_scope) = 'all'::text)
      OR (owner_id = ANY (( SELECT crm.scope_owner_ids('deals'::text, 'import'::text) AS scope_owner_ids)::uuid[])))
   );
-comment on policy deals_insert_import_scope on crm.deals is 'Inside an import, the new owner must be within the deals:import scope.';
+comment on policy deals_insert_import_scope on crm.deals is
+  'Inside an import, the new owner must be within the deals:import scope.';
 create policy deals_insert_own_bookkeeping on crm.deals as restrictive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND (NOT (created_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id)))
      AND (NOT (updated_by IS DISTINCT FROM ( SELECT crm.current_user_id() AS current_user_id))))
   );
-comment on policy deals_insert_own_bookkeeping on crm.deals is 'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
+comment on policy deals_insert_own_bookkeeping on crm.deals is
+  'created_by/updated_by, when sent, are the caller (imports send them to skip per-row defaults).';
 create policy deals_insert_scoped on crm.deals as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2428,7 +2664,8 @@ create policy deals_select_created_now on crm.deals as permissive for select to 
      AND (created_by = ( SELECT crm.current_user_id() AS current_user_id))
      AND (created_at = now()))
   );
-comment on policy deals_select_created_now on crm.deals is 'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+comment on policy deals_select_created_now on crm.deals is
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
 create policy deals_select_scoped on crm.deals as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2449,7 +2686,8 @@ create policy deals_update_scoped on crm.deals as permissive for update to crm_a
           OR (owner_id = ANY (
                 ( SELECT crm.scope_owner_ids('deals'::text, 'update'::text) AS scope_owner_ids)::uuid[]))))
   );
-comment on policy deals_update_scoped on crm.deals is 'deals:update on the row before and after (an owner change must stay within the scope).';
+comment on policy deals_update_scoped on crm.deals is
+  'deals:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.deals to crm_api;
 grant insert (workspace_id, id, owner_id, name, amount, currency, stage, close_date, company_id, custom_fields, created_by, updated_by) on crm.deals to crm_api;
 grant update (owner_id, name, amount, currency, stage, close_date, company_id, custom_fields) on crm.deals to crm_api;
@@ -2468,17 +2706,41 @@ comment on index crm.deals_search_trigram is 'Search: substring and fuzzy (trigr
 CREATE INDEX deals_search_words ON crm.deals USING gin (to_tsvector('simple'::regconfig, crm.deal_search_text(name)));
 comment on index crm.deals_search_words is 'Search: full-text word and word-prefix matches.';
 CREATE INDEX deals_stage ON crm.deals USING btree (workspace_id, stage, created_at, id);
-comment on index crm.deals_stage is 'The pipeline view: filter[stage] in the default order; also the stage foreign key.';
+comment on index crm.deals_stage is
+  'The pipeline view: filter[stage] in the default order; also the stage foreign key.';
 CREATE INDEX deals_updated_at ON crm.deals USING btree (workspace_id, updated_at, id);
 comment on index crm.deals_updated_at is 'updated_since and sort=updated_at (sync clients).';
-CREATE TRIGGER tg_deals__before_insert BEFORE INSERT ON crm.deals FOR EACH ROW WHEN (((new.stage IS NULL) OR (new.stage_changed_at IS DISTINCT FROM now()))) EXECUTE FUNCTION crm.tg_deals__before_write();
-CREATE TRIGGER tg_deals__before_update BEFORE UPDATE ON crm.deals FOR EACH ROW EXECUTE FUNCTION crm.tg_deals__before_write();
-CREATE TRIGGER tg_deals__company_visible_insert AFTER INSERT ON crm.deals REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg__assert_company_visible();
-CREATE TRIGGER tg_deals__company_visible_update AFTER UPDATE ON crm.deals REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg__assert_company_visible();
-CREATE TRIGGER tg_deals__events_delete AFTER DELETE ON crm.deals REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_deals__write_events();
-CREATE TRIGGER tg_deals__events_insert AFTER INSERT ON crm.deals REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_deals__write_events();
-CREATE TRIGGER tg_deals__events_update AFTER UPDATE ON crm.deals REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION crm.tg_deals__write_events();
-CREATE TRIGGER tg_deals__touch_updated_at BEFORE UPDATE ON crm.deals FOR EACH ROW WHEN ((old.* IS DISTINCT FROM new.*)) EXECUTE FUNCTION crm.tg__touch_updated_at();
+CREATE TRIGGER tg_deals__before_insert BEFORE INSERT ON crm.deals
+  FOR EACH ROW
+  WHEN (((new.stage IS NULL) OR (new.stage_changed_at IS DISTINCT FROM now())))
+  EXECUTE FUNCTION crm.tg_deals__before_write();
+CREATE TRIGGER tg_deals__before_update BEFORE UPDATE ON crm.deals
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_deals__before_write();
+CREATE TRIGGER tg_deals__company_visible_insert AFTER INSERT ON crm.deals
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg__assert_company_visible();
+CREATE TRIGGER tg_deals__company_visible_update AFTER UPDATE ON crm.deals
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg__assert_company_visible();
+CREATE TRIGGER tg_deals__events_delete AFTER DELETE ON crm.deals
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_deals__write_events();
+CREATE TRIGGER tg_deals__events_insert AFTER INSERT ON crm.deals
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_deals__write_events();
+CREATE TRIGGER tg_deals__events_update AFTER UPDATE ON crm.deals
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_deals__write_events();
+CREATE TRIGGER tg_deals__touch_updated_at BEFORE UPDATE ON crm.deals
+  FOR EACH ROW
+  WHEN ((old.* IS DISTINCT FROM new.*))
+  EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 CREATE OR REPLACE FUNCTION crm.tg_deals__before_write()
  RETURNS trigger
@@ -2501,7 +2763,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_deals__before_write() is 'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
+comment on function crm.tg_deals__before_write() is
+  'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
 grant execute on function crm.tg_deals__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_deals__write_events()
@@ -2547,7 +2810,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_deals__write_events() is 'Outbox: deal.created/updated/deleted for every row the statement wrote; a stage change is a deal.updated with previous_attributes.stage; objects rendered by crm.deal_jsonb.';
+comment on function crm.tg_deals__write_events() is
+  'Outbox: deal.created/updated/deleted for every row the statement wrote; a stage change is a deal.updated with previous_attributes.stage; objects rendered by crm.deal_jsonb.';
 grant execute on function crm.tg_deals__write_events() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.deal_json(d crm.deals)
@@ -2555,7 +2819,8 @@ CREATE OR REPLACE FUNCTION crm.deal_json(d crm.deals)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN json_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
-comment on function crm.deal_json(d crm.deals) is 'A deal exactly as the API and webhooks show it (amount as a decimal string, times as crm.api_time writes them).';
+comment on function crm.deal_json(d crm.deals) is
+  'A deal exactly as the API and webhooks show it (amount as a decimal string, times as crm.api_time writes them).';
 grant execute on function crm.deal_json(d crm.deals) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.deal_jsonb(d crm.deals)
@@ -2563,7 +2828,8 @@ CREATE OR REPLACE FUNCTION crm.deal_jsonb(d crm.deals)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 RETURN jsonb_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
-comment on function crm.deal_jsonb(d crm.deals) is 'crm.deal_json(d)::jsonb without the json text in between (the outbox stores jsonb).';
+comment on function crm.deal_jsonb(d crm.deals) is
+  'crm.deal_json(d)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.deal_jsonb(d crm.deals) to crm_api;
 
 create table crm.deal_stages (
@@ -2581,13 +2847,15 @@ create table crm.deal_stages (
   constraint deal_stages_position_check CHECK (("position" >= 0)),
   constraint deal_stages_won_is_closed CHECK (((NOT is_won) OR is_closed))
 );
-comment on table crm.deal_stages is 'The pipeline of a workspace, in position order; a deal''s stage is one of these keys.';
+comment on table crm.deal_stages is
+  'The pipeline of a workspace, in position order; a deal''s stage is one of these keys.';
 alter table crm.deal_stages enable row level security;
 alter table crm.deal_stages force row level security;
 create policy deal_stages_all_owner on crm.deal_stages as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy deal_stages_all_owner on crm.deal_stages is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy deal_stages_all_owner on crm.deal_stages is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy deal_stages_select_member on crm.deal_stages as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy deal_stages_select_member on crm.deal_stages is 'Every member of a workspace sees its pipeline.';
@@ -2608,16 +2876,19 @@ create table crm.associations (
   constraint associations_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint associations_links_two CHECK ((num_nonnulls(contact_id, company_id, deal_id) = 2))
 );
-comment on table crm.associations is 'Many-to-many links between two records of different types; exactly two of contact_id, company_id, deal_id are set.';
+comment on table crm.associations is
+  'Many-to-many links between two records of different types; exactly two of contact_id, company_id, deal_id are set.';
 alter table crm.associations enable row level security;
 alter table crm.associations force row level security;
 create policy associations_all_owner on crm.associations as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy associations_all_owner on crm.associations is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy associations_all_owner on crm.associations is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy associations_delete_scopes on crm.associations as restrictive for delete to crm_api
   using (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
-comment on policy associations_delete_scopes on crm.associations is 'A scoped token unlinks records only with write on one end''s type.';
+comment on policy associations_delete_scopes on crm.associations is
+  'A scoped token unlinks records only with write on one end''s type.';
 create policy associations_delete_visible on crm.associations as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2634,10 +2905,12 @@ create policy associations_delete_visible on crm.associations as permissive for 
                        FROM crm.deals d
                        WHERE ((d.workspace_id = associations.workspace_id) AND (d.id = associations.deal_id))))))
   );
-comment on policy associations_delete_visible on crm.associations is 'A link may be removed only when the caller can see both its ends (links to hidden records stay).';
+comment on policy associations_delete_visible on crm.associations is
+  'A link may be removed only when the caller can see both its ends (links to hidden records stay).';
 create policy associations_insert_scopes on crm.associations as restrictive for insert to crm_api
   with check (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
-comment on policy associations_insert_scopes on crm.associations is 'A scoped token links records only with write on one end''s type.';
+comment on policy associations_insert_scopes on crm.associations is
+  'A scoped token links records only with write on one end''s type.';
 create policy associations_insert_visible on crm.associations as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -2654,10 +2927,12 @@ create policy associations_insert_visible on crm.associations as permissive for 
                        FROM crm.deals d
                        WHERE ((d.workspace_id = associations.workspace_id) AND (d.id = associations.deal_id))))))
   );
-comment on policy associations_insert_visible on crm.associations is 'A link may be made only between records the caller can see.';
+comment on policy associations_insert_visible on crm.associations is
+  'A link may be made only between records the caller can see.';
 create policy associations_select_member on crm.associations as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
-comment on policy associations_select_member on crm.associations is 'Members see links; the API joins each link to the record at its other end, which RLS filters.';
+comment on policy associations_select_member on crm.associations is
+  'Members see links; the API joins each link to the record at its other end, which RLS filters.';
 grant select, delete on crm.associations to crm_api;
 grant insert (contact_id, company_id, deal_id) on crm.associations to crm_api;
 CREATE INDEX associations_company ON crm.associations USING btree (workspace_id, company_id, contact_id);
@@ -2715,8 +2990,10 @@ begin
   return v_id;
 end
 $function$;
-comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is 'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
-grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) to crm_api;
+comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is
+  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
+grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
+  to crm_api;
 
 -- Custom fields
 
@@ -2725,7 +3002,8 @@ CREATE OR REPLACE FUNCTION crm.custom_fields_are_valid(fields jsonb)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN ((fields = '{}'::jsonb) OR crm.custom_fields_entries_are_valid(fields));
-comment on function crm.custom_fields_are_valid(fields jsonb) is 'CHECK for custom_fields: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null. The empty object is answered inline (no per-row executor).';
+comment on function crm.custom_fields_are_valid(fields jsonb) is
+  'CHECK for custom_fields: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null. The empty object is answered inline (no per-row executor).';
 grant execute on function crm.custom_fields_are_valid(fields jsonb) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.custom_fields_entries_are_valid(fields jsonb)
@@ -2739,7 +3017,8 @@ AS $function$
                                        and jsonb_typeof(value) in ('string', 'number', 'boolean', 'null')), true)
             from jsonb_each(fields))
 $function$;
-comment on function crm.custom_fields_entries_are_valid(fields jsonb) is 'The full custom_fields check: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null.';
+comment on function crm.custom_fields_entries_are_valid(fields jsonb) is
+  'The full custom_fields check: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null.';
 grant execute on function crm.custom_fields_entries_are_valid(fields jsonb) to crm_api;
 
 -- Idempotency
@@ -2758,9 +3037,12 @@ create table crm.idempotency_keys (
   constraint idempotency_keys_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint idempotency_keys_key_length CHECK (((length(key) >= 1) AND (length(key) <= 255)))
 );
-comment on table crm.idempotency_keys is 'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace when the request is the same (request_hash), 409 otherwise.';
-comment on column crm.idempotency_keys.request_hash is 'sha256 of method, path and the body with sorted keys: the same request sent again hashes the same.';
-comment on column crm.idempotency_keys.response_body is 'The JSON text of the first answer exactly as sent (text, not jsonb, so a replay is byte-identical).';
+comment on table crm.idempotency_keys is
+  'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace when the request is the same (request_hash), 409 otherwise.';
+comment on column crm.idempotency_keys.request_hash is
+  'sha256 of method, path and the body with sorted keys: the same request sent again hashes the same.';
+comment on column crm.idempotency_keys.response_body is
+  'The JSON text of the first answer exactly as sent (text, not jsonb, so a replay is byte-identical).';
 alter table crm.idempotency_keys enable row level security;
 alter table crm.idempotency_keys force row level security;
 create policy idempotency_keys_all_own on crm.idempotency_keys as permissive for all to crm_api
@@ -2772,11 +3054,13 @@ create policy idempotency_keys_all_own on crm.idempotency_keys as permissive for
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND (user_id = ( SELECT crm.current_user_id() AS current_user_id)))
   );
-comment on policy idempotency_keys_all_own on crm.idempotency_keys is 'A caller sees and writes only their own keys in the current workspace (the primary key serves it).';
+comment on policy idempotency_keys_all_own on crm.idempotency_keys is
+  'A caller sees and writes only their own keys in the current workspace (the primary key serves it).';
 create policy idempotency_keys_all_owner on crm.idempotency_keys as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy idempotency_keys_all_owner on crm.idempotency_keys is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy idempotency_keys_all_owner on crm.idempotency_keys is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select on crm.idempotency_keys to crm_api;
 grant insert (key, request_hash, response_status, response_body, response_headers) on crm.idempotency_keys to crm_api;
 grant update (request_hash, response_status, response_body, response_headers, created_at, expires_at) on crm.idempotency_keys to crm_api;
@@ -2790,7 +3074,8 @@ AS $function$
   with removed as (delete from crm.idempotency_keys where expires_at <= now() returning 1)
   select count(*) from removed
 $function$;
-comment on function crm.prune_idempotency_keys(log_retention_days integer) is 'Removes idempotency keys past their 24 hours (crm.housekeeping runs it).';
+comment on function crm.prune_idempotency_keys(log_retention_days integer) is
+  'Removes idempotency keys past their 24 hours (crm.housekeeping runs it).';
 
 -- Search
 
@@ -2801,7 +3086,8 @@ CREATE OR REPLACE FUNCTION crm.contact_search_text(first_name text, last_name te
 AS $function$
   select lower(coalesce(first_name, '') || ' ' || coalesce(last_name, '') || ' ' || coalesce(email, '') || ' ' || coalesce(crm.digits(phone), ''))
 $function$;
-comment on function crm.contact_search_text(first_name text, last_name text, email text, phone text) is 'The text search matches for a contact: names, email and phone digits, lower-case.';
+comment on function crm.contact_search_text(first_name text, last_name text, email text, phone text) is
+  'The text search matches for a contact: names, email and phone digits, lower-case.';
 grant execute on function crm.contact_search_text(first_name text, last_name text, email text, phone text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.company_search_text(name text, domain text, phone text)
@@ -2811,7 +3097,8 @@ CREATE OR REPLACE FUNCTION crm.company_search_text(name text, domain text, phone
 AS $function$
   select lower(coalesce(name, '') || ' ' || coalesce(domain, '') || ' ' || coalesce(crm.digits(phone), ''))
 $function$;
-comment on function crm.company_search_text(name text, domain text, phone text) is 'The text search matches for a company: name, domain and phone digits, lower-case.';
+comment on function crm.company_search_text(name text, domain text, phone text) is
+  'The text search matches for a company: name, domain and phone digits, lower-case.';
 grant execute on function crm.company_search_text(name text, domain text, phone text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.deal_search_text(name text)
@@ -2831,7 +3118,8 @@ CREATE OR REPLACE FUNCTION crm.digits(value text)
 AS $function$
   select nullif(regexp_replace(value, '[^0-9]', '', 'g'), '')
 $function$;
-comment on function crm.digits(value text) is 'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
+comment on function crm.digits(value text) is
+  'The digits of a phone number, so search matches "+1 (555) 010-0199" when given 5550100199.';
 grant execute on function crm.digits(value text) to crm_api;
 
 -- =================================================================================================
@@ -2855,20 +3143,24 @@ create table crm.events (
   constraint events_event_format CHECK ((event ~ '^(contact|company|deal)\.(created|updated|deleted)$'::text)),
   constraint events_record_type_check CHECK ((record_type = ANY (ARRAY['contact'::text, 'company'::text, 'deal'::text])))
 );
-comment on table crm.events is 'The outbox: one row per record change, written by triggers in the writing transaction (API.md section 8). data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
-comment on column crm.events.data is 'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+comment on table crm.events is
+  'The outbox: one row per record change, written by triggers in the writing transaction (API.md section 8). data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
+comment on column crm.events.data is
+  'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
 alter table crm.events enable row level security;
 alter table crm.events force row level security;
 create policy events_all_owner on crm.events as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy events_all_owner on crm.events is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy events_all_owner on crm.events is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
 comment on index crm.events_record is 'A record''s history, newest last (support and tests).';
 CREATE INDEX webhook_events_id ON crm.events USING btree (id);
-comment on index crm.webhook_events_id is 'fan_out_event looks events up by id alone (the outbox job carries only ids).';
+comment on index crm.webhook_events_id is
+  'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 
 CREATE OR REPLACE FUNCTION crm.event_actor()
  RETURNS jsonb
@@ -2884,7 +3176,8 @@ AS $function$
          end
     from (select crm.current_user_id() as user_id, crm.current_oauth_app_id() as app_id, coalesce(crm.current_via(), 'api') as via) c
 $function$;
-comment on function crm.event_actor() is 'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
+comment on function crm.event_actor() is
+  'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
 grant execute on function crm.event_actor() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.json_changes(before jsonb, after jsonb)
@@ -2897,7 +3190,8 @@ AS $function$
    where o.key not in ('updated_at', 'updated_by')
      and o.value is distinct from after -> o.key
 $function$;
-comment on function crm.json_changes(before jsonb, after jsonb) is 'previous_attributes of an event: the old value of every field that differs (updated_at/updated_by excluded).';
+comment on function crm.json_changes(before jsonb, after jsonb) is
+  'previous_attributes of an event: the old value of every field that differs (updated_at/updated_by excluded).';
 grant execute on function crm.json_changes(before jsonb, after jsonb) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.enqueue_event_fan_out(event_ids uuid[])
@@ -2914,7 +3208,8 @@ begin
                                   job_key => 'fan_out_event:' || event_ids[1]::text, job_key_mode => 'unsafe_dedupe');
 end
 $function$;
-comment on function crm.enqueue_event_fan_out(event_ids uuid[]) is 'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them, keyed by the first event id (a plain insert into the queue, no scan of it).';
+comment on function crm.enqueue_event_fan_out(event_ids uuid[]) is
+  'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them, keyed by the first event id (a plain insert into the queue, no scan of it).';
 
 create table crm.webhook_subscriptions (
   workspace_id uuid default crm.current_workspace_id() not null,
@@ -2943,9 +3238,12 @@ create table crm.webhook_subscriptions (
   constraint webhook_subscriptions_status_known CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text]))),
   constraint webhook_subscriptions_url_length CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
-comment on table crm.webhook_subscriptions is 'Webhook endpoints of a workspace (API.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
-comment on column crm.webhook_subscriptions.secret_encrypted is 'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
-comment on column crm.webhook_subscriptions.previous_secret_encrypted is 'The secret before the last rotation; signs too until previous_secret_expires_at.';
+comment on table crm.webhook_subscriptions is
+  'Webhook endpoints of a workspace (API.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
+comment on column crm.webhook_subscriptions.secret_encrypted is
+  'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
+comment on column crm.webhook_subscriptions.previous_secret_encrypted is
+  'The secret before the last rotation; signs too until previous_secret_expires_at.';
 alter table crm.webhook_subscriptions enable row level security;
 alter table crm.webhook_subscriptions force row level security;
 create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as permissive for all to crm_api
@@ -2957,17 +3255,23 @@ create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as pe
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for))
   );
-comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is 'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
+comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is
+  'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
 create policy webhook_subscriptions_all_owner on crm.webhook_subscriptions as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy webhook_subscriptions_all_owner on crm.webhook_subscriptions is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy webhook_subscriptions_all_owner on crm.webhook_subscriptions is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant delete on crm.webhook_subscriptions to crm_api;
 grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by) on crm.webhook_subscriptions to crm_api;
 grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
 grant update (name, url, events, status, paused_reason, paused_at, secret_encrypted, secret_last4, previous_secret_encrypted, previous_secret_expires_at) on crm.webhook_subscriptions to crm_api;
-CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
-CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.webhook_subscriptions FOR EACH ROW EXECUTE FUNCTION crm.tg__touch_updated_at();
+CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
+CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.webhook_subscriptions
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__check_limits()
  RETURNS trigger
@@ -2986,7 +3290,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_webhook_subscriptions__check_limits() is 'Refuses a subscription without the plan (402) or beyond 100 per workspace (422).';
+comment on function crm.tg_webhook_subscriptions__check_limits() is
+  'Refuses a subscription without the plan (402) or beyond 100 per workspace (422).';
 grant execute on function crm.tg_webhook_subscriptions__check_limits() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_event_patterns_are_valid(patterns text[])
@@ -2997,7 +3302,8 @@ AS $function$
   select coalesce(bool_and(p ~ '^(\*|(contact|company|deal)\.(\*|created|updated|deleted))$'), false)
     from unnest(patterns) p
 $function$;
-comment on function crm.webhook_event_patterns_are_valid(patterns text[]) is 'CHECK for events: each entry an event name, contact.*, company.*, deal.* or *.';
+comment on function crm.webhook_event_patterns_are_valid(patterns text[]) is
+  'CHECK for events: each entry an event name, contact.*, company.*, deal.* or *.';
 grant execute on function crm.webhook_event_patterns_are_valid(patterns text[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
@@ -3008,7 +3314,8 @@ CREATE OR REPLACE FUNCTION crm.webhooks_enabled(p_workspace_id uuid)
 AS $function$
   select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
 $function$;
-comment on function crm.webhooks_enabled(p_workspace_id uuid) is 'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or sent.';
+comment on function crm.webhooks_enabled(p_workspace_id uuid) is
+  'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or sent.';
 
 CREATE OR REPLACE FUNCTION crm.require_webhook_access()
  RETURNS void
@@ -3028,7 +3335,8 @@ begin
   end if;
 end
 $function$;
-comment on function crm.require_webhook_access() is 'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
+comment on function crm.require_webhook_access() is
+  'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.require_webhook_admin()
@@ -3043,7 +3351,8 @@ begin
   end if;
 end
 $function$;
-comment on function crm.require_webhook_admin() is 'Raises CR403 forbidden unless the caller is an admin of the current workspace whose token may manage webhooks.';
+comment on function crm.require_webhook_admin() is
+  'Raises CR403 forbidden unless the caller is an admin of the current workspace whose token may manage webhooks.';
 grant execute on function crm.require_webhook_admin() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid)
@@ -3073,7 +3382,8 @@ AS $function$
     from crm.webhook_subscriptions s
    where s.workspace_id = p_workspace_id and s.id = p_id
 $function$;
-comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is 'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
+comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is
+  'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_event_matches(patterns text[], event text)
@@ -3083,7 +3393,8 @@ CREATE OR REPLACE FUNCTION crm.webhook_event_matches(patterns text[], event text
 AS $function$
   select '*' = any (patterns) or event = any (patterns) or split_part(event, '.', 1) || '.*' = any (patterns)
 $function$;
-comment on function crm.webhook_event_matches(patterns text[], event text) is 'Whether an event name matches any of a subscription''s patterns.';
+comment on function crm.webhook_event_matches(patterns text[], event text) is
+  'Whether an event name matches any of a subscription''s patterns.';
 grant execute on function crm.webhook_event_matches(patterns text[], event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.pause_webhook_subscription(p_subscription_id uuid)
@@ -3101,7 +3412,8 @@ begin
   end if;
 end
 $function$;
-comment on function crm.pause_webhook_subscription(p_subscription_id uuid) is 'Pauses a subscription (manual): new events and due retries become held.';
+comment on function crm.pause_webhook_subscription(p_subscription_id uuid) is
+  'Pauses a subscription (manual): new events and due retries become held.';
 grant execute on function crm.pause_webhook_subscription(p_subscription_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.resume_webhook_subscription(p_subscription_id uuid)
@@ -3138,7 +3450,8 @@ begin
   return coalesce(cardinality(v_released), 0);
 end
 $function$;
-comment on function crm.resume_webhook_subscription(p_subscription_id uuid) is 'Resumes a subscription and releases its held deliveries in their original order; returns how many.';
+comment on function crm.resume_webhook_subscription(p_subscription_id uuid) is
+  'Resumes a subscription and releases its held deliveries in their original order; returns how many.';
 grant execute on function crm.resume_webhook_subscription(p_subscription_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid)
@@ -3160,7 +3473,8 @@ begin
   return true;
 end
 $function$;
-comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) is 'Adds the job of the next delivery a resume released (event order); false when the release is done.';
+comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) is
+  'Adds the job of the next delivery a resume released (event order); false when the release is done.';
 grant execute on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
@@ -3188,8 +3502,10 @@ begin
   return v_expires;
 end
 $function$;
-comment on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) is 'Replaces the secret; the old one keeps signing (second v1) for the grace period, none when it is 0.';
-grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) to crm_api;
+comment on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) is
+  'Replaces the secret; the old one keeps signing (second v1) for the grace period, none when it is 0.';
+grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
+  to crm_api;
 
 create table crm.webhook_deliveries (
   workspace_id uuid not null,
@@ -3218,35 +3534,53 @@ create table crm.webhook_deliveries (
   constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))),
   constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
-comment on table crm.webhook_deliveries is 'One event for one subscription (API.md section 7). status: pending (first attempt due), retrying, delivered, dead (every attempt of a cycle failed), held (paused subscription or lapsed plan).';
-comment on column crm.webhook_deliveries.cycle_attempts is 'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
-comment on column crm.webhook_deliveries.generation is 'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
-comment on column crm.webhook_deliveries.in_release is 'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
-comment on column crm.webhook_deliveries.is_test is 'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
-comment on column crm.webhook_deliveries.test_event is 'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
+comment on table crm.webhook_deliveries is
+  'One event for one subscription (API.md section 7). status: pending (first attempt due), retrying, delivered, dead (every attempt of a cycle failed), held (paused subscription or lapsed plan).';
+comment on column crm.webhook_deliveries.cycle_attempts is
+  'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
+comment on column crm.webhook_deliveries.generation is
+  'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
+comment on column crm.webhook_deliveries.in_release is
+  'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
+comment on column crm.webhook_deliveries.is_test is
+  'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
+comment on column crm.webhook_deliveries.test_event is
+  'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
 alter table crm.webhook_deliveries enable row level security;
 alter table crm.webhook_deliveries force row level security;
 create policy webhook_deliveries_all_owner on crm.webhook_deliveries as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy webhook_deliveries_all_owner on crm.webhook_deliveries is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy webhook_deliveries_all_owner on crm.webhook_deliveries is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for))
   );
-comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is 'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
+comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is
+  'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
-comment on index crm.webhook_deliveries_completed is 'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the retention).';
+comment on index crm.webhook_deliveries_completed is
+  'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the retention).';
 CREATE INDEX webhook_deliveries_held ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id) WHERE ((status = 'held'::text) OR in_release);
-comment on index crm.webhook_deliveries_held is 'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by the outbox).';
+comment on index crm.webhook_deliveries_held is
+  'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by the outbox).';
 CREATE INDEX webhook_deliveries_log ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, id DESC);
-comment on index crm.webhook_deliveries_log is 'The delivery log, newest first (ids are time-ordered), keyset cursor on id; the cascade on subscription delete.';
+comment on index crm.webhook_deliveries_log is
+  'The delivery log, newest first (ids are time-ordered), keyset cursor on id; the cascade on subscription delete.';
 CREATE UNIQUE INDEX webhook_deliveries_subscription_event ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id);
-comment on index crm.webhook_deliveries_subscription_event is 'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
-CREATE TRIGGER tg_webhook_deliveries__keep_identity BEFORE UPDATE ON crm.webhook_deliveries FOR EACH ROW WHEN (((new.id <> old.id) OR (new.workspace_id <> old.workspace_id) OR (new.subscription_id <> old.subscription_id) OR (new.event_id <> old.event_id) OR (new.event <> old.event) OR (new.created_at <> old.created_at) OR (new.attempt_count < old.attempt_count))) EXECUTE FUNCTION crm.tg_webhook_deliveries__keep_identity();
-CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webhook_deliveries FOR EACH ROW WHEN ((NOT (new.updated_at IS DISTINCT FROM old.updated_at))) EXECUTE FUNCTION crm.tg__touch_updated_at();
+comment on index crm.webhook_deliveries_subscription_event is
+  'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
+CREATE TRIGGER tg_webhook_deliveries__keep_identity BEFORE UPDATE ON crm.webhook_deliveries
+  FOR EACH ROW
+  WHEN (((new.id <> old.id) OR (new.workspace_id <> old.workspace_id) OR (new.subscription_id <> old.subscription_id) OR (new.event_id <> old.event_id) OR (new.event <> old.event) OR (new.created_at <> old.created_at) OR (new.attempt_count < old.attempt_count)))
+  EXECUTE FUNCTION crm.tg_webhook_deliveries__keep_identity();
+CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webhook_deliveries
+  FOR EACH ROW
+  WHEN ((NOT (new.updated_at IS DISTINCT FROM old.updated_at)))
+  EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_deliveries__keep_identity()
  RETURNS trigger
@@ -3263,7 +3597,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_webhook_deliveries__keep_identity() is 'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
+comment on function crm.tg_webhook_deliveries__keep_identity() is
+  'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
 grant execute on function crm.tg_webhook_deliveries__keep_identity() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid)
@@ -3275,7 +3610,8 @@ AS $function$
            substring(uuid_send(p_event_id) from 1 for 6) || substring(sha256(uuid_send(p_event_id) || uuid_send(p_subscription_id)) from 1 for 10),
            52, 1), 53, 1), 54, 1), 55, 0), 70, 0), 71, 1), 'hex')::uuid
 $function$;
-comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) is 'The delivery_id of an event for a subscription, the same every time it is computed: a first attempt re-sent after a crash carries the id the receiver already saw.';
+comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) is
+  'The delivery_id of an event for a subscription, the same every time it is computed: a first attempt re-sent after a crash carries the id the receiver already saw.';
 grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
@@ -3287,8 +3623,10 @@ AS $function$
          || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
          || '","delivered_at":"'
 $function$;
-comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is 'A delivery body up to the value of delivered_at, which each attempt writes.';
-grant execute on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) to crm_api;
+comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
+  'A delivery body up to the value of delivered_at, which each attempt writes.';
+grant execute on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
  RETURNS text
@@ -3298,8 +3636,10 @@ AS $function$
   select '","delivery_id":"' || p_delivery_id || '","workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
          || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
 $function$;
-comment on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is 'A delivery body after the value of delivered_at.';
-grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to crm_api;
+comment on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+  'A delivery body after the value of delivered_at.';
+grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
  RETURNS text
@@ -3308,8 +3648,10 @@ CREATE OR REPLACE FUNCTION crm.webhook_test_body_tail(p_delivery_id uuid, p_work
 AS $function$
   select left(crm.webhook_body_tail(p_delivery_id, p_workspace_id, p_workspace_slug, p_data, p_actor), -1) || ',"test":true}'
 $function$;
-comment on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is 'crm.webhook_body_tail of a test event: the same keys, then "test": true.';
-grant execute on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) to crm_api;
+comment on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+  'crm.webhook_body_tail of a test event: the same keys, then "test": true.';
+grant execute on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid)
  RETURNS TABLE(body_head text, body_tail text)
@@ -3332,7 +3674,8 @@ begin
        and (d.is_test or e.id is not null);
 end
 $function$;
-comment on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) is 'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. Admins of the workspace with the plan only.';
+comment on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) is
+  'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. Admins of the workspace with the plan only.';
 grant execute on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_batch_size()
@@ -3374,7 +3717,8 @@ begin
      order by b.first));
 end
 $function$;
-comment on function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean) is 'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: [generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their place (resume).';
+comment on function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean) is
+  'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: [generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their place (resume).';
 
 CREATE OR REPLACE FUNCTION crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean DEFAULT false)
  RETURNS TABLE(workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
@@ -3441,7 +3785,8 @@ begin
      order by e.workspace_id, s.id, e.id;
 end
 $function$;
-comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is 'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
+comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is
+  'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
 grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
@@ -3491,8 +3836,10 @@ begin
      order by j.i;
 end
 $function$;
-comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is 'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
-grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) to crm_worker;
+comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is
+  'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
+grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
+  to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
  RETURNS void
@@ -3531,7 +3878,8 @@ begin
   end if;
 end
 $function$;
-comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is 'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
+comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is
+  'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
@@ -3554,10 +3902,12 @@ begin
   return v_total;
 end
 $function$;
-comment on function crm.prune_webhook_deliveries(log_retention_days integer) is 'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
+comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
+  'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
 create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text);
-comment on type crm.webhook_attempt_result is 'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
+comment on type crm.webhook_attempt_result is
+  'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
 grant usage on type crm.webhook_attempt_result to public;
 
 create table crm.webhook_attempts (
@@ -3577,22 +3927,28 @@ create table crm.webhook_attempts (
   constraint webhook_attempts_error_known CHECK ((error = ANY (ARRAY['timeout'::text, 'connection_refused'::text, 'dns_failed'::text, 'address_refused'::text, 'tls_error'::text, 'redirect'::text, 'http_status'::text]))),
   constraint webhook_attempts_excerpt_length CHECK ((octet_length(response_body_excerpt) <= 8192))
 );
-comment on table crm.webhook_attempts is 'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
-comment on column crm.webhook_attempts.signature is 'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
+comment on table crm.webhook_attempts is
+  'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
+comment on column crm.webhook_attempts.signature is
+  'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
 alter table crm.webhook_attempts enable row level security;
 alter table crm.webhook_attempts force row level security;
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy webhook_attempts_all_owner on crm.webhook_attempts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy webhook_attempts_all_owner on crm.webhook_attempts is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for))
   );
-comment on policy webhook_attempts_select_admin on crm.webhook_attempts is 'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
+comment on policy webhook_attempts_select_admin on crm.webhook_attempts is
+  'Admins of the workspace read the attempts of its deliveries (a scoped token needs webhooks:manage).';
 grant select on crm.webhook_attempts to crm_api;
-CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts FOR EACH ROW EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
+CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_attempts__append_only()
  RETURNS trigger
@@ -3602,7 +3958,8 @@ begin
   raise exception 'webhook attempts are append-only' using errcode = 'CR422', hint = 'validation_failed';
 end
 $function$;
-comment on function crm.tg_webhook_attempts__append_only() is 'An attempt is a fact: never changed (rows leave only with their delivery).';
+comment on function crm.tg_webhook_attempts__append_only() is
+  'An attempt is a fact: never changed (rows leave only with their delivery).';
 grant execute on function crm.tg_webhook_attempts__append_only() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
@@ -3610,7 +3967,8 @@ CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
-comment on function crm.webhook_retry_delays() is 'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
+comment on function crm.webhook_retry_delays() is
+  'The delays before attempts 2, 3, ... of a cycle (API.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
 grant execute on function crm.webhook_retry_delays() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
@@ -3629,8 +3987,10 @@ AS $function$
                    else 'retrying'
                  end as status) o
 $function$;
-comment on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) is 'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
-grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) to crm_api;
+comment on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) is
+  'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
+grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] DEFAULT NULL::interval[])
  RETURNS jsonb
@@ -3784,8 +4144,10 @@ begin
   return coalesce(v_outcomes, '{}');
 end
 $function$;
-comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is 'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
-grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) to crm_worker;
+comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is
+  'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
+grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[])
+  to crm_worker;
 
 -- Test events and recovery
 
@@ -3800,13 +4162,15 @@ create table crm.webhook_operation_counts (
   constraint webhook_operation_counts_count_positive CHECK ((count >= 1)),
   constraint webhook_operation_counts_operation_known CHECK ((operation = ANY (ARRAY['test'::text, 'recover'::text])))
 );
-comment on table crm.webhook_operation_counts is 'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+comment on table crm.webhook_operation_counts is
+  'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
 alter table crm.webhook_operation_counts enable row level security;
 alter table crm.webhook_operation_counts force row level security;
 create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 CREATE OR REPLACE FUNCTION crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
  RETURNS void
@@ -3834,7 +4198,8 @@ begin
   end if;
 end
 $function$;
-comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is 'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
+comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is
+  'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
 
 CREATE OR REPLACE FUNCTION crm.webhook_sample_event_data(p_workspace_id uuid, p_event text)
  RETURNS jsonb
@@ -3894,7 +4259,8 @@ begin
                        else jsonb_build_object('object', v_object) end;
 end
 $function$;
-comment on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) is 'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic record that exists nowhere; 422 for an unknown event name.';
+comment on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) is
+  'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic record that exists nowhere; 422 for an unknown event name.';
 grant execute on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_sample_bodies()
@@ -3917,7 +4283,8 @@ begin
      order by e.position;
 end
 $function$;
-comment on function crm.webhook_sample_bodies() is 'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real ones; admins only.';
+comment on function crm.webhook_sample_bodies() is
+  'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real ones; admins only.';
 grant execute on function crm.webhook_sample_bodies() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.send_webhook_test_event(p_subscription_id uuid, p_event text)
@@ -3953,7 +4320,8 @@ begin
   return v_delivery.id;
 end
 $function$;
-comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is 'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
+comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is
+  'A test delivery of a sample event to a subscription (API.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
@@ -3974,8 +4342,10 @@ begin
   end if;
 end
 $function$;
-comment on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) is 'Raises CR422 unless since is set and at most 30 days back and until (when set) is later than since.';
-grant execute on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
+comment on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) is
+  'Raises CR422 unless since is set and at most 30 days back and until (when set) is later than since.';
+grant execute on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS integer
@@ -4001,8 +4371,10 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, under row-level security).';
-grant execute on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
+comment on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is
+  'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, under row-level security).';
+grant execute on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS integer
@@ -4040,8 +4412,10 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is 'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
-grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) to crm_api;
+comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is
+  'API.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
+grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone)
+  to crm_api;
 
 -- =================================================================================================
 -- IMPORTS AND EXPORTS
@@ -4097,18 +4471,24 @@ create table crm.imports (
 comment on table crm.imports is 'One uploaded CSV file and the import job run on it (API.md section 6).';
 comment on column crm.imports.file_bytes is 'The uploaded file as sent (BOM included); null once pruned.';
 comment on column crm.imports.staged is 'Every record of the file is in crm.import_rows.';
-comment on column crm.imports.last_row_done is 'Progress: every data row up to this number is landed or reported, committed with the counts.';
-comment on column crm.imports.token_scopes is 'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
-comment on column crm.imports.oauth_app_id is 'The OAuth app through which the import was queued, if any (its events name the app).';
-comment on column crm.imports.token_id is 'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
-comment on column crm.imports.failure_code is 'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
+comment on column crm.imports.last_row_done is
+  'Progress: every data row up to this number is landed or reported, committed with the counts.';
+comment on column crm.imports.token_scopes is
+  'The scopes of the token that queued the import (null: unscoped); its batches land within them.';
+comment on column crm.imports.oauth_app_id is
+  'The OAuth app through which the import was queued, if any (its events name the app).';
+comment on column crm.imports.token_id is
+  'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
+comment on column crm.imports.failure_code is
+  'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
 alter table crm.imports enable row level security;
 alter table crm.imports force row level security;
 alter table crm.imports alter column file_bytes set storage external;
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy imports_all_owner on crm.imports is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy imports_all_owner on crm.imports is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy imports_insert_with_grant on crm.imports as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -4122,7 +4502,8 @@ create policy imports_select_own_or_admin on crm.imports as permissive for selec
      AND ((user_id = ( SELECT crm.current_user_id() AS current_user_id)) OR ( SELECT crm.is_admin() AS is_admin))
      AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text))
   );
-comment on policy imports_select_own_or_admin on crm.imports is 'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
+comment on policy imports_select_own_or_admin on crm.imports is
+  'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
 grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
 grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
 CREATE INDEX imports_created_at ON crm.imports USING btree (created_at);
@@ -4184,8 +4565,10 @@ begin
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is 'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) to crm_api;
+comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is
+  'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
+grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.import_to_process(p_workspace_id uuid, p_import_id uuid)
  RETURNS TABLE(user_id uuid, status text, staged boolean, delimiter text, file_size double precision, has_file boolean)
@@ -4196,7 +4579,8 @@ AS $function$
   select i.user_id, i.status, i.staged, i.delimiter, i.file_size::float8, i.file_bytes is not null
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
 $function$;
-comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is 'Worker only: the state of an import its job needs (never the file itself).';
+comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) is
+  'Worker only: the state of an import its job needs (never the file itself).';
 grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer)
@@ -4208,8 +4592,10 @@ AS $function$
   select encode(substring(i.file_bytes from p_from for p_length), 'base64')
     from crm.imports i where i.workspace_id = p_workspace_id and i.id = p_import_id
 $function$;
-comment on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) is 'Worker only: p_length bytes of an import''s file from byte p_from (1-based), base64.';
-grant execute on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) to crm_worker;
+comment on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer) is
+  'Worker only: p_length bytes of an import''s file from byte p_from (1-based), base64.';
+grant execute on function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer)
+  to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
@@ -4219,7 +4605,8 @@ CREATE OR REPLACE FUNCTION crm.mark_import_staged(p_workspace_id uuid, p_import_
 AS $function$
   update crm.imports i set staged = true where i.workspace_id = p_workspace_id and i.id = p_import_id
 $function$;
-comment on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) is 'Worker only: every record of the import''s file is in crm.import_rows.';
+comment on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) is
+  'Worker only: every record of the import''s file is in crm.import_rows.';
 grant execute on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
@@ -4286,7 +4673,8 @@ begin
   return next;
 end
 $function$;
-comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is 'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
+comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is
+  'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
@@ -4320,8 +4708,10 @@ begin
   end if;
 end
 $function$;
-comment on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb) is 'Records a batch''s errors and counts and advances last_row_done (only from the expected mark: a concurrent run fails with 40001).';
-grant execute on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb) to crm_api;
+comment on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb) is
+  'Records a batch''s errors and counts and advances last_row_done (only from the expected mark: a concurrent run fails with 40001).';
+grant execute on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
+  to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text DEFAULT NULL::text)
  RETURNS void
@@ -4338,8 +4728,10 @@ AS $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is 'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) to crm_worker;
+comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is
+  'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
+grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text)
+  to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.prune_imports(log_retention_days integer)
  RETURNS bigint
@@ -4361,7 +4753,8 @@ AS $function$
   )
   select (select count(*) from files) + (select count(*) from staged) + (select count(*) from imports)
 $function$;
-comment on function crm.prune_imports(log_retention_days integer) is 'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention (at least 7 days).';
+comment on function crm.prune_imports(log_retention_days integer) is
+  'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention (at least 7 days).';
 
 create table crm.import_rows (
   workspace_id uuid not null,
@@ -4373,18 +4766,23 @@ create table crm.import_rows (
   constraint import_rows_pkey PRIMARY KEY (workspace_id, import_id, "row"),
   constraint import_rows_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
 );
-comment on table crm.import_rows is 'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
-comment on column crm.import_rows.user_id is 'The importing user (copied from crm.imports so the policy needs no join).';
-comment on column crm.import_rows.repeat_of is 'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
+comment on table crm.import_rows is
+  'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
+comment on column crm.import_rows.user_id is
+  'The importing user (copied from crm.imports so the policy needs no join).';
+comment on column crm.import_rows.repeat_of is
+  'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
 alter table crm.import_rows enable row level security;
 alter table crm.import_rows force row level security;
 create policy import_rows_all_owner on crm.import_rows as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy import_rows_all_owner on crm.import_rows is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy import_rows_all_owner on crm.import_rows is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy import_rows_insert_worker on crm.import_rows as permissive for insert to crm_worker
   with check (true);
-comment on policy import_rows_insert_worker on crm.import_rows is 'The import job stages a file''s records (it reads none back: crm_worker has no select policy or grant here).';
+comment on policy import_rows_insert_worker on crm.import_rows is
+  'The import job stages a file''s records (it reads none back: crm_worker has no select policy or grant here).';
 create policy import_rows_select_own_or_admin on crm.import_rows as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -4403,7 +4801,8 @@ CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN CASE p_kind WHEN 'email'::text THEN lower(NULLIF(btrim(p_value), ''::text)) WHEN 'domain'::text THEN rtrim(lower(NULLIF(btrim(p_value), ''::text)), '.'::text) WHEN 'id'::text THEN CASE WHEN (btrim(p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(btrim(p_value)) ELSE NULL::text END ELSE NULL::text END;
-comment on function crm.import_key(p_kind text, p_value text) is 'The match key of a cell as an import compares it: email lower-case, domain lower-case without a trailing dot, id a canonical UUID (anything else has no key).';
+comment on function crm.import_key(p_kind text, p_value text) is
+  'The match key of a cell as an import compares it: email lower-case, domain lower-case without a trailing dot, id a canonical UUID (anything else has no key).';
 grant execute on function crm.import_key(p_kind text, p_value text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
@@ -4434,8 +4833,10 @@ begin
   return v_marked;
 end
 $function$;
-comment on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) is 'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of crm.import_rows say).';
-grant execute on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) to crm_worker;
+comment on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) is
+  'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of crm.import_rows say).';
+grant execute on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
+  to crm_worker;
 
 CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid)
  RETURNS void
@@ -4445,7 +4846,8 @@ CREATE OR REPLACE FUNCTION crm.clear_import_rows(p_workspace_id uuid, p_import_i
 AS $function$
   delete from crm.import_rows r where r.workspace_id = p_workspace_id and r.import_id = p_import_id
 $function$;
-comment on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) is 'Worker only: removes an import''s staged rows before it is staged again.';
+comment on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) is
+  'Worker only: removes an import''s staged rows before it is staged again.';
 grant execute on function crm.clear_import_rows(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 create table crm.import_errors (
@@ -4466,7 +4868,8 @@ alter table crm.import_errors force row level security;
 create policy import_errors_all_owner on crm.import_errors as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy import_errors_all_owner on crm.import_errors is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy import_errors_all_owner on crm.import_errors is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy import_errors_select_own_or_admin on crm.import_errors as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -4493,7 +4896,8 @@ AS $function$
     then value::date
   end
 $function$;
-comment on function crm.import_date(value text) is 'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
+comment on function crm.import_date(value text) is
+  'Parses YYYY-MM-DD; null for anything else (imports report it as a row error).';
 grant execute on function crm.import_date(value text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.import_check_constraints(p_record_type text)
@@ -4535,7 +4939,8 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.import_check_constraints(p_record_type text) is 'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse (one scan for all of them).';
+comment on function crm.import_check_constraints(p_record_type text) is
+  'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse (one scan for all of them).';
 grant execute on function crm.import_check_constraints(p_record_type text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.import_constraint_message(p_constraint text, p_field text)
@@ -4552,7 +4957,8 @@ AS $function$
     else p_field || ' is invalid (' || p_constraint || ')'
   end
 $function$;
-comment on function crm.import_constraint_message(p_constraint text, p_field text) is 'A readable message for a constraint an import row breaks.';
+comment on function crm.import_constraint_message(p_constraint text, p_field text) is
+  'A readable message for a constraint an import row breaks.';
 grant execute on function crm.import_constraint_message(p_constraint text, p_field text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.non_member_ids(p_user_ids uuid[])
@@ -4567,7 +4973,8 @@ AS $function$
        and not exists (select from crm.memberships m where m.workspace_id = (select crm.current_workspace_id()) and m.user_id = u.id)
      order by u.id)
 $function$;
-comment on function crm.non_member_ids(p_user_ids uuid[]) is 'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
+comment on function crm.non_member_ids(p_user_ids uuid[]) is
+  'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
 grant execute on function crm.non_member_ids(p_user_ids uuid[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
@@ -4589,7 +4996,8 @@ begin
                 order by o.owner_id);
 end
 $function$;
-comment on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) is 'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not cover: none for all, every one without a grant.';
+comment on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) is
+  'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not cover: none for all, every one without a grant.';
 grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to crm_api;
 
 -- Exports
@@ -4607,7 +5015,8 @@ AS $function$
     else value
   end
 $function$;
-comment on function crm.csv_cell(value text) is 'One RFC 4180 CSV cell: quoted when it holds a quote, a comma or a line break; null is empty.';
+comment on function crm.csv_cell(value text) is
+  'One RFC 4180 CSV cell: quoted when it holds a quote, a comma or a line break; null is empty.';
 grant execute on function crm.csv_cell(value text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.csv_text_cell(value text)
@@ -4629,7 +5038,8 @@ AS $function$
     else value
   end
 $function$;
-comment on function crm.csv_text_cell(value text) is 'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a formula), then RFC 4180 quoting; null is empty.';
+comment on function crm.csv_text_cell(value text) is
+  'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a formula), then RFC 4180 quoting; null is empty.';
 grant execute on function crm.csv_text_cell(value text) to crm_api;
 
 -- =================================================================================================
@@ -4648,15 +5058,19 @@ create table crm.attempt_counters (
   constraint attempt_counters_attempts_not_negative CHECK ((attempts >= 0)),
   constraint attempt_counters_purpose_known CHECK ((purpose = ANY (ARRAY['sign_in'::text, 'two_factor'::text])))
 );
-comment on table crm.attempt_counters is 'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
-comment on column crm.attempt_counters.attempts is 'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
-comment on column crm.attempt_counters.window_id is 'Names the window, so a release after the window was replaced does not give the new window an attempt back.';
+comment on table crm.attempt_counters is
+  'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
+comment on column crm.attempt_counters.attempts is
+  'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
+comment on column crm.attempt_counters.window_id is
+  'Names the window, so a release after the window was replaced does not give the new window an attempt back.';
 alter table crm.attempt_counters enable row level security;
 alter table crm.attempt_counters force row level security;
 create policy attempt_counters_all_owner on crm.attempt_counters as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy attempt_counters_all_owner on crm.attempt_counters is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy attempt_counters_all_owner on crm.attempt_counters is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 CREATE INDEX attempt_counters_window_ends_at_idx ON crm.attempt_counters USING btree (window_ends_at);
 
 CREATE OR REPLACE FUNCTION crm.attempt_allowance(p_purpose text)
@@ -4666,7 +5080,8 @@ CREATE OR REPLACE FUNCTION crm.attempt_allowance(p_purpose text)
 AS $function$
   select case p_purpose when 'sign_in' then 5 when 'two_factor' then 10 end
 $function$;
-comment on function crm.attempt_allowance(p_purpose text) is 'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
+comment on function crm.attempt_allowance(p_purpose text) is
+  'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (API.md section 3).';
 
 CREATE OR REPLACE FUNCTION crm.claim_attempt(p_purpose text, p_subject text)
  RETURNS TABLE(allowed boolean, retry_after_seconds integer, window_id uuid)
@@ -4697,7 +5112,8 @@ begin
     select false, least(900, greatest(1, ceil(extract(epoch from v_window_ends_at - clock_timestamp()))))::integer, v_window_id;
 end
 $function$;
-comment on function crm.claim_attempt(p_purpose text, p_subject text) is 'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else refused with the seconds until the window ends.';
+comment on function crm.claim_attempt(p_purpose text, p_subject text) is
+  'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else refused with the seconds until the window ends.';
 
 CREATE OR REPLACE FUNCTION crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  RETURNS void
@@ -4707,7 +5123,8 @@ AS $function$
   update crm.attempt_counters c set attempts = c.attempts - 1
    where c.purpose = p_purpose and c.subject = p_subject and c.window_id = p_window_id and c.attempts > 0
 $function$;
-comment on function crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid) is 'Gives back an allowed claim whose check succeeded (a right password or code is no failure).';
+comment on function crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid) is
+  'Gives back an allowed claim whose check succeeded (a right password or code is no failure).';
 
 CREATE OR REPLACE FUNCTION crm.prune_attempt_counters(log_retention_days integer)
  RETURNS bigint
@@ -4716,7 +5133,8 @@ AS $function$
   with removed as (delete from crm.attempt_counters where window_ends_at < now() returning 1)
   select count(*) from removed
 $function$;
-comment on function crm.prune_attempt_counters(log_retention_days integer) is 'Removes attempt counters whose window has ended.';
+comment on function crm.prune_attempt_counters(log_retention_days integer) is
+  'Removes attempt counters whose window has ended.';
 
 create unlogged table crm.sign_in_tickets (
   id uuid default gen_random_uuid() not null,
@@ -4725,13 +5143,15 @@ create unlogged table crm.sign_in_tickets (
   expires_at timestamp with time zone not null,
   constraint sign_in_tickets_pkey PRIMARY KEY (id)
 );
-comment on table crm.sign_in_tickets is 'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
+comment on table crm.sign_in_tickets is
+  'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
 alter table crm.sign_in_tickets enable row level security;
 alter table crm.sign_in_tickets force row level security;
 create policy sign_in_tickets_all_owner on crm.sign_in_tickets as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy sign_in_tickets_all_owner on crm.sign_in_tickets is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy sign_in_tickets_all_owner on crm.sign_in_tickets is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 CREATE INDEX sign_in_tickets_expires_at_idx ON crm.sign_in_tickets USING btree (expires_at);
 
 CREATE OR REPLACE FUNCTION crm.claim_sign_in(p_email text)
@@ -4757,7 +5177,8 @@ begin
   return next;
 end
 $function$;
-comment on function crm.claim_sign_in(p_email text) is 'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s parameters and salt (not its key), or allowed = false with the seconds to wait.';
+comment on function crm.claim_sign_in(p_email text) is
+  'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s parameters and salt (not its key), or allowed = false with the seconds to wait.';
 grant execute on function crm.claim_sign_in(p_email text) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
@@ -4808,8 +5229,10 @@ begin
   return next;
 end
 $function$;
-comment on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) is 'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
-grant execute on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) to crm_runtime;
+comment on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) is
+  'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
+grant execute on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
+  to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.prune_sign_in_tickets(log_retention_days integer)
  RETURNS bigint
@@ -4829,15 +5252,20 @@ create table crm.user_totp (
   constraint user_totp_pkey PRIMARY KEY (user_id),
   constraint user_totp_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
-comment on table crm.user_totp is 'TOTP secrets, AES-256-GCM encrypted with a key derived from APP_SECRET; two-factor is on once confirmed_at is set.';
-comment on column crm.user_totp.last_used_step is 'The RFC 6238 time step of the last code accepted at sign-in; a code of this step or an earlier one is refused.';
+comment on table crm.user_totp is
+  'TOTP secrets, AES-256-GCM encrypted with a key derived from APP_SECRET; two-factor is on once confirmed_at is set.';
+comment on column crm.user_totp.last_used_step is
+  'The RFC 6238 time step of the last code accepted at sign-in; a code of this step or an earlier one is refused.';
 alter table crm.user_totp enable row level security;
 alter table crm.user_totp force row level security;
 create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy user_totp_all_owner on crm.user_totp is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
-CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp FOR EACH ROW EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
+comment on policy user_totp_all_owner on crm.user_totp is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
 
 CREATE OR REPLACE FUNCTION crm.tg_user_totp__steps_only_forward()
  RETURNS trigger
@@ -4851,7 +5279,8 @@ begin
   return new;
 end
 $function$;
-comment on function crm.tg_user_totp__steps_only_forward() is 'Refuses moving last_used_step back or setting it again to the same step: a code is accepted once.';
+comment on function crm.tg_user_totp__steps_only_forward() is
+  'Refuses moving last_used_step back or setting it again to the same step: a code is accepted once.';
 grant execute on function crm.tg_user_totp__steps_only_forward() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.my_totp()
@@ -4865,7 +5294,8 @@ AS $function$
     from crm.user_totp t
    where t.user_id = crm.current_user_id()
 $function$;
-comment on function crm.my_totp() is 'The current user''s (encrypted) TOTP secret, whether it is confirmed, and unused recovery codes; no row when two-factor is off.';
+comment on function crm.my_totp() is
+  'The current user''s (encrypted) TOTP secret, whether it is confirmed, and unused recovery codes; no row when two-factor is off.';
 grant execute on function crm.my_totp() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.start_totp_enrollment(p_secret_encrypted bytea)
@@ -4887,7 +5317,8 @@ begin
   on conflict (user_id) do update set secret_encrypted = excluded.secret_encrypted, created_at = now();
 end
 $function$;
-comment on function crm.start_totp_enrollment(p_secret_encrypted bytea) is 'Stores a new, unconfirmed TOTP secret for the current user (refused while two-factor is on).';
+comment on function crm.start_totp_enrollment(p_secret_encrypted bytea) is
+  'Stores a new, unconfirmed TOTP secret for the current user (refused while two-factor is on).';
 grant execute on function crm.start_totp_enrollment(p_secret_encrypted bytea) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint)
@@ -4907,7 +5338,8 @@ begin
   insert into crm.recovery_codes (user_id, code_hash) select v_user, h from unnest(p_recovery_code_hashes) h;
 end
 $function$;
-comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is 'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
+comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is
+  'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
 grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.disable_totp(p_totp_step bigint)
@@ -4931,7 +5363,8 @@ begin
   return true;
 end
 $function$;
-comment on function crm.disable_totp(p_totp_step bigint) is 'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
+comment on function crm.disable_totp(p_totp_step bigint) is
+  'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
 grant execute on function crm.disable_totp(p_totp_step bigint) to crm_api;
 
 create table crm.recovery_codes (
@@ -4941,13 +5374,15 @@ create table crm.recovery_codes (
   constraint recovery_codes_pkey PRIMARY KEY (user_id, code_hash),
   constraint recovery_codes_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
-comment on table crm.recovery_codes is 'Single-use recovery codes, SHA-256 hashed (they are high-entropy random strings).';
+comment on table crm.recovery_codes is
+  'Single-use recovery codes, SHA-256 hashed (they are high-entropy random strings).';
 alter table crm.recovery_codes enable row level security;
 alter table crm.recovery_codes force row level security;
 create policy recovery_codes_all_owner on crm.recovery_codes as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy recovery_codes_all_owner on crm.recovery_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy recovery_codes_all_owner on crm.recovery_codes is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 create table crm.two_factor_challenges (
   id uuid default crm.uuid_v7() not null,
@@ -4959,13 +5394,15 @@ create table crm.two_factor_challenges (
   constraint two_factor_challenges_pkey PRIMARY KEY (id),
   constraint two_factor_challenges_user_id_fkey FOREIGN KEY (user_id) REFERENCES crm.users(id) ON DELETE CASCADE
 );
-comment on table crm.two_factor_challenges is 'Pending second steps of a sign-in; the signed challenge token names one row, which allows 5 tries.';
+comment on table crm.two_factor_challenges is
+  'Pending second steps of a sign-in; the signed challenge token names one row, which allows 5 tries.';
 alter table crm.two_factor_challenges enable row level security;
 alter table crm.two_factor_challenges force row level security;
 create policy two_factor_challenges_all_owner on crm.two_factor_challenges as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy two_factor_challenges_all_owner on crm.two_factor_challenges is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy two_factor_challenges_all_owner on crm.two_factor_challenges is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 
 CREATE OR REPLACE FUNCTION crm.claim_two_factor(p_challenge_id uuid)
  RETURNS TABLE(failure text, retry_after_seconds integer, window_id uuid, totp_secret bytea)
@@ -4997,7 +5434,8 @@ begin
   return next;
 end
 $function$;
-comment on function crm.claim_two_factor(p_challenge_id uuid) is 'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
+comment on function crm.claim_two_factor(p_challenge_id uuid) is
+  'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.claim_my_two_factor_attempt()
@@ -5015,7 +5453,8 @@ begin
   return query select c.allowed, c.retry_after_seconds from crm.claim_attempt('two_factor', v_user::text) c;
 end
 $function$;
-comment on function crm.claim_my_two_factor_attempt() is 'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
+comment on function crm.claim_my_two_factor_attempt() is
+  'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
 grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
@@ -5064,8 +5503,10 @@ begin
   return next;
 end
 $function$;
-comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is 'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
-grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) to crm_runtime;
+comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is
+  'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
+grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
+  to crm_runtime;
 
 -- =================================================================================================
 -- OAUTH
@@ -5094,10 +5535,14 @@ create table crm.oauth_apps (
   constraint oauth_apps_redirect_uris_valid CHECK ((((cardinality(redirect_uris) >= 1) AND (cardinality(redirect_uris) <= 10)) AND crm.oauth_redirect_uris_are_valid(redirect_uris))),
   constraint oauth_apps_secret_if_confidential CHECK (((confidential = (client_secret_hash IS NOT NULL)) AND (confidential = (client_secret_last4 IS NOT NULL))))
 );
-comment on table crm.oauth_apps is 'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
-comment on column crm.oauth_apps.client_secret_hash is 'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
-comment on column crm.oauth_apps.confidential is 'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without a secret.';
-comment on constraint oauth_apps_secret_if_confidential on crm.oauth_apps is 'A confidential app has a secret; a public app has none.';
+comment on table crm.oauth_apps is
+  'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
+comment on column crm.oauth_apps.client_secret_hash is
+  'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
+comment on column crm.oauth_apps.confidential is
+  'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without a secret.';
+comment on constraint oauth_apps_secret_if_confidential on crm.oauth_apps is
+  'A confidential app has a secret; a public app has none.';
 alter table crm.oauth_apps enable row level security;
 alter table crm.oauth_apps force row level security;
 create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to crm_api
@@ -5109,11 +5554,13 @@ create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to cr
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
-comment on policy oauth_apps_all_admin on crm.oauth_apps is 'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
+comment on policy oauth_apps_all_admin on crm.oauth_apps is
+  'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
 create policy oauth_apps_all_owner on crm.oauth_apps as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy oauth_apps_all_owner on crm.oauth_apps is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy oauth_apps_all_owner on crm.oauth_apps is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy oauth_apps_select_connected on crm.oauth_apps as permissive for select to crm_api
   using (
     (EXISTS ( SELECT
@@ -5122,7 +5569,8 @@ create policy oauth_apps_select_connected on crm.oauth_apps as permissive for se
                      AND (g.app_id = oauth_apps.id)
                      AND (g.user_id = ( SELECT crm.current_user_id() AS current_user_id)))))
   );
-comment on policy oauth_apps_select_connected on crm.oauth_apps is 'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
+comment on policy oauth_apps_select_connected on crm.oauth_apps is
+  'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
 grant delete on crm.oauth_apps to crm_api;
 grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by, confidential) on crm.oauth_apps to crm_api;
 grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential) on crm.oauth_apps to crm_api;
@@ -5138,7 +5586,8 @@ AS $function$
                            and (u ~ '^https://[^/?#@\s]+(/[^\s]*)?$' or u ~ '^http://(127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$')), false)
     from unnest(uris) u
 $function$;
-comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is 'CHECK for redirect URIs: https, or http on 127.0.0.1 or [::1] (loopback, any port at authorization); no fragment, no spaces.';
+comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is
+  'CHECK for redirect URIs: https, or http on 127.0.0.1 or [::1] (loopback, any port at authorization); no fragment, no spaces.';
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_redirect_uri_matches(p_registered text[], p_given text)
@@ -5154,7 +5603,8 @@ AS $function$
                   from unnest(p_registered) r
                  where r ~ '^http://(127\.0\.0\.1|\[::1\])'))
 $function$;
-comment on function crm.oauth_redirect_uri_matches(p_registered text[], p_given text) is 'Whether a redirect_uri is one of the registered ones: exactly, or for a loopback http URI equal but for the port.';
+comment on function crm.oauth_redirect_uri_matches(p_registered text[], p_given text) is
+  'Whether a redirect_uri is one of the registered ones: exactly, or for a loopback http URI equal but for the port.';
 grant execute on function crm.oauth_redirect_uri_matches(p_registered text[], p_given text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.oauth_client(p_client_id text, p_client_secret_hash bytea)
@@ -5168,7 +5618,8 @@ AS $function$
      and case when a.confidential then p_client_secret_hash is not null and a.client_secret_hash = p_client_secret_hash
               else p_client_secret_hash is null end
 $function$;
-comment on function crm.oauth_client(p_client_id text, p_client_secret_hash bytea) is 'The app a client id and secret authenticate (a public app presents no secret), or null. Internal.';
+comment on function crm.oauth_client(p_client_id text, p_client_secret_hash bytea) is
+  'The app a client id and secret authenticate (a public app presents no secret), or null. Internal.';
 
 CREATE OR REPLACE FUNCTION crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text)
  RETURNS boolean
@@ -5179,7 +5630,8 @@ AS $function$
   select coalesce((select crm.oauth_redirect_uri_matches(a.redirect_uris, p_redirect_uri)
                      from crm.oauth_apps a where a.client_id = p_client_id), false)
 $function$;
-comment on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize before sign-in (crm_runtime): whether the client id is registered with this redirect URI.';
+comment on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) is
+  'For GET /oauth/authorize before sign-in (crm_runtime): whether the client id is registered with this redirect URI.';
 grant execute on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.oauth_authorization_client(p_client_id text, p_redirect_uri text)
@@ -5203,7 +5655,8 @@ AS $function$
    ) c
    where a.client_id = p_client_id
 $function$;
-comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is 'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
+comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is
+  'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
 grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
 
 create table crm.oauth_grants (
@@ -5221,16 +5674,21 @@ create table crm.oauth_grants (
   constraint oauth_grants_workspace_id_user_id_fkey FOREIGN KEY (workspace_id, user_id) REFERENCES crm.memberships(workspace_id, user_id) ON DELETE CASCADE,
   constraint oauth_grants_scopes_known CHECK (crm.scopes_are_valid(scopes))
 );
-comment on table crm.oauth_grants is 'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
-comment on column crm.oauth_grants.scopes is 'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
-comment on column crm.oauth_grants.last_issued_at is 'When an access token was last issued under the grant (the code exchange or a refresh).';
-comment on column crm.oauth_grants.expires_at is 'When the last token issued under the grant expires (its newest refresh token, else its access token).';
+comment on table crm.oauth_grants is
+  'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
+comment on column crm.oauth_grants.scopes is
+  'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
+comment on column crm.oauth_grants.last_issued_at is
+  'When an access token was last issued under the grant (the code exchange or a refresh).';
+comment on column crm.oauth_grants.expires_at is
+  'When the last token issued under the grant expires (its newest refresh token, else its access token).';
 alter table crm.oauth_grants enable row level security;
 alter table crm.oauth_grants force row level security;
 create policy oauth_grants_all_owner on crm.oauth_grants as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy oauth_grants_all_owner on crm.oauth_grants is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy oauth_grants_all_owner on crm.oauth_grants is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive for select to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -5239,7 +5697,8 @@ create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive
      OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   );
-comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is 'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
+comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is
+  'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
 create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive for update to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -5255,13 +5714,20 @@ create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive
      OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   );
-comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is 'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
+comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is
+  'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
 grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
-CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL))) EXECUTE FUNCTION crm.tg__revocation_is_final();
-CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
+CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants
+  FOR EACH ROW
+  WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL)))
+  EXECUTE FUNCTION crm.tg__revocation_is_final();
+CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.oauth_grants
+  FOR EACH ROW
+  WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL)))
+  EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
 
 CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__revoke_tokens()
  RETURNS trigger
@@ -5275,7 +5741,8 @@ begin
   return null;
 end
 $function$;
-comment on function crm.tg_oauth_grants__revoke_tokens() is 'A revoked grant revokes its access tokens (its refresh tokens and code check the grant).';
+comment on function crm.tg_oauth_grants__revoke_tokens() is
+  'A revoked grant revokes its access tokens (its refresh tokens and code check the grant).';
 
 CREATE OR REPLACE FUNCTION crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid)
  RETURNS boolean
@@ -5287,7 +5754,8 @@ AS $function$
                   where m.workspace_id = p_workspace_id and m.user_id = p_user_id
                     and m.suspended_at is null and u.suspended_at is null and u.api_access)
 $function$;
-comment on function crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid) is 'Whether a grant''s user is an active member with API access (internal).';
+comment on function crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid) is
+  'Whether a grant''s user is an active member with API access (internal).';
 
 CREATE OR REPLACE FUNCTION crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer)
  RETURNS uuid
@@ -5324,8 +5792,10 @@ begin
   return v_grant;
 end
 $function$;
-comment on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) is 'The consent of the signed-in user: a grant and its single-use authorization code (hash, redirect URI, PKCE challenge, at most 60 s).';
-grant execute on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) to crm_api;
+comment on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) is
+  'The consent of the signed-in user: a grant and its single-use authorization code (hash, redirect URI, PKCE challenge, at most 60 s).';
+grant execute on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer)
+  to crm_api;
 
 create table crm.oauth_codes (
   workspace_id uuid not null,
@@ -5343,15 +5813,19 @@ create table crm.oauth_codes (
   constraint oauth_codes_lifetime CHECK ((expires_at <= (created_at + '00:01:00'::interval))),
   constraint oauth_codes_redirect_uri_length CHECK ((length(redirect_uri) <= 2000))
 );
-comment on table crm.oauth_codes is 'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE S256 challenge. No policy: only the OAuth functions read them.';
-comment on column crm.oauth_codes.code_challenge is 'BASE64URL(SHA256(code_verifier)) as the client sent it (RFC 7636 S256, the only method accepted).';
-comment on column crm.oauth_codes.used_at is 'Set by the first exchange, successful or not; a second one revokes the grant and every token issued from the code.';
+comment on table crm.oauth_codes is
+  'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE S256 challenge. No policy: only the OAuth functions read them.';
+comment on column crm.oauth_codes.code_challenge is
+  'BASE64URL(SHA256(code_verifier)) as the client sent it (RFC 7636 S256, the only method accepted).';
+comment on column crm.oauth_codes.used_at is
+  'Set by the first exchange, successful or not; a second one revokes the grant and every token issued from the code.';
 alter table crm.oauth_codes enable row level security;
 alter table crm.oauth_codes force row level security;
 create policy oauth_codes_all_owner on crm.oauth_codes as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy oauth_codes_all_owner on crm.oauth_codes is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy oauth_codes_all_owner on crm.oauth_codes is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 CREATE UNIQUE INDEX oauth_codes_code_hash_key ON crm.oauth_codes USING btree (code_hash);
 
 CREATE OR REPLACE FUNCTION crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
@@ -5407,8 +5881,10 @@ begin
     from crm.oauth_issue_tokens(v_grant, v_app.name, v_grant.scopes, p_access_token_hash, p_refresh_token_hash) i;
 end
 $function$;
-comment on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) to crm_runtime;
+comment on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) is
+  'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
+grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
+  to crm_runtime;
 
 create table crm.oauth_refresh_tokens (
   workspace_id uuid not null,
@@ -5422,14 +5898,17 @@ create table crm.oauth_refresh_tokens (
   constraint oauth_refresh_tokens_workspace_id_grant_id_fkey FOREIGN KEY (workspace_id, grant_id) REFERENCES crm.oauth_grants(workspace_id, id) ON DELETE CASCADE,
   constraint oauth_refresh_tokens_token_hash_length CHECK ((length(token_hash) = 32))
 );
-comment on table crm.oauth_refresh_tokens is 'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only the OAuth functions read them.';
-comment on column crm.oauth_refresh_tokens.used_at is 'Set when the token is exchanged for the next one; presenting it again revokes the grant.';
+comment on table crm.oauth_refresh_tokens is
+  'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only the OAuth functions read them.';
+comment on column crm.oauth_refresh_tokens.used_at is
+  'Set when the token is exchanged for the next one; presenting it again revokes the grant.';
 alter table crm.oauth_refresh_tokens enable row level security;
 alter table crm.oauth_refresh_tokens force row level security;
 create policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens as permissive for all to crm_owner
   using (true)
   with check (true);
-comment on policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens is 'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+comment on policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens is
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 CREATE INDEX oauth_refresh_tokens_grant_idx ON crm.oauth_refresh_tokens USING btree (workspace_id, grant_id);
 CREATE UNIQUE INDEX oauth_refresh_tokens_token_hash_key ON crm.oauth_refresh_tokens USING btree (token_hash);
 
@@ -5445,7 +5924,8 @@ CREATE OR REPLACE FUNCTION crm.oauth_refresh_token_lifetime()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ select interval '90 days' $function$;
-comment on function crm.oauth_refresh_token_lifetime() is 'How long a refresh token lives unused; each use replaces it with a new one.';
+comment on function crm.oauth_refresh_token_lifetime() is
+  'How long a refresh token lives unused; each use replaces it with a new one.';
 
 CREATE OR REPLACE FUNCTION crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea)
  RETURNS TABLE(scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
@@ -5470,7 +5950,8 @@ begin
   return query select p_scopes, v_access_expires, v_refresh;
 end
 $function$;
-comment on function crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea) is 'Stores an access token (kind oauth, 1 hour) and, when the grant holds offline_access, a refresh token (internal).';
+comment on function crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea) is
+  'Stores an access token (kind oauth, 1 hour) and, when the grant holds offline_access, a refresh token (internal).';
 
 CREATE OR REPLACE FUNCTION crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea)
  RETURNS TABLE(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
@@ -5519,8 +6000,10 @@ begin
     from crm.oauth_issue_tokens(v_grant, v_app.name, coalesce(p_scopes, v_grant.scopes), p_access_token_hash, p_new_refresh_token_hash) i;
 end
 $function$;
-comment on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) is 'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) to crm_runtime;
+comment on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) is
+  'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
+grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea)
+  to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea)
  RETURNS text
@@ -5544,8 +6027,10 @@ begin
   return null;
 end
 $function$;
-comment on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) is 'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
-grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) to crm_runtime;
+comment on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) is
+  'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
+grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea)
+  to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.prune_oauth(log_retention_days integer)
  RETURNS bigint
@@ -5559,4 +6044,5 @@ AS $function$
                    where revoked_at < now() - interval '7 days' or expires_at < now() - interval '7 days' returning 1)
   select (select count(*) from codes) + (select count(*) from refresh) + (select count(*) from grants)
 $function$;
-comment on function crm.prune_oauth(log_retention_days integer) is 'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';
+comment on function crm.prune_oauth(log_retention_days integer) is
+  'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';

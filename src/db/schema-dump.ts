@@ -14,7 +14,7 @@ import { migrate } from './migrate.ts'
 import { startEmbeddedPostgres } from './provision.ts'
 import { LOGIN_ROLE_COMMENT_PATTERN } from './runtime-role.ts'
 import { SCHEMA_LAYOUT } from './schema-layout.ts'
-import { collapseWhitespace, LINE_WIDTH, layoutExpression } from './sql-layout.ts'
+import { breakClauses, collapseWhitespace, LINE_WIDTH, layoutExpression } from './sql-layout.ts'
 
 export const SCHEMA_FILE = fileURLToPath(new URL('../../sql/schema.sql', import.meta.url))
 
@@ -217,7 +217,7 @@ async function dumpSchemaItself(db: Queryable): Promise<string[]> {
     `select obj_description(oid, 'pg_namespace') as comment from pg_namespace where nspname = $1`,
     [SCHEMA],
   )
-  if (schema?.comment != null) statements.push(`comment on schema ${SCHEMA} is ${quoteLiteral(schema.comment)};`)
+  if (schema?.comment != null) statements.push(commentOn(`schema ${SCHEMA}`, quoteLiteral(schema.comment)))
   statements.push(
     ...(await grantStatements(
       db,
@@ -267,7 +267,7 @@ async function grantStatements(db: Queryable, aclQuery: string, values: unknown[
        from entries group by grantee, is_grantable order by ${GRANTEE('grantee')}, is_grantable`,
     [...values, target],
   )
-  return grants.map((row) => row.statement)
+  return grants.map((row) => breakClauses(row.statement, /^ to /))
 }
 
 async function dumpTypes(db: Queryable): Promise<DumpedObject[]> {
@@ -339,7 +339,13 @@ async function commentStatement(db: Queryable, catalog: string, oid: number, tar
     `select description as comment from pg_description where classoid = $1::regclass and objoid = $2 and objsubid = $3`,
     [catalog, oid, subid],
   )
-  return row?.comment != null ? [`comment on ${target} is ${quoteLiteral(row.comment)};`] : []
+  return row?.comment != null ? [commentOn(target, quoteLiteral(row.comment))] : []
+}
+
+/** `comment on <target> is '...';`, the text on a line of its own when the statement is longer than a line. */
+function commentOn(target: string, literal: string): string {
+  const statement = `comment on ${target} is ${literal};`
+  return statement.length <= LINE_WIDTH ? statement : `comment on ${target} is\n  ${literal};`
 }
 
 async function dumpTables(db: Queryable): Promise<DumpedObject[]> {
@@ -487,7 +493,7 @@ async function dumpTable(
     [table.oid],
   )
   for (const trigger of triggers) {
-    statements.push(`${trigger.definition};`)
+    statements.push(breakClauses(`${trigger.definition};`, /^ (REFERENCING|FOR EACH|WHEN|EXECUTE FUNCTION) /))
     const state = { D: 'disable', R: 'enable replica', A: 'enable always' }[trigger.enabled]
     if (state) statements.push(`alter table ${table.name} ${state} trigger ${quoteIdent(trigger.name)};`)
     statements.push(...(await commentStatement(db, 'pg_trigger', trigger.oid, `trigger ${quoteIdent(trigger.name)} on ${table.name}`)))
@@ -504,15 +510,15 @@ function policyClause(keyword: string, expression: string | null): string {
 }
 
 async function columnComments(db: Queryable, oid: number, relation: string): Promise<string[]> {
-  const comments = await rows<{ statement: string }>(
+  const comments = await rows<{ target: string; literal: string }>(
     db,
-    `select format('comment on column %s.%I is %L;', $2::text, a.attname, d.description) as statement
+    `select format('column %s.%I', $2::text, a.attname) as target, quote_literal(d.description) as literal
        from pg_description d join pg_attribute a on a.attrelid = d.objoid and a.attnum = d.objsubid
       where d.classoid = 'pg_class'::regclass and d.objoid = $1 and d.objsubid > 0
       order by a.attnum`,
     [oid, relation],
   )
-  return comments.map((row) => row.statement)
+  return comments.map((row) => commentOn(row.target, row.literal))
 }
 
 /** Table-wide grants, then column grants (one line per grantee and privilege, columns in table order). */

@@ -70,6 +70,16 @@ function splitTopLevel(text: string, separator: RegExp): { parts: string[]; sepa
   return { parts, separators }
 }
 
+/**
+ * A one-line statement longer than LINE_WIDTH broken before each of its clauses (the keywords,
+ * where they stand outside parentheses and literals), the clauses indented by two.
+ */
+export function breakClauses(statement: string, keywords: RegExp, width = LINE_WIDTH): string {
+  if (statement.length <= width) return statement
+  const { parts, separators } = splitTopLevel(statement, keywords)
+  return parts.map((part, i) => (i === 0 ? part : `${separators[i - 1].trimStart()}${part}`)).join('\n  ')
+}
+
 /** The index of the parenthesis that closes the one at open (-1 when none does). */
 export function closingParen(text: string, open: number): number {
   const { quoted, depth } = scan(text)
