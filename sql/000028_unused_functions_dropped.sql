@@ -1,4 +1,5 @@
--- Functions nothing calls any more go, and no function of crm stays executable by PUBLIC.
+-- Functions nothing calls any more go, no function of crm stays executable by PUBLIC, and
+-- crm.team_user_ids is the owner's, as its comment says.
 --
 -- Each dropped function is referenced by no other function, policy, trigger, default, check,
 -- view or index, by no code of the service or the worker, and by no test but one of itself:
@@ -28,3 +29,7 @@ drop function crm.token_user(bytea);
 -- Trigger functions need no EXECUTE to fire; these two (000012) kept PUBLIC's.
 revoke execute on function crm.tg_oauth_grants__revoke_tokens() from public;
 revoke execute on function crm.tg_tokens__revoke_oauth_grant() from public;
+
+-- 000009 gave crm_api every function PUBLIC could run then, crm.team_user_ids among them; only
+-- crm.put_context (the owner's) calls it.
+revoke execute on function crm.team_user_ids(uuid, uuid) from crm_api;

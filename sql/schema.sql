@@ -1770,7 +1770,6 @@ AS $function$
 $function$;
 comment on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) is
   'A user and everyone sharing a team with them in a workspace (internal; not granted to crm_api).';
-grant execute on function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.is_admin()
  RETURNS boolean

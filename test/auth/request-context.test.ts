@@ -51,6 +51,7 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
     // the context's internal pieces (sql/000025_context_carrier.sql): no EXECUTE for crm_api
     `select crm.put_context('${ada.id}', '${tenant.id}', 'api', null, null)`,
     "select crm.write_context('crm_context')",
+    `select crm.team_user_ids('${ada.id}', '${tenant.id}')`,
     `select crm.touch_caller('${ada.id}', '${tenant.id}', true, '${ada.id}', true)`,
     'select * from crm.internal_secrets',
     `select crm.act_as('ada@acme.test', 'acme')`,
