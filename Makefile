@@ -17,7 +17,7 @@ NODE := node
 # Biome and squawk come as their platform packages (optional dependencies), called directly.
 BIOME := node_modules/@biomejs/cli-linux-$(ARCH)/biome
 SQUAWK := node_modules/@squawk-cli/linux-$(ARCH)/bin/squawk
-.PHONY: help setup run test test-faults soak format check schema client audit bench clean node
+.PHONY: help setup run test test-faults soak format check links schema client audit bench clean node
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -54,10 +54,16 @@ soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mix
 format: setup ## format the code and apply Biome's safe lint fixes (biome.jsonc)
 	$(BIOME) check --write
 
-check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk)
+check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), check the links (make links)
 	$(BIOME) ci
 	npx tsc --noEmit -p .
 	$(SQUAWK) sql/0*.sql
+	@$(MAKE) --no-print-directory links
+
+links: setup ## check every link and #anchor between the Markdown files, and to the files they name (remark-validate-links, .remarkrc.mjs)
+	@# Every Markdown file of the project (.remarkignore leaves out dependencies and local data); a
+	@# warning fails the target (--frail). Local files only: nothing is fetched.
+	npx remark . --quiet --frail --no-stdout
 
 schema: setup ## write sql/schema.sql: migrate a throwaway embedded PostgreSQL and dump the schema crm
 	$(NODE) src/db/schema-dump.ts

@@ -179,6 +179,21 @@ t.test('what the worker may call runs as the owner, so the worker needs no table
   t.same(rows, [], 'every crm function crm_worker may execute is SECURITY DEFINER')
 })
 
+t.test('no crm function is executable by PUBLIC', async (t) => {
+  // PostgreSQL grants EXECUTE to PUBLIC on every new function; each is revoked by name, trigger
+  // functions included (they fire without it).
+  const { rows } = await owner.query(
+    `select p.oid::regprocedure::text as name from pg_proc p
+      where p.pronamespace = 'crm'::regnamespace and has_function_privilege('public', p.oid, 'execute')
+        and not exists (select from pg_depend d where d.classid = 'pg_proc'::regclass and d.objid = p.oid and d.deptype = 'e')
+      order by 1`,
+  )
+  t.same(
+    rows.map((row) => row.name),
+    [],
+  )
+})
+
 t.test('sign-in hands out no password key, and checks a password once per claimed attempt', async (t) => {
   const claim = async () => (await runtime.query(`select allowed, ticket, password_params from crm.claim_sign_in('admin@a.test')`)).rows[0]
   const first = await claim()
