@@ -21,7 +21,9 @@ createServer((request, response) => {
     const rawBody = Buffer.concat(chunks)
     const verified = verifyWebhook(rawBody, String(request.headers['x-service-signature'] ?? ''), secret)
     // Deliveries may repeat: a real receiver deduplicates on X-Service-Delivery-Id.
-    console.log(`${verified ? 'verified' : 'refused'} ${request.headers['x-service-event']} ${request.headers['x-service-delivery-id']} ${rawBody}`)
+    console.log(
+      `${verified ? 'verified' : 'refused'} ${request.headers['x-service-event']} ${request.headers['x-service-delivery-id']} ${rawBody}`,
+    )
     response.statusCode = verified ? 204 : 400
     response.end()
   })
