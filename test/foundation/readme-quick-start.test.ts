@@ -82,7 +82,7 @@ t.test('the quick start, from make run to a verified webhook', async (t) => {
   const verified = await new Promise<RegExpExecArray>((resolve, reject) => {
     shell.stdout!.on('data', (chunk: Buffer) => {
       stdout += chunk
-      // curl prints no newline after an answer, so the receiver's line may follow one on the same line.
+      // Not anchored: the receiver and curl share the terminal, and either may print first.
       const line = /(verified|refused) contact\.created (\S+) (.*)$/m.exec(stdout)
       if (line) resolve(line)
     })
