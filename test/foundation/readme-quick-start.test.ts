@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import pg from 'pg'
 import t from 'tap'
 import { readmeBlocks } from '../helpers/readme.ts'
 import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
@@ -96,4 +97,18 @@ t.test('the quick start, from make run to a verified webhook', async (t) => {
   t.equal(delivery.delivery_id, verified[2])
   t.equal(delivery.data.object.email, 'grace@example.com')
   t.match(stdout, /"last_name" ?: ?"Hopper"/, 'the contact was created and listed')
+
+  // The DBA's block of the README, as the owner, on the database the quick start filled.
+  const [audit] = readmeBlocks('sql', 'Auditing access as a DBA')
+  const owner = new pg.Client({ connectionString: server.databaseUrl })
+  await owner.connect()
+  t.teardown(() => owner.end())
+  const results = (await owner.query(audit)) as unknown as pg.QueryResult[]
+  const rows = results.map((result) => result.rows)
+  t.ok(
+    rows[0].some((row) => row.role === 'admin' && row.resource === 'contacts'),
+    'the permission matrix lists the admin role',
+  )
+  t.ok(rows[1].length > 0, "Ada's effective access")
+  t.same(rows[5], [{ count: '1' }], 'acting as Ada sees the one contact she created')
 })
