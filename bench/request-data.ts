@@ -92,7 +92,7 @@ const rows = cases.map(({ what, size, n, run, unit }) => {
 console.log(`## Request data: worst inputs (bench/request-data.ts)
 
 Each input timed at n and 2n (median of 7, in the API's own functions, no HTTP): a ratio near 2 is
-linear time, near 4 quadratic. The rule (ARCHITECTURE.md, "Request data"): no regular expression
+linear time, near 4 quadratic. The rule (docs/architecture.md, "Request data"): no regular expression
 whose time grows faster than its input runs on request data.
 
 | input | n | ms at n | ms at 2n | ratio |

@@ -1,7 +1,7 @@
 // The pool single-statement reads run on: plain `pg`, not slonik. Those reads are one named
 // statement each (single-statement.ts of the HTTP layer) and need none of slonik's per-query machinery
 // (interceptor chain, query ids, result normalisation, its own pool queue); measured on GET one,
-// skipping it saves about a third of the API process's CPU per request (README, "Performance").
+// skipping it saves about a third of the API process's CPU per request (docs/performance.md).
 // Everything else keeps using slonik (src/db/pool.ts). Values come back as slonik's pool returns
 // them: numeric as exact strings, bigint as numbers, timestamps as RFC 3339 UTC, dates as text.
 import pg from 'pg'

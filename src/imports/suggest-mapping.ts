@@ -118,7 +118,7 @@ export function normaliseHeader(header: string): string {
 }
 
 // A loop rather than /\d+$/: a backtracking engine tries that pattern from every digit of a run
-// that does not end the text, so `a` + 60,000 digits + `x` cost 60,000² steps (ARCHITECTURE.md, "Request data").
+// that does not end the text, so `a` + 60,000 digits + `x` cost 60,000² steps (docs/architecture.md, "Request data").
 function withoutTrailingDigits(text: string): string {
   let end = text.length
   while (end > 0 && text.charCodeAt(end - 1) >= 0x30 && text.charCodeAt(end - 1) <= 0x39) end--

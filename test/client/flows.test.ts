@@ -1,4 +1,4 @@
-// The README's flows written with the generated client (clients/typescript) against the live API:
+// The flows of docs/api.md's client example, with the generated client (clients/typescript) against the live API:
 // sign up and take a token, create (an Idempotency-Key on every create), filter, page through 1,000
 // records, import a sample file, export, subscribe a webhook and verify a delivery with the
 // standardwebhooks and svix libraries; problems arrive as typed errors and a 429 is waited out.

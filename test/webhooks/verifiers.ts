@@ -6,24 +6,20 @@
 //   older than the tolerance is refused), so receivers using Stripe's library accept our deliveries;
 // - the Standard Webhooks libraries `standardwebhooks` and `svix` (headers webhook-id,
 //   webhook-timestamp, webhook-signature; the key is the base64 after `whsec_`), each its own verify.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Webhook as StandardWebhook, WebhookVerificationError } from 'standardwebhooks'
 import Stripe from 'stripe'
 import { WebhookVerificationError as SvixVerificationError, Webhook as SvixWebhook } from 'svix'
+import { readmeBlocks } from '../helpers/readme.ts'
 
 type ReadmeVerifier = (rawBody: Buffer, header: string, secret: string, toleranceSeconds?: number) => boolean
 
 /** The README's verifyWebhook, loaded from the README's code block. */
 export async function readmeVerifier(): Promise<ReadmeVerifier> {
-  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8')
-  const block = readme
-    .split('```ts\n')
-    .slice(1)
-    .map((part) => part.slice(0, part.indexOf('\n```')))
-    .find((code) => code.includes('export function verifyWebhook'))
+  const block = readmeBlocks('ts', 'Receiving webhooks').find((code) => code.includes('export function verifyWebhook'))
   if (block === undefined) throw new Error('README.md has no ts block with verifyWebhook')
   const directory = mkdtempSync(join(tmpdir(), 'crm-readme-verifier-'))
   try {
