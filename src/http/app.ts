@@ -3,7 +3,7 @@
 import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
-import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
+import { type Authenticator, type Caller, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
@@ -188,7 +188,8 @@ export function createApp(
    * temporary file, under the process's cap on such files, with no connection held while it
    * arrives. An unknown, expired or revoked token gets its 401 with nothing received. The
    * handler's transaction authenticates again, so a token revoked during a long upload is refused
-   * then. The slot and the receipt are held until the answer.
+   * then, without counting the request a second time (markCounted). The slot and the receipt are
+   * held until the answer.
    */
   async function receiveUpload(
     definition: RouteDefinition,
@@ -207,9 +208,10 @@ export function createApp(
           authenticatedTransaction(definition, req, res, async (db, caller) => {
             await definition.checkCallerBeforeBody?.(db)
             if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+            markCounted(req, caller.rateLimit)
           }),
         )
-        // Committed: the handler's transaction counts for itself.
+        // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
         req.countedInDatabase = false
       }
       receipt.checkDeclaredLength()
