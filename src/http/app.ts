@@ -34,7 +34,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createUploadReceipts } from './upload-receipts.ts'
+import { createBodyReceipts, createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -98,6 +98,7 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
+  const jsonBodyReceipts = createBodyReceipts(config.jsonBodies, 'request bodies')
   const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
@@ -163,7 +164,13 @@ export function createApp(
     definition.checkBodyHeaders?.(req)
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
-      body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
+      // Held while the body arrives: slow senders are bounded per address and in all.
+      const releaseReceipt = jsonBodyReceipts.take(req)
+      try {
+        body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
+      } finally {
+        releaseReceipt()
+      }
     }
     const upload = definition.bodyKind === 'file' ? await receiveUpload(definition, req, res) : undefined
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile: upload?.file, services }
