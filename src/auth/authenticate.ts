@@ -276,12 +276,13 @@ async function authenticateThrough<Rest>(
       return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: resumed.rest }
     }
     // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full,
-    // and crm.authenticate counts it, so the process's admission is taken back. A settlement may
+    // and crm.authenticate counts it, so the process's admission is taken back (for a request
+    // counted already, an upload's second authentication, the one its first took). A settlement may
     // have carried that admission already: then the database's total holds this request twice
     // until the next settlement carries one less, so its own check allows one more and the
     // process decides (admitCounted, which counts the request once).
     state?.identities.delete(attempt.cacheKey)
-    if (!attempt.counted) state?.rateLimit.release(admitted.identity.caller.userId)
+    state?.rateLimit.release(admitted.identity.caller.userId)
     full = { ...attempt, limit: attempt.limit + 1 }
   }
   const answer = await run(authenticateCall(full))
