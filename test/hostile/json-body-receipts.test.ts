@@ -99,3 +99,10 @@ t.test('a body that fails (too deep, invalid) gives its receipt back', async (t)
   }
   t.equal((await send('203.0.113.9', contact()).answer).status, 201)
 })
+
+t.test('the OpenAPI document lists both refusals for a route that takes a body', async (t) => {
+  const document = (await server.request('GET', '/api/openapi.json')).body
+  const responses = document.paths['/api/contacts'].post.responses
+  t.ok(responses['429'] && responses['503'], 'POST /api/contacts documents 429 and 503')
+  t.match(document.components.responses.Problem503.description, /bodies at once/)
+})
