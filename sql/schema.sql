@@ -1044,16 +1044,24 @@ comment on policy tokens_select_own on crm.tokens is
 create policy tokens_update_own on crm.tokens as permissive for update to crm_api
   using (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
-     AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
-          OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
+     AND (((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+           AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
+          OR ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+              AND (id = ( SELECT crm.current_token_id() AS current_token_id)))
+          OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+              AND (oauth_grant_id = ( SELECT crm.current_oauth_grant_id() AS current_oauth_grant_id)))))
   )
   with check (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
-     AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
-          OR (oauth_app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
+     AND (((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+           AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
+          OR ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+              AND (id = ( SELECT crm.current_token_id() AS current_token_id)))
+          OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+              AND (oauth_grant_id = ( SELECT crm.current_oauth_grant_id() AS current_oauth_grant_id)))))
   );
 comment on policy tokens_update_own on crm.tokens is
-  'A user revokes their own tokens and sessions; an OAuth app''s access token only the tokens of its own app.';
+  'A user revokes their own tokens and sessions with an unscoped token or a session; a scoped token only itself; an OAuth app''s access token only the tokens of its own authorization (crm.current_token_id, crm.current_oauth_grant_id).';
 grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
@@ -1330,8 +1338,10 @@ AS $function$
 declare
   v_carrier boolean := p_mode is distinct from 'keyed_proof'
                        and pg_catalog.has_parameter_privilege('backtrace_functions', 'SET');
+  -- Read from the newest helper: a database that lacks it (migrated before it existed) gets every
+  -- helper defined again, whichever path it is on.
   v_installed boolean := (select position('backtrace_functions' in pg_catalog.pg_get_function_sqlbody(p.oid)) > 0
-                            from pg_catalog.pg_proc p where p.oid = 'crm.current_user_id()'::regprocedure);
+                            from pg_catalog.pg_proc p where p.oid = pg_catalog.to_regprocedure('crm.current_oauth_grant_id()'));
   v_source text;
 begin
   if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
@@ -1419,6 +1429,14 @@ begin
              else '{}'::uuid[]
            end;
 
+    create or replace function crm.current_token_id() returns uuid
+    language sql stable
+    return nullif(nullif(pg_catalog.split_part(%1$s, ' ', 10), '0'), '')::uuid;
+
+    create or replace function crm.current_oauth_grant_id() returns uuid
+    language sql stable
+    return nullif(nullif(pg_catalog.split_part(%1$s, ' ', 11), '0'), '')::uuid;
+
     create or replace function crm.is_admin() returns boolean
     language sql stable
     return coalesce(pg_catalog.split_part(%1$s, ' ', 7) = '1', false);
@@ -1437,7 +1455,7 @@ $function$;
 comment on function crm.install_context_carrier(p_mode text) is
   'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 
-CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid DEFAULT NULL::uuid, p_oauth_grant_id uuid DEFAULT NULL::uuid)
  RETURNS boolean
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
@@ -1464,12 +1482,13 @@ begin
   perform crm.write_context(concat_ws(' ', 'crm_context', replace(p_user_id::text, '-', ''), replace(p_workspace_id::text, '-', ''),
     coalesce(replace(p_oauth_app_id::text, '-', ''), '0'), encode(convert_to(coalesce(p_via, 'api'), 'UTF8'), 'hex'),
     coalesce(encode(convert_to(p_scopes::text, 'UTF8'), 'hex'), 'n'), case when v_admin then '1' else '0' end,
-    coalesce(v_grants, ','), v_team_ids));
+    coalesce(v_grants, ','), v_team_ids, coalesce(replace(p_token_id::text, '-', ''), '0'),
+    coalesce(replace(p_oauth_grant_id::text, '-', ''), '0')));
   return true;
 end
 $function$;
-comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is
-  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, and the team when a grant is team. Grants hold for the transaction as of this call. Internal.';
+comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid, p_oauth_grant_id uuid) is
+  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, the team when a grant is team, the calling token and its OAuth grant. Grants hold for the transaction as of this call. Internal.';
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
  RETURNS void
@@ -1496,7 +1515,7 @@ AS $function$
 begin
   return query
   with caller as (
-    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id,
+    select t.id as token_id, t.kind, t.revoked_at, t.expires_at, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id,
            t.workspace_id as bound_workspace_id,
            u.id as user_id, u.suspended_at, u.api_access, u.last_workspace_id
       from crm.tokens t join crm.users u on u.id = t.user_id
@@ -1516,7 +1535,7 @@ begin
      limit 1
   ),
   verdict as (
-    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, c.scopes, c.oauth_app_id,
+    select c.token_id, c.kind, c.last_used_at, c.user_id, c.last_workspace_id, c.scopes, c.oauth_app_id, c.oauth_grant_id,
            m.workspace_id, m.slug, m.is_admin, m.access_version,
            case
              when c.user_id is null then 'token_invalid'
@@ -1555,7 +1574,8 @@ begin
   -- The context and the bookkeeping when it changes. A CTE with volatile calls is materialized,
   -- so it runs once, and only for an admitted caller.
   context as materialized (
-    select crm.put_context(a.user_id, a.workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
+    select crm.put_context(a.user_id, a.workspace_id, p_via, a.scopes, a.oauth_app_id,
+                           a.token_id, a.oauth_grant_id) as written,
            case when a.last_workspace_id is distinct from a.workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, a.workspace_id, a.last_workspace_id is distinct from a.workspace_id,
@@ -1592,7 +1612,7 @@ AS $function$
 begin
   return query
   with admitted as materialized (
-    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, u.last_workspace_id
+    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id
       from crm.tokens t
       join crm.users u on u.id = t.user_id
       join crm.memberships m on m.workspace_id = p_workspace_id and m.user_id = t.user_id
@@ -1607,7 +1627,8 @@ begin
   ),
   -- The context as crm.authenticate writes it, and the same bookkeeping.
   context as materialized (
-    select a.user_id, crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id) as written,
+    select a.user_id, crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id,
+                                             a.token_id, a.oauth_grant_id) as written,
            case when a.last_workspace_id is distinct from p_workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,
@@ -1701,6 +1722,24 @@ RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), '
 comment on function crm.current_oauth_app_id() is
   'The OAuth app whose access token this transaction acts with, or null (describes events; authorizes nothing).';
 grant execute on function crm.current_oauth_app_id() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.current_token_id()
+ RETURNS uuid
+ LANGUAGE sql
+ STABLE
+RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 10), '0'::text), ''::text))::uuid;
+comment on function crm.current_token_id() is
+  'The id of the token that authenticated this transaction''s request, or null (a job acting as a user, no context). As of crm.put_context.';
+grant execute on function crm.current_token_id() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.current_oauth_grant_id()
+ RETURNS uuid
+ LANGUAGE sql
+ STABLE
+RETURN (NULLIF(NULLIF(split_part(current_setting('backtrace_functions'::text), ' '::text, 11), '0'::text), ''::text))::uuid;
+comment on function crm.current_oauth_grant_id() is
+  'The OAuth grant of the access token that authenticated this request, or null (a personal token, a session, no context).';
+grant execute on function crm.current_oauth_grant_id() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.current_via()
  RETURNS text
@@ -5701,20 +5740,24 @@ comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is
 create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive for update to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
-      AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
-           OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
+      AND (((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+            AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
+           OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+               AND (id = ( SELECT crm.current_oauth_grant_id() AS current_oauth_grant_id)))))
      OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   )
   with check (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
-      AND ((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
-           OR (app_id = ( SELECT crm.current_oauth_app_id() AS current_oauth_app_id))))
+      AND (((( SELECT crm.current_oauth_app_id() AS current_oauth_app_id) IS NULL)
+            AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
+           OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+               AND (id = ( SELECT crm.current_oauth_grant_id() AS current_oauth_grant_id)))))
      OR ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   );
 comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is
-  'A user revokes an app they connected (an app''s access token only its own app''s); an admin revokes any connection in the current workspace (a scoped token needs workspace:admin).';
+  'A user disconnects the apps they connected with an unscoped token or a session; an OAuth app''s access token only its own authorization; a scoped personal token none of them; an admin disconnects any app in the current workspace (a scoped token needs workspace:admin).';
 grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);

@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { DEFAULT_BODY_IDLE_TIMEOUT_MS } from './http/body.ts'
-import type { UploadReceiptLimits } from './http/upload-receipts.ts'
+import type { ReceiptBounds, UploadReceiptLimits } from './http/upload-receipts.ts'
 import { type CidrRange, parseCidrList } from './webhooks/address-guard.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
@@ -73,6 +73,12 @@ export type Config = {
   exportTimeoutMs: number
   /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
   uploads: UploadReceiptLimits
+  /**
+   * JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL: JSON bodies this process receives at once from one
+   * client address (429 past it) and in all (503 past it), so slow senders cannot hold the sockets
+   * and, at up to 1 MiB a body, the memory (src/http/upload-receipts.ts).
+   */
+  jsonBodies: ReceiptBounds
   /**
    * Streams (exports, errors.csv) that may run at once in this process, each holding a connection
    * for as long as its client reads: at most half the pool, so slow readers never take the rest.
@@ -247,6 +253,10 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
       perAddress: integer('UPLOADS_PER_ADDRESS', 8, 1, 100_000),
       total: integer('UPLOADS_TOTAL', 64, 1, 100_000),
       tempBytes: integer('UPLOAD_TEMP_BYTES', 2 * 1024 ** 3, 1024, 2 ** 50),
+    },
+    jsonBodies: {
+      perAddress: integer('JSON_BODIES_PER_ADDRESS', 64, 1, 100_000),
+      total: integer('JSON_BODIES_TOTAL', 256, 1, 100_000),
     },
     streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
     contextCarrier: contextCarrier as ContextCarrierMode,

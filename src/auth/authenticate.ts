@@ -135,6 +135,18 @@ export function createCredentialCheck(
   }
 }
 
+/**
+ * Requests an earlier authentication already counted against the rate limit (an upload's, before
+ * its body was received), with the quota it answered: the request's next authentication resumes
+ * the cached identity without counting it again.
+ */
+const countedRequests = new WeakMap<IncomingMessage, RateQuota>()
+
+/** Marks a request as counted: its next authentication counts nothing (an upload counts once). */
+export function markCounted(req: IncomingMessage, quota: RateQuota): void {
+  countedRequests.set(req, quota)
+}
+
 type Attempt = {
   tokenHash: Buffer
   slug: string | null
@@ -142,6 +154,8 @@ type Attempt = {
   limit: number
   /** The request's entry in the identity cache (IdentityCache.keyOf). */
   cacheKey: string
+  /** The quota an earlier authentication of this request answered when it counted it (markCounted). */
+  counted?: RateQuota
 }
 
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
@@ -160,6 +174,7 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
     via: credential.via,
     limit: config.rateLimitPerMinute,
     cacheKey: IdentityCache.keyOf(tokenHash, slug, credential.via),
+    counted: countedRequests.get(req),
   }
 }
 
@@ -232,14 +247,14 @@ async function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationSt
   return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'database' }
 }
 
-/** The cached identity of this request's token, counted against the rate limit; null when not cached. */
+/** The cached identity of this request's token, counted against the rate limit unless already counted; null when not cached. */
 async function admittedIdentity(
   attempt: Attempt,
   state: AuthenticationState | undefined,
 ): Promise<{ identity: CachedIdentity; quota: RateQuota } | null> {
   const identity = state?.identities.get(attempt.cacheKey)
   if (!state || !identity) return null
-  return { identity, quota: await state.rateLimit.admit(identity.caller.userId) }
+  return { identity, quota: attempt.counted ?? (await state.rateLimit.admit(identity.caller.userId)) }
 }
 
 /**
@@ -261,7 +276,8 @@ async function authenticateThrough<Rest>(
       return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: resumed.rest }
     }
     // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full,
-    // and crm.authenticate counts it, so the process's admission is taken back. A settlement may
+    // and crm.authenticate counts it, so the process's admission is taken back (for a request
+    // counted already, an upload's second authentication, the one its first took). A settlement may
     // have carried that admission already: then the database's total holds this request twice
     // until the next settlement carries one less, so its own check allows one more and the
     // process decides (admitCounted, which counts the request once).

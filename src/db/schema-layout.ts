@@ -82,6 +82,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'current_user_id',
           'current_workspace_id',
           'current_oauth_app_id',
+          'current_token_id',
+          'current_oauth_grant_id',
           'current_via',
           'current_scopes',
           'verified_context',

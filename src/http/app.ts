@@ -3,7 +3,7 @@
 import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
-import type { Authenticator, Caller, StatementAuthenticator } from '../auth/authenticate.ts'
+import { type Authenticator, type Caller, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
@@ -34,7 +34,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createUploadReceipts } from './upload-receipts.ts'
+import { createBodyReceipts, createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -98,6 +98,7 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
+  const jsonBodyReceipts = createBodyReceipts(config.jsonBodies, 'request bodies')
   const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
@@ -163,7 +164,13 @@ export function createApp(
     definition.checkBodyHeaders?.(req)
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
-      body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
+      // Held while the body arrives: slow senders are bounded per address and in all.
+      const releaseReceipt = jsonBodyReceipts.take(req)
+      try {
+        body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
+      } finally {
+        releaseReceipt()
+      }
     }
     const upload = definition.bodyKind === 'file' ? await receiveUpload(definition, req, res) : undefined
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile: upload?.file, services }
@@ -188,7 +195,8 @@ export function createApp(
    * temporary file, under the process's cap on such files, with no connection held while it
    * arrives. An unknown, expired or revoked token gets its 401 with nothing received. The
    * handler's transaction authenticates again, so a token revoked during a long upload is refused
-   * then. The slot and the receipt are held until the answer.
+   * then, without counting the request a second time (markCounted). The slot and the receipt are
+   * held until the answer.
    */
   async function receiveUpload(
     definition: RouteDefinition,
@@ -207,9 +215,10 @@ export function createApp(
           authenticatedTransaction(definition, req, res, async (db, caller) => {
             await definition.checkCallerBeforeBody?.(db)
             if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+            markCounted(req, caller.rateLimit)
           }),
         )
-        // Committed: the handler's transaction counts for itself.
+        // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
         req.countedInDatabase = false
       }
       receipt.checkDeclaredLength()

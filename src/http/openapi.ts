@@ -27,7 +27,7 @@ const STATUS_TEXT: Record<number, string> = {
   415: 'Wrong Content-Type',
   422: 'The body fails validation',
   429: 'Too many requests (see Retry-After)',
-  503: 'The database cannot be reached (see Retry-After)',
+  503: 'The database cannot be reached, or the server receives as many bodies at once as it takes (see Retry-After)',
 }
 
 const PROBLEM_SCHEMA = {
@@ -135,6 +135,8 @@ export function routeScopes(route: RouteDefinition): TokenScope[] {
 
 /** Every route that reads a body can answer 408 (body.ts's deadlines). */
 const readsBody = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file' || route.formBody !== undefined
+/** A JSON or file body is received under a receipt (src/http/upload-receipts.ts): 429 per address, 503 per process. */
+const receivesUnderReceipt = (route: RouteDefinition) => route.body !== undefined || route.bodyKind === 'file'
 
 /** The routes the document describes: the API, and the OAuth endpoints an app calls. */
 const documented = (route: RouteDefinition) =>
@@ -179,6 +181,10 @@ function operation(route: RouteDefinition): JsonObject {
   if (route.auth === 'required' && !responses['401']) responses['401'] = { $ref: '#/components/responses/Problem401' }
   if (routeScopes(route).length > 0 && !responses['403']) responses['403'] = { $ref: '#/components/responses/Problem403' }
   if (readsBody(route) && !responses['408']) responses['408'] = { $ref: '#/components/responses/Problem408' }
+  if (receivesUnderReceipt(route)) {
+    responses['429'] ??= { $ref: '#/components/responses/Problem429' }
+    responses['503'] ??= { $ref: '#/components/responses/Problem503' }
+  }
   responses['500'] = { $ref: '#/components/responses/Problem500' }
 
   const result: JsonObject = {
@@ -224,6 +230,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
     for (const error of route.errors ?? []) statuses.add(error)
     if (routeScopes(route).length > 0) statuses.add(403)
     if (readsBody(route)) statuses.add(408)
+    if (receivesUnderReceipt(route)) for (const status of [429, 503]) statuses.add(status)
   }
   const problemResponses = Object.fromEntries(
     [...statuses].sort().map((status) => [

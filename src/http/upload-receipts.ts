@@ -1,21 +1,21 @@
-// How many file bodies this process receives at once, and how many bytes their temporary files
-// hold together. A receipt is taken before the caller is authenticated (app.ts), so one address
-// cannot make the database authenticate more uploads at once than its bound, whatever tokens it
-// sends; the body itself is received only after authentication and the workspace's upload slot.
-// The bounds keep one address (many workspaces, many tokens) and all clients together from
-// filling the sockets and the disk with slow uploads. Counted in each API process, like the
-// workspace slots.
+// How many bodies this process receives at once, per client address and in total, and for file
+// bodies how many bytes their temporary files hold together. An upload's receipt is taken before
+// the caller is authenticated (app.ts), so one address cannot make the database authenticate more
+// uploads at once than its bound, whatever tokens it sends; the body itself is received only after
+// authentication and the workspace's upload slot. A JSON body's receipt is held while it arrives
+// (at most JSON_BODY_LIMIT in memory each). The bounds keep one address (many workspaces, many
+// tokens) and all clients together from filling the sockets, the memory and the disk with slow
+// bodies. Counted in each API process, like the workspace slots.
 import type { IncomingMessage } from 'node:http'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
 import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 import { createKeyedCounts } from './workspace-slots.ts'
 
-export type UploadReceiptLimits = {
-  /** UPLOADS_PER_ADDRESS: bodies received at once from one client address (429 past it). */
-  perAddress: number
-  /** UPLOADS_TOTAL: bodies received at once by the process (503 past it). */
-  total: number
+/** Bodies received at once: from one client address (429 past it) and by the process (503 past it). */
+export type ReceiptBounds = { perAddress: number; total: number }
+
+export type UploadReceiptLimits = ReceiptBounds & {
   /** UPLOAD_TEMP_BYTES: bytes of every temporary upload file of the process together (503 past it). */
   tempBytes: number
 }
@@ -41,26 +41,50 @@ function tempFull(limits: UploadReceiptLimits): UnavailableError {
   return new UnavailableError(null, `Uploads in progress fill this server's space for them (${limits.tempBytes} bytes); retry shortly`)
 }
 
-export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipts {
+export type BodyReceipts = {
+  /** A receipt for this request's body, or 429 (its address) or 503 (the process) when a bound is reached; answers its release. */
+  take: (req: IncomingMessage) => () => void
+  inUse: () => number
+}
+
+/** Counts the bodies being received, per client address and in total; `bodies` names them in the refusals. */
+export function createBodyReceipts(bounds: ReceiptBounds, bodies: string): BodyReceipts {
   const byAddress = createKeyedCounts()
   let receipts = 0
-  let tempBytes = 0
   return {
     take: (req) => {
       // An IPv6 client by its /64, as the per-address rate limit counts it: a /64 rotates freely.
       const address = addressBlock(clientOf(req).address)
-      if (byAddress.count(address) >= limits.perAddress) {
+      if (byAddress.count(address) >= bounds.perAddress) {
         throw new RateLimitedError(
           RETRY_AFTER_SECONDS,
           'rate_limited',
-          `This address already sends ${limits.perAddress} uploads; retry when one has finished`,
+          `This address already sends ${bounds.perAddress} ${bodies}; retry when one has finished`,
         )
       }
-      if (receipts >= limits.total) {
-        throw new UnavailableError(null, `This server already receives ${limits.total} uploads; retry shortly`)
+      if (receipts >= bounds.total) {
+        throw new UnavailableError(null, `This server already receives ${bounds.total} ${bodies}; retry shortly`)
       }
       const releaseAddress = byAddress.take(address)
       receipts++
+      let released = false
+      return () => {
+        if (released) return
+        released = true
+        receipts--
+        releaseAddress()
+      }
+    },
+    inUse: () => receipts,
+  }
+}
+
+export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipts {
+  const bodies = createBodyReceipts(limits, 'uploads')
+  let tempBytes = 0
+  return {
+    take: (req) => {
+      const releaseBody = bodies.take(req)
       let reserved = 0
       let released = false
       return {
@@ -78,11 +102,10 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
           if (released) return
           released = true
           tempBytes -= reserved
-          receipts--
-          releaseAddress()
+          releaseBody()
         },
       }
     },
-    inUse: () => ({ receipts, tempBytes }),
+    inUse: () => ({ receipts: bodies.inUse(), tempBytes }),
   }
 }

@@ -6,7 +6,13 @@ import type { AddressInfo } from 'node:net'
 type Teardown = { teardown: (fn: () => unknown) => void }
 
 export type Received = { path: string; headers: IncomingHttpHeaders; raw: Buffer; body: any; at: number }
-export type Answer = { status?: number; delayMs?: number; body?: string }
+export type Answer = {
+  status?: number
+  delayMs?: number
+  /** Answers only once this settles: the test decides how long a delivery stays in flight. */
+  hold?: Promise<unknown>
+  body?: string
+}
 
 export type Receiver = {
   url: string
@@ -43,6 +49,7 @@ export async function startReceiver(t: Teardown): Promise<Receiver> {
     receiver.received.push(request)
     const answer = receiver.answer(request)
     if (answer.delayMs) await new Promise((resolve) => setTimeout(resolve, answer.delayMs))
+    if (answer.hold) await answer.hold
     res.statusCode = answer.status ?? 200
     res.end(answer.body ?? 'ok')
   })
