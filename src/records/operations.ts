@@ -123,7 +123,11 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
  * (<table>_insert_own_bookkeeping, <table>_insert_scoped) check the same values. With the context
  * carrier those helpers are inlined reads of it, evaluated once for the one row.
  */
-export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<RecordJson> {
+export async function createRecord(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  body: Record<string, unknown>,
+): Promise<RecordJson> {
   const pairs = [
     ...assignments(type, body),
     { column: sql.fragment`workspace_id`, value: sql.fragment`crm.current_workspace_id()` },

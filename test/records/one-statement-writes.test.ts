@@ -85,7 +85,11 @@ t.test('a known token writes in one statement, its event in it', async (t) => {
     t.match(text, /crm\.resume_identity\(/, 'authentication travels in the statement')
     t.match(text, /\b(insert into|update|delete from) "crm"\."deals"/, 'and so does the write')
   }
-  t.same(await eventsOf(id), ['deal.created', 'deal.updated', 'deal.deleted'], 'each write wrote its event (an update that changes nothing, none)')
+  t.same(
+    await eventsOf(id),
+    ['deal.created', 'deal.updated', 'deal.deleted'],
+    'each write wrote its event (an update that changes nothing, none)',
+  )
 })
 
 t.test('the first request of a token, Idempotency-Key, If-Match and a scope that refuses take a transaction', async (t) => {
@@ -93,8 +97,12 @@ t.test('the first request of a token, Idempotency-Key, If-Match and a scope that
   const id = await record('contacts', tenant.id, ann.id)
   const cases: [string, () => Promise<TestResponse>, number][] = [
     ['first request of a token', () => call(oneStatement, 'POST', '/api/contacts', fresh, { first_name: 'First' }), 201],
-    ['Idempotency-Key', () =>  call(oneStatement, 'POST', '/api/contacts', ann.token, { first_name: 'Keyed' }, { 'idempotency-key': randomUUID() }), 201],
-    ['If-Match', () =>  call(oneStatement, 'PUT', `/api/contacts/${id}`, ann.token, { first_name: 'Matched' }, { 'if-match': '*' }), 200],
+    [
+      'Idempotency-Key',
+      () => call(oneStatement, 'POST', '/api/contacts', ann.token, { first_name: 'Keyed' }, { 'idempotency-key': randomUUID() }),
+      201,
+    ],
+    ['If-Match', () => call(oneStatement, 'PUT', `/api/contacts/${id}`, ann.token, { first_name: 'Matched' }, { 'if-match': '*' }), 200],
     ['a scope that refuses', () => call(oneStatement, 'DELETE', `/api/contacts/${id}`, actors.annContactsRead.token), 403],
   ]
   for (const [name, send, status] of cases) {
@@ -102,7 +110,9 @@ t.test('the first request of a token, Idempotency-Key, If-Match and a scope that
     const answer = await send()
     t.equal(answer.status, status, name)
     t.ok(
-      !oneStatement.queries.some((text) => /crm\.(authenticate|resume_identity)\(/.test(text) && /\b(insert into|update|delete from) "crm"\./.test(text)),
+      !oneStatement.queries.some(
+        (text) => /crm\.(authenticate|resume_identity)\(/.test(text) && /\b(insert into|update|delete from) "crm"\./.test(text),
+      ),
       `${name}: no write travelled with authentication`,
     )
   }
@@ -183,7 +193,11 @@ t.test('property: a write answers and leaves the same in one statement as in a t
       const twin = async () =>
         target === 'missing'
           ? randomUUID()
-          : record(type, target === 'other workspace' ? elsewhere.id : tenant.id, target === 'own' ? member.id : target === 'other workspace' ? others.eve : others.bob)
+          : record(
+              type,
+              target === 'other workspace' ? elsewhere.id : tenant.id,
+              target === 'own' ? member.id : target === 'other workspace' ? others.eve : others.bob,
+            )
       // A contact's name is its first_name.
       const fields = Object.fromEntries(Object.entries(body).map(([key, value]) => [key === 'name' ? TYPES[type].name : key, value]))
       const send = async (server: Server) => {
@@ -197,7 +211,10 @@ t.test('property: a write answers and leaves the same in one statement as in a t
               : await call(server, 'PUT', path, member.token, operation === 'empty update' ? {} : fields)
         const written = answer.body?.data?.id ?? id
         const state = await withOwner(url, async (client) => {
-          const { rows } = await client.query(`select ${TYPES[type].name} as name, owner_id, custom_fields from ${TYPES[type].table} where id = $1`, [written])
+          const { rows } = await client.query(
+            `select ${TYPES[type].name} as name, owner_id, custom_fields from ${TYPES[type].table} where id = $1`,
+            [written],
+          )
           return rows[0] ?? null
         })
         return { answer: comparable(answer), state, events: await eventsOf(written) }
