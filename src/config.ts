@@ -89,6 +89,13 @@ export type Config = {
    * the owner may set it) or keyed_proof (always the slower keyed proof; sql/000025_context_carrier.sql).
    */
   contextCarrier: ContextCarrierMode
+  /**
+   * WRITES_IN_ONE_STATEMENT (default true): a record's create, update or delete by a token the
+   * process knows travels with its authentication as one statement (one round trip); false sends
+   * every write in a transaction (BEGIN, authentication, the write, COMMIT), as the first request
+   * of a token and writes with Idempotency-Key or If-Match always go.
+   */
+  writesInOneStatement: boolean
 }
 
 export type ContextCarrierMode = 'auto' | 'keyed_proof'
@@ -260,6 +267,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     },
     streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
     contextCarrier: contextCarrier as ContextCarrierMode,
+    writesInOneStatement: boolean('WRITES_IN_ONE_STATEMENT', true),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -63,12 +63,41 @@ export type PlainStatement = {
 
 /** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
 export type StatementAuthenticator = (req: IncomingMessage) => {
-  /** Sends the route's query with authentication (`run` sends one statement) and answers with the caller and the route's rows. */
+  /**
+   * Sends the route's query with authentication (`run` sends one statement) and answers with the
+   * caller and the route's rows. A write (see wrappedWrite) also answers whether the record it
+   * matched nothing of is visible to the caller (null when it wrote, or for a read).
+   */
   send: (
     query: ReturnType<typeof sql.unsafe>,
     run: (statement: PlainStatement) => Promise<readonly unknown[]>,
-  ) => Promise<{ caller: Caller; rows: Record<string, unknown>[] }>
+    write?: StatementWrite,
+  ) => Promise<{ caller: Caller; rows: Record<string, unknown>[]; visible: boolean | null }>
+  /** The token's cached identity, if the process has one (not counted, not proven: a hint for choosing the path). */
+  cachedCaller: () => Omit<Caller, 'via' | 'rateLimit' | 'countedIn'> | null
+  /**
+   * After `send` failed: the caller, when the failed statement resumed a cached identity that this
+   * process had already counted against the rate limit (the rollback did not undo that count);
+   * null when it authenticated in full, whose count the rollback took back.
+   */
+  callerCountedBeforeFailure: () => Caller | null
 }
+
+/**
+ * A data-modifying statement sent as one statement with authentication. `visibleAfterNoMatch` is
+ * a boolean SQL expression evaluated only when the write matched no row (in the same statement, so
+ * on the same snapshot): whether the caller can see the target, telling 403 from 404 without a
+ * second round trip.
+ */
+export type StatementWrite = { visibleAfterNoMatch?: ReturnType<typeof sql.fragment> }
+
+/**
+ * The condition a single-statement write puts in its WHERE clause: authentication succeeded. It is
+ * an uncorrelated subquery, so PostgreSQL evaluates it once, as a gate, before it scans the target
+ * table (whose policies read the context authentication set); after a failed authentication the
+ * write touches nothing.
+ */
+export const AUTHENTICATED = sql.fragment`(select request_authentication.failure is null from request_authentication)`
 
 const SLUG_PATTERN = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/
 
@@ -267,11 +296,19 @@ async function authenticateThrough<Rest>(
   attempt: Attempt,
   state: AuthenticationState | undefined,
   run: (call: AuthenticationCall) => Promise<{ auth: unknown; rest: Rest }>,
+  onCountedFailure?: (caller: Caller) => void,
 ): Promise<{ caller: Caller; rest: Rest }> {
   const admitted = await admittedIdentity(attempt, state)
   let full = attempt
   if (admitted) {
-    const resumed = await run(resumeCall(attempt, admitted.identity))
+    let resumed: { auth: unknown; rest: Rest }
+    try {
+      resumed = await run(resumeCall(attempt, admitted.identity))
+    } catch (error) {
+      // The process counted this request and no rollback undoes that: its caller is known.
+      onCountedFailure?.(cachedCaller(admitted.identity, attempt, admitted.quota))
+      throw error
+    }
     if ((resumed.auth as ResumeRow).failure === null) {
       return { caller: cachedCaller(admitted.identity, attempt, admitted.quota), rest: resumed.rest }
     }
@@ -339,6 +376,31 @@ function wrappedQuery(call: AuthenticationCall, query: ReturnType<typeof sql.uns
 }
 
 /**
+ * The one statement of a single-statement write: authentication in a CTE, the write in another
+ * (data-modifying CTEs must be at the top level), gated on AUTHENTICATED; the main query reads the
+ * write's rows LATERAL to authentication's row, as a read does. When the write matched nothing,
+ * `visibleAfterNoMatch` answers in the column auth_write_visible.
+ */
+function wrappedWrite(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write: StatementWrite) {
+  const visible = write.visibleAfterNoMatch
+    ? sql.fragment`case when a.failure is null and r.auth_row_number is null then ${write.visibleAfterNoMatch} end`
+    : sql.fragment`null::boolean`
+  return sql.unsafe`
+    with request_authentication as (select * from ${call.fragment}),
+    written as (${query})
+    select ${AUTH_SELECT}, ${visible} as auth_write_visible, r.*
+    from request_authentication a
+    left join lateral (
+      select true as auth_row_found, row_number() over () as auth_row_number, q.*
+      from written q
+      where a.failure is null
+      offset 0
+    ) r on true
+    where (select crm.require_confined_role())
+    order by r.auth_row_number`
+}
+
+/**
  * The wrapped statement's text in pg form, by the route query's text: built by slonik once per
  * text, then reused, with the values put together directly (profiled: building the wrapper with
  * slonik and renumbering its placeholders on every request cost 15-25 µs of the API process per
@@ -348,7 +410,8 @@ function wrappedQuery(call: AuthenticationCall, query: ReturnType<typeof sql.uns
 const wrappedTexts = { full: new Map<string, string>(), resumed: new Map<string, string>() }
 const MAX_WRAPPED_TEXTS = 256
 
-function wrapStatement(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>): PlainStatement {
+function wrapStatement(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write?: StatementWrite): PlainStatement {
+  if (write) return wrapWrite(call, query, write)
   const values = [...call.values, ...query.values]
   const texts = call.resumes ? wrappedTexts.resumed : wrappedTexts.full
   let text = texts.get(query.sql)
@@ -364,8 +427,18 @@ function wrapStatement(call: AuthenticationCall, query: ReturnType<typeof sql.un
   return { sql: text, values, readOnlyFor: call.readOnlyFor }
 }
 
+/**
+ * A write's statement, built by slonik each time (its text depends on the fields sent; the
+ * statement is still named by its text, see src/http/single-statement.ts). It is never a read a
+ * standby could answer.
+ */
+function wrapWrite(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write: StatementWrite): PlainStatement {
+  const built = wrappedWrite(call, query, write)
+  return { sql: pgQueryText(built.sql), values: built.values }
+}
+
 /** The route's rows of a wrapped statement's answer, and the authentication row of its first row. */
-function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<string, unknown>[] } {
+function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<string, unknown>[]; visible: boolean | null } {
   const first = rows[0] as Record<string, unknown>
   // The route's columns, in order, named once from the first row (profiled: filtering every row's
   // entries cost more than the rest of the unwrapping for a page of 50).
@@ -377,7 +450,7 @@ function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<str
     for (const name of names) own[name] = row[name]
     found.push(own)
   }
-  return { auth: first.auth_row, rows: found }
+  return { auth: first.auth_row, rows: found, visible: (first.auth_write_visible as boolean | null | undefined) ?? null }
 }
 
 /**
@@ -399,15 +472,25 @@ export function createStatementAuthenticator(
 ): StatementAuthenticator {
   return (req) => {
     const attempt = attemptOf(config, credentialOf, req)
+    let countedBeforeFailure: Caller | null = null
     return {
-      send: async (query, run) => {
+      send: async (query, run, write) => {
         // A stale cached identity's statement runs again, in full, as a second statement.
-        const { caller, rest } = await authenticateThrough(attempt, state, async (call) => {
-          const answer = unwrapRows(await run(wrapStatement(call, query)))
-          return { auth: answer.auth, rest: answer.rows }
-        })
-        return { caller, rows: rest }
+        const { caller, rest } = await authenticateThrough(
+          attempt,
+          state,
+          async (call) => {
+            const answer = unwrapRows(await run(wrapStatement(call, query, write)))
+            return { auth: answer.auth, rest: answer }
+          },
+          (caller) => {
+            countedBeforeFailure = caller
+          },
+        )
+        return { caller, rows: rest.rows, visible: rest.visible }
       },
+      cachedCaller: () => state?.identities.get(attempt.cacheKey)?.caller ?? null,
+      callerCountedBeforeFailure: () => countedBeforeFailure,
     }
   }
 }

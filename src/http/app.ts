@@ -297,11 +297,18 @@ export function createApp(
     }
     if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)
     return admitted(req, () => {
-      if (definition.singleStatement && statements) {
-        const db = new SingleStatementConnection(statements.pool, statements.authenticate(req), (caller) =>
-          authenticated(definition, req, res, caller),
-        )
-        return definition
+      const writes = config.writesInOneStatement && definition.writesInOneStatement?.(req) === true
+      const authentication = statements && (definition.singleStatement || writes) ? statements.authenticate(req) : null
+      if (statements && authentication && (definition.singleStatement || mayWriteInOneStatement(definition, authentication))) {
+        const db = new SingleStatementConnection(statements.pool, authentication, (caller) => {
+          try {
+            authenticated(definition, req, res, caller)
+          } finally {
+            // The statement committed (or, before a failure, the process counted it): nothing to count again.
+            req.countedInDatabase = false
+          }
+        })
+        const handled = definition
           .handler({
             ...base,
             db: db.connection,
@@ -322,9 +329,15 @@ export function createApp(
               )
               return inTransaction()
             }
-            await db.authenticateIfNotSent()
+            await db.authenticateAfterFailure()
             throw error
           })
+        if (definition.singleStatement) return handled
+        // Committed: the user's reads are held to this write's WAL position, as after a transaction.
+        return handled.then(async (result) => {
+          if (req.callerId) await services.readRouting?.noteWrite(req.callerId)
+          return result
+        })
       }
       return inTransaction()
     })
@@ -342,6 +355,24 @@ export function createApp(
   server.keepAliveTimeout = 65_000
   server.on('clientError', answerClientError)
   return { server, handler }
+}
+
+/**
+ * A write goes in one statement only for a token whose identity the process has cached and whose
+ * scopes allow the route: the route's scope is checked before anything is written (a transaction
+ * checks it after authenticating, before its handler runs; one statement cannot stop between the
+ * two). A token's scopes never change, so the cached ones decide. The first request of a token,
+ * and one the scopes refuse, take a transaction (which answers 403 insufficient_scope).
+ */
+function mayWriteInOneStatement(definition: RouteDefinition, authentication: ReturnType<StatementAuthenticator>): boolean {
+  const cached = authentication.cachedCaller()
+  if (!cached) return false
+  try {
+    requireRouteScope(definition, cached)
+    return true
+  } catch {
+    return false
+  }
 }
 
 /** crm.require_confined_role's refusal (sql/000009_least_privilege.sql). */

@@ -158,6 +158,14 @@ export type RouteDefinition = {
    */
   singleStatement?: boolean
   /**
+   * The handler is a write that, for this request, sends one query through
+   * SingleStatementConnection.write (e.g. no Idempotency-Key or If-Match, which need a
+   * transaction): authentication, the write and its events travel as one statement, one round
+   * trip, when the process has the token's identity cached (see mayWriteInOneStatement in app.ts);
+   * otherwise the handler runs in a transaction.
+   */
+  writesInOneStatement?: (req: IncomingMessage) => boolean
+  /**
    * The handler writes the response itself (streams); the framework must not. It holds its
    * connection while the client reads, so it takes one of the process's stream slots
    * (STREAMS_PER_PROCESS, 503 past them).

@@ -4,7 +4,7 @@
 // statement's implicit transaction and without the caller's context.
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
-import type { Caller, PlainStatement, StatementAuthenticator } from '../auth/authenticate.ts'
+import type { Caller, PlainStatement, StatementAuthenticator, StatementWrite } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import type { StatementPool, StatementQuery } from '../db/statement-pool.ts'
 
@@ -49,13 +49,39 @@ export class SingleStatementConnection {
     this.#onCaller = onCaller
   }
 
-  async #rowsOf(query: Query): Promise<Row[]> {
+  async #send(query: Query, write?: StatementWrite): Promise<{ rows: Row[]; visible: boolean | null }> {
     if (this.#sent) throw new Error('a single-statement route sent a second query')
     this.#sent = true
-    const answer = await this.#authentication.send(query as never, (statement) => this.#pool.rows(named(statement)))
-    this.#caller = answer.caller
-    this.#onCaller(answer.caller)
-    return answer.rows
+    let answer: Awaited<ReturnType<ReturnType<StatementAuthenticator>['send']>>
+    try {
+      answer = await this.#authentication.send(query as never, (statement) => this.#pool.rows(named(statement)), write)
+    } catch (error) {
+      // A caller the process already counted is known without another statement (see
+      // authenticateAfterFailure for the others).
+      const counted = this.#authentication.callerCountedBeforeFailure()
+      if (counted) this.#answered(counted)
+      throw error
+    }
+    this.#answered(answer.caller)
+    return answer
+  }
+
+  #answered(caller: Caller): void {
+    this.#caller = caller
+    this.#onCaller(caller)
+  }
+
+  async #rowsOf(query: Query): Promise<Row[]> {
+    return (await this.#send(query)).rows
+  }
+
+  /**
+   * A write (INSERT, UPDATE or DELETE ... RETURNING, gated on AUTHENTICATED) in the same one
+   * statement as authentication. `visible` answers, when the write matched nothing, whether the
+   * caller can see its target (403) or not (404); null otherwise.
+   */
+  async write(query: Query, write: StatementWrite = {}): Promise<{ rows: Row[]; visible: boolean | null }> {
+    return this.#send(query, write)
   }
 
   async any(query: Query): Promise<Row[]> {
@@ -89,11 +115,15 @@ export class SingleStatementConnection {
   }
 
   /**
-   * For a handler that failed before sending its query (a malformed id, a bad filter):
-   * authenticate on its own, so a bad token still answers 401 first and the request is counted.
+   * For a handler that failed without an answer from its statement (a malformed id, a bad filter,
+   * or a statement that failed and rolled back): authenticate on its own, so a bad token still
+   * answers 401 first and the request is counted once. Not when the caller is known already (the
+   * statement answered, or the process counted it before the statement failed).
    */
-  async authenticateIfNotSent(): Promise<void> {
-    if (!this.#sent) await this.#rowsOf(sql.unsafe`select null where false`)
+  async authenticateAfterFailure(): Promise<void> {
+    if (this.#caller) return
+    this.#sent = false
+    await this.#rowsOf(sql.unsafe`select null where false`)
   }
 
   caller(): Caller {

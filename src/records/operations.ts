@@ -5,9 +5,11 @@
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
 import { hash } from 'node:crypto'
 import Type, { type Static } from 'typebox'
+import { AUTHENTICATED } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
 import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
+import { SingleStatementConnection } from '../http/single-statement.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 import type { RecordType } from './fields.ts'
 import { isValidDate } from './list-parameters.ts'
@@ -53,8 +55,38 @@ async function isVisible(db: DatabaseTransactionConnection, type: RecordType, id
 
 /** After a write matched nothing: 403 when the caller can see the record, 404 when not. */
 export async function refuseWrite(db: DatabaseTransactionConnection, type: RecordType, id: string, action: string): Promise<never> {
-  if (await isVisible(db, type, id)) throw new ForbiddenError(`Your role does not allow you to ${action} this ${type.label}`)
+  refusal(type, action, await isVisible(db, type, id))
+}
+
+function refusal(type: RecordType, action: string, visible: boolean): never {
+  if (visible) throw new ForbiddenError(`Your role does not allow you to ${action} this ${type.label}`)
   throw new NotFoundError(`No such ${type.label}`)
+}
+
+/**
+ * Sends a write that answers one row, or none when it matched nothing (then 403 or 404). In a
+ * request whose write travels in one statement with authentication, the write is gated on
+ * AUTHENTICATED and the visibility check rides in the same statement; in a transaction, the
+ * write is sent as it is and the check is a second query, only when the write matched nothing.
+ * `write` builds the statement around the gate (`true` in a transaction: authentication ran).
+ */
+async function writeOne<T>(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  target: { id: string; action: string } | null,
+  write: (gate: Fragment) => ReturnType<typeof sql.unsafe>,
+): Promise<T> {
+  if (db instanceof SingleStatementConnection) {
+    const visibleAfterNoMatch = target ? sql.fragment`exists (select from ${type.table} as t where t.id = ${target.id})` : undefined
+    const { rows, visible } = await db.write(write(AUTHENTICATED), { visibleAfterNoMatch })
+    if (rows.length === 1) return Object.values(rows[0])[0] as T
+    if (!target || visible === null) throw new Error(`a ${type.label} write answered ${rows.length} rows`)
+    refusal(type, target.action, visible)
+  }
+  const written = (await db.maybeOneFirst(write(sql.fragment`true`))) as T | null
+  if (written !== null) return written
+  if (!target) throw new Error(`a ${type.label} write answered no row`)
+  return refuseWrite(db, type, target.id, target.action)
 }
 
 /** The body's writable fields as column/value pairs; read-only fields are dropped. */
@@ -87,39 +119,44 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
 }
 
 /**
- * A new record. The caller's workspace and user go in as values rather than through the columns'
- * defaults: a default calls crm.current_workspace_id() or crm.current_user_id() per row, each a proof
- * check, where the insert's policies already check those same values once per statement
- * (<table>_insert_own_bookkeeping, <table>_insert_scoped), so nothing is trusted that was not before.
+ * A new record. The workspace and the user go in from the request's context; its policies
+ * (<table>_insert_own_bookkeeping, <table>_insert_scoped) check the same values. With the context
+ * carrier those helpers are inlined reads of it, evaluated once for the one row.
  */
 export async function createRecord(
   db: DatabaseTransactionConnection,
   type: RecordType,
   body: Record<string, unknown>,
-  caller: { userId: string; workspaceId: string },
 ): Promise<RecordJson> {
   const pairs = [
     ...assignments(type, body),
-    { column: sql.fragment`workspace_id`, value: sql.fragment`${caller.workspaceId}` },
-    { column: sql.fragment`created_by`, value: sql.fragment`${caller.userId}` },
-    { column: sql.fragment`updated_by`, value: sql.fragment`${caller.userId}` },
+    { column: sql.fragment`workspace_id`, value: sql.fragment`crm.current_workspace_id()` },
+    { column: sql.fragment`created_by`, value: sql.fragment`crm.current_user_id()` },
+    { column: sql.fragment`updated_by`, value: sql.fragment`crm.current_user_id()` },
   ]
-  if (body.owner_id === undefined) pairs.push({ column: sql.fragment`owner_id`, value: sql.fragment`${caller.userId}` })
-  return db.oneFirst(sql.type(RecordRow)`
-    insert into ${type.table} as t (${sql.join(
-      pairs.map((pair) => pair.column),
-      sql.fragment`, `,
-    )})
-    values (${sql.join(
-      pairs.map((pair) => pair.value),
-      sql.fragment`, `,
-    )})
-    returning ${type.jsonFunction}(t) as record`)
+  if (body.owner_id === undefined) pairs.push({ column: sql.fragment`owner_id`, value: sql.fragment`crm.current_user_id()` })
+  return writeOne<RecordJson>(
+    db,
+    type,
+    null,
+    (gate) => sql.type(RecordRow)`
+      insert into ${type.table} as t (${sql.join(
+        pairs.map((pair) => pair.column),
+        sql.fragment`, `,
+      )})
+      select ${sql.join(
+        pairs.map((pair) => pair.value),
+        sql.fragment`, `,
+      )}
+       where ${gate}
+      returning ${type.jsonFunction}(t) as record`,
+  )
 }
 
 /**
  * Partial update. With If-Match the row is locked first and its current ETag compared (412 on a
- * mismatch), so two clients cannot both win a read-modify-write race.
+ * mismatch), so two clients cannot both win a read-modify-write race (such a request runs in a
+ * transaction: see writesInOneStatement in src/http/routes/records.ts).
  */
 export async function updateRecord(
   db: DatabaseTransactionConnection,
@@ -137,29 +174,34 @@ export async function updateRecord(
     if (!ifMatchAccepts(ifMatch, etagOf(current))) throw new PreconditionFailedError()
   }
   const pairs = assignments(type, body)
-  if (pairs.length === 0) {
-    // Nothing to change: answer with the record as it is, if the caller may update it at all.
-    const unchanged = await db.maybeOneFirst(sql.type(RecordRow)`
-      update ${type.table} as t set owner_id = t.owner_id
-       where t.id = ${id}
-      returning ${type.jsonFunction}(t) as record`)
-    return unchanged ?? refuseWrite(db, type, id, 'update')
-  }
-  const updated = await db.maybeOneFirst(sql.type(RecordRow)`
-    update ${type.table} as t
-       set ${sql.join(
-         pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`),
-         sql.fragment`, `,
-       )}
-     where t.id = ${id}
-    returning ${type.jsonFunction}(t) as record`)
-  return updated ?? refuseWrite(db, type, id, 'update')
+  // Nothing to change: answer with the record as it is, if the caller may update it at all.
+  const changes =
+    pairs.length === 0
+      ? sql.fragment`owner_id = t.owner_id`
+      : sql.join(
+          pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`),
+          sql.fragment`, `,
+        )
+  return writeOne<RecordJson>(
+    db,
+    type,
+    { id, action: 'update' },
+    (gate) => sql.type(RecordRow)`
+      update ${type.table} as t
+         set ${changes}
+       where t.id = ${id} and ${gate}
+      returning ${type.jsonFunction}(t) as record`,
+  )
 }
 
 export async function deleteRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<void> {
-  const deleted = await db.maybeOneFirst(sql.type(IdRow)`
-    delete from ${type.table} as t
-     where t.id = ${id}
-    returning t.id`)
-  if (deleted === null) await refuseWrite(db, type, id, 'delete')
+  await writeOne<string>(
+    db,
+    type,
+    { id, action: 'delete' },
+    (gate) => sql.type(IdRow)`
+      delete from ${type.table} as t
+       where t.id = ${id} and ${gate}
+      returning t.id`,
+  )
 }

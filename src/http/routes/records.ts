@@ -102,10 +102,12 @@ function routesFor(type: RecordType): RouteDefinition[] {
       response: one(record),
       errors: [400, 401, 403, 409, 413, 415, 422],
       example: { request: schemas.example, response: { data: schemas.exampleRecord } },
-      handler: async ({ req, db, body, caller }) => {
+      // An Idempotency-Key claims its key and stores the answer in the same transaction.
+      writesInOneStatement: (req) => req.headers['idempotency-key'] === undefined,
+      handler: async ({ req, db, body }) => {
         const key = idempotencyKeyOf(req.headers['idempotency-key'])
         return withIdempotency(db, key, { method: 'POST', path: base, body }, async () => {
-          const created = await createRecord(db, type, body, caller)
+          const created = await createRecord(db, type, body)
           return { status: 201, body: { data: created }, headers: { Location: `${base}/${created.id}`, ETag: etagOf(created) } }
         })
       },
@@ -147,6 +149,8 @@ function routesFor(type: RecordType): RouteDefinition[] {
           request: { name: schemas.example.name ?? undefined, custom_fields: { tier: 'gold' } },
           response: { data: schemas.exampleRecord },
         },
+        // If-Match locks the row and compares its ETag before the update: a transaction.
+        writesInOneStatement: (req) => req.headers['if-match'] === undefined,
         handler: async ({ req, db, params, body }) => {
           const updated = await updateRecord(db, type, checkId(params.id), body, header(req, 'if-match'))
           return { body: { data: updated }, headers: { ETag: etagOf(updated) } }
@@ -162,6 +166,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
       scope: writeScope(type),
       status: 204,
       errors: [401, 403, 404],
+      writesInOneStatement: () => true,
       handler: async ({ db, params }) => {
         await deleteRecord(db, type, checkId(params.id))
         return { status: 204 }
