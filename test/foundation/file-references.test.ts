@@ -10,10 +10,6 @@ const CONFIGURATION = ['biome.jsonc', '.squawk.toml', 'tsconfig.json', 'package.
 // A path into one of the project's folders, down to a file name with an extension; globs are not paths.
 const FILE_PATH = /(?<![\w/.*-])(?:docs|src|test|sql|bench|workers|bin|clients)\/[\w./-]*\.[a-z]+(?![\w*/])/g
 
-// biome.jsonc sends its reader to this file, which the documentation rewrite (issue 29) writes or
-// re-points; the todo goes with it.
-const AWAITED = new Set(['biome.jsonc: docs/decisions-lint.md'])
-
 t.test('every file the configuration names exists', async (t) => {
   const missing: string[] = []
   for (const file of CONFIGURATION) {
@@ -21,9 +17,5 @@ t.test('every file the configuration names exists', async (t) => {
       if (!existsSync(`${ROOT}${path.replace(/\.$/, '')}`)) missing.push(`${file}: ${path.replace(/\.$/, '')}`)
     }
   }
-  t.same(
-    missing.filter((entry) => !AWAITED.has(entry)),
-    [],
-  )
-  for (const entry of missing.filter((entry) => AWAITED.has(entry))) t.fail(entry, { todo: 'named before it was written' })
+  t.same(missing, [])
 })
