@@ -276,7 +276,7 @@ export function createApp(
     handle: (db: DatabaseTransactionConnection, caller: Caller) => Promise<T>,
   ): Promise<T> {
     try {
-      const result = await standby.transaction(async (db) => {
+      return await standby.transaction(async (db) => {
         const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
           throw new StandbyRefusedError(`authentication on the standby: ${(error as Error).message}`, { cause: error })
         })
@@ -284,12 +284,15 @@ export function createApp(
           throw new StandbyRefusedError("the standby is not known to have replayed the user's last write within the cap")
         }
         authenticated(definition, req, res, caller)
-        return handle(db, caller)
+        const answered = await handle(db, caller)
+        // Counted as the answer ends, before the commit's round trip.
+        standby.served()
+        return answered
       })
-      standby.served()
-      return result
     } catch (error) {
-      if (!(error instanceof CrmError) && !(error instanceof ClientWentAwayError)) standby.failed()
+      // The route's own refusal (a 403, a 422) is the standby's answer.
+      if (error instanceof CrmError) standby.served()
+      else if (!(error instanceof ClientWentAwayError)) standby.failed()
       if (res.headersSent && !(error instanceof ClientWentAwayError)) {
         logger.warn('a long read on a standby failed after its answer began: the response is cut', {
           request_id: req.requestId,
