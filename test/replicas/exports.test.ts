@@ -9,12 +9,12 @@ import t, { type Test } from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET, type TestServer } from '../helpers/server.ts'
-import { missingStandbyBinaries, query, startStandbyPair, until } from '../helpers/standby.ts'
+import { missingStandbyBinaries, query, startCluster, startStandbyPair, stopCluster, until } from '../helpers/standby.ts'
 
 async function onStandby(t: Test): Promise<void> {
   const pair = await startStandbyPair(TEST_APP_SECRET)
   t.teardown(pair.stop)
-  const { ownerUrl, runtimeUrl, replicaUrl, standbyAdmin, pauseReplay, resumeReplay, caughtUp } = pair
+  const { ownerUrl, runtimeUrl, replicaUrl, standby, standbyAdmin, pauseReplay, resumeReplay, caughtUp } = pair
 
   const serve = async (maxLagMs: number): Promise<TestServer> => {
     const service = await startTestServer(t, {
@@ -33,6 +33,7 @@ async function onStandby(t: Test): Promise<void> {
     return service
   }
   const longReads = (service: TestServer) => service.readRouting?.report()[0].long_reads ?? 0
+  const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
   const exported = async (service: TestServer, token: string, type: string, body: unknown = { fields: ['id', 'name'] }) => {
     const answer = await service.request('POST', `/api/${type}/export`, { token, body })
     return { ...answer, lines: answer.status === 200 ? answer.text.split('\r\n').filter((line) => line !== '') : [] }
@@ -120,6 +121,17 @@ async function onStandby(t: Test): Promise<void> {
     t.equal(seen, 40, 'each deal is in the export right after its creation')
     t.comment(`${longReads(wide) - before} of 40 exports answered by the standby`)
     t.ok(longReads(wide) > before, 'some of them on the standby')
+
+    // With replay paused the standby cannot have the write: the export goes to the primary.
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    const created = await wide.request('POST', '/api/deals', { token: admin.token, body: { name: 'While paused' } })
+    const paused = longReads(wide)
+    const answer = await exported(wide, admin.token, 'deals', { fields: ['id'], filter: { name: 'While paused' } })
+    t.ok(answer.lines.includes(created.body.data.id), 'a write the paused standby has not replayed is exported by the primary')
+    t.equal(longReads(wide), paused, 'not by the standby')
+    await resumeReplay()
+    await caughtUp()
   })
 
   await t.test('the last-used bookkeeping a standby cannot write leaves the export to the primary', async (t) => {
@@ -169,6 +181,32 @@ async function onStandby(t: Test): Promise<void> {
     t.equal(behind, true, 'while the standby still has not replayed the revocation: the primary answered')
     await resumeReplay()
     await caughtUp()
+  })
+
+  await t.test('a standby without hot_standby_feedback serves reads but no export', async (t) => {
+    let feedbackOff = false
+    const restart = async (extra: string[]) => {
+      feedbackOff = extra.length > 0
+      stopCluster(standby)
+      startCluster(standby, extra)
+      await caughtUp()
+      await until('the standby serves', async () => {
+        await wide.readRouting?.check()
+        return wide.readRouting?.report()[0].state === 'serving'
+      })
+    }
+    await restart(['-c hot_standby_feedback=off'])
+    t.teardown(() => (feedbackOff ? restart([]) : undefined))
+    t.equal(wide.readRouting?.report()[0].hot_standby_feedback, false, 'the check read it off')
+    const before = { reads: replicaReads(wide), exports: longReads(wide) }
+    t.equal((await wide.request('GET', '/api/companies', { token: admin.token })).status, 200)
+    t.equal((await exported(wide, admin.token, 'companies')).status, 200)
+    t.ok(replicaReads(wide) > before.reads, 'the list is read on the standby')
+    t.equal(longReads(wide), before.exports, 'the export on the primary')
+    await restart([])
+    t.equal(wide.readRouting?.report()[0].hot_standby_feedback, true)
+    t.equal((await exported(wide, admin.token, 'companies')).status, 200)
+    t.equal(longReads(wide), before.exports + 1, 'with it on again, the standby serves exports')
   })
 
   await t.test('conflicts with replay: before the answer the primary runs the export, after it the transfer fails', async (t) => {
