@@ -61,7 +61,10 @@ async function onStandby(t: Test): Promise<void> {
     const before = longReads(wide)
     const first = await exported(wide, admin.token, 'companies')
     t.equal(first.status, 200)
-    t.same(first.lines.slice(1).map((line) => line.split(',')[1]), ['Replayed Ltd'])
+    t.same(
+      first.lines.slice(1).map((line) => line.split(',')[1]),
+      ['Replayed Ltd'],
+    )
     t.equal(longReads(wide), before + 1, 'the standby answered the export')
     await pauseReplay()
     t.teardown(resumeReplay)
@@ -145,9 +148,11 @@ async function onStandby(t: Test): Promise<void> {
     const answer = await exported(wide, admin.token, 'companies')
     t.equal(answer.status, 200, 'the export is answered')
     t.equal(longReads(wide), before, 'by the primary')
-    const { rows } = await query(ownerUrl, `select last_used_at > now() - interval '1 minute' as fresh from crm.tokens where token_hash = $1`, [
-      hashToken(admin.token),
-    ])
+    const { rows } = await query(
+      ownerUrl,
+      `select last_used_at > now() - interval '1 minute' as fresh from crm.tokens where token_hash = $1`,
+      [hashToken(admin.token)],
+    )
     t.equal(rows[0].fresh, true, 'which wrote the bookkeeping')
     t.ok(
       wide.logLines.some((line) => line.includes('a long read was left to the primary') && line.includes('read-only transaction')),
@@ -229,7 +234,9 @@ async function onStandby(t: Test): Promise<void> {
       await query(standbyAdmin, 'select pg_reload_conf()')
     })
     await until('the standby reloaded its settings', async () => {
-      return (await query(standbyAdmin, `select setting from pg_settings where name = 'max_standby_streaming_delay'`)).rows[0].setting === '0'
+      return (
+        (await query(standbyAdmin, `select setting from pg_settings where name = 'max_standby_streaming_delay'`)).rows[0].setting === '0'
+      )
     })
     await caughtUp()
     await wide.readRouting?.check()
@@ -241,7 +248,10 @@ async function onStandby(t: Test): Promise<void> {
         await client.query('commit')
       })
     const conflicts = async () =>
-      Number((await query(standbyAdmin, `select confl_lock from pg_stat_database_conflicts where datname = current_database()`)).rows[0].confl_lock)
+      Number(
+        (await query(standbyAdmin, `select confl_lock from pg_stat_database_conflicts where datname = current_database()`)).rows[0]
+          .confl_lock,
+      )
 
     // Before the answer: the standby's export waits for a lock replay holds on crm.deals (an
     // ACCESS EXCLUSIVE lock on the primary, in a transaction left open); a second such lock, on a
@@ -259,7 +269,10 @@ async function onStandby(t: Test): Promise<void> {
     })
     const pending = exported(wide, tokenB, 'deals')
     await until('the export waits for the lock on the standby', async () => {
-      const { rows } = await query(standbyAdmin, `select count(*)::int as n from pg_locks where relation = 'crm.deals'::regclass and not granted`)
+      const { rows } = await query(
+        standbyAdmin,
+        `select count(*)::int as n from pg_locks where relation = 'crm.deals'::regclass and not granted`,
+      )
       return rows[0].n > 0
     })
     await lockOnPrimary('crm.memberships')

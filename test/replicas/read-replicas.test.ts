@@ -228,7 +228,8 @@ async function onStandby(t: Test): Promise<void> {
     }
     for (const service of [wide, tight]) {
       await service.readRouting?.check()
-      for (const member of [erin, frank, gina]) t.equal((await service.request('GET', '/api/contacts', { token: member.token })).status, 200)
+      for (const member of [erin, frank, gina])
+        t.equal((await service.request('GET', '/api/contacts', { token: member.token })).status, 200)
     }
     const before = { reads: replicaReads(tight), exports: longReads(tight) }
     t.equal(await listsContacts(tight, erin.token), true, 'Erin lists contacts')

@@ -264,7 +264,10 @@ function routesFor(type: ImportType): RouteDefinition[] {
           res,
           {
             head: {
-              headers: { 'Content-Type': 'text/csv; charset=utf-8', 'Content-Disposition': `attachment; filename="${type}-import-errors.csv"` },
+              headers: {
+                'Content-Type': 'text/csv; charset=utf-8',
+                'Content-Disposition': `attachment; filename="${type}-import-errors.csv"`,
+              },
               prefix: header + '\r\n',
             },
             newline: '\r\n',
