@@ -19,9 +19,10 @@
 //
 // Long reads (exports) run in a transaction of their own on a standby (standbyForLongRead): only
 // on one whose hot_standby_feedback is on (read by the checks), so the primary's VACUUM keeps the
-// rows the export's snapshot needs and replay does not cancel it for them. The caller decides what
-// happens when the standby fails it (src/http/app.ts): the primary again before the answer began, a
-// cut response after.
+// rows the export's snapshot needs and replay does not cancel it for them. Replay can still cancel
+// it for a lock (DDL, a VACUUM that truncates the table) or a pinned page, once the standby's
+// max_standby_streaming_delay has passed. The caller decides what happens when the standby fails
+// it (src/http/app.ts): the primary again before the answer began, a cut response after.
 import pg from 'pg'
 import type { Logger } from '../log.ts'
 import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection } from './pool.ts'
