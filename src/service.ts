@@ -76,6 +76,7 @@ export async function startService(options: {
           replicaUrls: config.readReplicas.urls,
           maxLagMs: config.readReplicas.maxLagMs,
           poolSize: config.dbPoolSize,
+          longReadPoolSize: config.streamsPerProcess,
           logger,
         })
   const worker = workerUrl === null ? null : await startWorker({ databaseUrl: workerUrl, config, logger })

@@ -44,7 +44,13 @@ export function pgQueryText(slonikSql: string): string {
 
 export async function createDatabasePool(
   url: string,
-  options: { maxPoolSize?: number; connectionTimeoutMs?: number; onQuery?: (text: string) => void } = {},
+  options: {
+    maxPoolSize?: number
+    connectionTimeoutMs?: number
+    onQuery?: (text: string) => void
+    /** Transactions retried on a serialization failure or deadlock (default 3); 0 where the caller decides. */
+    transactionRetryLimit?: number
+  } = {},
 ): Promise<DatabasePool> {
   return createPool(url, {
     driverFactory: createPgDriverFactory(),
@@ -58,7 +64,7 @@ export async function createDatabasePool(
     // there is nothing to discard.
     resetConnection: async () => {},
     // Request transactions are retried by slonik on serialization failures; side effects stay outside.
-    transactionRetryLimit: 3,
+    transactionRetryLimit: options.transactionRetryLimit ?? 3,
     queryRetryLimit: 0,
     // Slonik would send these as startup parameters, which a pooler in transaction mode refuses or
     // drops. The runtime role carries them as role settings (src/db/runtime-role.ts), and each

@@ -16,14 +16,48 @@
 // position after each write. Inside the read, a one-time filter refuses a server that is no longer
 // a standby (promoted). A standby that refuses or cannot take a statement leaves it to the primary.
 // The checks also report the standbys on /readyz and log each change of a standby's state.
+//
+// Long reads (exports) run in a transaction of their own on a standby (standbyForLongRead): only
+// on one whose hot_standby_feedback is on (read by the checks), so the primary's VACUUM keeps the
+// rows the export's snapshot needs and replay does not cancel it for them. Replay can still cancel
+// it for a lock (DDL, a VACUUM that truncates the table) or a pinned page, once the standby's
+// max_standby_streaming_delay has passed. The caller decides what happens when the standby fails
+// it (src/http/app.ts): the primary again before the answer began, a cut response after.
 import pg from 'pg'
 import type { Logger } from '../log.ts'
+import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection } from './pool.ts'
 import { redactUrl } from './provision.ts'
 import { createStatementPool, type StatementPool, type StatementQuery } from './statement-pool.ts'
 
 export type ReplicaState = 'starting' | 'serving' | 'lagging' | 'down' | 'promoted'
-/** A standby as /readyz shows it: its state and replay lag at the last check, and the reads it has answered. */
-export type ReplicaReport = { replica: string; state: ReplicaState; lag_ms: number | null; reads: number }
+/** A standby as /readyz shows it: its state, replay lag and hot_standby_feedback at the last check, and the reads it has answered. */
+export type ReplicaReport = {
+  replica: string
+  state: ReplicaState
+  lag_ms: number | null
+  hot_standby_feedback: boolean | null
+  reads: number
+  long_reads: number
+}
+
+/**
+ * A standby chosen for one long read, with what was known of it before the read's transaction
+ * began: the read's statements take their snapshots after that, so they hold at least as much.
+ */
+export type LongReadStandby = {
+  label: string
+  /** Runs `work` in a transaction on the standby, never retried there (the caller decides). */
+  transaction: <T>(work: (db: DatabaseTransactionConnection) => Promise<T>) => Promise<T>
+  /** The standby may answer this user: it had replayed the user's last write, and is still within the cap. */
+  admits: (userId: string) => boolean
+  /** The standby answered the read (counted on /readyz). */
+  served: () => void
+  /** The standby failed the read: a check runs at once (a standby that is gone is skipped from then on). */
+  failed: () => void
+}
+
+/** The standby refused a long read before it began (a user whose last write it has not replayed, a refusal of authentication). */
+export class StandbyRefusedError extends Error {}
 
 export type ReadRouting = {
   /** The statement pool of single-statement reads: a standby when it may answer, else the primary. */
@@ -33,6 +67,8 @@ export type ReadRouting = {
    * the primary until a standby has replayed past the primary's WAL position as of now.
    */
   noteWrite: (userId: string) => Promise<void>
+  /** A standby that may serve a long read now (serving, hot_standby_feedback on, within the cap), or null: the primary. */
+  standbyForLongRead: () => LongReadStandby | null
   report: () => ReplicaReport[]
   /** Runs one check of the primary and every standby now (tests wait for a state with it). */
   check: () => Promise<void>
@@ -68,7 +104,8 @@ function guardedText(text: string): string {
  * then be behind it).
  */
 const CHECK_PRIMARY = 'select pg_current_wal_insert_lsn()::text as lsn'
-const CHECK_STANDBY = 'select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed'
+const CHECK_STANDBY = `select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed,
+  current_setting('hot_standby_feedback')::bool as feedback`
 /** Primary positions kept to date a standby's replay position (a check's worth and more). */
 const MAX_PRIMARY_POSITIONS = 512
 
@@ -83,6 +120,12 @@ type Replica = {
   freshAt: number | null
   guarded: Map<string, string>
   reads: number
+  /** hot_standby_feedback at the last check (null: not read yet). */
+  feedback: boolean | null
+  /** The pool of long reads' transactions, made at the first one. */
+  transactions: Promise<DatabasePool> | null
+  url: string
+  longReads: number
 }
 
 /**
@@ -102,6 +145,8 @@ export function createReadRouting(options: {
   replicaUrls: string[]
   maxLagMs: number
   poolSize: number
+  /** Connections per standby for long reads (each holds one for its whole stream). */
+  longReadPoolSize: number
   logger: Logger
 }): ReadRouting {
   const { primary, logger, maxLagMs } = options
@@ -124,6 +169,10 @@ export function createReadRouting(options: {
     freshAt: null,
     guarded: new Map(),
     reads: 0,
+    feedback: null,
+    transactions: null,
+    url,
+    longReads: 0,
   }))
   /** Primary positions seen, oldest first, each with when the query that read it was sent. */
   const primaryPositions: { lsn: bigint; at: number }[] = []
@@ -193,7 +242,7 @@ export function createReadRouting(options: {
   const lagOf = (replica: Replica) => (replica.freshAt === null ? null : Math.max(0, Date.now() - replica.freshAt))
 
   async function checkReplica(replica: Replica): Promise<void> {
-    let row: { standby: boolean; replayed: string | null }
+    let row: { standby: boolean; replayed: string | null; feedback: boolean }
     try {
       row = (await replica.pool.rows({ sql: CHECK_STANDBY, values: [] }))[0] as typeof row
     } catch (error) {
@@ -204,6 +253,7 @@ export function createReadRouting(options: {
       setState(replica, 'promoted', null, 'not in recovery')
       return
     }
+    replica.feedback = row.feedback
     observeReplay(replica, parseLsn(row.replayed))
     const lagMs = lagOf(replica)
     setState(replica, lagMs !== null && lagMs <= maxLagMs ? 'serving' : 'lagging', lagMs)
@@ -238,13 +288,40 @@ export function createReadRouting(options: {
    * replayed the user's last write and a primary position at most the cap old. Null: the primary.
    */
   function choose(userId: string): Replica | null {
-    if (pending.has(userId)) return null
-    const written = writes.get(userId) ?? 0n
     for (let tried = 0; tried < replicas.length; tried++) {
       const replica = replicas[next++ % replicas.length]
       if (replica.state !== 'serving' && replica.state !== 'lagging') continue
-      const lagMs = lagOf(replica)
-      if (lagMs !== null && lagMs <= maxLagMs && replica.replayed >= written) return replica
+      if (mayAnswer(userId, replica.replayed, replica.freshAt)) return replica
+    }
+    return null
+  }
+
+  /** Whether a standby known to have replayed `replayed`, a primary position of `freshAt`, may answer this user now. */
+  function mayAnswer(userId: string, replayed: bigint, freshAt: number | null): boolean {
+    if (pending.has(userId) || freshAt === null || Date.now() - freshAt > maxLagMs) return false
+    return replayed >= (writes.get(userId) ?? 0n)
+  }
+
+  function standbyForLongRead(): LongReadStandby | null {
+    for (let tried = 0; tried < replicas.length; tried++) {
+      const replica = replicas[next++ % replicas.length]
+      if (replica.state !== 'serving' || replica.feedback !== true) continue
+      const { replayed, freshAt } = replica
+      if (freshAt === null || Date.now() - freshAt > maxLagMs) continue
+      return {
+        label: replica.label,
+        transaction: async (work) => {
+          replica.transactions ??= createDatabasePool(replica.url, {
+            maxPoolSize: options.longReadPoolSize,
+            connectionTimeoutMs: Math.min(1000, maxLagMs),
+            transactionRetryLimit: 0,
+          })
+          return (await replica.transactions).transaction(work)
+        },
+        admits: (userId) => mayAnswer(userId, replayed, freshAt),
+        served: () => replica.longReads++,
+        failed: checkInBackground,
+      }
     }
     return null
   }
@@ -281,7 +358,12 @@ export function createReadRouting(options: {
     end: async () => {
       ended = true
       clearInterval(timer)
-      await Promise.all([primary.end(), positions.end(), ...replicas.map((replica) => replica.pool.end())])
+      await Promise.all([
+        primary.end(),
+        positions.end(),
+        ...replicas.map((replica) => replica.pool.end()),
+        ...replicas.map(async (replica) => (await replica.transactions)?.end()),
+      ])
     },
   }
 
@@ -296,8 +378,16 @@ export function createReadRouting(options: {
         logger.warn('the primary WAL position could not be read', { error: (error as Error).message })
       }
     },
+    standbyForLongRead,
     report: () =>
-      replicas.map((replica) => ({ replica: replica.label, state: replica.state, lag_ms: replica.lagMs, reads: replica.reads })),
+      replicas.map((replica) => ({
+        replica: replica.label,
+        state: replica.state,
+        lag_ms: replica.lagMs,
+        hot_standby_feedback: replica.feedback,
+        reads: replica.reads,
+        long_reads: replica.longReads,
+      })),
     check,
     end: () => pool.end(),
   }

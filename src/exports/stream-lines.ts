@@ -23,24 +23,35 @@ const LineSchema = Type.Object({ line: Type.String() })
 export const LineRow = rowType(LineSchema)
 export type LinesQuery = QuerySqlToken<typeof LineRow>
 
+/** The response's status line and headers, and the text before the first line (a CSV header row). */
+export type StreamHead = { headers: Record<string, string>; prefix: string }
+
 /**
  * Streams the query's lines and ends the response; past `deadlineMs` (slow readers included) the
- * response is cut. Throws ClientWentAwayError when the client is gone before the end.
+ * response is cut. The head goes out with the first fetch's lines, once the query has answered:
+ * until then a failure can still be answered (or the read run elsewhere: src/http/app.ts), and
+ * after it the response is chunked, so a stream cut short lacks its last chunk and the client sees
+ * a failed transfer, not a shorter file. Throws ClientWentAwayError when the client is gone before
+ * the end.
  */
 export async function streamLines(
   db: DatabaseTransactionConnection,
   query: LinesQuery,
   res: ServerResponse,
-  newline: string,
-  deadlineMs: number,
+  options: { head: StreamHead; newline: string; deadlineMs: number },
 ): Promise<number> {
-  const deadline = setTimeout(() => res.destroy(), deadlineMs)
+  const { head, newline } = options
+  const deadline = setTimeout(() => res.destroy(), options.deadlineMs)
   try {
     await db.query(sql.unsafe`declare stream_lines no scroll cursor for ${query}`)
     let rows = 0
-    let buffer = ''
+    let buffer = head.prefix
     for (;;) {
       const lines = await db.anyFirst(sql.type(LineRow)`fetch forward 1000 from stream_lines`)
+      if (!res.headersSent) {
+        res.writeHead(200, head.headers)
+        res.flushHeaders()
+      }
       for (const line of lines) {
         buffer += line + newline
         if (buffer.length >= CHUNK_CHARACTERS) {

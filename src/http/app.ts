@@ -6,8 +6,9 @@ import polka from 'polka'
 import { type Authenticator, type Caller, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
+import { type LongReadStandby, StandbyRefusedError } from '../db/read-replicas.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import { NotFoundError, RateLimitedError } from '../errors.ts'
+import { CrmError, NotFoundError, RateLimitedError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
 import {
   bodyDeadlineMs,
@@ -268,6 +269,50 @@ export function createApp(
     })
   }
 
+  /**
+   * A long read (an export) in a transaction on a streaming standby. Only a cached identity's
+   * authentication may run there (crm.resume_identity writes nothing), and only for a user whose
+   * last write the standby had replayed before the transaction began: any failure of
+   * authentication there, a refused bookkeeping write included, is a refusal of the standby, and
+   * the caller runs the read on the primary. A failure after the answer began cuts the response
+   * (sendProblem), which the client sees as a failed transfer; it is logged with the standby.
+   */
+  async function longReadOn<T>(
+    standby: LongReadStandby,
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    handle: (db: DatabaseTransactionConnection, caller: Caller) => Promise<T>,
+  ): Promise<T> {
+    try {
+      return await standby.transaction(async (db) => {
+        const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
+          throw new StandbyRefusedError(`authentication on the standby: ${(error as Error).message}`, { cause: error })
+        })
+        if (caller.countedIn !== 'process' || !standby.admits(caller.userId)) {
+          throw new StandbyRefusedError("the standby is not known to have replayed the user's last write within the cap")
+        }
+        authenticated(definition, req, res, caller)
+        const answered = await handle(db, caller)
+        // Counted as the answer ends, before the commit's round trip.
+        standby.served()
+        return answered
+      })
+    } catch (error) {
+      // The route's own refusal (a 403, a 422) is the standby's answer.
+      if (error instanceof CrmError) standby.served()
+      else if (!(error instanceof ClientWentAwayError)) standby.failed()
+      if (res.headersSent && !(error instanceof ClientWentAwayError)) {
+        logger.warn('a long read on a standby failed after its answer began: the response is cut', {
+          request_id: req.requestId,
+          replica: standby.label,
+          error: error instanceof Error ? error.message : String(error),
+        })
+      }
+      throw error
+    }
+  }
+
   async function runHandler(
     definition: RouteDefinition,
     req: Request,
@@ -275,25 +320,42 @@ export function createApp(
     base: Omit<RouteContext, 'db' | 'caller'>,
   ): Promise<RouteResult> {
     const statements = singleStatementsRefused ? undefined : extra.statements
-    const inTransaction = async () => {
-      const result = await authenticatedTransaction(definition, req, res, async (db, caller) => {
-        // The workspace's own slot first (429: its quota), then the process's stream slot (503).
-        // A file route took its workspace slot before its body was received (receiveUpload).
-        const releases: (() => void)[] = []
-        try {
-          if (definition.limitedPerWorkspace && definition.bodyKind !== 'file') {
-            releases.push(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
-          }
-          if (definition.streams) releases.push(streamSlots.take())
-          return await definition.handler({ ...base, db, caller } as RouteContext)
-        } finally {
-          for (const release of releases) release()
+    const handle = async (db: DatabaseTransactionConnection, caller: Caller) => {
+      // The workspace's own slot first (429: its quota), then the process's stream slot (503).
+      // A file route took its workspace slot before its body was received (receiveUpload).
+      const releases: (() => void)[] = []
+      try {
+        if (definition.limitedPerWorkspace && definition.bodyKind !== 'file') {
+          releases.push(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
         }
-      })
+        if (definition.streams) releases.push(streamSlots.take())
+        return await definition.handler({ ...base, db, caller } as RouteContext)
+      } finally {
+        for (const release of releases) release()
+      }
+    }
+    const inTransaction = async () => {
+      const result = await authenticatedTransaction(definition, req, res, handle)
       // Committed: before the answer, the user's reads are held to this write's WAL position, so
       // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
-      if (definition.method !== 'GET' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
+      if (definition.method !== 'GET' && !definition.longRead && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       return result
+    }
+    const standby = definition.longRead ? services.readRouting?.standbyForLongRead() : null
+    if (standby) {
+      return admitted(req, () =>
+        longReadOn(standby, definition, req, res, handle).catch((error: unknown) => {
+          // The standby failed it before anything was sent: the primary runs it, and the client
+          // sees nothing of it. An answer of the route itself (a 403, a 422) stands.
+          if (res.headersSent || error instanceof CrmError) throw error
+          logger.info('a long read was left to the primary', {
+            request_id: req.requestId,
+            replica: standby.label,
+            reason: error instanceof Error ? error.message : String(error),
+          })
+          return inTransaction()
+        }),
+      )
     }
     if (definition.auth === 'none') return definition.handler(base as unknown as RouteContext)
     return admitted(req, () => {

@@ -171,6 +171,12 @@ export type RouteDefinition = {
    * (STREAMS_PER_PROCESS, 503 past them).
    */
   streams?: boolean
+  /**
+   * A read of many rows in a transaction of its own (an export): it writes nothing, so it holds
+   * none of its user's reads to the primary afterwards, and a streaming standby may serve it
+   * (src/db/read-replicas.ts). It must send nothing to the client before its query answers.
+   */
+  longRead?: boolean
   handler: (context: RouteContext) => Promise<RouteResult>
 }
 

@@ -34,7 +34,8 @@ function cluster(dir: string, port: number): Cluster {
   return { dir, port, url: (database) => `postgres://postgres@127.0.0.1:${port}/${database}` }
 }
 
-export function startCluster(node: Cluster): void {
+/** Starts a server; `extra` settings (`-c name=value`) come last and override the defaults here. */
+export function startCluster(node: Cluster, extra: string[] = []): void {
   const settings = [
     `-p ${node.port}`,
     `-k ${node.dir}`,
@@ -45,6 +46,7 @@ export function startCluster(node: Cluster): void {
     '-c hot_standby_feedback=on',
     '-c fsync=off',
     '-c max_connections=100',
+    ...extra,
   ].join(' ')
   run('pg_ctl', ['-D', join(node.dir, 'data'), '-o', settings, '-l', join(node.dir, 'log'), '-w', 'start'])
 }

@@ -34,10 +34,19 @@ async function onStandby(t: Test): Promise<void> {
     return service
   }
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
+  const longReads = (service: TestServer) => service.readRouting?.report()[0].long_reads ?? 0
 
   const a = await createTenant(ownerUrl, {
     slug: 'replica-a',
-    members: { 'admin@a.test': 'admin', 'bob@a.test': 'member', 'carol@a.test': 'member', 'dave@a.test': 'member' },
+    members: {
+      'admin@a.test': 'admin',
+      'bob@a.test': 'member',
+      'carol@a.test': 'member',
+      'dave@a.test': 'member',
+      'erin@a.test': 'member',
+      'frank@a.test': 'admin',
+      'gina@a.test': 'member',
+    },
   })
   const b = await createTenant(ownerUrl, { slug: 'replica-b', members: { 'admin@b.test': 'admin' } })
   const tokenA = a.members['admin@a.test'].token
@@ -189,6 +198,78 @@ async function onStandby(t: Test): Promise<void> {
       tight.logLines.some((line) => line.includes('read routing changed') && line.includes('"to":"lagging"')),
       'the change is logged',
     )
+    await resumeReplay()
+    await caughtUp()
+  })
+
+  await t.test('a role that loses grants, a role change and a removal apply on a paused standby within the cap', async (t) => {
+    const erin = a.members['erin@a.test']
+    const frank = a.members['frank@a.test']
+    const gina = a.members['gina@a.test']
+    // Erin's role may view and export contacts; Frank is an admin; Gina a member.
+    await withOwner(ownerUrl, async (client) => {
+      const {
+        rows: [role],
+      } = await client.query(`insert into crm.roles (workspace_id, name) values ($1, 'exporter') returning id`, [a.id])
+      await client.query(
+        `insert into crm.role_grants (workspace_id, role_id, resource, action, scope)
+         select $1, $2, 'contacts', action, 'all' from unnest(array['view', 'export']) action`,
+        [a.id, role.id],
+      )
+      await client.query('update crm.memberships set role_id = $1 where workspace_id = $2 and user_id = $3', [role.id, a.id, erin.id])
+    })
+    await caughtUp()
+    const tight = await serve(500)
+    const exportContacts = (service: TestServer, token: string) =>
+      service.request('POST', '/api/contacts/export', { token, body: { fields: ['id'] } })
+    const listsContacts = async (service: TestServer, token: string) => {
+      const answer = await service.request('GET', '/api/contacts?limit=200', { token })
+      return answer.status === 200 && answer.body.data.length > 0
+    }
+    for (const service of [wide, tight]) {
+      await service.readRouting?.check()
+      for (const member of [erin, frank, gina])
+        t.equal((await service.request('GET', '/api/contacts', { token: member.token })).status, 200)
+    }
+    const before = { reads: replicaReads(tight), exports: longReads(tight) }
+    t.equal(await listsContacts(tight, erin.token), true, 'Erin lists contacts')
+    t.equal(await listsContacts(tight, gina.token), true, 'Gina lists contacts')
+    t.equal((await exportContacts(tight, erin.token)).status, 200, 'Erin exports them')
+    t.equal((await exportContacts(tight, frank.token)).status, 200, 'Frank exports them')
+    t.ok(replicaReads(tight) > before.reads && longReads(tight) > before.exports, 'on the standby')
+
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    // Changed on the primary by another path than these processes: only the cap bounds them.
+    await withOwner(ownerUrl, async (client) => {
+      await client.query(
+        `delete from crm.role_grants where workspace_id = $1 and role_id = (select id from crm.roles where workspace_id = $1 and name = 'exporter')`,
+        [a.id],
+      )
+      await client.query(
+        `update crm.memberships set role_id = (select id from crm.roles where workspace_id = $1 and name = 'read_only') where workspace_id = $1 and user_id = $2`,
+        [a.id, frank.id],
+      )
+      await client.query('delete from crm.memberships where workspace_id = $1 and user_id = $2', [a.id, gina.id])
+    })
+    const changedAt = (await query(ownerUrl, 'select pg_current_wal_lsn() as lsn')).rows[0].lsn
+
+    // Within the cap (an hour here), the paused standby answers with the grants it has replayed.
+    const wideBefore = { reads: replicaReads(wide), exports: longReads(wide) }
+    t.equal(await listsContacts(wide, erin.token), true, 'within the cap, the standby still lists contacts to Erin')
+    t.equal((await exportContacts(wide, frank.token)).status, 200, 'and exports them to Frank')
+    t.equal(await listsContacts(wide, gina.token), true, 'and lists them to Gina')
+    t.ok(replicaReads(wide) >= wideBefore.reads + 2 && longReads(wide) === wideBefore.exports + 1, 'the standby answered them')
+
+    // Past the cap (500 ms), the primary answers, with the new grants.
+    await until('the export grant Erin lost is refused', async () => (await exportContacts(tight, erin.token)).status === 403)
+    t.equal(await listsContacts(tight, erin.token), false, 'Erin lists no contact: her role lost the view grant')
+    t.equal((await exportContacts(tight, frank.token)).status, 403, 'Frank, read_only now, exports nothing')
+    t.equal(await listsContacts(tight, frank.token), true, 'but still lists')
+    const removed = await tight.request('GET', '/api/contacts', { token: gina.token })
+    t.ok(removed.status === 401 || removed.status === 404, `Gina, removed, is refused (${removed.status} ${removed.body?.code})`)
+    const behind = (await query(standbyAdmin, 'select pg_last_wal_replay_lsn() < $1::pg_lsn as behind', [changedAt])).rows[0].behind
+    t.equal(behind, true, 'while the standby still has not replayed the changes: the primary answered')
     await resumeReplay()
     await caughtUp()
   })

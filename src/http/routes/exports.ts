@@ -40,6 +40,7 @@ function routeFor(type: RecordType): RouteDefinition {
     scope: readScope(type),
     body: ExportBody,
     streams: true,
+    longRead: true,
     limitedPerWorkspace: 'exports',
     errors: [400, 401, 403, 413, 415, 422, 429, 503],
     example: { request: { format: 'csv', fields: ['id', 'name'], sort: '-created_at' } },
@@ -51,17 +52,18 @@ function routeFor(type: RecordType): RouteDefinition {
       const { query, header } = exportQuery(type, request)
       const csv = request.format !== 'ndjson'
       const extension = csv ? 'csv' : 'ndjson'
-      res.writeHead(200, {
-        'Content-Type': csv ? 'text/csv; charset=utf-8' : 'application/x-ndjson',
-        'Content-Disposition': `attachment; filename="${type.path}-${new Date().toISOString().slice(0, 10)}.${extension}"`,
-        'Cache-Control': 'no-store',
-      })
       // A million rows sorted for the first fetch can outlast the request transaction's statement
       // timeout, so the export gets its own, transaction-local (the whole stream is bounded too).
       await db.query(sql.unsafe`select set_config('statement_timeout', ${`${services.config.exportTimeoutMs}ms`}, true)`)
-      if (header !== null) res.write(header + '\r\n')
-      else res.flushHeaders()
-      await streamLines(db, query, res, csv ? '\r\n' : '\n', services.config.exportTimeoutMs)
+      const head = {
+        headers: {
+          'Content-Type': csv ? 'text/csv; charset=utf-8' : 'application/x-ndjson',
+          'Content-Disposition': `attachment; filename="${type.path}-${new Date().toISOString().slice(0, 10)}.${extension}"`,
+          'Cache-Control': 'no-store',
+        },
+        prefix: header === null ? '' : header + '\r\n',
+      }
+      await streamLines(db, query, res, { head, newline: csv ? '\r\n' : '\n', deadlineMs: services.config.exportTimeoutMs })
     },
   }
 }

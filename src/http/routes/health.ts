@@ -33,7 +33,11 @@ export default defineRoutes(
             replica: Type.String({ description: 'the standby, its password masked' }),
             state: Type.Union(['starting', 'serving', 'lagging', 'down', 'promoted'].map((state) => Type.Literal(state))),
             lag_ms: Type.Union([Type.Integer(), Type.Null()], { description: 'replay lag at the last check' }),
+            hot_standby_feedback: Type.Union([Type.Boolean(), Type.Null()], {
+              description: 'the standby reported hot_standby_feedback on at the last check (exports go only to such a standby)',
+            }),
             reads: Type.Integer({ description: 'reads this process has had answered by the standby' }),
+            long_reads: Type.Integer({ description: 'exports this process has had answered by the standby' }),
           }),
           { description: 'READ_REPLICA_URLS: a standby that is not serving leaves its reads to the primary (still ready)' },
         ),

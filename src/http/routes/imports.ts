@@ -247,11 +247,6 @@ function routesFor(type: ImportType): RouteDefinition[] {
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns
         const header = [...columns, 'row', 'error'].map(csvTextCell).join(',')
-        res.writeHead(200, {
-          'Content-Type': 'text/csv; charset=utf-8',
-          'Content-Disposition': `attachment; filename="${type}-import-errors.csv"`,
-        })
-        res.write(header + '\r\n')
         // Each row's own cells (padded or cut to the header), then its number and its errors.
         await streamLines(
           db,
@@ -267,8 +262,17 @@ function routesFor(type: ImportType): RouteDefinition[] {
             left join crm.import_rows r on r.workspace_id = (select crm.current_workspace_id()) and r.import_id = ${id} and r.row = e.row
            order by e.row`,
           res,
-          '\r\n',
-          services.config.exportTimeoutMs,
+          {
+            head: {
+              headers: {
+                'Content-Type': 'text/csv; charset=utf-8',
+                'Content-Disposition': `attachment; filename="${type}-import-errors.csv"`,
+              },
+              prefix: header + '\r\n',
+            },
+            newline: '\r\n',
+            deadlineMs: services.config.exportTimeoutMs,
+          },
         )
       },
     },
