@@ -989,6 +989,8 @@ create table crm.tokens (
   workspace_id uuid,
   oauth_app_id uuid,
   oauth_grant_id uuid,
+  context text,
+  context_key text,
   constraint tokens_pkey PRIMARY KEY (id),
   constraint tokens_token_hash_key UNIQUE (token_hash),
   constraint tokens_oauth_app_fkey FOREIGN KEY (workspace_id, oauth_app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
@@ -1011,6 +1013,10 @@ comment on column crm.tokens.oauth_app_id is
   'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
 comment on column crm.tokens.oauth_grant_id is
   'The grant an OAuth access token was issued under; revoking either revokes the other.';
+comment on column crm.tokens.context is
+  'The request context crm.authenticate last wrote for this token, before any keyed proof; null when it names a team (a team changes without moving access_version). Read by crm.resume_identity when context_key matches. Owner only.';
+comment on column crm.tokens.context_key is
+  'What crm.tokens.context holds for: crm.context_cache_key(workspace, access_version, via). Owner only.';
 comment on constraint tokens_kind_known on crm.tokens is
   'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is
@@ -1455,7 +1461,7 @@ $function$;
 comment on function crm.install_context_carrier(p_mode text) is
   'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 
-CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid DEFAULT NULL::uuid, p_oauth_grant_id uuid DEFAULT NULL::uuid)
+CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid DEFAULT NULL::uuid, p_oauth_grant_id uuid DEFAULT NULL::uuid, p_cache_key text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
@@ -1465,6 +1471,7 @@ declare
   v_grants text;
   v_team boolean;
   v_team_ids text := '0';
+  v_context text;
 begin
   select r.is_admin,
          coalesce(',' || string_agg(g.resource || '_' || g.action || '_' || g.scope, ',') || ',', ','),
@@ -1479,16 +1486,44 @@ begin
   if v_team then
     v_team_ids := array_to_string(array(select replace(t::text, '-', '') from unnest(crm.team_user_ids(p_user_id, p_workspace_id)) t), ',');
   end if;
-  perform crm.write_context(concat_ws(' ', 'crm_context', replace(p_user_id::text, '-', ''), replace(p_workspace_id::text, '-', ''),
+  v_context := concat_ws(' ', 'crm_context', replace(p_user_id::text, '-', ''), replace(p_workspace_id::text, '-', ''),
     coalesce(replace(p_oauth_app_id::text, '-', ''), '0'), encode(convert_to(coalesce(p_via, 'api'), 'UTF8'), 'hex'),
     coalesce(encode(convert_to(p_scopes::text, 'UTF8'), 'hex'), 'n'), case when v_admin then '1' else '0' end,
     coalesce(v_grants, ','), v_team_ids, coalesce(replace(p_token_id::text, '-', ''), '0'),
-    coalesce(replace(p_oauth_grant_id::text, '-', ''), '0')));
+    coalesce(replace(p_oauth_grant_id::text, '-', ''), '0'));
+  perform crm.write_context(v_context);
+  if p_cache_key is not null and p_token_id is not null then
+    update crm.tokens t
+       set context = case when coalesce(v_team, false) then null else v_context end,
+           context_key = case when coalesce(v_team, false) then null else p_cache_key end
+     where t.id = p_token_id and t.context_key is distinct from case when coalesce(v_team, false) then null else p_cache_key end;
+  end if;
   return true;
 end
 $function$;
-comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid, p_oauth_grant_id uuid) is
-  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, the team when a grant is team, the calling token and its OAuth grant. Grants hold for the transaction as of this call. Internal.';
+comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid, p_oauth_grant_id uuid, p_cache_key text) is
+  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, the team when a grant is team, the calling token and its OAuth grant. Grants hold for the transaction as of this call. With p_cache_key (crm.authenticate), also keeps the text on the token (crm.tokens.context) unless it names a team. Internal.';
+
+CREATE OR REPLACE FUNCTION crm.context_cache_key(p_workspace_id uuid, p_access_version bigint, p_via text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN (((((p_workspace_id)::text || ' '::text) || (p_access_version)::text) || ' '::text) || COALESCE(p_via, 'api'::text));
+comment on function crm.context_cache_key(p_workspace_id uuid, p_access_version bigint, p_via text) is
+  'The key under which a token keeps its request context: workspace, the membership''s access_version and via. Internal.';
+
+CREATE OR REPLACE FUNCTION crm.put_stored_context(p_context text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.write_context(p_context);
+  return true;
+end
+$function$;
+comment on function crm.put_stored_context(p_context text) is
+  'Writes a request context crm.authenticate stored on the token (crm.tokens.context) for the rest of the transaction. Internal: crm.resume_identity calls it once it has proven the token and the access_version.';
 
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
  RETURNS void
@@ -1575,7 +1610,8 @@ begin
   -- so it runs once, and only for an admitted caller.
   context as materialized (
     select crm.put_context(a.user_id, a.workspace_id, p_via, a.scopes, a.oauth_app_id,
-                           a.token_id, a.oauth_grant_id) as written,
+                           a.token_id, a.oauth_grant_id,
+                           crm.context_cache_key(a.workspace_id, a.access_version, p_via)) as written,
            case when a.last_workspace_id is distinct from a.workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, a.workspace_id, a.last_workspace_id is distinct from a.workspace_id,
@@ -1612,7 +1648,8 @@ AS $function$
 begin
   return query
   with admitted as materialized (
-    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id
+    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id,
+           t.context, t.context_key
       from crm.tokens t
       join crm.users u on u.id = t.user_id
       join crm.memberships m on m.workspace_id = p_workspace_id and m.user_id = t.user_id
@@ -1625,10 +1662,15 @@ begin
        and m.access_version = p_access_version
        and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id)
   ),
-  -- The context as crm.authenticate writes it, and the same bookkeeping.
+  -- The context as crm.authenticate wrote it for this workspace, access version and via, when the
+  -- token holds it; otherwise computed as crm.authenticate does (and not stored: a standby runs
+  -- this too, and writes nothing). The same bookkeeping.
   context as materialized (
-    select a.user_id, crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id,
-                                             a.token_id, a.oauth_grant_id) as written,
+    select a.user_id,
+           case when a.context_key = crm.context_cache_key(p_workspace_id, p_access_version, p_via)
+                then crm.put_stored_context(a.context)
+                else crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id, a.token_id, a.oauth_grant_id)
+           end as written,
            case when a.last_workspace_id is distinct from p_workspace_id
                   or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
                 then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,

@@ -73,6 +73,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'write_context',
           'install_context_carrier',
           'put_context',
+          'context_cache_key',
+          'put_stored_context',
           'set_context',
           'authenticate',
           'resume_identity',

@@ -59,9 +59,14 @@ export async function createRole(url: string, workspaceId: string, name: string,
  */
 export async function startWorld(
   t: Teardown,
-  options: { roles?: Record<string, string[]>; members?: Record<string, string>; teams?: Record<string, string[]> } = {},
+  options: {
+    roles?: Record<string, string[]>
+    members?: Record<string, string>
+    teams?: Record<string, string[]>
+    env?: Record<string, string>
+  } = {},
 ): Promise<World> {
-  const server = await startTestServer(t)
+  const server = await startTestServer(t, { env: options.env })
   const url = server.databaseUrl
   const tenant = await createTenant(url, {
     slug: 'acme',
