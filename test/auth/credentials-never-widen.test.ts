@@ -14,7 +14,7 @@ import { assertCredentialsDeclared, type RouteDefinition } from '../../src/http/
 import { allRoutes } from '../../src/http/routes/index.ts'
 import { crm } from '../helpers/cli.ts'
 import { ownerClient } from '../helpers/database.ts'
-import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
+import { createTenant, mintToken } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { registerApp, sessionCookie } from '../oauth/helpers.ts'
 import { setPassword } from '../ui/browser.ts'
@@ -46,7 +46,6 @@ const signedUp = await server.request('POST', '/api/signup', {
 })
 if (signedUp.status !== 201) throw new Error(`sign-up answered ${signedUp.status}: ${signedUp.text}`)
 const attacker = signedUp.body.token as string
-const attackerWorkspace = (await server.request('GET', '/api/me', { token: attacker })).body.data.workspace as { id: string; slug: string }
 
 /** A fresh invitation of the victim's email to the attacker's workspace: its secret (null once an accept let them in). */
 async function invitationForVictim(): Promise<string | null> {

@@ -10,6 +10,7 @@ import pg from 'pg'
 import { migrate } from '../../src/db/migrate.ts'
 import { freePort } from '../../src/db/provision.ts'
 import { ensureRuntimeRole } from '../../src/db/runtime-role.ts'
+import { startTestServer, type TestServer } from './server.ts'
 
 const BIN = '/usr/lib/postgresql/15/bin'
 const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup']
@@ -155,4 +156,29 @@ export async function startStandbyPair(appSecret: string): Promise<StandbyPair> 
     stop()
     throw error
   }
+}
+
+/**
+ * An API server on the pair's primary (through the runtime role) with the standby as its read
+ * replica under `maxLagMs`, once its routing has seen the standby serve.
+ */
+export async function serveWithStandby(
+  t: Parameters<typeof startTestServer>[0],
+  pair: Pick<StandbyPair, 'ownerUrl' | 'runtimeUrl' | 'replicaUrl'>,
+  maxLagMs: number,
+): Promise<TestServer> {
+  const service = await startTestServer(t, {
+    databaseUrl: pair.ownerUrl,
+    env: {
+      RUNTIME_DATABASE_URL: pair.runtimeUrl,
+      READ_REPLICA_URLS: pair.replicaUrl,
+      READ_REPLICA_MAX_LAG_MS: String(maxLagMs),
+      RATE_LIMIT_PER_MINUTE: '1000000',
+    },
+  })
+  await until('the standby serves', async () => {
+    await service.readRouting?.check()
+    return service.readRouting?.report()[0].state === 'serving'
+  })
+  return service
 }

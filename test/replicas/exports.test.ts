@@ -8,30 +8,15 @@ import pg from 'pg'
 import t, { type Test } from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
-import { startTestServer, TEST_APP_SECRET, type TestServer } from '../helpers/server.ts'
-import { missingStandbyBinaries, query, startCluster, startStandbyPair, stopCluster, until } from '../helpers/standby.ts'
+import { TEST_APP_SECRET, type TestServer } from '../helpers/server.ts'
+import { missingStandbyBinaries, query, serveWithStandby, startCluster, startStandbyPair, stopCluster, until } from '../helpers/standby.ts'
 
 async function onStandby(t: Test): Promise<void> {
   const pair = await startStandbyPair(TEST_APP_SECRET)
   t.teardown(pair.stop)
-  const { ownerUrl, runtimeUrl, replicaUrl, standby, standbyAdmin, pauseReplay, resumeReplay, caughtUp } = pair
+  const { ownerUrl, standby, standbyAdmin, pauseReplay, resumeReplay, caughtUp } = pair
 
-  const serve = async (maxLagMs: number): Promise<TestServer> => {
-    const service = await startTestServer(t, {
-      databaseUrl: ownerUrl,
-      env: {
-        RUNTIME_DATABASE_URL: runtimeUrl,
-        READ_REPLICA_URLS: replicaUrl,
-        READ_REPLICA_MAX_LAG_MS: String(maxLagMs),
-        RATE_LIMIT_PER_MINUTE: '1000000',
-      },
-    })
-    await until('the standby serves', async () => {
-      await service.readRouting?.check()
-      return service.readRouting?.report()[0].state === 'serving'
-    })
-    return service
-  }
+  const serve = (maxLagMs: number): Promise<TestServer> => serveWithStandby(t, pair, maxLagMs)
   const longReads = (service: TestServer) => service.readRouting?.report()[0].long_reads ?? 0
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
   const exported = async (service: TestServer, token: string, type: string, body: unknown = { fields: ['id', 'name'] }) => {

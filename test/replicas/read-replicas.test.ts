@@ -8,31 +8,25 @@
 import t, { type Test } from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
 import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
-import { startTestServer, TEST_APP_SECRET, type TestResponse, type TestServer } from '../helpers/server.ts'
-import { missingStandbyBinaries, promoteCluster, query, startCluster, startStandbyPair, stopCluster, until } from '../helpers/standby.ts'
+import { TEST_APP_SECRET, type TestResponse, type TestServer } from '../helpers/server.ts'
+import {
+  missingStandbyBinaries,
+  promoteCluster,
+  query,
+  serveWithStandby,
+  startCluster,
+  startStandbyPair,
+  stopCluster,
+  until,
+} from '../helpers/standby.ts'
 
 async function onStandby(t: Test): Promise<void> {
   const pair = await startStandbyPair(TEST_APP_SECRET)
   t.teardown(pair.stop)
-  const { ownerUrl, runtimeUrl, replicaUrl, standbyAdmin, standby, pauseReplay, resumeReplay, caughtUp } = pair
+  const { ownerUrl, standbyAdmin, standby, pauseReplay, resumeReplay, caughtUp } = pair
   t.equal((await query(standbyAdmin, 'select pg_is_in_recovery() as r')).rows[0].r, true, 'the standby is in recovery')
 
-  const serve = async (maxLagMs: number): Promise<TestServer> => {
-    const service = await startTestServer(t, {
-      databaseUrl: ownerUrl,
-      env: {
-        RUNTIME_DATABASE_URL: runtimeUrl,
-        READ_REPLICA_URLS: replicaUrl,
-        READ_REPLICA_MAX_LAG_MS: String(maxLagMs),
-        RATE_LIMIT_PER_MINUTE: '1000000',
-      },
-    })
-    await until('the standby serves', async () => {
-      await service.readRouting?.check()
-      return service.readRouting?.report()[0].state === 'serving'
-    })
-    return service
-  }
+  const serve = (maxLagMs: number): Promise<TestServer> => serveWithStandby(t, pair, maxLagMs)
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
   const longReads = (service: TestServer) => service.readRouting?.report()[0].long_reads ?? 0
 

@@ -3,12 +3,8 @@
 // session with the sign-in function (kind session); the API token those functions issue is
 // revoked at once through DELETE /api/tokens/{id}, since nobody in a browser ever sees it.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import Type, { type Static } from 'typebox'
 import { createAuthenticator } from '../../auth/authenticate.ts'
 import { signInWithPassword, type TokenBody } from '../../auth/sign-in.ts'
-import { hashToken } from '../../auth/tokens.ts'
-import { sql } from '../../db/pool.ts'
-import { rowType } from '../../db/typed-rows.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { toApiError } from '../../http/problem.ts'
 import { type RouteDefinition, type Services, validateBody } from '../../http/route.ts'
