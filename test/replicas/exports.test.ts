@@ -18,6 +18,13 @@ async function onStandby(t: Test): Promise<void> {
 
   const serve = (maxLagMs: number): Promise<TestServer> => serveWithStandby(t, pair, maxLagMs)
   const longReads = (service: TestServer) => service.readRouting?.report()[0].long_reads ?? 0
+  // A token's last-used bookkeeping falls due once a minute and the standby cannot write it, so such
+  // an export is left to the primary (tested below). An assertion that one export is the standby's
+  // marks the token used just before, on the primary, and waits for the standby to replay it.
+  const usedJustNow = async (token: string) => {
+    await query(ownerUrl, 'update crm.tokens set last_used_at = now() where token_hash = $1', [hashToken(token)])
+    await caughtUp()
+  }
   const replicaReads = (service: TestServer) => service.readRouting?.report()[0].reads ?? 0
   const exported = async (service: TestServer, token: string, type: string, body: unknown = { fields: ['id', 'name'] }) => {
     const answer = await service.request('POST', `/api/${type}/export`, { token, body })
@@ -43,6 +50,7 @@ async function onStandby(t: Test): Promise<void> {
     await wide.readRouting?.check()
     // The token's first request authenticates in full on the primary; its exports then resume on the standby.
     t.equal((await wide.request('GET', '/api/companies', { token: admin.token })).status, 200)
+    await usedJustNow(admin.token)
     const before = longReads(wide)
     const first = await exported(wide, admin.token, 'companies')
     t.equal(first.status, 200)
@@ -76,8 +84,12 @@ async function onStandby(t: Test): Promise<void> {
     await caughtUp()
     await wide.readRouting?.check()
     const member = a.members['member@a.test'].token
-    for (const token of [tokenB, dealsOnly, member]) t.equal((await wide.request('GET', '/api/deals', { token })).status, 200)
+    for (const token of [tokenB, dealsOnly, member]) {
+      t.equal((await wide.request('GET', '/api/deals', { token })).status, 200)
+      await usedJustNow(token)
+    }
     const before = longReads(wide)
+    const logged = wide.logLines.length
     for (let i = 0; i < 3; i++) {
       const foreign = await exported(wide, tokenB, 'contacts', { fields: ['id', 'first_name'] })
       t.equal(foreign.status, 200)
@@ -90,7 +102,16 @@ async function onStandby(t: Test): Promise<void> {
       const deals = await exported(wide, dealsOnly, 'deals')
       t.equal(deals.status, 200, 'the deals:read token exports deals')
     }
-    t.equal(longReads(wide), before + 12, 'the standby answered all of them, refusals included')
+    // A token's last-used bookkeeping falls due once a minute, and the standby cannot write it: such
+    // an export is left to the primary (on a slow machine this loop can cross that minute). Every
+    // other export, refusals included, is the standby's.
+    const fallbacks = wide.logLines.slice(logged).filter((line) => line.includes('a long read was left to the primary'))
+    t.ok(
+      fallbacks.every((line) => line.includes('read-only transaction')),
+      'only the last-used bookkeeping left an export to the primary',
+    )
+    t.ok(fallbacks.length <= 3, 'at most once for each of the three tokens')
+    t.equal(longReads(wide), before + 12 - fallbacks.length, 'the standby answered all the others, refusals included')
     const own = await exported(wide, admin.token, 'contacts', { fields: ['id', 'first_name'] })
     t.ok(own.lines.includes(`${secret.body.data.id},Secret`), 'its own workspace exports it')
   })
@@ -150,6 +171,7 @@ async function onStandby(t: Test): Promise<void> {
     const revoked = a.members['revoked@a.test']
     t.equal((await tight.request('GET', '/api/companies', { token: admin.token })).status, 200)
     t.equal((await tight.request('GET', '/api/companies', { token: revoked.token })).status, 200)
+    await usedJustNow(revoked.token)
     const before = longReads(tight)
     t.equal((await exported(tight, revoked.token, 'companies')).status, 200)
     t.equal(longReads(tight), before + 1, 'the token exports on the standby')
@@ -195,6 +217,7 @@ async function onStandby(t: Test): Promise<void> {
     t.equal(longReads(wide), before.exports, 'the export on the primary')
     await restart([])
     t.equal(wide.readRouting?.report()[0].hot_standby_feedback, true)
+    await usedJustNow(admin.token)
     t.equal((await exported(wide, admin.token, 'companies')).status, 200)
     t.equal(longReads(wide), before.exports + 1, 'with it on again, the standby serves exports')
   })
