@@ -142,7 +142,10 @@ t.test('a known token revoked writes nothing and answers 401', async (t) => {
 })
 
 t.test('a write that fails in the database answers its problem, keeps the rate-limit headers and counts once', async (t) => {
-  const token = actors.admin.token
+  // A member only this process serves: the other process's counts for the same user would reach the
+  // remaining figure whenever they settle.
+  const { token } = await withOwner(url, (client) => addMember(client, tenant.id, `failing-${randomUUID()}@one.test`, 'admin'))
+  t.equal((await call(oneStatement, 'GET', '/api/companies', token)).status, 200, 'the identity is cached')
   const before = Number((await call(oneStatement, 'GET', '/api/companies', token)).headers.get('ratelimit-remaining'))
   const failed = await call(oneStatement, 'POST', '/api/deals', token, { name: 'Nowhere', stage: 'no_such_stage' })
   t.equal(failed.status, 422, 'an unknown stage is refused by its foreign key')
