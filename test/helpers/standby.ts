@@ -11,6 +11,9 @@ import { migrate } from '../../src/db/migrate.ts'
 import { freePort } from '../../src/db/provision.ts'
 import { ensureRuntimeRole } from '../../src/db/runtime-role.ts'
 import { startTestServer, type TestServer } from './server.ts'
+import { until } from './until.ts'
+
+export { until }
 
 const BIN = '/usr/lib/postgresql/15/bin'
 const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup']
@@ -69,21 +72,6 @@ export async function query(url: string, text: string, values: unknown[] = []): 
   } finally {
     await client.end()
   }
-}
-
-/** Polls until `check` answers a truthy value (tests wait for conditions, not for time). */
-export async function until<T>(what: string, check: () => Promise<T>, attempts = 600): Promise<NonNullable<T>> {
-  let last: unknown
-  for (let attempt = 0; attempt < attempts; attempt++) {
-    try {
-      const value = await check()
-      if (value) return value as NonNullable<T>
-    } catch (error) {
-      last = error
-    }
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error(`gave up waiting: ${what}${last ? ` (${(last as Error).message})` : ''}`)
 }
 
 export type StandbyPair = {
