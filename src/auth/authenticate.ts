@@ -314,14 +314,16 @@ async function authenticateThrough<Rest>(
     }
     // Stale: the call set nothing (and a statement's query saw nothing); it runs again, in full,
     // and crm.authenticate counts it, so the process's admission is taken back (for a request
-    // counted already, an upload's second authentication, the one its first took). A settlement may
-    // have carried that admission already: then the database's total holds this request twice
-    // until the next settlement carries one less, so its own check allows one more and the
-    // process decides (admitCounted, which counts the request once).
+    // counted already, an upload's second authentication, the one its first took).
     state?.identities.delete(attempt.cacheKey)
     state?.rateLimit.release(admitted.identity.caller.userId)
-    full = { ...attempt, limit: attempt.limit + 1 }
   }
+  // A settlement may have carried an admission this process has since taken back: then the
+  // database's total holds that request twice until the next settlement carries one less, for this
+  // request and for any full authentication of the same user meanwhile (a fresh token, another
+  // slug). So where the process decides (admitCounted, against the total and its own count, which
+  // holds the correction), the database's own check allows one more.
+  if (state) full = { ...full, limit: full.limit + 1 }
   const answer = await run(authenticateCall(full))
   return { caller: await callerOf(answer.auth as AuthRow, attempt, state), rest: answer.rest }
 }
