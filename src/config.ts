@@ -74,7 +74,7 @@ export type Config = {
   /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
   uploads: UploadReceiptLimits
   /**
-   * JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL: JSON bodies this process receives at once from one
+   * JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL: JSON and form bodies this process receives at once from one
    * client address (429 past it) and in all (503 past it), so slow senders cannot hold the sockets
    * and, at up to 1 MiB a body, the memory (src/http/upload-receipts.ts).
    */

@@ -14,6 +14,7 @@ import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
+import { createBodyReceipts } from './http/upload-receipts.ts'
 import type { Logger } from './log.ts'
 import { registerPages } from './ui/routes.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
@@ -101,6 +102,7 @@ export async function startService(options: {
       baseUrl: config.publicBaseUrl ?? '',
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
+      bodyReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
     }
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages

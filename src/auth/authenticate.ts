@@ -343,13 +343,20 @@ export function createAuthenticator(
     set_config('statement_timeout', ${`${config.statementTimeoutMs}ms`}, true) as statement_timeout,
     set_config('idle_in_transaction_session_timeout', ${RUNTIME_ROLE_SETTINGS.idle_in_transaction_session_timeout}, true) as idle_timeout`
   return async (db, req) => {
-    // A stale cached identity authenticates in full in the same transaction.
-    const { caller } = await authenticateThrough(attemptOf(config, credentialOf, req), state, async (call) => ({
-      auth: call.resumes
-        ? await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${call.fragment} a`)
-        : await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${call.fragment} a`),
-      rest: null,
-    }))
+    // A stale cached identity authenticates in full in the same transaction. A resumed identity
+    // the process counted stays counted if its call fails: a long read a standby refused runs
+    // again on the primary without counting twice.
+    const { caller } = await authenticateThrough(
+      attemptOf(config, credentialOf, req),
+      state,
+      async (call) => ({
+        auth: call.resumes
+          ? await db.one(sql.type(RESUME_ROW)`select a.*, ${settings} from ${call.fragment} a`)
+          : await db.one(sql.type(AUTH_ROW)`select a.*, ${settings} from ${call.fragment} a`),
+        rest: null,
+      }),
+      (counted) => markCounted(req, counted.rateLimit),
+    )
     return caller
   }
 }

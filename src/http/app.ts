@@ -35,7 +35,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createBodyReceipts, createUploadReceipts } from './upload-receipts.ts'
+import { createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -99,7 +99,6 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
-  const jsonBodyReceipts = createBodyReceipts(config.jsonBodies, 'request bodies')
   const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
@@ -166,7 +165,7 @@ export function createApp(
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
       // Held while the body arrives: slow senders are bounded per address and in all.
-      const releaseReceipt = jsonBodyReceipts.take(req)
+      const releaseReceipt = services.bodyReceipts.take(req)
       try {
         body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
       } finally {
@@ -289,6 +288,8 @@ export function createApp(
         const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
           throw new StandbyRefusedError(`authentication on the standby: ${(error as Error).message}`, { cause: error })
         })
+        // Counted by the process: if the primary runs it instead, it is not counted again.
+        if (caller.countedIn === 'process') markCounted(req, caller.rateLimit)
         if (caller.countedIn !== 'process' || !standby.admits(caller.userId)) {
           throw new StandbyRefusedError("the standby is not known to have replayed the user's last write within the cap")
         }

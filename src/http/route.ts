@@ -12,6 +12,7 @@ import { type FieldProblem, ForbiddenError, InsufficientScopeError, ValidationEr
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
+import type { BodyReceipts } from './upload-receipts.ts'
 import type { WorkspaceWork } from './workspace-slots.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
@@ -36,6 +37,8 @@ export type Services = {
   addressRateLimit: AddressRateLimit
   /** The OAuth token and revocation endpoints' limit of clients that send a secret (429 past it). */
   oauthClientRateLimit: OAuthClientRateLimit
+  /** JSON and form bodies being received (JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL): 429 or 503 past a bound. */
+  bodyReceipts: BodyReceipts
   /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */
   readRouting?: ReadRouting | null
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */

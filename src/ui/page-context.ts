@@ -59,7 +59,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
     try {
       let form = EMPTY_FORM
       if (req.method === 'POST') {
-        form = await readForm(req)
+        form = await readForm(req, services)
         if (!csrfValid(services.config.appSecret, req, form.get('csrf'))) {
           if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
           return errorPage(res, 403, 'This form has expired. Reload the page and try again.')

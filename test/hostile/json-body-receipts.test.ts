@@ -1,6 +1,7 @@
-// JSON bodies being received are bounded, as uploads are: per client address (429 rate_limited)
-// and in total per process (503 unavailable), each with Retry-After, and a body's receipt is given
-// back once it has arrived. Slow senders hold their bodies open; the test waits for the server to
+// JSON and form bodies being received are bounded, as uploads are: per client address (429
+// rate_limited) and in total per process (503 unavailable), each with Retry-After, and a body's
+// receipt is given back once it has arrived. A form (a page's, the OAuth token endpoint's) holds
+// the same receipts as a JSON body. Slow senders hold their bodies open; the test waits for the server to
 // hold them (a probe from the same address is refused), never for time.
 import { request as httpRequest } from 'node:http'
 import t from 'tap'
@@ -21,14 +22,18 @@ const token = tenant.members['ada@bodies.test'].token
 
 type Answer = { status: number; headers: Record<string, string | string[] | undefined>; body: any }
 
-/** A contact's body sent over its own connection from `address`: `first` bytes now, the rest on `finish`. */
-function send(address: string, body: string, first = body.length) {
-  const req = httpRequest(`${server.url}/api/contacts`, {
+const CONTACTS = { path: '/api/contacts', type: 'application/json' }
+const OAUTH_TOKEN = { path: '/oauth/token', type: 'application/x-www-form-urlencoded' }
+const SIGN_IN = { path: '/sign-in', type: 'application/x-www-form-urlencoded' }
+
+/** A body sent over its own connection from `address` (a contact's by default): `first` bytes now, the rest on `finish`. */
+function send(address: string, body: string, first = body.length, target = CONTACTS) {
+  const req = httpRequest(`${server.url}${target.path}`, {
     method: 'POST',
     agent: false,
     headers: {
       authorization: `Bearer ${token}`,
-      'content-type': 'application/json',
+      'content-type': target.type,
       'content-length': String(Buffer.byteLength(body)),
       'x-forwarded-for': address,
     },
@@ -41,7 +46,7 @@ function send(address: string, body: string, first = body.length) {
         text += chunk
       })
       response.on('end', () =>
-        resolve({ status: response.statusCode ?? 0, headers: response.headers, body: text ? JSON.parse(text) : null }),
+        resolve({ status: response.statusCode ?? 0, headers: response.headers, body: parsed(response.headers['content-type'], text) }),
       )
     })
     req.on('error', (error) => (req.writableEnded ? undefined : reject(error)))
@@ -49,6 +54,11 @@ function send(address: string, body: string, first = body.length) {
   req.write(body.slice(0, first))
   if (first === body.length) req.end()
   return { answer, finish: () => (req.end(body.slice(first)), answer) }
+}
+
+/** JSON answers parsed; a page's HTML kept as text. */
+function parsed(type: string | undefined, text: string): any {
+  return text && type?.includes('json') ? JSON.parse(text) : text
 }
 
 let contacts = 0
@@ -84,6 +94,26 @@ t.test('bodies being received are bounded per address (429) and in total (503), 
   t.equal((await second.finish()).status, 201)
   t.equal((await send('203.0.113.1', contact()).answer).status, 201, 'the address and the total have their receipts back')
   t.equal((await send('203.0.113.3', PROBE).answer).status, 422)
+})
+
+t.test('a form being received holds the same receipts as a JSON body', async (t) => {
+  const form = 'grant_type=refresh_token&refresh_token=crmrt_unknown&client_id=unknown'
+  const heldForm = send('203.0.113.20', form, 5, OAUTH_TOKEN)
+  const json = await untilRefused('203.0.113.20', 429)
+  t.match(json.body.detail, /request bodies/, 'a JSON body from the address of a held form is refused')
+  const answered = await heldForm.finish()
+  t.ok([400, 401].includes(answered.status) && answered.body.error, 'the form is answered by the endpoint once it has arrived')
+  t.equal((await send('203.0.113.20', contact()).answer).status, 201, 'and its receipt is given back')
+
+  const heldJson = send('203.0.113.21', contact(), 10)
+  await untilRefused('203.0.113.21', 429)
+  const page = await send('203.0.113.21', 'email=a%40b.test&password=x', undefined, SIGN_IN).answer
+  t.equal(page.status, 429, "a page's form from the address of a held JSON body is refused")
+  t.match(page.body, /request bodies/, 'in HTML, saying why')
+  t.ok(Number(page.headers['retry-after']) > 0, 'with Retry-After')
+  const tokenForm = await send('203.0.113.21', form, undefined, OAUTH_TOKEN).answer
+  t.equal(tokenForm.status, 429, 'as is a form to the token endpoint')
+  t.equal((await heldJson.finish()).status, 201)
 })
 
 t.test('an IPv6 client counts by its /64, as for uploads', async (t) => {

@@ -166,6 +166,32 @@ async function onStandby(t: Test): Promise<void> {
     )
   })
 
+  await t.test('an export the standby leaves to the primary counts once against the rate limit', async (t) => {
+    const remaining = (answer: { headers: Headers }) => Number(answer.headers.get('ratelimit-remaining'))
+    // Refused after authentication: a write the standby has not replayed.
+    await pauseReplay()
+    t.teardown(resumeReplay)
+    const created = await wide.request('POST', '/api/deals', { token: admin.token, body: { name: 'Counted once' } })
+    t.equal(created.status, 201)
+    const afterWrite = await exported(wide, admin.token, 'deals', { fields: ['id'], filter: { name: 'Counted once' } })
+    t.ok(afterWrite.lines.includes(created.body.data.id), 'the primary answered the export')
+    t.equal(remaining(afterWrite), remaining(created) - 1, 'one request less, not two')
+    await resumeReplay()
+    await caughtUp()
+    // Refused by authentication itself: the last-used bookkeeping a standby cannot write.
+    const read = await wide.request('GET', '/api/deals', { token: admin.token })
+    await withOwner(ownerUrl, (client) =>
+      client.query(`update crm.tokens set last_used_at = now() - interval '2 minutes' where token_hash = $1`, [hashToken(admin.token)]),
+    )
+    await caughtUp()
+    await wide.readRouting?.check()
+    const before = longReads(wide)
+    const due = await exported(wide, admin.token, 'companies')
+    t.equal(due.status, 200)
+    t.equal(longReads(wide), before, 'the primary answered the export')
+    t.equal(remaining(due), remaining(read) - 1, 'one request less, not two')
+  })
+
   await t.test('past the cap, exports go to the primary, where a revoked token is refused', async (t) => {
     const tight = await serve(500)
     const revoked = a.members['revoked@a.test']

@@ -8,10 +8,10 @@ import { OAuthError } from '../../errors.ts'
 import { authorizationServerMetadata } from '../../oauth/metadata.ts'
 import { KNOWN_SCOPES } from '../../oauth/scopes.ts'
 import { clientSendingSecret, issueTokens, revokeToken, type TokenRequest } from '../../oauth/token-endpoint.ts'
-import { mediaType, readBody } from '../body.ts'
-import { defineRoutes, isStorableString, type RouteResult, type Services } from '../route.ts'
+import { mediaType } from '../body.ts'
+import { fieldWithNul, receiveForm } from '../form-body.ts'
+import { defineRoutes, type RouteResult, type Services } from '../route.ts'
 
-const FORM_LIMIT = 64 * 1024
 const NO_STORE = { 'Cache-Control': 'no-store', Pragma: 'no-cache' }
 
 export const OAuthErrorSchema = Type.Object({
@@ -53,10 +53,8 @@ const RevokeForm = Type.Object({
 async function tokenRequest(req: IncomingMessage, services: Services): Promise<TokenRequest> {
   if (mediaType(req) !== 'application/x-www-form-urlencoded')
     throw new OAuthError('invalid_request', 'send the parameters as application/x-www-form-urlencoded')
-  const form = new URLSearchParams((await readBody(req, FORM_LIMIT, services.config.bodyIdleTimeoutMs)).toString('utf8'))
-  for (const [name, value] of form) {
-    if (!isStorableString(name) || !isStorableString(value)) throw new OAuthError('invalid_request', 'a parameter contains a NUL character')
-  }
+  const form = await receiveForm(req, services)
+  if (fieldWithNul(form) !== undefined) throw new OAuthError('invalid_request', 'a parameter contains a NUL character')
   return { form, authorization: req.headers.authorization }
 }
 

@@ -134,7 +134,7 @@ export function signInPages(services: Services) {
     },
 
     submitPassword: async (req: IncomingMessage, res: ServerResponse) => {
-      const form = await readForm(req)
+      const form = await readForm(req, services)
       if (!csrfValid(config.appSecret, req, form.get('csrf'))) {
         return passwordForm(services, req, res, 403, { email: form.get('email'), error: 'This form has expired. Please sign in again.' })
       }
@@ -172,7 +172,7 @@ export function signInPages(services: Services) {
     },
 
     submitCode: async (req: IncomingMessage, res: ServerResponse) => {
-      const form = await readForm(req)
+      const form = await readForm(req, services)
       const challenge = readCookies(req).get(CHALLENGE_COOKIE)
       const recovery = form.has('recovery_code')
       if (!challenge) return redirect(res, '/sign-in?notice=challenge-expired')

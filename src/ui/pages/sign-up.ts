@@ -153,7 +153,7 @@ ${errorNotice(error)}
     },
 
     submitSignUp: async (req: Request, res: ServerResponse) => {
-      const form = await readForm(req)
+      const form = await readForm(req, services)
       const values = { email: form.get('email').trim(), name: form.get('name').trim(), workspace_name: form.get('workspace_name').trim() }
       const password = form.get('password')
       if (!csrfValid(config.appSecret, req, form.get('csrf')))
@@ -186,7 +186,7 @@ ${errorNotice(error)}
     },
 
     submitAccept: async (req: Request, res: ServerResponse) => {
-      const form = await readForm(req)
+      const form = await readForm(req, services)
       const token = form.get('token')
       const invitation = await findInvitation(token)
       if (!csrfValid(config.appSecret, req, form.get('csrf')))
