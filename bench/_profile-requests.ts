@@ -2,7 +2,9 @@
 // Loads the real API and the bare baseline of bench/records.ts, each in its own process, with
 // GET one deal, a list of 50 deals and create a deal, and prints per scenario:
 //   - CPU per request of each server process and of PostgreSQL behind it (user + system from /proc,
-//     over unprofiled rounds; PostgreSQL's is every backend's, so read it for one side at a time);
+//     over unprofiled rounds; PostgreSQL's is every backend's, so read it for one side at a time),
+//     and of the whole machine (/proc/stat: the load generator, the kernel's loopback and the
+//     rest too), with the share of the cores left idle: what `make bench`'s req/s is made of;
 //   - where the API process's time goes: a V8 CPU profile (the same sampler as `node --cpu-prof`,
 //     started and stopped around the load through node:inspector, so start-up is not in it),
 //     grouped by area (routing, our middleware, validation, auth, pg, slonik, ...), in µs per request.
@@ -113,14 +115,27 @@ async function cpuPerRequest(
   pid: number,
   run: () => Promise<number>,
   postgresCpuMs: (() => number) | null = null,
-): Promise<{ process: number; postgres: number }> {
+): Promise<{ process: number; postgres: number; machine: number; idle: number }> {
   const before = processCpuMs(pid) ?? 0
   const postgresBefore = postgresCpuMs?.() ?? Number.NaN
+  const machineBefore = machineCpuMs()
   const requests = await run()
+  const machineAfter = machineCpuMs()
+  const busy = machineAfter.busy - machineBefore.busy
+  const idle = machineAfter.idle - machineBefore.idle
   return {
     process: (((processCpuMs(pid) ?? 0) - before) * 1000) / requests,
     postgres: (((postgresCpuMs?.() ?? Number.NaN) - postgresBefore) * 1000) / requests,
+    machine: (busy * 1000) / requests,
+    idle: (idle / (busy + idle)) * 100,
   }
+}
+
+/** CPU time of every core since boot (/proc/stat, ms): busy (user, system, interrupts, steal) and idle (with iowait). */
+function machineCpuMs(): { busy: number; idle: number } {
+  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1, 9).map(Number)
+  const [user, nice, system, idle, iowait, irq, softirq, steal] = fields
+  return { busy: ((user + nice + system + irq + softirq + steal) * 1000) / 100, idle: ((idle + iowait) * 1000) / 100 }
 }
 
 function startChild(args: string[], ipc: boolean): Promise<{ url: string; child: ChildProcess }> {
@@ -278,25 +293,35 @@ async function main(): Promise<void> {
       await load(baseline.url, scenario, ids, 1, {})
       const apiCpu = apis.map(() => [] as number[])
       const apiPostgresCpu = apis.map(() => [] as number[])
+      const apiMachine = apis.map(() => [] as number[])
+      const apiIdle = apis.map(() => [] as number[])
       const baselineCpu: number[] = []
       const baselinePostgresCpu: number[] = []
+      const baselineMachine: number[] = []
+      const baselineIdle: number[] = []
       for (let round = 0; round < rounds; round++) {
         const bare = await cpuPerRequest(baseline.child.pid!, () => load(baseline.url, scenario, ids, seconds, {}), postgresCpuMs)
         baselineCpu.push(bare.process)
         baselinePostgresCpu.push(bare.postgres)
+        baselineMachine.push(bare.machine)
+        baselineIdle.push(bare.idle)
         for (const [index, api] of apis.entries()) {
           const real = await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth), postgresCpuMs)
           apiCpu[index].push(real.process)
           apiPostgresCpu[index].push(real.postgres)
+          apiMachine[index].push(real.machine)
+          apiIdle[index].push(real.idle)
         }
       }
       output.push(`## ${scenario.name}`, '', `CPU per request (/proc, user + system), rounds of ${seconds} s in turns:`, '')
       for (const [index, api] of apis.entries()) {
         output.push(`- API, ${api.label}: ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
         output.push(`  - its PostgreSQL: ${median(apiPostgresCpu[index])} µs (${range(apiPostgresCpu[index])})`)
+        output.push(`  - the machine: ${median(apiMachine[index])} µs (${range(apiMachine[index])}), idle ${range(apiIdle[index])} %`)
       }
       output.push(`- baseline: ${median(baselineCpu)} µs (${range(baselineCpu)})`)
-      output.push(`  - its PostgreSQL: ${median(baselinePostgresCpu)} µs (${range(baselinePostgresCpu)})`, '')
+      output.push(`  - its PostgreSQL: ${median(baselinePostgresCpu)} µs (${range(baselinePostgresCpu)})`)
+      output.push(`  - the machine: ${median(baselineMachine)} µs (${range(baselineMachine)}), idle ${range(baselineIdle)} %`, '')
       for (const api of apis) {
         await ask(api.child, { do: 'start' })
         let requests = 0
