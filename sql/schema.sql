@@ -1512,19 +1512,6 @@ RETURN (((((p_workspace_id)::text || ' '::text) || (p_access_version)::text) || 
 comment on function crm.context_cache_key(p_workspace_id uuid, p_access_version bigint, p_via text) is
   'The key under which a token keeps its request context: workspace, the membership''s access_version and via. Internal.';
 
-CREATE OR REPLACE FUNCTION crm.put_stored_context(p_context text)
- RETURNS boolean
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-begin
-  perform crm.write_context(p_context);
-  return true;
-end
-$function$;
-comment on function crm.put_stored_context(p_context text) is
-  'Writes a request context crm.authenticate stored on the token (crm.tokens.context) for the rest of the transaction. Internal: crm.resume_identity calls it once it has proven the token and the access_version.';
-
 CREATE OR REPLACE FUNCTION crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
  RETURNS void
  LANGUAGE plpgsql
@@ -1641,48 +1628,52 @@ CREATE OR REPLACE FUNCTION crm.resume_identity(p_token_hash bytea, p_workspace_i
  LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
- SET plan_cache_mode TO 'force_generic_plan'
- SET enable_seqscan TO 'off'
 AS $function$
 #variable_conflict use_column
+declare
+  v_caller record;
+  v_due boolean;
 begin
-  return query
-  with admitted as materialized (
-    select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id,
-           t.context, t.context_key
-      from crm.tokens t
-      join crm.users u on u.id = t.user_id
-      join crm.memberships m on m.workspace_id = p_workspace_id and m.user_id = t.user_id
-     where t.token_hash = p_token_hash
-       and t.revoked_at is null and t.expires_at > now()
-       and (t.kind <> 'session' or p_via = 'ui')
-       and (t.workspace_id is null or t.workspace_id = p_workspace_id)
-       and u.suspended_at is null
-       and (t.kind = 'session' or u.api_access)
-       and m.access_version = p_access_version
-       and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id)
-  ),
-  -- The context as crm.authenticate wrote it for this workspace, access version and via, when the
+  select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id,
+         t.context, t.context_key
+    into v_caller
+    from crm.tokens t
+    join crm.users u on u.id = t.user_id
+    join crm.memberships m on m.workspace_id = p_workspace_id and m.user_id = t.user_id
+   where t.token_hash = p_token_hash
+     and t.revoked_at is null and t.expires_at > now()
+     and (t.kind <> 'session' or p_via = 'ui')
+     and (t.workspace_id is null or t.workspace_id = p_workspace_id)
+     and u.suspended_at is null
+     and (t.kind = 'session' or u.api_access)
+     and m.access_version = p_access_version
+     and (not p_follows_last_workspace or u.last_workspace_id = p_workspace_id);
+  failure := 'stale';
+  if not found then
+    return next;
+    return;
+  end if;
+  -- The context as crm.authenticate kept it for this workspace, access version and via, when the
   -- token holds it; otherwise computed as crm.authenticate does (and not stored: a standby runs
-  -- this too, and writes nothing). The same bookkeeping.
-  context as materialized (
-    select a.user_id,
-           case when a.context_key = crm.context_cache_key(p_workspace_id, p_access_version, p_via)
-                then crm.put_stored_context(a.context)
-                else crm.put_context(a.user_id, p_workspace_id, p_via, a.scopes, a.oauth_app_id, a.token_id, a.oauth_grant_id)
-           end as written,
-           case when a.last_workspace_id is distinct from p_workspace_id
-                  or a.last_used_at is null or a.last_used_at < now() - interval '1 minute'
-                then crm.touch_caller(a.user_id, p_workspace_id, a.last_workspace_id is distinct from p_workspace_id,
-                                      a.token_id, a.last_used_at is null or a.last_used_at < now() - interval '1 minute')
-                else true
-           end as touched
-      from admitted a
-  )
-  select case when x.written and x.touched then null else 'stale' end,
-         case when x.written and x.touched then x.user_id end
-    from (select) as always_one_row
-    left join context x on true;
+  -- this too, and writes nothing).
+  if v_caller.context_key = crm.context_cache_key(p_workspace_id, p_access_version, p_via) then
+    perform crm.write_context(v_caller.context);
+  elsif not crm.put_context(v_caller.user_id, p_workspace_id, p_via, v_caller.scopes, v_caller.oauth_app_id,
+                            v_caller.token_id, v_caller.oauth_grant_id) then
+    return next;
+    return;
+  end if;
+  -- The same bookkeeping: the last workspace, and the token's last use once a minute.
+  v_due := v_caller.last_used_at is null or v_caller.last_used_at < now() - interval '1 minute';
+  if (v_caller.last_workspace_id is distinct from p_workspace_id or v_due)
+     and not crm.touch_caller(v_caller.user_id, p_workspace_id, v_caller.last_workspace_id is distinct from p_workspace_id,
+                              v_caller.token_id, v_due) then
+    return next;
+    return;
+  end if;
+  failure := null;
+  user_id := v_caller.user_id;
+  return next;
 end
 $function$;
 comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is

@@ -74,7 +74,6 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'install_context_carrier',
           'put_context',
           'context_cache_key',
-          'put_stored_context',
           'set_context',
           'authenticate',
           'resume_identity',

@@ -49,12 +49,12 @@ export class SingleStatementConnection {
     this.#onCaller = onCaller
   }
 
-  async #send(query: Query, write?: StatementWrite): Promise<{ rows: Row[]; visible: boolean | null }> {
+  async #send(query: Query, singleRow: boolean, write?: StatementWrite): Promise<{ rows: Row[]; visible: boolean | null }> {
     if (this.#sent) throw new Error('a single-statement route sent a second query')
     this.#sent = true
     let answer: Awaited<ReturnType<ReturnType<StatementAuthenticator>['send']>>
     try {
-      answer = await this.#authentication.send(query as never, (statement) => this.#pool.rows(named(statement)), write)
+      answer = await this.#authentication.send(query as never, (statement) => this.#pool.rows(named(statement)), { singleRow, write })
     } catch (error) {
       // A caller the process already counted is known without another statement (see
       // authenticateAfterFailure for the others).
@@ -71,8 +71,9 @@ export class SingleStatementConnection {
     this.#onCaller(caller)
   }
 
-  async #rowsOf(query: Query): Promise<Row[]> {
-    return (await this.#send(query)).rows
+  /** The query's rows; `singleRow` when the caller expects one row at most (a lighter statement, see wrappedQuery). */
+  async #rowsOf(query: Query, singleRow = false): Promise<Row[]> {
+    return (await this.#send(query, singleRow)).rows
   }
 
   /**
@@ -81,7 +82,7 @@ export class SingleStatementConnection {
    * caller can see its target (403) or not (404); null otherwise.
    */
   async write(query: Query, write: StatementWrite = {}): Promise<{ rows: Row[]; visible: boolean | null }> {
-    return this.#send(query, write)
+    return this.#send(query, true, write)
   }
 
   async any(query: Query): Promise<Row[]> {
@@ -93,19 +94,19 @@ export class SingleStatementConnection {
   }
 
   async one(query: Query): Promise<Row> {
-    return exactlyOne(await this.#rowsOf(query), query)
+    return exactlyOne(await this.#rowsOf(query, true), query)
   }
 
   async oneFirst(query: Query): Promise<unknown> {
-    return first(exactlyOne(await this.#rowsOf(query), query))
+    return first(exactlyOne(await this.#rowsOf(query, true), query))
   }
 
   async maybeOne(query: Query): Promise<Row | null> {
-    return atMostOne(await this.#rowsOf(query), query)
+    return atMostOne(await this.#rowsOf(query, true), query)
   }
 
   async maybeOneFirst(query: Query): Promise<unknown> {
-    const row = atMostOne(await this.#rowsOf(query), query)
+    const row = atMostOne(await this.#rowsOf(query, true), query)
     return row ? first(row) : null
   }
 
@@ -123,7 +124,7 @@ export class SingleStatementConnection {
   async authenticateAfterFailure(): Promise<void> {
     if (this.#caller) return
     this.#sent = false
-    await this.#rowsOf(sql.unsafe`select null where false`)
+    await this.#rowsOf(sql.unsafe`select null where false`, true)
   }
 
   caller(): Caller {

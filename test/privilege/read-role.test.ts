@@ -25,14 +25,19 @@ const contactId: string = created.body.data.id
 
 /**
  * Workspace B's token asks for workspace A's contact in one read statement, sent on `client`: the
- * rows it answered, or the error it was refused with.
+ * rows it answered, or the error it was refused with. In both shapes of the statement: for many
+ * rows, and for one row at most (a record by id).
  */
-function readAsB(client: pg.Client): Promise<unknown> {
+function readAsB(client: pg.Client, singleRow: boolean): Promise<unknown> {
   const request = { headers: { authorization: `Bearer ${tokenB}`, 'x-tenant-slug': 'read-b' } } as unknown as IncomingMessage
   return createStatementAuthenticator(server.config)(request)
-    .send(sql.unsafe`select id from crm.contacts where id = ${contactId}`, async (wrapped) => {
-      return (await client.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
-    })
+    .send(
+      sql.unsafe`select id from crm.contacts where id = ${contactId}`,
+      async (wrapped) => {
+        return (await client.query(pgQueryText(wrapped.sql), [...wrapped.values])).rows
+      },
+      { singleRow },
+    )
     .then(
       (answer) => answer.rows,
       (error: unknown) => error,
@@ -70,7 +75,9 @@ t.test('as the owner, the read statement refuses to run', async (t) => {
   const owner = new pg.Client({ connectionString: url })
   await owner.connect()
   t.teardown(() => owner.end())
-  t.match(await readAsB(owner), { code: '42501', hint: 'role_not_confined' }, 'refused, no rows')
+  for (const singleRow of [false, true]) {
+    t.match(await readAsB(owner, singleRow), { code: '42501', hint: 'role_not_confined' }, `refused, no rows (single row: ${singleRow})`)
+  }
 })
 
 t.test('a server whose read connections are the owner answers 404 across workspaces', async (t) => {
@@ -111,11 +118,13 @@ t.test('a login role granted crm_owner besides crm_api is refused, not handed ev
   address.password = password
   const careless = new pg.Client({ connectionString: address.toString() })
   await careless.connect()
-  t.match(
-    await readAsB(careless),
-    { code: '42501', hint: 'role_not_confined' },
-    "refused: workspace A's contact is not read with B's token",
-  )
+  for (const singleRow of [false, true]) {
+    t.match(
+      await readAsB(careless, singleRow),
+      { code: '42501', hint: 'role_not_confined' },
+      `refused: workspace A's contact is not read with B's token (single row: ${singleRow})`,
+    )
+  }
   const { rows } = await careless.query('select count(*)::int as n from crm.contacts')
   t.ok(rows[0].n > 0, 'the role does reach every row outside the checked statement: the refusal is what protects')
 })
