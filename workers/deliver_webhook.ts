@@ -10,7 +10,6 @@
 import type { Task } from 'graphile-worker'
 import Type, { type Static } from 'typebox'
 import { Compile } from 'typebox/compile'
-import type { Config } from '../src/config.ts'
 import { type DeliveryToSend, WAIT_FOR_SLOT_MS, type WebhookBatchSender } from '../src/webhooks/batch-sender.ts'
 
 export { USER_AGENT } from '../src/webhooks/batch-sender.ts'
@@ -33,7 +32,7 @@ type Payload = Static<typeof Payload>
 const payloadValidator = Compile(Payload)
 
 /** fan_out_event sends first attempts through the same sender, so both share one per-subscription cap. */
-export function deliverWebhook(config: Config, sender: WebhookBatchSender): Task {
+export function deliverWebhook(sender: WebhookBatchSender): Task {
   const { limiter } = sender
 
   return async (payload, helpers) => {

@@ -13,7 +13,7 @@ export function taskList(config: Config): TaskList {
     housekeeping: housekeeping(config),
     process_import: processImportTask(config),
     fan_out_event: fanOutEvent(webhookSender),
-    deliver_webhook: deliverWebhook(config, webhookSender),
+    deliver_webhook: deliverWebhook(webhookSender),
   }
 }
 

@@ -218,7 +218,7 @@ export class WebhookBatchSender {
           if (next >= rows.length) break
           const row = rows[next++]
           try {
-            sent.push(await this.#send(workspaceId, subscriptionId, row, secrets))
+            sent.push(await this.#send(subscriptionId, row, secrets))
           } finally {
             if (holds) limiter.release(subscriptionId)
             holds = false
@@ -270,7 +270,7 @@ export class WebhookBatchSender {
     return key
   }
 
-  async #send(workspaceId: string, subscriptionId: string, row: DeliveryToSend, secrets: SigningSecret[]): Promise<Sent> {
+  async #send(subscriptionId: string, row: DeliveryToSend, secrets: SigningSecret[]): Promise<Sent> {
     const startedAt = new Date()
     const result = await sendSignedWebhook({
       url: row.url,
