@@ -381,13 +381,7 @@ function wrappedQuery(call: AuthenticationCall, query: ReturnType<typeof sql.uns
     return sql.unsafe`
     select row_to_json(a) as auth_row, r.*
     from ${call.fragment} a
-    left join lateral (
-      select true as auth_row_found, q.*
-      from (${query}) q
-      where a.failure is null
-      offset 0
-    ) r on true
-    where (select crm.require_confined_role())`
+    ${singleRowAfterAuthentication(sql.fragment`(${query})`)}`
   }
   return sql.unsafe`
     select ${AUTH_SELECT}, r.*
@@ -418,9 +412,17 @@ function wrappedWrite(call: AuthenticationCall, query: ReturnType<typeof sql.uns
     written as (${query})
     select row_to_json(a) as auth_row, ${visible} as auth_write_visible, r.*
     from request_authentication a
-    left join lateral (
+    ${singleRowAfterAuthentication(sql.fragment`written`)}`
+}
+
+/**
+ * What follows authentication's row `a` in a single-row statement: the route's row LATERAL to it,
+ * produced only when authentication succeeded, and the proof that the role is confined.
+ */
+function singleRowAfterAuthentication(rows: ReturnType<typeof sql.fragment>) {
+  return sql.fragment`left join lateral (
       select true as auth_row_found, q.*
-      from written q
+      from ${rows} q
       where a.failure is null
       offset 0
     ) r on true
