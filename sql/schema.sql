@@ -1231,7 +1231,7 @@ comment on function crm.count_request(p_user_id uuid) is
 grant execute on function crm.count_request(p_user_id uuid) to crm_runtime;
 
 CREATE OR REPLACE FUNCTION crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
- RETURNS TABLE(user_id uuid, total integer)
+ RETURNS TABLE(user_id uuid, total integer, snapshot pg_snapshot)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
@@ -1285,16 +1285,17 @@ begin
   on conflict on constraint rate_limit_counters_pkey do update set count = rc.count + excluded.count;
 
   -- One join for every user: the planner picks index probes for a few users, one pass over the
-  -- table (a few minutes of rows) for many.
+  -- table (a few minutes of rows) for many. The snapshot is the one this read counted with: which
+  -- transactions it saw the end of.
   return query
-    select u.user_id, coalesce(sum(c.count), 0)::integer
+    select u.user_id, coalesce(sum(c.count), 0)::integer, pg_current_snapshot()
       from (select distinct x.user_id from unnest(p_user_ids) as x (user_id)) u
       left join crm.rate_limit_counters c on c.user_id = u.user_id and c.window_start = p_window_start
      group by u.user_id;
 end
 $function$;
 comment on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) is
-  'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
+  'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend, with the snapshot the totals were read with. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
 grant execute on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
   to crm_runtime;
 
@@ -1526,7 +1527,7 @@ comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via t
   'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
 
 CREATE OR REPLACE FUNCTION crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
- RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint)
+ RETURNS TABLE(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint, counted_in xid8)
  LANGUAGE plpgsql
  SECURITY DEFINER ROWS 1
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
@@ -1612,14 +1613,17 @@ begin
          a.workspace_id, a.slug, a.token_id, a.kind, a.is_admin,
          k.rate_count,
          greatest(1, ceil(extract(epoch from (date_trunc('minute', now()) + interval '1 minute' - now())))::integer),
-         a.scopes, a.oauth_app_id, a.access_version
+         a.scopes, a.oauth_app_id, a.access_version,
+         -- The transaction holding this request's count: the process asks a settlement's snapshot
+         -- whether it had ended by then (src/auth/rate-limit.ts).
+         case when a.user_id is not null then pg_current_xact_id() end
     from counted k
     left join admitted a on true
     left join context x on true;
 end
 $function$;
 comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is
-  'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, and the membership''s access_version for a cached identity (crm.resume_identity).';
+  'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, the membership''s access_version for a cached identity (crm.resume_identity), and counted_in, the transaction that holds the request''s count.';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
   to crm_api;
 

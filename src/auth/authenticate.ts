@@ -128,6 +128,8 @@ const AuthRowSchema = Type.Union([
     scopes: nullable(Type.Array(Type.String())),
     oauth_app_id: nullable(Type.String()),
     access_version: Version,
+    /** The transaction holding the request's count (xid8 as text). */
+    counted_in: Type.String(),
     ...RateCount,
   }),
   Type.Object({ failure: Type.String(), ...RateCount }),
@@ -272,7 +274,7 @@ async function callerOf(row: AuthRow, attempt: Attempt, state?: AuthenticationSt
   }
   if (state) {
     state.identities.set(attempt.cacheKey, identity)
-    rateLimit = await state.rateLimit.admitCounted(row.user_id, row.rate_count ?? 0, resetSeconds)
+    rateLimit = await state.rateLimit.admitCounted(row.user_id, row.rate_count ?? 0, resetSeconds, BigInt(row.counted_in))
   }
   return { ...identity.caller, via: attempt.via, rateLimit, countedIn: 'database' }
 }

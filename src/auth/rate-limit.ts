@@ -5,7 +5,8 @@
 // to the database every intervalMs, and at once when a user's unsettled count reaches the batch;
 // a request that finds its user's batch full waits for that settlement. A request that
 // crm.authenticate counted in the database is admitted against the total it answered plus this
-// process's unsettled requests too (admitCounted). With N processes the total admitted per user and
+// process's unsettled requests too (admitCounted), and kept in the process's view until a
+// settlement's snapshot has seen its transaction end. With N processes the total admitted per user and
 // window is at most limit + (N - 1) × batch (the argument, and what full authentications running
 // at the same moment add, is in docs/decisions.md, "The rate limit counted in the process").
 import { AsyncLocalStorage } from 'node:async_hooks'
@@ -20,16 +21,32 @@ import { RateLimitedError, UnavailableError } from '../errors.ts'
 export type RateQuota = { limit: number; remaining: number; resetSeconds: number }
 
 /**
+ * Which transactions had ended when a total was read: the snapshot it was read with
+ * (pg_snapshot's text, `xmin:xmax:xip,…`). A request's count committed in a transaction the
+ * snapshot saw end is in the total; one still open then is not.
+ */
+export type TotalsSnapshot = { sawEnd(transaction: bigint): boolean }
+
+/** Each user's total, and the snapshot the totals were read with when known. */
+export type SettledTotals = ReadonlyMap<string, number> & { readonly snapshot?: TotalsSnapshot }
+
+/**
  * Adds this process's counts (0 or more) for the users in the clock minute starting at windowStart
  * and answers each user's total in that window, over every process and backend. Settlements of one
  * user must be serialised (each total includes every earlier settlement's counts): the overshoot
  * bound rests on it. crm.settle_request_counts does both.
  */
-export type SettleRequestCounts = (
-  windowStart: Date,
-  userIds: readonly string[],
-  counts: readonly number[],
-) => Promise<ReadonlyMap<string, number>>
+export type SettleRequestCounts = (windowStart: Date, userIds: readonly string[], counts: readonly number[]) => Promise<SettledTotals>
+
+/** pg_snapshot's text form as a TotalsSnapshot. */
+export function parseSnapshot(text: string): TotalsSnapshot {
+  const match = /^(\d+):(\d+):([\d,]*)$/.exec(text)
+  if (!match) throw new Error(`rate limit: not a pg_snapshot: ${JSON.stringify(text)}`)
+  const xmin = BigInt(match[1])
+  const xmax = BigInt(match[2])
+  const inProgress = new Set(match[3] === '' ? [] : match[3].split(',').map(BigInt))
+  return { sawEnd: (transaction) => transaction < xmin || (transaction < xmax && !inProgress.has(transaction)) }
+}
 
 export type RequestRateLimitOptions = {
   /** Requests per user per clock minute. */
@@ -61,9 +78,11 @@ export type RequestRateLimit = {
    * this request, plus this process's unsettled requests stays within the limit, else refused with
    * RateLimitedError, and the user's view rises to the total (as observe). The database's total
    * sees no process's unsettled requests. A settlement in flight may or may not be in the total:
-   * the answer waits for it (then it is in the view), so nothing is counted twice.
+   * the answer waits for it (then it is in the view), so nothing is counted twice. `countedIn` is
+   * the transaction holding the request's count: until a settlement's snapshot has seen it end,
+   * that settlement's total may lack the request, and the view adds it.
    */
-  admitCounted(userId: string, total: number, resetSeconds: number): RateQuota | Promise<RateQuota>
+  admitCounted(userId: string, total: number, resetSeconds: number, countedIn?: bigint | null): RateQuota | Promise<RateQuota>
   /**
    * Takes back one admission of the user whose request is then counted by crm.authenticate after
    * all (its cached identity was stale), so that it counts once. When a settlement already carried
@@ -98,6 +117,13 @@ type UserCount = {
   pending: number
   /** The part of pending a settlement in flight carries. */
   sending: number
+  /**
+   * Transactions holding the counts of requests admitted by admitCounted that no settlement's
+   * snapshot has yet seen end: a total read while one is open lacks its request.
+   */
+  open?: bigint[]
+  /** The snapshot of the settlement whose total is `seen`; undefined when seen came from elsewhere. */
+  seenWith?: TotalsSnapshot
 }
 
 type Window = { start: number; end: number; users: Map<string, UserCount> }
@@ -185,7 +211,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
         entries.push(count)
       }
       if (userIds.length === 0) continue
-      let totals: ReadonlyMap<string, number>
+      let totals: SettledTotals
       try {
         totals = await settle(new Date(window.start), userIds, counts)
       } catch (error) {
@@ -199,7 +225,17 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
         count.sending -= counts[i]
         count.pending -= counts[i]
         const total = totals.get(userIds[i])
-        if (total !== undefined && total > count.seen) count.seen = total
+        if (total === undefined) continue
+        // A request this process admitted whose transaction the snapshot had not seen end (an
+        // export still streaming, or a request between its authentication and its commit) is not
+        // in the total: the view keeps it.
+        const { snapshot } = totals
+        if (count.open && snapshot) count.open = count.open.filter((transaction) => !snapshot.sawEnd(transaction))
+        const known = total + (count.open?.length ?? 0)
+        if (known > count.seen) {
+          count.seen = known
+          count.seenWith = snapshot
+        }
       }
       const endedAt = ended.indexOf(window)
       if (endedAt >= 0) {
@@ -255,17 +291,21 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
     return countOf(window, userId)
   }
 
-  const decideCounted = (userId: string, count: UserCount, total: number, answeredAt: number): RateQuota => {
+  const decideCounted = (userId: string, count: UserCount, total: number, answeredAt: number, countedIn?: bigint | null): RateQuota => {
     const time = now()
     // The window ended while waiting: the request belongs to the one that ended, and decided nothing there.
     if (windowOf(time).start !== Math.floor(answeredAt / MINUTE_MS) * MINUTE_MS) return quotaOf(countOf(current, userId), time)
     // `total` holds this request and what was settled when crm.authenticate read; `seen + 1` holds
-    // it and every total a settlement answered since (their requests are then no longer pending).
+    // it and every total a settlement answered since (their requests are then no longer pending),
+    // unless that settlement's snapshot saw this request's transaction end: then `seen` holds it.
     // Neither holds `pending`: no settlement that carries those had answered when the total was read.
-    const known = Math.max(total, count.seen + 1)
+    const inSeen = countedIn != null && count.seenWith?.sawEnd(countedIn) === true
+    const known = Math.max(total, count.seen + (inSeen ? 0 : 1))
     if (known + count.pending > limit) throw refusal(time)
     // The view holds this request from now on, also when a settlement's total that lacks it was larger.
     count.seen = known
+    count.seenWith = undefined
+    if (countedIn != null && !inSeen) (count.open ??= []).push(countedIn)
     return quotaOf(count, time)
   }
 
@@ -297,15 +337,15 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
       return quotaOf(count, time)
     },
 
-    admitCounted(userId, total, resetSeconds) {
+    admitCounted(userId, total, resetSeconds, countedIn) {
       const answeredAt = now()
       const count = countInDatabaseWindow(userId, answeredAt, resetSeconds)
       if (count === null) return { limit, remaining: Math.max(0, limit - total), resetSeconds }
       if (count.sending > 0 && inFlight !== null) {
         // Whatever settlement starts after this one carries requests the total cannot include.
-        return inFlight.catch(() => {}).then(() => decideCounted(userId, count, total, answeredAt))
+        return inFlight.catch(() => {}).then(() => decideCounted(userId, count, total, answeredAt, countedIn))
       }
-      return decideCounted(userId, count, total, answeredAt)
+      return decideCounted(userId, count, total, answeredAt, countedIn)
     },
 
     release(userId) {
@@ -335,7 +375,7 @@ export function createRequestRateLimit(options: RequestRateLimitOptions): Reques
   }
 }
 
-const SettledRow = rowType(Type.Object({ user_id: Type.String(), total: Type.Integer() }))
+const SettledRow = rowType(Type.Object({ user_id: Type.String(), total: Type.Integer(), snapshot: Type.String() }))
 
 /** A counter id for crm.settle_request_counts: negative, so it never meets a backend pid. */
 export function randomCounterId(): number {
@@ -363,10 +403,11 @@ export function createSettleRequestCounts(
   const settle = async (windowStart: Date, userIds: readonly string[], counts: readonly number[]) => {
     const rows = await outside(() =>
       pool.any(sql.type(SettledRow)`
-      select s.user_id, s.total
+      select s.user_id, s.total, s.snapshot::text as snapshot
         from crm.settle_request_counts(${source}, ${windowStart.toISOString()}, ${sql.array([...userIds], 'uuid')}, ${sql.array([...counts], 'int4')}) s`),
     )
-    return new Map(rows.map((row) => [row.user_id, row.total]))
+    const totals = new Map(rows.map((row) => [row.user_id, row.total]))
+    return rows.length === 0 ? totals : Object.assign(totals, { snapshot: parseSnapshot(rows[0].snapshot) })
   }
   return Object.assign(settle, { source })
 }

@@ -102,6 +102,52 @@ t.test('a full authentication right after a stale identity whose admission was s
   for (let run = 0; run < 3; run++) t.same(await statusesOf(kinds), expected, `run ${run + 1}`)
 })
 
+t.test('a settlement while a counted request is still open: that request stays in the count', async (t) => {
+  // A token's first request is counted by crm.authenticate inside its own transaction. An export
+  // whose client does not read holds that transaction open, and every settlement meanwhile reads a
+  // total without it: the process must keep it in its view, or it admits limit + 1.
+  const email = `open-${Math.random().toString(36).slice(2, 8)}@acme.test`
+  const { userId, token, exporterToken } = await withOwner(server.databaseUrl, async (client) => {
+    const member = await addMember(client, first.id, email, 'admin')
+    // Far more than the sockets' buffers hold, so the export waits on its reader.
+    await client.query('set session_replication_role = replica')
+    await client.query(
+      `insert into crm.deals (workspace_id, owner_id, created_by, updated_by, name, amount, currency, stage)
+       select $1, $2, $2, $2, 'Deal ' || g || repeat(' padding', 24), g, 'EUR', 'lead' from generate_series(1, 60000) g`,
+      [first.id, member.id],
+    )
+    return { userId: member.id, token: member.token, exporterToken: await mintToken(client, member.id) }
+  })
+  const committedTotal = () =>
+    withOwner(server.databaseUrl, async (client) => {
+      const { rows } = await client.query(
+        `select coalesce(sum(count), 0)::int as total from crm.rate_limit_counters
+          where user_id = $1 and window_start = date_trunc('minute', now())`,
+        [userId],
+      )
+      return rows[0].total as number
+    })
+  const me = async () => {
+    const response = await fetch(`${server.url}/api/me`, { headers: { authorization: `Bearer ${token}` } })
+    await response.arrayBuffer()
+    return response.status
+  }
+  await windowWithRoom(30)
+  t.equal(await me(), 200, 'the token’s first request, counted by crm.authenticate')
+  const exported = await fetch(`${server.url}/api/deals/export`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${exporterToken}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ format: 'ndjson', fields: ['id', 'name'] }),
+  })
+  t.equal(exported.status, 200, 'an export by a fresh token, not read yet')
+  t.equal(await committedTotal(), 1, 'the export’s count is not committed while it streams')
+  // Cached requests until the first refusal: each batch of four is settled while the export is open.
+  let passed = 2
+  for (let sent = 0; sent < 2 * LIMIT && (await me()) === 200; sent++) passed++
+  t.equal(passed, LIMIT, `exactly the limit passed (${passed})`)
+  await exported.body?.cancel()
+})
+
 t.test('any mix of the paths: the first requests up to the limit pass, and no more', async (t) => {
   await fc.assert(
     fc.asyncProperty(fc.array(fc.constantFrom(...KINDS), { minLength: REQUESTS, maxLength: REQUESTS }), async (kinds) => {

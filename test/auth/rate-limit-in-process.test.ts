@@ -4,7 +4,7 @@
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { createRequestRateLimit, type RateQuota, type SettleRequestCounts } from '../../src/auth/rate-limit.ts'
+import { createRequestRateLimit, parseSnapshot, type RateQuota, type SettleRequestCounts } from '../../src/auth/rate-limit.ts'
 import { RateLimitedError, UnavailableError } from '../../src/errors.ts'
 
 const MINUTE = 60_000
@@ -313,6 +313,51 @@ t.test('a request the database counted before a larger settled total: the view h
   db.inFlight()?.answer()
   t.same(await decided, { limit: 10, remaining: 6, resetSeconds: 50 }, '3 settled, 1 counted before them, and this one')
   t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 5, resetSeconds: 50 })
+})
+
+t.test('a settlement whose snapshot had not seen a counted request’s transaction end: the view keeps that request', async (t) => {
+  // crm.settle_request_counts answers the snapshot its totals were read with; transaction 7 holds
+  // the count of a request crm.authenticate counted and the process admitted.
+  const answers: { total: number; snapshot: string }[] = []
+  const limiter = createRequestRateLimit({
+    limit: 10,
+    batch: 2,
+    intervalMs: 3_600_000,
+    now: () => T0 + 10_000,
+    settle: async (_windowStart, userIds) => {
+      const answer = answers.shift() as { total: number; snapshot: string }
+      return Object.assign(new Map([[userIds[0], answer.total]]), { snapshot: parseSnapshot(answer.snapshot) })
+    },
+  })
+  t.teardown(() => limiter.stop())
+  t.same(synchronous(limiter.admitCounted(ALICE, 1, 50, 7n)), { limit: 10, remaining: 9, resetSeconds: 50 })
+  // Read while 7 was open: the 2 settled, without the request 7 holds.
+  answers.push({ total: 2, snapshot: '7:8:7' })
+  synchronous(limiter.admit(ALICE))
+  synchronous(limiter.admit(ALICE))
+  await limiter.flush()
+  t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 6, resetSeconds: 50 }, '2 settled, the open one, and this one')
+  // Read after 7 committed: the total holds it, and it is not added twice.
+  answers.push({ total: 5, snapshot: '9:9:' })
+  synchronous(limiter.admit(ALICE))
+  await limiter.flush()
+  t.same(synchronous(limiter.admit(ALICE)), { limit: 10, remaining: 4, resetSeconds: 50 }, '5 settled, and this one')
+  // A request whose transaction (8) committed before that snapshot (a single statement commits
+  // before its answer), counted as the 4th when it read: the 5 holds it, so it is not added again.
+  t.same(
+    synchronous(limiter.admitCounted(ALICE, 4, 50, 8n)),
+    { limit: 10, remaining: 4, resetSeconds: 50 },
+    '5 settled, and the one unsettled',
+  )
+})
+
+t.test('pg_snapshot text: which transactions it saw end', async (t) => {
+  const snapshot = parseSnapshot('100:105:100,103')
+  t.same(
+    [99n, 100n, 101n, 103n, 104n, 105n, 200n].map((transaction) => snapshot.sawEnd(transaction)),
+    [true, false, true, false, true, false, false],
+  )
+  t.throws(() => parseSnapshot('not one'), /not a pg_snapshot/)
 })
 
 t.test('a released admission counts once, before or after a settlement carried it', async (t) => {
