@@ -4,7 +4,7 @@
 // which with the id makes the primary-key lookup. Repeating it here would evaluate the request
 // context helpers once more per statement (measured: ~0.25 ms each, see bench/records.ts).
 import { hash } from 'node:crypto'
-import Type, { type Static } from 'typebox'
+import Type from 'typebox'
 import { AUTHENTICATED } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
@@ -18,13 +18,16 @@ import { MONEY_PATTERN } from './schemas.ts'
 type Fragment = ReturnType<typeof sql.fragment>
 
 /** A record as crm.<type>_json renders it: every field of the type (schemas.ts has them all); the code here reads its id. */
-const RecordJsonSchema = Type.Object({ id: Type.String() })
-export type RecordJson = Record<string, unknown> & Static<typeof RecordJsonSchema>
-const RecordRow = rowType(Type.Object({ record: RecordJsonSchema }))
+export type RecordJson = Record<string, unknown> & { id: string }
+/**
+ * A record as the JSON text crm.<type>_json renders: GET one sends it as it is and every ETag is a
+ * hash of it, so the same row gives the same tag whichever route rendered it.
+ */
+const RecordRow = rowType(Type.Object({ record: Type.String() }))
 
-/** A strong ETag over the record's JSON: it changes exactly when the representation does (one-shot hash, no Hash object). */
-export function etagOf(record: unknown): string {
-  return `"${hash('sha256', JSON.stringify(record), 'base64url').slice(0, 27)}"`
+/** A strong ETag over the record's JSON text: it changes exactly when the representation does (one-shot hash, no Hash object). */
+export function etagOf(recordText: string): string {
+  return `"${hash('sha256', recordText, 'base64url').slice(0, 27)}"`
 }
 
 /** RFC 9110 If-Match: "*" or a list of strong tags; weak tags never match. */
@@ -44,8 +47,8 @@ export function checkId(id: string | undefined): string {
  * One record by id, or null, under the caller's policies. GET one is a single-statement route, so
  * this SELECT travels as a named statement and is planned once per connection.
  */
-export async function readRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<RecordJson | null> {
-  return db.maybeOneFirst(sql.type(RecordRow)`select ${type.jsonFunction}(t) as record from ${type.table} t where t.id = ${id}::uuid`)
+export async function readRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<string | null> {
+  return db.maybeOneFirst(sql.type(RecordRow)`select ${type.jsonFunction}(t)::text as record from ${type.table} t where t.id = ${id}::uuid`)
 }
 
 async function isVisible(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<boolean> {
@@ -123,11 +126,7 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
  * (<table>_insert_own_bookkeeping, <table>_insert_scoped) check the same values. With the context
  * carrier those helpers are inlined reads of it, evaluated once for the one row.
  */
-export async function createRecord(
-  db: DatabaseTransactionConnection,
-  type: RecordType,
-  body: Record<string, unknown>,
-): Promise<RecordJson> {
+export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<string> {
   const pairs = [
     ...assignments(type, body),
     { column: sql.fragment`workspace_id`, value: sql.fragment`crm.current_workspace_id()` },
@@ -135,7 +134,7 @@ export async function createRecord(
     { column: sql.fragment`updated_by`, value: sql.fragment`crm.current_user_id()` },
   ]
   if (body.owner_id === undefined) pairs.push({ column: sql.fragment`owner_id`, value: sql.fragment`crm.current_user_id()` })
-  return writeOne<RecordJson>(
+  return writeOne<string>(
     db,
     type,
     null,
@@ -149,7 +148,7 @@ export async function createRecord(
         sql.fragment`, `,
       )}
        where ${gate}
-      returning ${type.jsonFunction}(t) as record`,
+      returning ${type.jsonFunction}(t)::text as record`,
   )
 }
 
@@ -164,10 +163,10 @@ export async function updateRecord(
   id: string,
   body: Record<string, unknown>,
   ifMatch: string | undefined,
-): Promise<RecordJson> {
+): Promise<string> {
   if (ifMatch !== undefined) {
     const current = await db.maybeOneFirst(sql.type(RecordRow)`
-      select ${type.jsonFunction}(t) as record from ${type.table} as t
+      select ${type.jsonFunction}(t)::text as record from ${type.table} as t
        where t.id = ${id}
          for no key update`)
     if (!current) return refuseWrite(db, type, id, 'update')
@@ -182,7 +181,7 @@ export async function updateRecord(
           pairs.map((pair) => sql.fragment`${pair.column} = ${pair.value}`),
           sql.fragment`, `,
         )
-  return writeOne<RecordJson>(
+  return writeOne<string>(
     db,
     type,
     { id, action: 'update' },
@@ -190,7 +189,7 @@ export async function updateRecord(
       update ${type.table} as t
          set ${changes}
        where t.id = ${id} and ${gate}
-      returning ${type.jsonFunction}(t) as record`,
+      returning ${type.jsonFunction}(t)::text as record`,
   )
 }
 

@@ -8,7 +8,7 @@ import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
 import { type Page, pageJson, runList } from '../../records/list-query.ts'
-import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from '../../records/operations.ts'
+import { checkId, createRecord, deleteRecord, etagOf, type RecordJson, readRecord, updateRecord } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import { one, page, SCHEMAS } from '../../records/schemas.ts'
 import { searchPart } from '../../records/search.ts'
@@ -107,8 +107,9 @@ function routesFor(type: RecordType): RouteDefinition[] {
       handler: async ({ req, db, body }) => {
         const key = idempotencyKeyOf(req.headers['idempotency-key'])
         return withIdempotency(db, key, { method: 'POST', path: base, body }, async () => {
-          const created = await createRecord(db, type, body)
-          return { status: 201, body: { data: created }, headers: { Location: `${base}/${created.id}`, ETag: etagOf(created) } }
+          const text = await createRecord(db, type, body)
+          const created = JSON.parse(text) as RecordJson
+          return { status: 201, body: { data: created }, headers: { Location: `${base}/${created.id}`, ETag: etagOf(text) } }
         })
       },
     },
@@ -124,14 +125,15 @@ function routesFor(type: RecordType): RouteDefinition[] {
       example: { response: { data: schemas.exampleRecord } },
       singleStatement: true,
       handler: async ({ req, db, params }) => {
+        // Sent as PostgreSQL rendered it, neither parsed nor serialized again.
         const found = await readRecord(db, type, checkId(params.id))
-        if (!found) throw new NotFoundError(`No such ${type.label}`)
+        if (found === null) throw new NotFoundError(`No such ${type.label}`)
         const etag = etagOf(found)
         const ifNoneMatch = header(req, 'if-none-match')
         if (ifNoneMatch?.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {
           return { status: 304, headers: { ETag: etag } }
         }
-        return { body: { data: found }, headers: { ETag: etag } }
+        return { body: new JsonText(`{"data":${found}}`), headers: { ETag: etag } }
       },
     },
     ...(['PUT', 'PATCH'] as const).map(
@@ -152,8 +154,8 @@ function routesFor(type: RecordType): RouteDefinition[] {
         // If-Match locks the row and compares its ETag before the update: a transaction.
         writesInOneStatement: (req) => req.headers['if-match'] === undefined,
         handler: async ({ req, db, params, body }) => {
-          const updated = await updateRecord(db, type, checkId(params.id), body, header(req, 'if-match'))
-          return { body: { data: updated }, headers: { ETag: etagOf(updated) } }
+          const text = await updateRecord(db, type, checkId(params.id), body, header(req, 'if-match'))
+          return { body: { data: JSON.parse(text) }, headers: { ETag: etagOf(text) } }
         },
       }),
     ),
