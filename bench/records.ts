@@ -23,8 +23,10 @@ type AutocannonResult = {
   timeouts: number
   non2xx: number
 }
+/** A run: awaited for its result, and an emitter of each response and each failed request. */
+type AutocannonInstance = Promise<AutocannonResult> & { on(event: string, listener: (...args: any[]) => void): unknown }
 const autocannon = (options: Record<string, unknown>) =>
-  (createRequire(import.meta.url)('autocannon') as (options: Record<string, unknown>) => Promise<AutocannonResult>)(options)
+  (createRequire(import.meta.url)('autocannon') as (options: Record<string, unknown>) => AutocannonInstance)(options)
 
 const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -127,10 +129,13 @@ function startChild(args: string[]): Promise<{ url: string; child: ChildProcess 
 // ---------------------------------------------------------------------------------------------
 // The parent: database, data, load, report
 
-type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number }
+type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number; kinds: Map<string, number> }
 
 async function load(url: string, scenario: Scenario, ids: string[], seconds: number, headers: Record<string, string>): Promise<Result> {
-  const result = await autocannon({
+  // What each failed request was: its status, or the client's error (a timeout, a reset).
+  const kinds = new Map<string, number>()
+  const note = (kind: string) => kinds.set(kind, (kinds.get(kind) ?? 0) + 1)
+  const instance = autocannon({
     url,
     connections: CONNECTIONS,
     duration: seconds,
@@ -139,12 +144,18 @@ async function load(url: string, scenario: Scenario, ids: string[], seconds: num
       { method: scenario.method, setupRequest: (request: any) => ({ ...request, path: scenario.path(ids), body: scenario.body }) },
     ],
   })
+  instance.on('response', (_client: unknown, statusCode: number) => {
+    if (statusCode < 200 || statusCode > 299) note(`HTTP ${statusCode}`)
+  })
+  instance.on('reqError', (error: NodeJS.ErrnoException) => note(error.code ?? error.message))
+  const result = await instance
   return {
     rps: result.requests.average,
     p50: result.latency.p50,
     p99: result.latency.p99,
     errors: result.errors + result.timeouts,
     non2xx: result.non2xx,
+    kinds,
   }
 }
 
@@ -192,7 +203,17 @@ function combine(rounds: Result[]): Result {
     p99: Math.max(...rounds.map((round) => round.p99)),
     errors: rounds.reduce((sum, round) => sum + round.errors, 0),
     non2xx: rounds.reduce((sum, round) => sum + round.non2xx, 0),
+    kinds: new Map(
+      rounds
+        .flatMap((round) => [...round.kinds])
+        .reduce((all, [kind, n]) => all.set(kind, (all.get(kind) ?? 0) + n), new Map<string, number>()),
+    ),
   }
+}
+
+/** The failed requests of a side by kind, e.g. `1 × HTTP 503`; empty when none failed. */
+function failureKinds(result: Result): string {
+  return [...result.kinds].map(([kind, n]) => `${n} × ${kind}`).join(', ')
 }
 
 function percentile(values: number[], p: number): number {
@@ -254,6 +275,7 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
     const auth = { authorization: `Bearer ${token}`, 'x-tenant-slug': slug }
 
     const rows: string[] = []
+    const failures: string[] = []
     for (const scenario of SCENARIOS) {
       log(`${scenario.name}: baseline and API in turns (${ROUNDS} × ${seconds / ROUNDS} s each, ${CONNECTIONS} connections)`)
       // Taking turns in short slices puts both under the same background load, so the ratio
@@ -266,6 +288,9 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       }
       const bare = combine(bareRounds)
       const real = combine(realRounds)
+      for (const [side, result] of [['API', real] as const, ['baseline', bare] as const]) {
+        if (result.kinds.size > 0) failures.push(`${scenario.name}, ${side}: ${failureKinds(result)}`)
+      }
       const ratio = real.rps / bare.rps
       const goal = `${Math.round(scenario.target * 100)}%`
       const target = ratio >= scenario.target ? ` ✅ ≥ ${goal}` : ` ❌ < ${goal}`
@@ -286,6 +311,7 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
       ...rows,
       '',
+      ...(failures.length > 0 ? [`Failed requests by kind: ${failures.join('; ')}.`, ''] : []),
       `List query (\`filter[stage]=won&limit=50\`, default sort) as the admin through \`crm.act_as\`, 200 runs one after another: p50 ${percentile(timings, 50).toFixed(2)} ms, p99 ${percentile(timings, 99).toFixed(2)} ms (target p50 < 10 ms: ${percentile(timings, 50) < 10 ? '✅' : '❌'}); index used: ${usesIndex ? '✅' : '❌'}.`,
       '',
       '```',
