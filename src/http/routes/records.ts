@@ -36,6 +36,14 @@ function pageAnswer(path: string, parameters: Map<string, string>, result: Page)
   return { body: new JsonText(pageJson(result)), headers: pageHeaders(path, parameters, result.next_cursor) }
 }
 
+/**
+ * One record's answer, `{"data":…}`, around its JSON text as PostgreSQL rendered it: neither parsed
+ * nor serialized again. A create stays an object, since an Idempotency-Key stores its answer as JSON.
+ */
+function recordBody(recordText: string): JsonText {
+  return new JsonText(`{"data":${recordText}}`)
+}
+
 function header(req: IncomingMessage, name: string): string | undefined {
   const value = req.headers[name]
   return Array.isArray(value) ? value.join(', ') : value
@@ -125,7 +133,6 @@ function routesFor(type: RecordType): RouteDefinition[] {
       example: { response: { data: schemas.exampleRecord } },
       singleStatement: true,
       handler: async ({ req, db, params }) => {
-        // Sent as PostgreSQL rendered it, neither parsed nor serialized again.
         const found = await readRecord(db, type, checkId(params.id))
         if (found === null) throw new NotFoundError(`No such ${type.label}`)
         const etag = etagOf(found)
@@ -133,7 +140,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
         if (ifNoneMatch?.split(',').some((tag) => tag.trim().replace(/^W\//, '') === etag || tag.trim() === '*')) {
           return { status: 304, headers: { ETag: etag } }
         }
-        return { body: new JsonText(`{"data":${found}}`), headers: { ETag: etag } }
+        return { body: recordBody(found), headers: { ETag: etag } }
       },
     },
     ...(['PUT', 'PATCH'] as const).map(
@@ -155,7 +162,7 @@ function routesFor(type: RecordType): RouteDefinition[] {
         writesInOneStatement: (req) => req.headers['if-match'] === undefined,
         handler: async ({ req, db, params, body }) => {
           const text = await updateRecord(db, type, checkId(params.id), body, header(req, 'if-match'))
-          return { body: { data: JSON.parse(text) }, headers: { ETag: etagOf(text) } }
+          return { body: recordBody(text), headers: { ETag: etagOf(text) } }
         },
       }),
     ),
