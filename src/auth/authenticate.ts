@@ -490,7 +490,9 @@ function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<str
     for (const name of names) own[name] = row[name]
     found.push(own)
   }
-  return { auth: first.auth_row, rows: found, visible: (first.auth_write_visible as boolean | null | undefined) ?? null }
+  // json comes back as its text on the statement pool (src/db/statement-pool.ts).
+  const auth = typeof first.auth_row === 'string' ? JSON.parse(first.auth_row) : first.auth_row
+  return { auth, rows: found, visible: (first.auth_write_visible as boolean | null | undefined) ?? null }
 }
 
 /**

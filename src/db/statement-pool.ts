@@ -24,9 +24,31 @@ const OIDS: Record<keyof typeof API_TYPE_PARSERS, number> = { int8: 20, numeric:
 const PARSERS = new Map<number, (value: string) => unknown>(
   Object.entries(API_TYPE_PARSERS).map(([name, parse]) => [OIDS[name as keyof typeof OIDS], parse]),
 )
+/**
+ * json (not jsonb) comes back as its text, unparsed: a record's JSON is sent to the client as
+ * PostgreSQL rendered it, so a statement on this pool selects it without a cast to text (see
+ * answersJsonAsText), and the few other json columns are parsed where they are read.
+ */
+const JSON_OID = 114
+PARSERS.set(JSON_OID, (value) => value)
 const types = {
   getTypeParser: (oid: number, format?: 'text' | 'binary') =>
     (format !== 'binary' && PARSERS.get(oid)) || pg.types.getTypeParser(oid, format as 'text'),
+}
+
+const JSON_AS_TEXT = Symbol('json columns come back as their text')
+
+/** Marks connections (a class's prototype) whose queries run on this pool (src/http/single-statement.ts). */
+export function markJsonAsText(connection: object): void {
+  Object.defineProperty(connection, JSON_AS_TEXT, { value: true })
+}
+
+/**
+ * Whether a connection answers json columns as their text (one on this pool) rather than parsed
+ * (slonik's): a query selects a record's JSON text as json there, and with `::text` elsewhere.
+ */
+export function answersJsonAsText(connection: object): boolean {
+  return (connection as { [JSON_AS_TEXT]?: boolean })[JSON_AS_TEXT] === true
 }
 
 /**

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
 import type { Caller, PlainStatement, StatementAuthenticator, StatementWrite } from '../auth/authenticate.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import type { StatementPool, StatementQuery } from '../db/statement-pool.ts'
+import { markJsonAsText, type StatementPool, type StatementQuery } from '../db/statement-pool.ts'
 
 type Query = Parameters<DatabasePool['any']>[0]
 type Row = Record<string, unknown>
@@ -132,6 +132,9 @@ export class SingleStatementConnection {
     return this.#caller
   }
 }
+
+// Its queries run on the statement pool, which answers json columns as their text.
+markJsonAsText(SingleStatementConnection.prototype)
 
 const first = (row: Row) => row[Object.keys(row)[0]]
 

@@ -7,6 +7,7 @@ import { hash } from 'node:crypto'
 import Type from 'typebox'
 import { AUTHENTICATED } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
+import { answersJsonAsText } from '../db/statement-pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
 import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
 import { SingleStatementConnection } from '../http/single-statement.ts'
@@ -44,11 +45,20 @@ export function checkId(id: string | undefined): string {
 }
 
 /**
+ * The record's JSON text as a column of `t`: json as it is on a connection that answers json as
+ * text (the single-statement path), else cast to text (slonik would parse json). Either way the
+ * text is the one PostgreSQL rendered, so its ETag is the same on both paths.
+ */
+function recordText(db: DatabaseTransactionConnection, type: RecordType) {
+  return answersJsonAsText(db) ? sql.fragment`${type.jsonFunction}(t)` : sql.fragment`${type.jsonFunction}(t)::text`
+}
+
+/**
  * One record by id, or null, under the caller's policies. GET one is a single-statement route, so
  * this SELECT travels as a named statement and is planned once per connection.
  */
 export async function readRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<string | null> {
-  return db.maybeOneFirst(sql.type(RecordRow)`select ${type.jsonFunction}(t)::text as record from ${type.table} t where t.id = ${id}::uuid`)
+  return db.maybeOneFirst(sql.type(RecordRow)`select ${recordText(db, type)} as record from ${type.table} t where t.id = ${id}::uuid`)
 }
 
 async function isVisible(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<boolean> {
@@ -148,7 +158,7 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
         sql.fragment`, `,
       )}
        where ${gate}
-      returning ${type.jsonFunction}(t)::text as record`,
+      returning ${recordText(db, type)} as record`,
   )
 }
 
@@ -166,7 +176,7 @@ export async function updateRecord(
 ): Promise<string> {
   if (ifMatch !== undefined) {
     const current = await db.maybeOneFirst(sql.type(RecordRow)`
-      select ${type.jsonFunction}(t)::text as record from ${type.table} as t
+      select ${recordText(db, type)} as record from ${type.table} as t
        where t.id = ${id}
          for no key update`)
     if (!current) return refuseWrite(db, type, id, 'update')
@@ -189,7 +199,7 @@ export async function updateRecord(
       update ${type.table} as t
          set ${changes}
        where t.id = ${id} and ${gate}
-      returning ${type.jsonFunction}(t)::text as record`,
+      returning ${recordText(db, type)} as record`,
   )
 }
 

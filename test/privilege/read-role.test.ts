@@ -128,3 +128,36 @@ t.test('a login role granted crm_owner besides crm_api is refused, not handed ev
   const { rows } = await careless.query('select count(*)::int as n from crm.contacts')
   t.ok(rows[0].n > 0, 'the role does reach every row outside the checked statement: the refusal is what protects')
 })
+
+t.test('read in one statement or in a transaction, a record is the same text and a list pages alike', async (t) => {
+  // The statement pool answers json as its text, so one statement selects the record's JSON
+  // without a cast; a transaction casts it (slonik would parse json). A server whose one-statement
+  // reads are refused answers through transactions: both must send the same bytes and ETags.
+  const second = await server.request('POST', '/api/contacts', { token: tokenA, body: { first_name: 'Grace', email: 'grace@a.test' } })
+  t.equal(second.status, 201)
+  const inTransactions = await startTestServer(t, { databaseUrl: url, env: { RUNTIME_DATABASE_URL: url } })
+  await inTransactions.request('GET', '/api/contacts', { token: tokenA }) // refused once, then transactions
+  t.ok(inTransactions.logLines.some((line) => line.includes('single-statement reads refused')))
+
+  const oneStatement = await server.request('GET', `/api/contacts/${contactId}`, { token: tokenA })
+  const transaction = await inTransactions.request('GET', `/api/contacts/${contactId}`, { token: tokenA })
+  t.equal(oneStatement.status, 200)
+  t.equal(transaction.text, oneStatement.text, 'the same body')
+  t.equal(transaction.headers.get('etag'), oneStatement.headers.get('etag'), 'the same ETag')
+
+  for (const side of [server, inTransactions]) {
+    const first = await side.request('GET', '/api/contacts?limit=1&sort=first_name', { token: tokenA })
+    t.equal(first.status, 200)
+    t.same(
+      first.body.data.map((contact: { first_name: string }) => contact.first_name),
+      ['Ada'],
+    )
+    t.type(first.body.next_cursor, 'string', 'a next cursor')
+    const next = await side.request('GET', `/api/contacts?limit=1&sort=first_name&cursor=${first.body.next_cursor}`, { token: tokenA })
+    t.same(
+      next.body.data.map((contact: { first_name: string }) => contact.first_name),
+      ['Grace'],
+    )
+    t.equal(next.body.next_cursor, null)
+  }
+})
