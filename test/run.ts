@@ -1,6 +1,7 @@
 // `make test`: provision one PostgreSQL for the whole run, migrate a template database once, then
 // run tap; every test file clones the template (CREATE DATABASE ... TEMPLATE), which takes
-// milliseconds and isolates files from each other. Ends with the plain "N passed, N failed" line.
+// milliseconds and isolates files from each other. Ends with the failed assertions, by file, and
+// the plain "N passed, N failed" line.
 // TEST_POSTGRES_BIN=<a PostgreSQL bin directory> (Debian's /usr/lib/postgresql/15/bin, say) runs the
 // throwaway cluster, and the clusters tests start themselves, from those binaries instead of the
 // embedded ones: CI runs the suite on the oldest supported version that way too.
@@ -12,6 +13,7 @@ import pg from 'pg'
 import { migrate } from '../src/db/migrate.ts'
 import { type ProvisionedDatabase, redactUrl, startEmbeddedPostgres } from '../src/db/provision.ts'
 import { testPostgresBuild } from './helpers/database.ts'
+import { TapFailures } from './helpers/tap-failures.ts'
 
 const TEMPLATE = 'crm_test_template'
 
@@ -108,9 +110,11 @@ async function main(): Promise<number> {
       env: { ...process.env, CRM_TEST_SERVER_URL: server.url, CRM_TEST_TEMPLATE: TEMPLATE, CRM_TEST_LOG_DIR: logDir, DATABASE_URL: '' },
     })
     let summary = ''
+    const failures = new TapFailures()
     tap.stdout.on('data', (chunk: Buffer) => {
       process.stdout.write(chunk)
       summary = (summary + chunk.toString()).slice(-4000)
+      failures.add(chunk.toString())
     })
     const code: number = await new Promise((resolve) => tap.on('close', (exitCode) => resolve(exitCode ?? 1)))
     const counts = /# \{ total: (\d+)(?:, pass: (\d+))?(?:, fail: (\d+))?/.exec(summary)
@@ -120,6 +124,9 @@ async function main(): Promise<number> {
     const leaks = scanLogsForSecrets(logDir)
     rmSync(logDir, { recursive: true, force: true })
     console.log(leaks.scanned)
+    const failedAssertions = failures.end()
+    if (failedAssertions.length > 0)
+      console.log(`failed assertions (at most 50):\n${failedAssertions.map((line) => `  ${line}`).join('\n')}`)
     for (const leak of leaks.found) console.log(`SECRET IN LOGS: ${leak}`)
     console.log(`${passed} passed, ${failed + leaks.found.length} failed`)
     return code === 0 && failed === 0 && leaks.found.length === 0 ? 0 : 1

@@ -3,7 +3,6 @@
 // its field's type. Row-level security adds the workspace and the caller's scope by itself.
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
-import { answersJsonAsText } from '../db/statement-pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { type Cursor, encodeCursor } from '../paging.ts'
 import { type FieldKind, type FieldSpec, ID_FIELD, type RecordType } from './fields.ts'
@@ -184,48 +183,52 @@ export function orderByClause(keys: OrderKey[]) {
 
 export type SearchPart = { where: Fragment; score: Fragment }
 
-export type ListQueryOptions = {
-  search?: SearchPart | null
-  /**
-   * The connection answers json columns as their text (src/db/statement-pool.ts): the record
-   * function's json is selected as it is, without a cast to text, which converts each row's JSON
-   * through its output and input functions (measured: about 4 % of a list's database time).
-   */
-  jsonAsText?: boolean
-}
-
-export function listQuery(type: RecordType, request: ListRequest, { search = null, jsonAsText = false }: ListQueryOptions = {}) {
+/**
+ * A page as one row: `records`, the page's records as one JSON array's text (null for an empty
+ * page), `found`, how many rows the scan gave (one more than the page size when a next page
+ * exists), and `cursor`, the page's last row's sort values as a JSON array's text (when it is full).
+ *
+ * The page's rows leave the scan with their sort keys as plain values (never rendered as text). One
+ * level out, a window numbers them in the same order, and the keys of the page's last row only are
+ * rendered, the one a next cursor is made of; then `json_agg` writes the records in that order.
+ * The subquery's order satisfies the window's and the aggregate's, so PostgreSQL sorts nothing
+ * again (before 16 it sorts the page's rows for the aggregate). One row rather than a row per
+ * record: PostgreSQL sends, and the driver parses, one text instead of a row per record with the
+ * single-statement wrapper's columns on each, and the wrapper numbers nothing. `json_agg` copies
+ * each record's JSON text as it is, where a cast of each to text runs its output and input
+ * functions and `array_to_string` formats each element through `snprintf` (seen in `perf`).
+ */
+export function listQuery(type: RecordType, request: ListRequest, search: SearchPart | null = null) {
   const keys = orderKeys(request, search?.score ?? null)
   const conditions: Fragment[] = request.filters.map(filterCondition)
   if (search) conditions.push(search.where)
   if (request.cursor) conditions.push(keysetCondition(keys, request.cursor))
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
-  const record = jsonAsText ? sql.fragment`${type.jsonFunction}(t)` : sql.fragment`${type.jsonFunction}(t)::text`
-  // The page's rows come out of the subquery with their sort keys as plain values (never rendered
-  // as text); the outer level numbers them in the same order and renders the keys of the page's
-  // last row only, the one a next cursor is made of. Numbering outside the scan, over rows already
-  // cut to the page, measured cheaper than a window over the scanned rows themselves (a few % of
-  // a list's database time); the subquery's order satisfies the outer ORDER BY and the window's,
-  // so PostgreSQL sorts nothing again.
-  const carried = keys.map((key, index) => ({ ...key, expression: sql.fragment`${sql.identifier(['p', `cursor_key_${index}`])}` }))
-  const outerOrder = orderByClause(carried)
+  const carried = (table: string) =>
+    keys.map((key, index) => ({ ...key, expression: sql.fragment`${sql.identifier([table, `cursor_key_${index}`])}` }))
+  const numbered = carried('p')
+  const inPage = carried('l')
+  const size = pageLimit(request.limit)
   return sql.fragment`
-    select p.record,
-           case when row_number() over (order by ${outerOrder}) = ${pageLimit(request.limit)}
-                then json_build_array(${sql.join(
-                  carried.map((key) => key.asText(key.expression)),
-                  sql.fragment`, `,
-                )})::text
-           end as cursor
-      from (select ${record} as record, ${sql.join(
-        keys.map((key, index) => sql.fragment`${key.expression} as ${sql.identifier([`cursor_key_${index}`])}`),
-        sql.fragment`, `,
-      )}
-              from ${type.table} as t
-             where ${where}
-             order by ${orderByClause(keys)}
-             limit ${pageLimit(request.limit + 1)}) as p
-     order by ${outerOrder}`
+    select (json_agg(l.record order by ${orderByClause(inPage)}) filter (where l.page_position <= ${size}))::text as records,
+           count(*) as found,
+           max(l.cursor) as cursor
+      from (select p.*,
+                   row_number() over (order by ${orderByClause(numbered)}) as page_position,
+                   case when row_number() over (order by ${orderByClause(numbered)}) = ${size}
+                        then json_build_array(${sql.join(
+                          numbered.map((key) => key.asText(key.expression)),
+                          sql.fragment`, `,
+                        )})::text
+                   end as cursor
+              from (select ${type.jsonFunction}(t) as record, ${sql.join(
+                keys.map((key, index) => sql.fragment`${key.expression} as ${sql.identifier([`cursor_key_${index}`])}`),
+                sql.fragment`, `,
+              )}
+                      from ${type.table} as t
+                     where ${where}
+                     order by ${orderByClause(keys)}
+                     limit ${pageLimit(request.limit + 1)}) as p) as l`
 }
 
 /**
@@ -240,11 +243,16 @@ function pageLimit(rows: number): Fragment {
   return sql.literalValue(String(rows))
 }
 
-/** A page: its records as JSON text (PostgreSQL renders them; Node only joins them). */
-export type Page = { records: string[]; next_cursor: string | null }
+/** A page: its records as one JSON array's text (PostgreSQL renders it; Node only wraps it). */
+export type Page = { records: string; next_cursor: string | null }
 
-/** A list row: the record's JSON text and, on the page's last row only, its sort keys' values as a JSON array's text (for the next cursor). */
-const ListRow = rowType(Type.Object({ record: Type.String(), cursor: Type.Union([Type.String(), Type.Null()]) }))
+const PageRow = rowType(
+  Type.Object({
+    records: Type.Union([Type.String(), Type.Null()]),
+    found: Type.Number(),
+    cursor: Type.Union([Type.String(), Type.Null()]),
+  }),
+)
 
 export async function runList(
   db: DatabaseTransactionConnection,
@@ -252,12 +260,11 @@ export async function runList(
   request: ListRequest,
   search: SearchPart | null = null,
 ): Promise<Page> {
-  const rows = await db.any(sql.type(ListRow)`${listQuery(type, request, { search, jsonAsText: answersJsonAsText(db) })}`)
-  const more = rows.length > request.limit
-  const page = more ? rows.slice(0, request.limit) : rows
+  const page = await db.one(sql.type(PageRow)`${listQuery(type, request, search)}`)
+  const more = page.found > request.limit
   return {
-    records: page.map((row) => row.record),
-    next_cursor: more ? encodeCursor(request.sortText, lastCursor(page[page.length - 1].cursor)) : null,
+    records: page.records ?? '[]',
+    next_cursor: more ? encodeCursor(request.sortText, lastCursor(page.cursor)) : null,
   }
 }
 
@@ -268,5 +275,5 @@ function lastCursor(values: string | null): (string | null)[] {
 
 /** The page's body, `{"data":[...],"next_cursor":...}`, as JSON text. */
 export function pageJson(page: Page): string {
-  return `{"data":[${page.records.join(',')}],"next_cursor":${JSON.stringify(page.next_cursor)}}`
+  return `{"data":${page.records},"next_cursor":${JSON.stringify(page.next_cursor)}}`
 }
