@@ -204,12 +204,40 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
   if (search) conditions.push(search.where)
   if (request.cursor) conditions.push(keysetCondition(keys, request.cursor))
   const where = conditions.length > 0 ? sql.join(conditions, sql.fragment` and `) : sql.fragment`true`
+  // A search's order holds its score, whose text is a bound value: its frame is built each time.
+  const { before, after } = search ? pageFrame(type, request, keys) : cachedPageFrame(type, request, keys)
+  return sql.fragment`${before} ${where} ${after}`
+}
+
+type PageFrame = { before: Fragment; after: Fragment }
+
+/**
+ * A list statement's text around its WHERE conditions depends on the record type, the sort and the
+ * page size only, so it is built once per combination (profiled: slonik composing it was about 17 µs
+ * of the API process per list). The combinations are bounded by the whitelist and the page size;
+ * past MAX_PAGE_FRAMES the rest are built each time.
+ */
+const pageFrames = new Map<string, PageFrame>()
+const MAX_PAGE_FRAMES = 512
+
+function cachedPageFrame(type: RecordType, request: ListRequest, keys: OrderKey[]): PageFrame {
+  const name = `${type.name} ${request.sortText} ${request.limit}`
+  let frame = pageFrames.get(name)
+  if (!frame) {
+    frame = pageFrame(type, request, keys)
+    if (pageFrames.size < MAX_PAGE_FRAMES) pageFrames.set(name, frame)
+  }
+  return frame
+}
+
+function pageFrame(type: RecordType, request: ListRequest, keys: OrderKey[]): PageFrame {
   const carried = (table: string) =>
     keys.map((key, index) => ({ ...key, expression: sql.fragment`${sql.identifier([table, `cursor_key_${index}`])}` }))
   const numbered = carried('p')
   const inPage = carried('l')
   const size = pageLimit(request.limit)
-  return sql.fragment`
+  return {
+    before: sql.fragment`
     select (json_agg(l.record order by ${orderByClause(inPage)}) filter (where l.page_position <= ${size}))::text as records,
            count(*) as found,
            max(l.cursor) as cursor
@@ -226,9 +254,11 @@ export function listQuery(type: RecordType, request: ListRequest, search: Search
                 sql.fragment`, `,
               )}
                       from ${type.table} as t
-                     where ${where}
+                     where`,
+    after: sql.fragment`
                      order by ${orderByClause(keys)}
-                     limit ${pageLimit(request.limit + 1)}) as p) as l`
+                     limit ${pageLimit(request.limit + 1)}) as p) as l`,
+  }
 }
 
 /**

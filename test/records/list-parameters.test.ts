@@ -262,3 +262,23 @@ t.test('keyset conditions', async (t) => {
   t.match(bySearch.sql, /::float8/)
   t.match(searchPart(CONTACT, '555-0199').where.sql, /crm\.contact_search_text/)
 })
+
+t.test("a list statement's frame is kept per type, sort and page size; a search's is built each time", async (t) => {
+  const stage = listQuery(DEAL, parse('filter[stage]=won&limit=20&sort=-amount'))
+  const name = listQuery(DEAL, parse('filter[name][contains]=acme&limit=20&sort=-amount'))
+  const [stageBefore, stageAfter] = stage.sql.split(/"t"\."stage"[^)]*?\$slonik_1::text/)
+  t.ok(name.sql.startsWith(stageBefore), 'the same text before the conditions')
+  t.ok(name.sql.endsWith(stageAfter), 'and after them')
+  t.same(stage.values, ['won'])
+  t.same(name.values, ['%acme%'])
+  t.match(listQuery(DEAL, parse('limit=21&sort=-amount')).sql, /limit '22'/, 'another page size, another frame')
+  const contacts = parseListRequest(CONTACT, parseQueryString('/api/contacts?limit=20&sort=first_name'))
+  t.match(listQuery(CONTACT, contacts).sql, /"crm"\."contacts"/, 'another type, another frame')
+  const first = listQuery(DEAL, parse('q=acme', true), searchPart(DEAL, 'acme'))
+  const second = listQuery(DEAL, parse('q=globex', true), searchPart(DEAL, 'globex'))
+  t.ok(first.values.includes('acme') || first.values.some((value) => String(value).includes('acme')), "the first search's words")
+  t.notOk(
+    second.values.some((value) => String(value).includes('acme')),
+    "the second search has none of the first's",
+  )
+})
