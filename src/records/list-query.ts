@@ -184,19 +184,24 @@ export function orderByClause(keys: OrderKey[]) {
 export type SearchPart = { where: Fragment; score: Fragment }
 
 /**
- * A page as one row: `records`, the page's records as one JSON array's text (null for an empty
- * page), `found`, how many rows the scan gave (one more than the page size when a next page
- * exists), and `cursor`, the page's last row's sort values as a JSON array's text (when it is full).
+ * A page as one row: `records`, the scanned rows' records as their JSON texts joined by U+001E
+ * (null when nothing was found), `found`, how many rows the scan gave (one more than the page size
+ * when a next page exists), and `cursor`, the page's last row's sort values as a JSON array's text
+ * (only when a next page exists). runList cuts the extra row's record off and joins the rest with
+ * commas: U+001E never occurs in JSON text (a control character inside a string is escaped, and
+ * outside strings only spaces, tabs and line breaks are allowed), so the last one is the cut.
  *
  * The page's rows leave the scan with their sort keys as plain values (never rendered as text). One
- * level out, a window numbers them in the same order, and the keys of the page's last row only are
- * rendered, the one a next cursor is made of; then `json_agg` writes the records in that order.
- * The subquery's order satisfies the window's and the aggregate's, so PostgreSQL sorts nothing
- * again (before 16 it sorts the page's rows for the aggregate). One row rather than a row per
- * record: PostgreSQL sends, and the driver parses, one text instead of a row per record with the
- * single-statement wrapper's columns on each, and the wrapper numbers nothing. `json_agg` copies
- * each record's JSON text as it is, where a cast of each to text runs its output and input
- * functions and `array_to_string` formats each element through `snprintf` (seen in `perf`).
+ * level out, plain aggregates take them in the scan's order: `string_agg` of the records' texts
+ * (a json value's text is the value itself, no function runs) and `array_agg` of each key, of
+ * which the page's last row's element is rendered. Neither aggregate has an ORDER BY: the
+ * subquery's LIMIT keeps it a subquery of its own, nothing (no join, no grouping) stands between
+ * its sorted rows and the aggregates, and every aggregate reads each row in the same pass, so the
+ * texts and the keys follow the scan's order together. Measured with pgbench (200,000 deals, the
+ * statement alone, µs per statement): an ORDER BY in the aggregates sorts the page again before
+ * PostgreSQL 16 (PostgreSQL 15: 276 → 330); the window that numbered the rows and `json_agg` cost
+ * the rest of the old shape's 68 µs more than this one on 15 (349 → 280; the bare query: 272) and
+ * 89 µs on 18 (562 → 473; the bare query: 471).
  */
 export function listQuery(type: RecordType, request: ListRequest, search: SearchPart | null = null) {
   const keys = orderKeys(request, search?.score ?? null)
@@ -231,25 +236,26 @@ function cachedPageFrame(type: RecordType, request: ListRequest, keys: OrderKey[
 }
 
 function pageFrame(type: RecordType, request: ListRequest, keys: OrderKey[]): PageFrame {
-  const carried = (table: string) =>
-    keys.map((key, index) => ({ ...key, expression: sql.fragment`${sql.identifier([table, `cursor_key_${index}`])}` }))
-  const numbered = carried('p')
-  const numberedOrder = orderByClause(numbered)
-  const inPage = carried('l')
   const size = pageLimit(request.limit)
+  const lastKey = (index: number) => sql.fragment`${sql.identifier(['l', `last_key_${index}`])}`
   return {
     before: sql.fragment`
-    select (json_agg(l.record order by ${orderByClause(inPage)}) filter (where l.page_position <= ${size}))::text as records,
-           count(*) as found,
-           max(l.cursor) as cursor
-      from (select p.*,
-                   row_number() over (order by ${numberedOrder}) as page_position,
-                   case when row_number() over (order by ${numberedOrder}) = ${size}
-                        then json_build_array(${sql.join(
-                          numbered.map((key) => key.asText(key.expression)),
-                          sql.fragment`, `,
-                        )})::text
-                   end as cursor
+    select l.records, l.found,
+           case when l.found > ${size}
+                then json_build_array(${sql.join(
+                  keys.map((key, index) => key.asText(lastKey(index))),
+                  sql.fragment`, `,
+                )})::text
+           end as cursor
+      from (select string_agg(p.record::text, ${RECORD_SEPARATOR}) as records,
+                   count(*) as found,
+                   ${sql.join(
+                     keys.map(
+                       (_, index) =>
+                         sql.fragment`(array_agg(${sql.identifier(['p', `cursor_key_${index}`])}))[${size}] as ${sql.identifier([`last_key_${index}`])}`,
+                     ),
+                     sql.fragment`, `,
+                   )}
               from (select ${type.jsonFunction}(t) as record, ${sql.join(
                 keys.map((key, index) => sql.fragment`${key.expression} as ${sql.identifier([`cursor_key_${index}`])}`),
                 sql.fragment`, `,
@@ -261,6 +267,10 @@ function pageFrame(type: RecordType, request: ListRequest, keys: OrderKey[]): Pa
                      limit ${pageLimit(request.limit + 1)}) as p) as l`,
   }
 }
+
+/** Between the records' texts in a page's row: a character no JSON text holds (see listQuery). */
+const SEPARATOR = '\u001e'
+const RECORD_SEPARATOR = sql.fragment`chr(30)`
 
 /**
  * The LIMIT is written into the text, not sent as a parameter: with a parameter PostgreSQL's
@@ -294,9 +304,16 @@ export async function runList(
   const page = await db.one(sql.type(PageRow)`${listQuery(type, request, search)}`)
   const more = page.found > request.limit
   return {
-    records: page.records ?? '[]',
+    records: pageRecords(page.records, more),
     next_cursor: more ? encodeCursor(request.sortText, lastCursor(page.cursor)) : null,
   }
+}
+
+/** The page's records as a JSON array's text: the extra row's record cut off, the rest joined by commas. */
+function pageRecords(records: string | null, more: boolean): string {
+  if (records === null) return '[]'
+  const kept = more ? records.slice(0, records.lastIndexOf(SEPARATOR)) : records
+  return `[${kept.replaceAll(SEPARATOR, ',')}]`
 }
 
 function lastCursor(values: string | null): (string | null)[] {
