@@ -1326,16 +1326,11 @@ comment on function crm.context_text() is
 grant execute on function crm.context_text() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.write_context(p_context text)
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-    begin
-      perform set_config('backtrace_functions', p_context, true);
-    end
-    $function$;
+ RETURNS text
+ LANGUAGE sql
+RETURN set_config('backtrace_functions'::text, p_context, true);
 comment on function crm.write_context(p_context text) is
-  'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose). Internal.';
+  'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose); answers set_config''s text. Internal.';
 
 CREATE OR REPLACE FUNCTION crm.install_context_carrier(p_mode text)
  RETURNS text
@@ -1349,28 +1344,30 @@ declare
   -- helper defined again, whichever path it is on.
   v_installed boolean := (select position('backtrace_functions' in pg_catalog.pg_get_function_sqlbody(p.oid)) > 0
                             from pg_catalog.pg_proc p where p.oid = pg_catalog.to_regprocedure('crm.current_oauth_grant_id()'));
+  -- The writer as sql/000032 defines it, answering text (before, void).
+  v_writer_current boolean := coalesce((select p.prorettype = 'pg_catalog.text'::pg_catalog.regtype
+                                          from pg_catalog.pg_proc p where p.oid = pg_catalog.to_regprocedure('crm.write_context(text)')), false);
   v_source text;
 begin
   if p_mode is not null and p_mode not in ('auto', 'keyed_proof') then
     raise exception 'context carrier mode must be auto or keyed_proof, not %', p_mode;
   end if;
-  if v_carrier is not distinct from v_installed then
+  if v_carrier is not distinct from v_installed and v_writer_current then
     return case when v_carrier then 'parameter' else 'keyed_proof' end;
   end if;
+  -- The writer is dropped and made again: its return type changed (void, then text) in
+  -- sql/000032, and CREATE OR REPLACE cannot change one. Nothing depends on it by catalog: its
+  -- callers are PL/pgSQL.
+  drop function if exists crm.write_context(text);
   if v_carrier then
     v_source := 'pg_catalog.current_setting(''backtrace_functions'')';
     create or replace function crm.context_text() returns text
     language sql stable
     return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'
                 then pg_catalog.current_setting('backtrace_functions') end;
-    create or replace function crm.write_context(p_context text) returns void
-    language plpgsql
-    set search_path = pg_catalog, crm, pg_temp
-    as $body$
-    begin
-      perform set_config('backtrace_functions', p_context, true);
-    end
-    $body$;
+    create function crm.write_context(p_context text) returns text
+    language sql volatile
+    return pg_catalog.set_config('backtrace_functions', p_context, true);
   else
     v_source := 'crm.context_text()';
     -- The proof binds the text to this backend and this transaction's start, with a key crm_api
@@ -1384,17 +1381,25 @@ begin
                                 (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex')
              = current_setting('crm.context_proof', true)
     $body$;
-    create or replace function crm.write_context(p_context text) returns void
+    -- PL/pgSQL here: the key is read by a sub-select, and a function whose body holds one is
+    -- never inlined (a plain SQL function would be planned on every call before PostgreSQL 18).
+    create function crm.write_context(p_context text) returns text
     language plpgsql
     set search_path = pg_catalog, crm, pg_temp
     as $body$
     begin
       perform set_config('crm.context', p_context, true);
-      perform set_config('crm.context_proof', encode(public.hmac(
+      return set_config('crm.context_proof', encode(public.hmac(
         convert_to(p_context || '/' || pg_backend_pid()::text || '/' || extract(epoch from now())::text, 'UTF8'),
         (select k.value from crm.internal_secrets k where k.name = 'context_proof'), 'sha256'), 'hex'), true);
     end
     $body$;
+  end if;
+  comment on function crm.write_context(text) is
+    'Writes the request context for the rest of the transaction (carrier or keyed proof, as crm.install_context_carrier chose); answers set_config''s text. Internal.';
+  revoke execute on function crm.write_context(text) from public;
+  if v_carrier is not distinct from v_installed then
+    return case when v_carrier then 'parameter' else 'keyed_proof' end;
   end if;
   execute format($ddl$
     create or replace function crm.current_user_id() returns uuid
@@ -1460,7 +1465,7 @@ begin
 end
 $function$;
 comment on function crm.install_context_carrier(p_mode text) is
-  'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
+  'Makes the request context travel in backtrace_functions when the owner may set it (GRANT SET ON PARAMETER ... TO crm_owner) and p_mode is not keyed_proof, else in crm.context with its keyed proof, and defines the writer (crm.write_context) and the policy helpers that read it; answers parameter or keyed_proof. Run by every migration run.';
 
 CREATE OR REPLACE FUNCTION crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid DEFAULT NULL::uuid, p_oauth_grant_id uuid DEFAULT NULL::uuid, p_cache_key text DEFAULT NULL::text)
  RETURNS boolean

@@ -38,6 +38,20 @@ const SEEN = `select crm.current_user_id() as user_id, crm.grant_scope('deals', 
   (select count(*)::int from crm.deals) as deals, (select count(*)::int from crm.memberships) as memberships`
 const NOTHING = { user_id: null, deals_view: null, deals: 0, memberships: 0 }
 
+/**
+ * The writer on the path in use: whether it is inlined where its callers call it (EXPLAIN shows
+ * set_config in its place, sql/000032), and that crm_api and the runtime role cannot call it (it
+ * is dropped and made again when the path changes).
+ */
+const writer = () =>
+  withOwner(url, async (client) => {
+    const { rows: plan } = await client.query("explain (verbose, costs off) select crm.write_context('crm_context x')")
+    const text = plan.map((row) => row['QUERY PLAN']).join('\n')
+    const { rows } = await client.query(`select has_function_privilege('crm_api', 'crm.write_context(text)', 'execute') as api,
+      has_function_privilege('crm_runtime', 'crm.write_context(text)', 'execute') as runtime`)
+    return { inlined: text.includes('set_config') && !text.includes('write_context'), api: rows[0].api, runtime: rows[0].runtime }
+  })
+
 const runtime = await connect({ connectionString: runtimeUrl })
 const { rows: path } = await runtime.query(`select crm.context_text() is null as empty,
   not (select prosecdef from pg_proc where oid = 'crm.context_text()'::regprocedure) as carrier`)
@@ -50,6 +64,7 @@ t.test('the owner may set the carrier; the runtime role may not', async (t) => {
     has_parameter_privilege('crm_api', 'backtrace_functions', 'SET') as api,
     has_parameter_privilege(current_user, 'backtrace_functions', 'SET') as runtime`)
   t.same(rows[0], { owner: true, api: false, runtime: false })
+  t.same(await writer(), { inlined: true, api: false, runtime: false }, "the writer is inlined into its callers, and the owner's alone")
 })
 
 t.test('policies see rows only after authentication, in that transaction', async (t) => {
@@ -162,6 +177,7 @@ t.test('the keyed-proof path, where the grant cannot be made', async (t) => {
   const result = await migrate(url, { contextCarrier: 'keyed_proof' })
   t.equal(result.contextCarrier, 'keyed_proof')
   t.teardown(() => migrate(url))
+  t.same(await writer(), { inlined: false, api: false, runtime: false }, "this path's writer is PL/pgSQL, the owner's alone")
   const client = await connect({ connectionString: runtimeUrl })
 
   await client.query('begin')
