@@ -59,6 +59,8 @@ async function serveApi(databaseUrl: string): Promise<void> {
 // Child process: the baseline — the same statements the API runs, as the owner, no auth, no RLS.
 async function serveBaseline(databaseUrl: string, workspaceId: string, ownerId: string, poolSize: number): Promise<void> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: poolSize })
+  // An idle connection the server ends (at the run's end) is the pool's to drop, not a crash.
+  pool.on('error', () => {})
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://x')
@@ -105,6 +107,19 @@ async function serveBaseline(databaseUrl: string, workspaceId: string, ownerId: 
     process.stdout.write(JSON.stringify({ url: `http://127.0.0.1:${address.port}` }) + '\n')
   })
   process.on('SIGTERM', () => server.close(() => void pool.end().then(() => process.exit(0))))
+}
+
+/** SIGTERM, then SIGKILL if the child has not exited within 10 s. */
+function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
+  return new Promise((resolve) => {
+    const kill = setTimeout(() => child.kill('SIGKILL'), 10_000)
+    child.once('exit', () => {
+      clearTimeout(kill)
+      resolve()
+    })
+    child.kill('SIGTERM')
+  })
 }
 
 function startChild(args: string[]): Promise<{ url: string; child: ChildProcess }> {
@@ -320,7 +335,8 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       '',
     ].join('\n')
   } finally {
-    for (const child of children) child.kill('SIGTERM')
+    // The servers go first, so none of their connections sees the database stop under it.
+    await Promise.all(children.map(stopChild))
     await database.stop()
   }
 }
