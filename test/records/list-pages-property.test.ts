@@ -1,6 +1,6 @@
 // Paging as a property: for any sort, page size and filter, the pages of a list, walked by their
 // cursors, hold exactly the rows the database gives for that order, each rendered as the record's
-// JSON function renders it, each page cut at its size. The rows are made to break a page's
+// JSON function renders it, each page cut at its size; a search's pages are its one page of 200. The rows are made to break a page's
 // assembly: names holding the character that joins a page's records (U+001E), line breaks, quotes
 // and braces; equal names, amounts, dates and creation times, so the tie-breakers decide; nulls.
 import fc from 'fast-check'
@@ -96,5 +96,28 @@ t.test("a list's pages are the database's order, cut at the page size, whatever 
       )
     }),
     { numRuns: 40 },
+  )
+
+  // A search orders by its score (then id) unless sorted: its pages, walked, are its one page of 200.
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom('deal', 'zeta', 'line break', 'one'),
+      sortArbitrary,
+      fc.integer({ min: 1, max: 9 }),
+      async (q, sort, limit) => {
+        const query = new URLSearchParams({ q })
+        if (sort.length > 0) query.set('sort', sort.map((key) => (key.descending ? '-' : '') + key.field).join(','))
+        const { pages: whole } = await walk(ann, `/api/deals/search?${query}&limit=200`)
+        t.equal(whole.length, 1, `${query}: one page of 200 holds every match`)
+        t.ok(whole[0].length > 3, `${query}: the search finds several rows (${whole[0].length})`)
+        const { pages } = await walk(ann, `/api/deals/search?${query}&limit=${limit}`)
+        t.same(pages.flat(), whole[0], `${query}&limit=${limit}: the pages walked are the one page`)
+        t.ok(
+          pages.slice(0, -1).every((page) => page.length === limit),
+          `${query}&limit=${limit}: every page but the last is full`,
+        )
+      },
+    ),
+    { numRuns: 25 },
   )
 })
