@@ -284,7 +284,7 @@ function pageLimit(rows: number): Fragment {
   return sql.literalValue(String(rows))
 }
 
-/** A page: its records as one JSON array's text (PostgreSQL renders it; Node only wraps it). */
+/** A page: its records as one JSON array's text (PostgreSQL renders each record; Node cuts and joins their texts, never parsing them). */
 export type Page = { records: string; next_cursor: string | null }
 
 const PageRow = rowType(

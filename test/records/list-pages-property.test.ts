@@ -1,8 +1,9 @@
 // Paging as a property: for any sort, page size and filter, the pages of a list, walked by their
 // cursors, hold exactly the rows the database gives for that order, each rendered as the record's
-// JSON function renders it, each page cut at its size; a search's pages are its one page of 200. The rows are made to break a page's
-// assembly: names holding the character that joins a page's records (U+001E), line breaks, quotes
-// and braces; equal names, amounts, dates and creation times, so the tie-breakers decide; nulls.
+// JSON function renders it, each page cut at its size; a search's pages are its one page of 200.
+// The rows are made to break a page's assembly: names holding the character that joins a page's
+// records (U+001E), line breaks, quotes and braces; equal names, amounts, dates and creation times,
+// so the tie-breakers decide; nulls.
 import fc from 'fast-check'
 import t from 'tap'
 import { type Client, startWorld } from './helpers.ts'
