@@ -371,30 +371,22 @@ export function createApp(
             req.countedInDatabase = false
           }
         })
-        const handled = definition
-          .handler({
-            ...base,
-            db: db.connection,
-            get caller() {
-              return db.caller()
-            },
-          } as RouteContext)
-          .catch(async (error: unknown) => {
-            // The read's connection is not confined by row-level security (a pooler that
-            // dropped its role, a wrong RUNTIME_DATABASE_URL): the statement refused to run
-            // and changed nothing. Reads go through request transactions from now on,
-            // which switch to crm_api themselves.
-            if (refusedAsUnconfined(error)) {
-              singleStatementsRefused = true
-              logger.error(
-                'single-statement reads refused to run: their connection is not confined by row-level security; reads use transactions instead',
-                { error: (error as Error).message },
-              )
-              return inTransaction()
-            }
-            await db.authenticateAfterFailure()
-            throw error
-          })
+        const handled = definition.handler(db.contextFor(base)).catch(async (error: unknown) => {
+          // The read's connection is not confined by row-level security (a pooler that
+          // dropped its role, a wrong RUNTIME_DATABASE_URL): the statement refused to run
+          // and changed nothing. Reads go through request transactions from now on,
+          // which switch to crm_api themselves.
+          if (refusedAsUnconfined(error)) {
+            singleStatementsRefused = true
+            logger.error(
+              'single-statement reads refused to run: their connection is not confined by row-level security; reads use transactions instead',
+              { error: (error as Error).message },
+            )
+            return inTransaction()
+          }
+          await db.authenticateAfterFailure()
+          throw error
+        })
         if (definition.singleStatement) return handled
         // Committed: the user's reads are held to this write's WAL position, as after a transaction.
         return handled.then(async (result) => {
