@@ -144,8 +144,8 @@ export class SingleStatementConnection {
  * getter is the class's: as an object literal with a getter, each request's context had a hidden
  * class of its own, which V8 allocates outside the young generation and which pointed at that
  * request's objects, so all of them outlived their first garbage collections (profiled on GET
- * one: 12 % of everything allocated was promoted, and the collector's pauses and helper threads
- * took about 3 s of CPU a minute at 8,000 requests a second; see docs/performance.md).
+ * one: 13 % of everything allocated was promoted, and the collector's pauses and helper threads
+ * took 3.2 s of CPU in 22 s of load at 8,000 requests a second; see docs/performance.md).
  */
 class StatementRouteContext {
   db: DatabaseTransactionConnection
