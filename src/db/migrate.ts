@@ -82,7 +82,13 @@ export type MigrateResult = {
 
 export async function migrate(
   databaseUrl: string,
-  options: { dir?: string; log?: (line: string) => void; contextCarrier?: 'auto' | 'keyed_proof' } = {},
+  options: {
+    dir?: string
+    log?: (line: string) => void
+    contextCarrier?: 'auto' | 'keyed_proof'
+    /** Login roles of this deployment the operator manages (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL): they keep CONNECT. */
+    logins?: string[]
+  } = {},
 ): Promise<MigrateResult> {
   const files = readMigrationFiles(options.dir)
   const client = new pg.Client({ connectionString: databaseUrl })
@@ -131,7 +137,7 @@ export async function migrate(
     await client.query('select crm.grant_job_queue_to_worker()')
     // Every run, under the lock: a GRANT SET ON PARAMETER made since the last one takes effect.
     const contextCarrier = await installContextCarrier(client, options.contextCarrier ?? 'auto')
-    const ownLoginsOnly = await keepToItsOwn(client, options.log)
+    const ownLoginsOnly = await keepToItsOwn(client, options.logins ?? [], options.log)
     return { applied, alreadyApplied: files.length - applied.length, contextCarrier, ownLoginsOnly }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY]).catch(() => {})
@@ -152,11 +158,11 @@ async function installContextCarrier(client: pg.Client, mode: 'auto' | 'keyed_pr
  * Last, at every run (sql/000035): what the files and the context carrier just made as a superuser
  * goes to crm_owner, and the database admits its own login roles alone. Null before that file.
  */
-async function keepToItsOwn(client: pg.Client, log?: (line: string) => void): Promise<boolean | null> {
+async function keepToItsOwn(client: pg.Client, logins: string[], log?: (line: string) => void): Promise<boolean | null> {
   const { rows } = await client.query<{ exists: boolean }>("select to_regprocedure('crm.disown_superuser_objects()') is not null as exists")
   if (!rows[0].exists) return null
   await client.query('select crm.disown_superuser_objects()')
-  const ownLoginsOnly = await admitOwnLoginRoles(client)
+  const ownLoginsOnly = await admitOwnLoginRoles(client, logins)
   if (!ownLoginsOnly)
     log?.(
       'PUBLIC keeps CONNECT on this database (the migrating role does not own it): its owner should revoke it and grant CONNECT to the login roles (docs/operations.md)',

@@ -199,11 +199,17 @@ async function admitToDatabase(owner: pg.Client, logins: string[]): Promise<bool
   return rows[0].admitted
 }
 
+/** The login roles an operator named (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL), by the user of each URL. */
+export function operatorLogins(urls: (string | null)[]): string[] {
+  return urls.filter((url): url is string => url !== null).map((url) => decodeURIComponent(new URL(url).username))
+}
+
 /**
  * At every migration run: the database's own login roles (those made for it, by name and
- * comment) keep CONNECT and PUBLIC loses it, on a database upgraded, copied or restored alike.
+ * comment, and those the operator named) keep CONNECT and PUBLIC loses it, on a database upgraded,
+ * copied or restored alike.
  */
-export async function admitOwnLoginRoles(owner: pg.Client): Promise<boolean> {
+export async function admitOwnLoginRoles(owner: pg.Client, operatorNamed: string[] = []): Promise<boolean> {
   const database = (await owner.query<{ name: string }>('select current_database() as name')).rows[0].name
   const own = [RUNTIME_ROLE, WORKER_ROLE].map((group) => ({ name: loginRoleName(group, database), comment: roleComment(group, database) }))
   const { rows } = await owner.query<{ name: string }>(
@@ -211,10 +217,7 @@ export async function admitOwnLoginRoles(owner: pg.Client): Promise<boolean> {
       where r.rolname = own.name and shobj_description(r.oid, 'pg_authid') = own.comment`,
     [own.map((role) => role.name), own.map((role) => role.comment)],
   )
-  return admitToDatabase(
-    owner,
-    rows.map((row) => row.name),
-  )
+  return admitToDatabase(owner, [...rows.map((row) => row.name), ...operatorNamed])
 }
 
 /** Another process starting at the same moment may alter the role first ("tuple concurrently updated"). */

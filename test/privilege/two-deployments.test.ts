@@ -183,3 +183,24 @@ t.test('crm migrate closes a database that still lets PUBLIC connect (one migrat
   t.equal(migrated.status, 0, migrated.stderr)
   await assertIsolated(t, [first, second])
 })
+
+t.test('a login role the operator names (RUNTIME_DATABASE_URL) is admitted by crm migrate, to its own database only', async (t) => {
+  const role = `crm_test_own_runtime_${process.pid}`
+  await adminQuery(`drop role if exists ${role}`)
+  await adminQuery(`create role ${role} login password 'own-runtime-password' in role crm_runtime`)
+  // DROP OWNED takes its privileges on every database too (shared objects).
+  t.teardown(() => adminQuery(`drop owned by ${role}; drop role ${role}`))
+  const url = new URL(second.ownerUrl)
+  url.username = role
+  url.password = 'own-runtime-password'
+  t.equal(await canLogIn(url.toString()), false, 'refused while nobody granted it CONNECT')
+
+  const migrated = crm(second.ownerUrl, ['migrate'], { RUNTIME_DATABASE_URL: url.toString() })
+  t.equal(migrated.status, 0, migrated.stderr)
+  t.equal(await canLogIn(url.toString()), true, 'admitted to the database whose URL names it')
+  t.match(
+    await attempt(url.toString(), first.database, 'select 1'),
+    { code: '42501', message: /permission denied for database/ },
+    "and not to the other deployment's",
+  )
+})
