@@ -6,8 +6,9 @@
 --    (crm_runtime_<db>, crm_worker_<db>) are members of those same groups. With PUBLIC's default
 --    CONNECT, another database's runtime login connected here and held this database's grants.
 --    The groups cannot be made per database (every grant of the schema names them), so the door is
---    closed instead: PUBLIC loses CONNECT on this database, and only its own login roles (and its
---    owner, who keeps it) are granted it, by crm.admit_to_database. GRANT and REVOKE ON DATABASE
+--    closed instead: PUBLIC (and any shared group, through which CONNECT would be inherited) loses
+--    CONNECT on this database, and only its own login roles (and its owner, who keeps it) are
+--    granted it, by crm.admit_to_database. GRANT and REVOKE ON DATABASE
 --    take a name, not an expression, and this database's name is known only at run time: that
 --    function is the one place that builds such a statement. It runs at every migration run and
 --    whenever the service makes a login role (src/db/runtime-role.ts), not once here: a database
@@ -57,11 +58,20 @@ begin
   ) then
     execute format('revoke connect on database %I from public', v_database);
   end if;
+  -- CONNECT is inherited like any privilege: granted to a shared group (a DBA's slip), it would
+  -- let in every database's logins again.
+  if exists (
+    select from pg_database d, aclexplode(d.datacl) x
+     where d.datname = v_database and x.privilege_type = 'CONNECT'
+       and x.grantee in (select r.oid from pg_roles r where r.rolname in ('crm_api', 'crm_owner', 'crm_runtime', 'crm_worker'))
+  ) then
+    execute format('revoke connect on database %I from crm_api, crm_owner, crm_runtime, crm_worker', v_database);
+  end if;
   return true;
 end
 $$;
 comment on function crm.admit_to_database(p_logins text[]) is
-  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
+  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
 revoke execute on function crm.admit_to_database(p_logins text[]) from public;
 
 create function crm.disown_superuser_objects() returns integer

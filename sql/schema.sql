@@ -212,11 +212,20 @@ begin
   ) then
     execute format('revoke connect on database %I from public', v_database);
   end if;
+  -- CONNECT is inherited like any privilege: granted to a shared group (a DBA's slip), it would
+  -- let in every database's logins again.
+  if exists (
+    select from pg_database d, aclexplode(d.datacl) x
+     where d.datname = v_database and x.privilege_type = 'CONNECT'
+       and x.grantee in (select r.oid from pg_roles r where r.rolname in ('crm_api', 'crm_owner', 'crm_runtime', 'crm_worker'))
+  ) then
+    execute format('revoke connect on database %I from crm_api, crm_owner, crm_runtime, crm_worker', v_database);
+  end if;
   return true;
 end
 $function$;
 comment on function crm.admit_to_database(p_logins text[]) is
-  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
+  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
 
 CREATE OR REPLACE FUNCTION crm.disown_superuser_objects()
  RETURNS integer

@@ -167,22 +167,32 @@ t.test("one deployment's login roles cannot get into the other's database", asyn
   t.same(rows[0], { public: false, own_runtime: true, own_worker: true, other_runtime: false }, 'in SQL: CONNECT is granted by name')
 })
 
-t.test('crm migrate closes a database that still lets PUBLIC connect (one migrated before sql/000035)', async (t) => {
-  const secondLogins = await loginsOf(second)
-  // The database's privileges as before: PUBLIC connects, the login roles by it alone.
-  await adminQuery(`grant connect on database ${second.database} to public`)
-  for (const login of [secondLogins.requests, secondLogins.worker])
-    await adminQuery(`revoke connect on database ${second.database} from ${new URL(login).username}`)
-  t.equal(
-    await attempt((await loginsOf(first)).requests, second.database, 'select 1'),
-    null,
-    'the hole, as it was: the first deployment gets in',
-  )
+/** Ways a database lets another deployment's logins in that `crm migrate` closes. */
+const OPENINGS = [
+  // As a database migrated before sql/000035: PUBLIC connects, the login roles by it alone.
+  { what: 'PUBLIC connects (a database migrated before sql/000035)', grantTo: 'public', ownLoginsRevoked: true },
+  // A DBA's slip: CONNECT is inherited, so the shared groups let every deployment's logins in.
+  { what: 'the shared groups were granted CONNECT', grantTo: 'crm_runtime, crm_worker', ownLoginsRevoked: false },
+] as const
 
-  const migrated = crm(second.ownerUrl, ['migrate'])
-  t.equal(migrated.status, 0, migrated.stderr)
-  await assertIsolated(t, [first, second])
-})
+for (const { what, grantTo, ownLoginsRevoked } of OPENINGS) {
+  t.test(`crm migrate closes a database where ${what}`, async (t) => {
+    const secondLogins = await loginsOf(second)
+    await adminQuery(`grant connect on database ${second.database} to ${grantTo}`)
+    if (ownLoginsRevoked)
+      for (const login of [secondLogins.requests, secondLogins.worker])
+        await adminQuery(`revoke connect on database ${second.database} from ${new URL(login).username}`)
+    t.equal(
+      await attempt((await loginsOf(first)).requests, second.database, 'select 1'),
+      null,
+      'the hole, as it was: the first deployment gets in',
+    )
+
+    const migrated = crm(second.ownerUrl, ['migrate'])
+    t.equal(migrated.status, 0, migrated.stderr)
+    await assertIsolated(t, [first, second])
+  })
+}
 
 t.test('a login role the operator names (RUNTIME_DATABASE_URL) is admitted by crm migrate, to its own database only', async (t) => {
   const role = `crm_test_own_runtime_${process.pid}`
