@@ -214,3 +214,16 @@ t.test('a login role the operator names (RUNTIME_DATABASE_URL) is admitted by cr
     "and not to the other deployment's",
   )
 })
+
+t.test('processes of a new deployment starting at once all admit its login roles', async (t) => {
+  const third = await deployment('three')
+  // Each start grants CONNECT on the same database row; unserialised, all but one failed with
+  // "tuple concurrently updated".
+  const starts = await Promise.allSettled(Array.from({ length: 6 }, () => loginsOf(third)))
+  t.same(
+    starts.filter((start) => start.status === 'rejected').map((start) => String((start as PromiseRejectedResult).reason)),
+    [],
+    'every start set up its login roles',
+  )
+  await assertIsolated(t, [first, third])
+})
