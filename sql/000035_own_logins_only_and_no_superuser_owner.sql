@@ -74,9 +74,14 @@ comment on function crm.admit_to_database(p_logins text[]) is
   'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
 revoke execute on function crm.admit_to_database(p_logins text[]) from public;
 
+-- ALTER ... OWNER locks its table as ALTER TABLE does, and the service keeps serving while a
+-- migration runs: like a migration file, it fails the run after waiting 5 s for a lock rather than
+-- queue every request behind a long read (only the first run after an upgrade has tables to hand
+-- over).
 create function crm.disown_superuser_objects() returns integer
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set lock_timeout = '5s'
 as $$
 declare
   v_statement text;

@@ -231,6 +231,7 @@ CREATE OR REPLACE FUNCTION crm.disown_superuser_objects()
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '5s'
 AS $function$
 declare
   v_statement text;
