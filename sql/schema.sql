@@ -181,6 +181,113 @@ $function$;
 comment on function crm.grant_job_queue_to_worker() is
   'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
 
+CREATE OR REPLACE FUNCTION crm.admit_to_database(p_logins text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_database name := current_database();
+  v_login regrole;
+begin
+  -- Only the database's owner (or a member of it, or a superuser) may say who connects; anyone
+  -- else migrating leaves it to a DBA (docs/operations.md) and is told so by the answer.
+  if not pg_has_role(current_user, (select d.datdba from pg_database d where d.datname = v_database), 'usage') then
+    return false;
+  end if;
+  -- Processes starting together would otherwise update the database's row at once ("tuple
+  -- concurrently updated"); the grants below are skipped when already made.
+  perform pg_advisory_xact_lock(727002);
+  for v_login in select to_regrole(l) from unnest(p_logins) l where to_regrole(l) is not null loop
+    if not exists (
+      select from pg_database d, aclexplode(d.datacl) x
+       where d.datname = v_database and x.grantee = v_login and x.privilege_type = 'CONNECT'
+    ) then
+      execute format('grant connect on database %I to %I', v_database, v_login::text);
+    end if;
+  end loop;
+  if exists (
+    select from pg_database d, aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) x
+     where d.datname = v_database and x.grantee = 0 and x.privilege_type = 'CONNECT'
+  ) then
+    execute format('revoke connect on database %I from public', v_database);
+  end if;
+  -- CONNECT is inherited like any privilege: granted to a shared group (a DBA's slip), it would
+  -- let in every database's logins again.
+  if exists (
+    select from pg_database d, aclexplode(d.datacl) x
+     where d.datname = v_database and x.privilege_type = 'CONNECT'
+       and x.grantee in (select r.oid from pg_roles r where r.rolname in ('crm_api', 'crm_owner', 'crm_runtime', 'crm_worker'))
+  ) then
+    execute format('revoke connect on database %I from crm_api, crm_owner, crm_runtime, crm_worker', v_database);
+  end if;
+  return true;
+end
+$function$;
+comment on function crm.admit_to_database(p_logins text[]) is
+  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
+
+CREATE OR REPLACE FUNCTION crm.disown_superuser_objects()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '5s'
+AS $function$
+declare
+  v_statement text;
+  v_count integer := 0;
+begin
+  -- Only a superuser can hand a superuser's objects away; the objects of an owner that is no
+  -- superuser are left with it.
+  if not (select r.rolsuper from pg_roles r where r.rolname = current_user) then
+    return 0;
+  end if;
+  for v_statement in
+    with schemas as (
+      select n.oid from pg_namespace n where n.nspname in ('crm', 'graphile_worker')
+    ), superusers as (
+      select r.oid from pg_roles r where r.rolsuper
+    )
+    select format('alter schema %I owner to crm_owner', n.nspname)
+      from pg_namespace n
+     where n.oid in (select oid from schemas) and n.nspowner in (select oid from superusers)
+    union all
+    -- Indexes and the sequences a column owns follow their table; a composite type is a type.
+    select format('alter %s %s owner to crm_owner',
+                  case c.relkind when 'v' then 'view' when 'm' then 'materialized view'
+                                 when 'S' then 'sequence' when 'f' then 'foreign table' else 'table' end,
+                  c.oid::regclass)
+      from pg_class c
+     where c.relnamespace in (select oid from schemas) and c.relowner in (select oid from superusers)
+       and c.relkind in ('r', 'p', 'v', 'm', 'S', 'f')
+       and not exists (
+         select from pg_depend d
+          where d.classid = 'pg_class'::regclass and d.objid = c.oid
+            and d.refclassid = 'pg_class'::regclass and d.deptype in ('a', 'i')
+       )
+    union all
+    select format('alter %s %s owner to crm_owner',
+                  case p.prokind when 'p' then 'procedure' when 'a' then 'aggregate' else 'function' end,
+                  p.oid::regprocedure)
+      from pg_proc p
+     where p.pronamespace in (select oid from schemas) and p.proowner in (select oid from superusers)
+    union all
+    -- Array types follow their element type, a table's row type its table.
+    select format('alter type %s owner to crm_owner', t.oid::regtype)
+      from pg_type t
+     where t.typnamespace in (select oid from schemas) and t.typowner in (select oid from superusers)
+       and t.typtype in ('c', 'd', 'e', 'r')
+       and (t.typtype <> 'c' or (select c.relkind from pg_class c where c.oid = t.typrelid) = 'c')
+  loop
+    execute v_statement;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end
+$function$;
+comment on function crm.disown_superuser_objects() is
+  'Gives crm_owner every object of crm and graphile_worker (the schemas included) that a superuser owns, so that no SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration run.';
+
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
@@ -377,9 +484,10 @@ comment on policy users_select_self_or_colleague on crm.users is
 create policy users_update_self on crm.users as permissive for update to crm_api
   using ((id = ( SELECT crm.current_user_id() AS current_user_id)))
   with check ((id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy users_update_self on crm.users is 'A user changes only their own name and password.';
+comment on policy users_update_self on crm.users is
+  'A user changes only their own name (a password is set by the owner''s functions).';
 grant select (id, email, name, api_access, suspended_at, created_at) on crm.users to crm_api;
-grant update (name, password_hash) on crm.users to crm_api;
+grant update (name) on crm.users to crm_api;
 
 create sequence crm.access_versions as bigint increment by 1 minvalue 1 maxvalue 9223372036854775807 start with 1 cache 1;
 comment on sequence crm.access_versions is 'The values of memberships.access_version.';

@@ -9,7 +9,7 @@ import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
 import { createReadRouting, type ReadRouting } from './db/read-replicas.ts'
-import { ensureRuntimeRole, ensureWorkerRole } from './db/runtime-role.ts'
+import { ensureRuntimeRole, ensureWorkerRole, operatorLogins } from './db/runtime-role.ts'
 import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
@@ -44,7 +44,11 @@ export async function startService(options: {
     options.database ??
     (await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: (line) => logger.info(line) }))
   if (options.migrate !== false) {
-    const result = await migrate(database.url, { log: (line) => logger.info(line), contextCarrier: config.contextCarrier })
+    const result = await migrate(database.url, {
+      log: (line) => logger.info(line),
+      contextCarrier: config.contextCarrier,
+      logins: operatorLogins([config.runtimeDatabaseUrl, config.workerDatabaseUrl]),
+    })
     logger.info('schema is current', { applied_now: result.applied.length })
     if (result.contextCarrier === 'keyed_proof') {
       logger.warn(

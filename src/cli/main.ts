@@ -28,10 +28,14 @@ const serviceCommands: Record<string, Command> = {
     run: async (context) => {
       const { provisionDatabase } = await import('../db/provision.ts')
       const { migrate } = await import('../db/migrate.ts')
+      const { operatorLogins } = await import('../db/runtime-role.ts')
       const config = context.config()
       const database = await provisionDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
       try {
-        const result = await migrate(database.url, { log: context.json ? undefined : (line) => console.log(line) })
+        const result = await migrate(database.url, {
+          log: context.json ? undefined : (line) => console.log(line),
+          logins: operatorLogins([config.runtimeDatabaseUrl, config.workerDatabaseUrl]),
+        })
         context.print(
           result.applied.length ? `applied ${result.applied.length} migration(s)` : 'schema is current: nothing to apply',
           result,

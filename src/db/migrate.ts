@@ -7,6 +7,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Logger, runMigrations as runWorkerMigrations } from 'graphile-worker'
 import pg from 'pg'
+import { admitOwnLoginRoles } from './runtime-role.ts'
 
 export const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url))
 
@@ -71,11 +72,23 @@ function unknownLedgerEntry(name: string): MigrationError {
 /** Where the request context travels (sql/000025_context_carrier.sql): the parameter, or the keyed proof. */
 export type ContextCarrier = 'parameter' | 'keyed_proof'
 
-export type MigrateResult = { applied: string[]; alreadyApplied: number; contextCarrier: ContextCarrier | null }
+export type MigrateResult = {
+  applied: string[]
+  alreadyApplied: number
+  contextCarrier: ContextCarrier | null
+  /** Whether the database admits its own login roles alone (false: the migrating role does not own it; null: files before sql/000035). */
+  ownLoginsOnly: boolean | null
+}
 
 export async function migrate(
   databaseUrl: string,
-  options: { dir?: string; log?: (line: string) => void; contextCarrier?: 'auto' | 'keyed_proof' } = {},
+  options: {
+    dir?: string
+    log?: (line: string) => void
+    contextCarrier?: 'auto' | 'keyed_proof'
+    /** Login roles of this deployment the operator manages (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL): they keep CONNECT. */
+    logins?: string[]
+  } = {},
 ): Promise<MigrateResult> {
   const files = readMigrationFiles(options.dir)
   const client = new pg.Client({ connectionString: databaseUrl })
@@ -124,7 +137,8 @@ export async function migrate(
     await client.query('select crm.grant_job_queue_to_worker()')
     // Every run, under the lock: a GRANT SET ON PARAMETER made since the last one takes effect.
     const contextCarrier = await installContextCarrier(client, options.contextCarrier ?? 'auto')
-    return { applied, alreadyApplied: files.length - applied.length, contextCarrier }
+    const ownLoginsOnly = await keepToItsOwn(client, options.logins ?? [], options.log)
+    return { applied, alreadyApplied: files.length - applied.length, contextCarrier, ownLoginsOnly }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY]).catch(() => {})
     await client.end()
@@ -138,6 +152,22 @@ async function installContextCarrier(client: pg.Client, mode: 'auto' | 'keyed_pr
   if (!rows[0].exists) return null
   const installed = await client.query<{ carrier: ContextCarrier }>('select crm.install_context_carrier($1) as carrier', [mode])
   return installed.rows[0].carrier
+}
+
+/**
+ * Last, at every run (sql/000035): what the files and the context carrier just made as a superuser
+ * goes to crm_owner, and the database admits its own login roles alone. Null before that file.
+ */
+async function keepToItsOwn(client: pg.Client, logins: string[], log?: (line: string) => void): Promise<boolean | null> {
+  const { rows } = await client.query<{ exists: boolean }>("select to_regprocedure('crm.disown_superuser_objects()') is not null as exists")
+  if (!rows[0].exists) return null
+  await client.query('select crm.disown_superuser_objects()')
+  const ownLoginsOnly = await admitOwnLoginRoles(client, logins)
+  if (!ownLoginsOnly)
+    log?.(
+      'PUBLIC keeps CONNECT on this database (the migrating role does not own it): its owner should revoke it and grant CONNECT to the login roles (docs/operations.md)',
+    )
+  return ownLoginsOnly
 }
 
 /** The newest migration number on disk versus in the database: /readyz answers 200 only when equal. */

@@ -1,13 +1,16 @@
 // The login roles requests and jobs run as. The owner (DATABASE_URL) runs migrations: it owns
-// every table, and with the embedded database it is a superuser. The migrations grant what
+// every table (with the embedded database it is a superuser, and migrate hands what it made to
+// crm_owner, sql/000035). The migrations grant what
 // requests may do to the role crm_runtime and what the worker may do to crm_worker
 // (sql/000009_least_privilege.sql, sql/000013_runtime_confinement.sql); the service logs in as a
 // member of each made for its database alone, crm_runtime_<database> and crm_worker_<database>.
 // Roles are cluster-wide: when two deployments (two databases) share one PostgreSQL cluster and
 // both logged in as crm_runtime itself, each start set the password the other's connections were
-// using. Neither login role is a superuser, owns anything or can bypass row-level security. Their
-// limits are role settings, which the server applies itself at every login: a pooler that drops
-// startup parameters cannot lose them.
+// using. The groups, though, are shared and hold each database's grants: each database lets its
+// own login roles connect, by name, and nobody else (sql/000035), or one deployment's runtime
+// login would call the other's functions. Neither login role is a superuser, owns anything or can
+// bypass row-level security. Their limits are role settings, which the server applies itself at
+// every login: a pooler that drops startup parameters cannot lose them.
 import { createHash, createHmac } from 'node:crypto'
 import pg from 'pg'
 
@@ -168,6 +171,8 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
     if (!current.rolcanlogin || !(await canLogIn(url))) {
       await alterUnlessDoneMeanwhile(owner, `alter role ${role} login password ${owner.escapeLiteral(password)}`, () => canLogIn(url))
     }
+    // PUBLIC has no CONNECT on the database (sql/000035): the role is let in by name.
+    await admitToDatabase(owner, [roleName])
     const set = new Set(current.setconfig ?? [])
     for (const [name, value] of Object.entries(settings)) {
       if (set.has(`${name}=${value}`)) continue
@@ -181,6 +186,38 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
   } finally {
     await owner.end().catch(() => {})
   }
+}
+
+/**
+ * Lets the given login roles, and no one else, connect to the owner's database (sql/000035): the
+ * groups they belong to hold their grants in every database of the cluster, so CONNECT is what
+ * keeps one deployment's logins out of another's database. False when the owner may not change
+ * that (it does not own the database): a DBA then does it (docs/operations.md).
+ */
+async function admitToDatabase(owner: pg.Client, logins: string[]): Promise<boolean> {
+  const { rows } = await owner.query<{ admitted: boolean }>('select crm.admit_to_database($1::text[]) as admitted', [logins])
+  return rows[0].admitted
+}
+
+/** The login roles an operator named (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL), by the user of each URL. */
+export function operatorLogins(urls: (string | null)[]): string[] {
+  return urls.filter((url): url is string => url !== null).map((url) => decodeURIComponent(new URL(url).username))
+}
+
+/**
+ * At every migration run: the database's own login roles (those made for it, by name and
+ * comment, and those the operator named) keep CONNECT and PUBLIC loses it, on a database upgraded,
+ * copied or restored alike.
+ */
+export async function admitOwnLoginRoles(owner: pg.Client, operatorNamed: string[] = []): Promise<boolean> {
+  const database = (await owner.query<{ name: string }>('select current_database() as name')).rows[0].name
+  const own = [RUNTIME_ROLE, WORKER_ROLE].map((group) => ({ name: loginRoleName(group, database), comment: roleComment(group, database) }))
+  const { rows } = await owner.query<{ name: string }>(
+    `select r.rolname as name from pg_roles r, unnest($1::text[], $2::text[]) own(name, comment)
+      where r.rolname = own.name and shobj_description(r.oid, 'pg_authid') = own.comment`,
+    [own.map((role) => role.name), own.map((role) => role.comment)],
+  )
+  return admitToDatabase(owner, [...rows.map((row) => row.name), ...operatorNamed])
 }
 
 /** Another process starting at the same moment may alter the role first ("tuple concurrently updated"). */

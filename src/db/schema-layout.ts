@@ -30,6 +30,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'worker_heartbeat',
           'worker_stopped',
           'grant_job_queue_to_worker',
+          'admit_to_database',
+          'disown_superuser_objects',
           'housekeeping',
         ],
       },

@@ -125,6 +125,31 @@ t.test('no login role of requests or jobs is, or may become, the owner', async (
   )
 })
 
+t.test('crm_api updates no column of crm.users but the name: a password is set by the owner’s functions alone', async (t) => {
+  const { rows } = await owner.query(
+    `select array_agg(attname::text order by attname) as columns from pg_attribute
+      where attrelid = 'crm.users'::regclass and attnum > 0 and not attisdropped
+        and has_column_privilege('crm_api', attrelid, attnum, 'UPDATE')`,
+  )
+  t.same(rows[0].columns, ['name'])
+  // A member's own row, as crm_api under the member's context (crm.act_as, what a request runs).
+  await owner.query('begin')
+  try {
+    await owner.query(`select crm.act_as('admin@a.test', 'confine-a')`)
+    await owner.query('savepoint probe')
+    const error = await owner.query(`update crm.users set password_hash = 'scrypt$1$1$1$salt$key' where email = 'admin@a.test'`).then(
+      () => null,
+      (caught) => caught,
+    )
+    t.match(error, { code: '42501', message: /permission denied for table users/ }, 'its own password hash: permission denied')
+    await owner.query('rollback to savepoint probe')
+    const renamed = await owner.query(`update crm.users set name = 'Renamed' where email = 'admin@a.test'`)
+    t.equal(renamed.rowCount, 1, 'its own name: updated')
+  } finally {
+    await owner.query('rollback')
+  }
+})
+
 t.test('every table forces row-level security and names the owner’s access in a policy', async (t) => {
   const { rows } = await owner.query(
     `select c.relname, c.relrowsecurity, c.relforcerowsecurity,

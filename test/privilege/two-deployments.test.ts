@@ -3,7 +3,12 @@
 // crm_worker, the second to start set passwords derived from its owner's and the first one's next
 // connection failed. Each database now has login roles of its own: after both started, and after
 // every connection of the first was cut, both still log in and answer.
-import t from 'tap'
+// Grants are per database but the groups holding them (crm_runtime, crm_worker) are cluster-wide:
+// with PUBLIC's CONNECT, one deployment's runtime login called the other's crm.claim_sign_in and
+// its worker login the other's crm.begin_import_batch. Each database now admits its own logins
+// alone (sql/000035), also once `crm migrate` has run on a database that admitted everyone.
+import pg from 'pg'
+import t, { type Test } from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
 import { canLogIn, ensureRuntimeRole, ensureWorkerRole } from '../../src/db/runtime-role.ts'
 import { crm } from '../helpers/cli.ts'
@@ -92,4 +97,133 @@ t.test('crm login-roles prints what the service logs in as', async (t) => {
   t.equal(printed.json.runtime.url, await ensureRuntimeRole(second.ownerUrl, TEST_APP_SECRET))
   t.equal(printed.json.worker.url, await ensureWorkerRole(second.ownerUrl, TEST_APP_SECRET))
   t.ok(await canLogIn(printed.json.runtime.url), 'its runtime login logs in')
+})
+
+/** The error of connecting with a login's URL to a database and running a statement there; null when it ran. */
+async function attempt(loginUrl: string, database: string, statement: string): Promise<{ code?: string; message: string } | null> {
+  const url = new URL(loginUrl)
+  url.pathname = `/${database}`
+  const client = new pg.Client({ connectionString: url.toString() })
+  client.on('error', () => {})
+  try {
+    await client.connect()
+    await client.query(statement)
+    return null
+  } catch (error) {
+    return error as { code?: string; message: string }
+  } finally {
+    await client.end().catch(() => {})
+  }
+}
+
+/** What one deployment's logins did to the other's database in the review, and what its own logins may do there. */
+const ATTACKS = [
+  {
+    login: 'requests',
+    what: 'locks a user out and uses up their rate limit: crm.claim_sign_in',
+    statement: "select * from crm.claim_sign_in('ada@two.test')",
+  },
+  {
+    login: 'worker',
+    what: 'opens an import batch: crm.begin_import_batch',
+    statement: 'select crm.begin_import_batch(gen_random_uuid(), gen_random_uuid())',
+  },
+  { login: 'worker', what: 'reads contacts as crm_api', statement: 'set role crm_api; select count(*) from crm.contacts' },
+] as const
+
+async function assertIsolated(t: Test, deployments: Deployment[]): Promise<void> {
+  for (const from of deployments) {
+    const logins = await loginsOf(from)
+    for (const to of deployments) {
+      for (const { login, what, statement } of ATTACKS) {
+        const error = await attempt(logins[login], to.database, statement)
+        if (from === to) {
+          // Its own logins get in and reach the function (which may refuse the made-up arguments).
+          t.not(error?.code, '42501', `${from.database}'s ${login} login ${what} in its own database: ${error?.message ?? 'ran'}`)
+        } else {
+          t.match(
+            error,
+            { code: '42501', message: /permission denied for database/ },
+            `${from.database}'s ${login} login is refused by ${to.database} before it ${what}`,
+          )
+        }
+      }
+    }
+  }
+}
+
+t.test("one deployment's login roles cannot get into the other's database", async (t) => {
+  await assertIsolated(t, [first, second])
+  const { rows } = await adminQuery(
+    `select has_database_privilege('public', $1, 'CONNECT') as public, has_database_privilege($2, $1, 'CONNECT') as own_runtime,
+            has_database_privilege($3, $1, 'CONNECT') as own_worker, has_database_privilege($4, $1, 'CONNECT') as other_runtime`,
+    [
+      second.database,
+      new URL((await loginsOf(second)).requests).username,
+      new URL((await loginsOf(second)).worker).username,
+      new URL((await loginsOf(first)).requests).username,
+    ],
+  )
+  t.same(rows[0], { public: false, own_runtime: true, own_worker: true, other_runtime: false }, 'in SQL: CONNECT is granted by name')
+})
+
+/** Ways a database lets another deployment's logins in that `crm migrate` closes. */
+const OPENINGS = [
+  // As a database migrated before sql/000035: PUBLIC connects, the login roles by it alone.
+  { what: 'PUBLIC connects (a database migrated before sql/000035)', grantTo: 'public', ownLoginsRevoked: true },
+  // A DBA's slip: CONNECT is inherited, so the shared groups let every deployment's logins in.
+  { what: 'the shared groups were granted CONNECT', grantTo: 'crm_runtime, crm_worker', ownLoginsRevoked: false },
+] as const
+
+for (const { what, grantTo, ownLoginsRevoked } of OPENINGS) {
+  t.test(`crm migrate closes a database where ${what}`, async (t) => {
+    const secondLogins = await loginsOf(second)
+    await adminQuery(`grant connect on database ${second.database} to ${grantTo}`)
+    if (ownLoginsRevoked)
+      for (const login of [secondLogins.requests, secondLogins.worker])
+        await adminQuery(`revoke connect on database ${second.database} from ${new URL(login).username}`)
+    t.equal(
+      await attempt((await loginsOf(first)).requests, second.database, 'select 1'),
+      null,
+      'the hole, as it was: the first deployment gets in',
+    )
+
+    const migrated = crm(second.ownerUrl, ['migrate'])
+    t.equal(migrated.status, 0, migrated.stderr)
+    await assertIsolated(t, [first, second])
+  })
+}
+
+t.test('a login role the operator names (RUNTIME_DATABASE_URL) is admitted by crm migrate, to its own database only', async (t) => {
+  const role = `crm_test_own_runtime_${process.pid}`
+  await adminQuery(`drop role if exists ${role}`)
+  await adminQuery(`create role ${role} login password 'own-runtime-password' in role crm_runtime`)
+  // DROP OWNED takes its privileges on every database too (shared objects).
+  t.teardown(() => adminQuery(`drop owned by ${role}; drop role ${role}`))
+  const url = new URL(second.ownerUrl)
+  url.username = role
+  url.password = 'own-runtime-password'
+  t.equal(await canLogIn(url.toString()), false, 'refused while nobody granted it CONNECT')
+
+  const migrated = crm(second.ownerUrl, ['migrate'], { RUNTIME_DATABASE_URL: url.toString() })
+  t.equal(migrated.status, 0, migrated.stderr)
+  t.equal(await canLogIn(url.toString()), true, 'admitted to the database whose URL names it')
+  t.match(
+    await attempt(url.toString(), first.database, 'select 1'),
+    { code: '42501', message: /permission denied for database/ },
+    "and not to the other deployment's",
+  )
+})
+
+t.test('processes of a new deployment starting at once all admit its login roles', async (t) => {
+  const third = await deployment('three')
+  // Each start grants CONNECT on the same database row; unserialised, all but one failed with
+  // "tuple concurrently updated".
+  const starts = await Promise.allSettled(Array.from({ length: 6 }, () => loginsOf(third)))
+  t.same(
+    starts.filter((start) => start.status === 'rejected').map((start) => String((start as PromiseRejectedResult).reason)),
+    [],
+    'every start set up its login roles',
+  )
+  await assertIsolated(t, [first, third])
 })
