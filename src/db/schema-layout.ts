@@ -124,6 +124,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'deal_jsonb',
           'deal_stages',
           'associations',
+          'record_permits',
           'write_associations_changed_event',
         ],
       },
