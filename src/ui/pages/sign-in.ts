@@ -18,7 +18,7 @@ import {
   ensurePreSession,
   hasSessionCookie,
   PRE_SESSION_COOKIE,
-  readCookies,
+  readCookie,
   SESSION_COOKIE,
   setCookie,
 } from '../session.ts'
@@ -167,13 +167,13 @@ export function signInPages(services: Services) {
     },
 
     showCode: async (req: IncomingMessage, res: ServerResponse) => {
-      if (!readCookies(req).get(CHALLENGE_COOKIE)) return redirect(res, '/sign-in')
+      if (!readCookie(req, CHALLENGE_COOKIE, '/sign-in')) return redirect(res, '/sign-in')
       codeForm(services, req, res, 200, query(req).get('method') === 'recovery')
     },
 
     submitCode: async (req: IncomingMessage, res: ServerResponse) => {
       const form = await readForm(req, services)
-      const challenge = readCookies(req).get(CHALLENGE_COOKIE)
+      const challenge = readCookie(req, CHALLENGE_COOKIE, '/sign-in')
       const recovery = form.has('recovery_code')
       if (!challenge) return redirect(res, '/sign-in?notice=challenge-expired')
       if (!csrfValid(config.appSecret, req, form.get('csrf')))
