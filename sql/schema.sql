@@ -991,6 +991,7 @@ create table crm.tokens (
   oauth_grant_id uuid,
   context text,
   context_key text,
+  authenticated_at timestamp with time zone default now() not null,
   constraint tokens_pkey PRIMARY KEY (id),
   constraint tokens_token_hash_key UNIQUE (token_hash),
   constraint tokens_oauth_app_fkey FOREIGN KEY (workspace_id, oauth_app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
@@ -1017,6 +1018,8 @@ comment on column crm.tokens.context is
   'The request context crm.authenticate last wrote for this token, before any keyed proof; null when it names a team (a team changes without moving access_version). Read by crm.resume_identity when context_key matches. Owner only.';
 comment on column crm.tokens.context_key is
   'What crm.tokens.context holds for: crm.context_cache_key(workspace, access_version, via). Owner only.';
+comment on column crm.tokens.authenticated_at is
+  'When the holder last proved who they are: the sign-in that issued it, or the calling token''s own for a token made in a request (-infinity for tokens issued before 000036). Turning two-factor on and tokens past a day need it within 10 minutes.';
 comment on constraint tokens_kind_known on crm.tokens is
   'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is
@@ -1068,12 +1071,15 @@ create policy tokens_update_own on crm.tokens as permissive for update to crm_ap
   );
 comment on policy tokens_update_own on crm.tokens is
   'A user revokes their own tokens and sessions with an unscoped token or a session; a scoped token only itself; an OAuth app''s access token only the tokens of its own authorization (crm.current_token_id, crm.current_oauth_grant_id).';
-grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
+grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id, authenticated_at) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
+CREATE TRIGGER tg_tokens__authenticated_at BEFORE INSERT ON crm.tokens
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_tokens__authenticated_at();
 CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens
   FOR EACH ROW
   WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL)))
@@ -1095,6 +1101,31 @@ $function$;
 comment on function crm.tg__revocation_is_final() is
   'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
+CREATE OR REPLACE FUNCTION crm.tg_tokens__authenticated_at()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if crm.current_token_id() is null then
+    -- A sign-in, a sign-up or the OAuth token endpoint: issued on a proof made now (the default).
+    new.authenticated_at := now();
+    return new;
+  end if;
+  new.authenticated_at := coalesce((select t.authenticated_at from crm.tokens t where t.id = crm.current_token_id()), '-infinity');
+  -- Requests insert as crm_api; an invitation accepted with a bearer (the owner's function) issues
+  -- a token no longer-lived than that bearer, its own rule.
+  if current_user = 'crm_api' and new.kind = 'token' and new.expires_at > now() + interval '1 day'
+     and not crm.is_recent_sign_in(new.authenticated_at) then
+    raise exception 'a token that lasts more than a day needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_tokens__authenticated_at() is
+  'Sets a new token''s authenticated_at (now for a sign-in, the calling token''s own in a request) and refuses a request''s token that lasts more than a day without a recent sign-in (CR403 reauthentication_required).';
+
 CREATE OR REPLACE FUNCTION crm.tg_tokens__revoke_oauth_grant()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1109,6 +1140,29 @@ end
 $function$;
 comment on function crm.tg_tokens__revoke_oauth_grant() is
   'A revoked OAuth access token revokes its grant (and with it the refresh tokens and the other access tokens).';
+
+CREATE OR REPLACE FUNCTION crm.is_recent_sign_in(authenticated_at timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+RETURN (authenticated_at > (now() - '00:10:00'::interval));
+comment on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) is
+  'Whether a sign-in at this time is recent enough to turn two-factor on or create a token that lasts more than a day: within 10 minutes.';
+grant execute on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.signed_in_recently()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  return coalesce((select crm.is_recent_sign_in(t.authenticated_at) from crm.tokens t where t.id = crm.current_token_id()), false);
+end
+$function$;
+comment on function crm.signed_in_recently() is
+  'Whether the calling token or session comes from a sign-in within the last 10 minutes (false without a request context). The pages ask it before offering what needs one.';
+grant execute on function crm.signed_in_recently() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.known_scopes()
  RETURNS text[]
@@ -5415,9 +5469,30 @@ create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_
   with check (true);
 comment on policy user_totp_all_owner on crm.user_totp is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+CREATE TRIGGER tg_user_totp__recent_sign_in BEFORE UPDATE OF confirmed_at ON crm.user_totp
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_user_totp__recent_sign_in();
 CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
+
+CREATE OR REPLACE FUNCTION crm.tg_user_totp__recent_sign_in()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- In a request only: the owner's own SQL (an operator, a fixture) is no request.
+  if old.confirmed_at is null and new.confirmed_at is not null and crm.current_token_id() is not null
+     and not crm.signed_in_recently() then
+    raise exception 'turning two-factor on needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_user_totp__recent_sign_in() is
+  'Refuses turning two-factor on (confirmed_at set) in a request whose token or session does not come from a sign-in within the last 10 minutes (CR403 reauthentication_required).';
 
 CREATE OR REPLACE FUNCTION crm.tg_user_totp__steps_only_forward()
  RETURNS trigger

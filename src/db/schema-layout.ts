@@ -57,6 +57,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'accept_invitation',
           'prune_invitations',
           'tokens',
+          'is_recent_sign_in',
+          'signed_in_recently',
           'known_scopes',
           'scopes_are_valid',
           'issue_token',

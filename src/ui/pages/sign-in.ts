@@ -28,6 +28,7 @@ const NOTICES: Record<string, string> = {
   'signed-out': 'You are signed out.',
   'challenge-expired': 'The sign-in took too long or the code was tried too often. Sign in again.',
 }
+const REAUTHENTICATE_NOTICE = 'Confirm it is you: sign in again to go on.'
 
 function startSession(req: IncomingMessage, res: ServerResponse, token: string, expiresAt: string): void {
   setCookie(req, res, SESSION_COOKIE, token, { maxAgeSeconds: (Date.parse(expiresAt) - Date.now()) / 1000 })
@@ -129,8 +130,11 @@ export function signInPages(services: Services) {
 
   return {
     showPassword: async (req: IncomingMessage, res: ServerResponse) => {
-      if (hasSessionCookie(req)) return redirect(res, afterSignIn(req))
-      passwordForm(services, req, res, 200, { notice: NOTICES[query(req).get('notice') ?? ''] })
+      // A signed-in browser is sent on, unless a page asked for a fresh sign-in (turning two-factor
+      // on, a long-lived token): the new session replaces this one in the cookie.
+      const reauthenticate = query(req).get('reauthenticate') === '1'
+      if (hasSessionCookie(req) && !reauthenticate) return redirect(res, afterSignIn(req))
+      passwordForm(services, req, res, 200, { notice: reauthenticate ? REAUTHENTICATE_NOTICE : NOTICES[query(req).get('notice') ?? ''] })
     },
 
     submitPassword: async (req: IncomingMessage, res: ServerResponse) => {

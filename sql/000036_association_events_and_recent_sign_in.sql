@@ -8,6 +8,16 @@
 -- id twice. Anything else is refused (CR422 validation_failed). What it can then say is what the
 -- caller could have done for real in the same transaction: link or unlink records it sees on a
 -- record it may update.
+--
+-- Turning two-factor on and creating a token that lasts more than a day need a recent sign-in: a
+-- stolen session cookie must not lock its owner out with its own TOTP secret, nor mint a 365-day
+-- token that outlives the session's revocation. crm.tokens.authenticated_at is when the holder of
+-- a credential last proved who they are: the moment of a sign-in (password, and the second factor
+-- when it is on) for a token or session issued without a request context, and, for a token made
+-- in a request (POST /api/tokens, an invitation accepted with a bearer), the calling token's own,
+-- so a token cannot refresh its proof by minting another. Tokens issued before this file get
+-- -infinity: none of them counts as a recent sign-in. Recent is within 10 minutes
+-- (crm.is_recent_sign_in). Refused with CR403 reauthentication_required.
 set local lock_timeout = '5s';
 set local statement_timeout = '60s';
 
@@ -124,3 +134,81 @@ end
 $$;
 comment on function crm.write_associations_changed_event(text, uuid, jsonb) is
   'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed, built from the change after checking it against the links as they are now. Only for a record the caller may update, and ids of records the caller may view.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Recent sign-in
+
+-- squawk-ignore adding-not-nullable-field
+alter table crm.tokens add column authenticated_at timestamp with time zone not null default '-infinity';
+alter table crm.tokens alter column authenticated_at set default now();
+comment on column crm.tokens.authenticated_at is
+  'When the holder last proved who they are: the sign-in that issued it, or the calling token''s own for a token made in a request (-infinity for tokens issued before 000036). Turning two-factor on and tokens past a day need it within 10 minutes.';
+grant select (authenticated_at) on crm.tokens to crm_api;
+
+create function crm.is_recent_sign_in(authenticated_at timestamp with time zone) returns boolean
+  language sql stable
+  return authenticated_at > now() - interval '10 minutes';
+comment on function crm.is_recent_sign_in(timestamp with time zone) is
+  'Whether a sign-in at this time is recent enough to turn two-factor on or create a token that lasts more than a day: within 10 minutes.';
+revoke execute on function crm.is_recent_sign_in(timestamp with time zone) from public;
+grant execute on function crm.is_recent_sign_in(timestamp with time zone) to crm_api;
+
+create function crm.signed_in_recently() returns boolean
+  language plpgsql stable
+  set search_path = pg_catalog, crm, pg_temp
+as $$
+begin
+  return coalesce((select crm.is_recent_sign_in(t.authenticated_at) from crm.tokens t where t.id = crm.current_token_id()), false);
+end
+$$;
+comment on function crm.signed_in_recently() is
+  'Whether the calling token or session comes from a sign-in within the last 10 minutes (false without a request context). The pages ask it before offering what needs one.';
+revoke execute on function crm.signed_in_recently() from public;
+grant execute on function crm.signed_in_recently() to crm_api;
+
+create function crm.tg_tokens__authenticated_at() returns trigger
+  language plpgsql
+  set search_path = pg_catalog, crm, pg_temp
+as $$
+begin
+  if crm.current_token_id() is null then
+    -- A sign-in, a sign-up or the OAuth token endpoint: issued on a proof made now (the default).
+    new.authenticated_at := now();
+    return new;
+  end if;
+  new.authenticated_at := coalesce((select t.authenticated_at from crm.tokens t where t.id = crm.current_token_id()), '-infinity');
+  -- Requests insert as crm_api; an invitation accepted with a bearer (the owner's function) issues
+  -- a token no longer-lived than that bearer, its own rule.
+  if current_user = 'crm_api' and new.kind = 'token' and new.expires_at > now() + interval '1 day'
+     and not crm.is_recent_sign_in(new.authenticated_at) then
+    raise exception 'a token that lasts more than a day needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$$;
+comment on function crm.tg_tokens__authenticated_at() is
+  'Sets a new token''s authenticated_at (now for a sign-in, the calling token''s own in a request) and refuses a request''s token that lasts more than a day without a recent sign-in (CR403 reauthentication_required).';
+revoke execute on function crm.tg_tokens__authenticated_at() from public;
+create trigger tg_tokens__authenticated_at before insert on crm.tokens
+  for each row execute function crm.tg_tokens__authenticated_at();
+
+create function crm.tg_user_totp__recent_sign_in() returns trigger
+  language plpgsql
+  set search_path = pg_catalog, crm, pg_temp
+as $$
+begin
+  -- In a request only: the owner's own SQL (an operator, a fixture) is no request.
+  if old.confirmed_at is null and new.confirmed_at is not null and crm.current_token_id() is not null
+     and not crm.signed_in_recently() then
+    raise exception 'turning two-factor on needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$$;
+comment on function crm.tg_user_totp__recent_sign_in() is
+  'Refuses turning two-factor on (confirmed_at set) in a request whose token or session does not come from a sign-in within the last 10 minutes (CR403 reauthentication_required).';
+revoke execute on function crm.tg_user_totp__recent_sign_in() from public;
+create trigger tg_user_totp__recent_sign_in before update of confirmed_at on crm.user_totp
+  for each row execute function crm.tg_user_totp__recent_sign_in();
