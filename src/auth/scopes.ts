@@ -26,7 +26,10 @@ export const SCOPE_DESCRIPTIONS: Record<TokenScope, string> = {
   'companies:write': 'Create, change, delete and import companies (and see them)',
   'deals:read': 'See and export deals, their stages and associations',
   'deals:write': 'Create, change, delete and import deals (and see them)',
-  'webhooks:manage': 'Manage webhook subscriptions and read their deliveries (admins)',
+  // A subscription's URL can be changed and its deliveries sent again or recovered, so this scope
+  // reads every record its events carry, whatever the other scopes (docs/decisions.md).
+  'webhooks:manage':
+    'Manage webhook subscriptions and their deliveries, which carry every contact, company and deal change: read all of those records as they change (admins)',
   'workspace:admin': 'Manage members, roles, teams, invitations and OAuth apps (admins)',
   offline_access: 'Stay connected: receive a refresh token, so the app keeps access until you disconnect it',
 }

@@ -15,24 +15,38 @@
 // every read a standby answers (it sends its replay position along) and from the primary's
 // position after each write. Inside the read, a one-time filter refuses a server that is no longer
 // a standby (promoted). A standby that refuses or cannot take a statement leaves it to the primary.
-// The checks also report the standbys on /readyz and log each change of a standby's state.
+// The checks also report the standbys on /readyz (states and counts, never their addresses) and log
+// each change of a standby's state.
+//
+// A server is used only once a check has found it to be a standby of this primary: in recovery,
+// with the primary's system identifier (pg_control_system(), the same for every copy of one
+// cluster), on a timeline no newer than the primary's. A server given by mistake or by an attacker
+// who can change READ_REPLICA_URLS or DNS (another cluster, a standby of another primary, one
+// following a sibling promoted away from this primary) would otherwise answer reads with its own
+// rows, and its replay positions compare with nothing of ours. Such a server is `refused`: logged,
+// never read. Its replay position is not even observed.
 //
 // Long reads (exports) run in a transaction of their own on a standby (standbyForLongRead): only
 // on one whose hot_standby_feedback is on (read by the checks), so the primary's VACUUM keeps the
 // rows the export's snapshot needs and replay does not cancel it for them. Replay can still cancel
 // it for a lock (DDL, a VACUUM that truncates the table) or a pinned page, once the standby's
-// max_standby_streaming_delay has passed. The caller decides what happens when the standby fails
+// max_standby_streaming_delay has passed. Its transaction first checks again that the server is
+// still a standby of this cluster (a failover may have moved the address since the last check).
+// The caller decides what happens when the standby fails
 // it (src/http/app.ts): the primary again before the answer began, a cut response after.
 import pg from 'pg'
 import type { Logger } from '../log.ts'
-import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection } from './pool.ts'
+import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection, sql } from './pool.ts'
 import { redactUrl } from './provision.ts'
 import { createStatementPool, type StatementPool, type StatementQuery } from './statement-pool.ts'
 
-export type ReplicaState = 'starting' | 'serving' | 'lagging' | 'down' | 'promoted'
-/** A standby as /readyz shows it: its state, replay lag and hot_standby_feedback at the last check, and the reads it has answered. */
+export type ReplicaState = 'starting' | 'serving' | 'lagging' | 'down' | 'promoted' | 'refused'
+/**
+ * A standby as /readyz shows it: its place in READ_REPLICA_URLS (from 1), never its address; its
+ * state, replay lag and hot_standby_feedback at the last check, and the reads it has answered.
+ */
 export type ReplicaReport = {
-  replica: string
+  position: number
   state: ReplicaState
   lag_ms: number | null
   hot_standby_feedback: boolean | null
@@ -104,13 +118,33 @@ function guardedText(text: string): string {
  * then be behind it).
  */
 const CHECK_PRIMARY = 'select pg_current_wal_insert_lsn()::text as lsn'
+/** Which cluster a server belongs to, and the timeline of its last checkpoint (a standby's: its last restartpoint). */
+const CLUSTER_IDENTITY = `(select system_identifier::text from pg_control_system()) as cluster,
+  (select timeline_id from pg_control_checkpoint()) as timeline`
+const CHECK_PRIMARY_IDENTITY = `select ${CLUSTER_IDENTITY}`
 const CHECK_STANDBY = `select pg_is_in_recovery() as standby, pg_last_wal_replay_lsn()::text as replayed,
-  current_setting('hot_standby_feedback')::bool as feedback`
+  current_setting('hot_standby_feedback')::bool as feedback, ${CLUSTER_IDENTITY}`
+
+type ClusterIdentity = { cluster: string; timeline: number }
+
+/**
+ * Why a server is not a standby of the primary, or null when it is one: in recovery, the primary's
+ * cluster, and a timeline no newer than the primary's. A newer one means it follows a server
+ * promoted from this cluster that is not the primary: its history has forked from ours. An older
+ * one is a standby whose last restartpoint predates the primary's promotion, which is normal.
+ */
+export function notAStandbyOf(primary: ClusterIdentity, server: ClusterIdentity & { standby: boolean }): string | null {
+  if (server.cluster !== primary.cluster) return `system identifier ${server.cluster}, not the primary's ${primary.cluster}`
+  if (!server.standby) return null
+  if (server.timeline > primary.timeline) return `timeline ${server.timeline}, newer than the primary's ${primary.timeline}`
+  return null
+}
 /** Primary positions kept to date a standby's replay position (a check's worth and more). */
 const MAX_PRIMARY_POSITIONS = 512
 
 type Replica = {
   label: string
+  position: number
   pool: StatementPool
   state: ReplicaState
   lagMs: number | null
@@ -154,8 +188,9 @@ export function createReadRouting(options: {
   // One connection for the position checks: they are one short query each, and shared (see observePrimary).
   const positions = new pg.Pool({ connectionString: options.primaryUrl, max: 1, connectionTimeoutMillis: 5000 })
   positions.on('error', () => {})
-  const replicas: Replica[] = options.replicaUrls.map((url) => ({
+  const replicas: Replica[] = options.replicaUrls.map((url, index) => ({
     label: redactUrl(url),
+    position: index + 1,
     pool: createStatementPool(url, {
       maxPoolSize: options.poolSize,
       // A standby that does not answer is skipped, not waited for.
@@ -182,6 +217,13 @@ export function createReadRouting(options: {
   const pending = new Set<string>()
   let observing: Promise<void> | null = null
   let next = 0
+  /** The primary's cluster and timeline, read at every check: no standby is used before it is known. */
+  let primaryIdentity: ClusterIdentity | null = null
+
+  async function observePrimaryIdentity(): Promise<void> {
+    const { rows } = await positions.query(CHECK_PRIMARY_IDENTITY)
+    primaryIdentity = { cluster: rows[0].cluster, timeline: Number(rows[0].timeline) }
+  }
 
   function setState(replica: Replica, state: ReplicaState, lagMs: number | null, reason?: string): void {
     replica.lagMs = lagMs
@@ -242,11 +284,18 @@ export function createReadRouting(options: {
   const lagOf = (replica: Replica) => (replica.freshAt === null ? null : Math.max(0, Date.now() - replica.freshAt))
 
   async function checkReplica(replica: Replica): Promise<void> {
-    let row: { standby: boolean; replayed: string | null; feedback: boolean }
+    let row: { standby: boolean; replayed: string | null; feedback: boolean; cluster: string; timeline: number }
     try {
       row = (await replica.pool.rows({ sql: CHECK_STANDBY, values: [] }))[0] as typeof row
     } catch (error) {
       setState(replica, 'down', null, (error as Error).message)
+      return
+    }
+    if (primaryIdentity === null) return
+    const refusal = notAStandbyOf(primaryIdentity, { ...row, timeline: Number(row.timeline) })
+    if (refusal !== null) {
+      replica.freshAt = null
+      setState(replica, 'refused', null, `not a standby of this primary: ${refusal}`)
       return
     }
     if (!row.standby || row.replayed === null) {
@@ -260,13 +309,13 @@ export function createReadRouting(options: {
   }
 
   async function check(): Promise<void> {
-    await observePrimary().catch((error: unknown) =>
-      logger.warn('the primary WAL position could not be read', { error: (error as Error).message }),
+    await Promise.all([observePrimary(), observePrimaryIdentity()]).catch((error: unknown) =>
+      logger.warn('the primary WAL position or identity could not be read', { error: (error as Error).message }),
     )
     await Promise.all(replicas.map(checkReplica))
-    // A write every standby has replayed needs remembering no longer.
+    // A write every standby of ours has replayed needs remembering no longer.
     let everywhere = replicas[0].replayed
-    for (const replica of replicas) if (replica.replayed < everywhere) everywhere = replica.replayed
+    for (const replica of replicas) if (replica.state !== 'refused' && replica.replayed < everywhere) everywhere = replica.replayed
     for (const [user, lsn] of writes) if (lsn <= everywhere) writes.delete(user)
   }
 
@@ -316,7 +365,10 @@ export function createReadRouting(options: {
             connectionTimeoutMs: Math.min(1000, maxLagMs),
             transactionRetryLimit: 0,
           })
-          return (await replica.transactions).transaction(work)
+          return (await replica.transactions).transaction(async (db) => {
+            await confirmStandby(replica, db)
+            return work(db)
+          })
         },
         admits: (userId) => mayAnswer(userId, replayed, freshAt),
         served: () => replica.longReads++,
@@ -324,6 +376,26 @@ export function createReadRouting(options: {
       }
     }
     return null
+  }
+
+  /**
+   * A long read's first statement: the server is still a standby of this primary (its snapshot is
+   * taken by the statements after this one). Otherwise the read is refused before it began, the
+   * primary runs it, and the standby is out until a check finds it back.
+   */
+  async function confirmStandby(replica: Replica, db: DatabaseTransactionConnection): Promise<void> {
+    const row = (await db.one(sql.unsafe`select pg_is_in_recovery() as standby,
+      (select system_identifier::text from pg_control_system()) as cluster,
+      (select timeline_id from pg_control_checkpoint()) as timeline`)) as { standby: boolean; cluster: string; timeline: number }
+    const refusal =
+      primaryIdentity === null
+        ? 'the primary is not known'
+        : row.standby
+          ? notAStandbyOf(primaryIdentity, { ...row, timeline: Number(row.timeline) })
+          : 'not in recovery'
+    if (refusal === null) return
+    setState(replica, row.standby ? 'refused' : 'promoted', null, refusal)
+    throw new StandbyRefusedError(`the standby is no longer a standby of this primary: ${refusal}`)
   }
 
   async function readOn(replica: Replica, query: StatementQuery): Promise<Record<string, unknown>[]> {
@@ -381,7 +453,7 @@ export function createReadRouting(options: {
     standbyForLongRead,
     report: () =>
       replicas.map((replica) => ({
-        replica: replica.label,
+        position: replica.position,
         state: replica.state,
         lag_ms: replica.lagMs,
         hot_standby_feedback: replica.feedback,

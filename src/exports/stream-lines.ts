@@ -7,6 +7,12 @@
 // connection that is between statements. A driver stream cut in the middle left its portal
 // half-read and the ROLLBACK queued behind it, and the connection never came back to the pool
 // (test/hostile/slow-readers.test.ts).
+//
+// A client that stays connected but stops reading is cut too: when a chunk has waited
+// STREAM_STALL_MS for the socket to take it (the response's buffer full the whole time, not one
+// chunk read), the response is destroyed, the handler throws, the transaction rolls back and the
+// stream's slots are freed. Without it such a client kept a connection and a STREAMS_PER_PROCESS
+// slot until EXPORT_TIMEOUT_MS (30 minutes).
 import type { ServerResponse } from 'node:http'
 import type { QuerySqlToken } from 'slonik'
 import Type from 'typebox'
@@ -27,8 +33,8 @@ export type LinesQuery = QuerySqlToken<typeof LineRow>
 export type StreamHead = { headers: Record<string, string>; prefix: string }
 
 /**
- * Streams the query's lines and ends the response; past `deadlineMs` (slow readers included) the
- * response is cut. The head goes out with the first fetch's lines, once the query has answered:
+ * Streams the query's lines and ends the response; past `deadlineMs` (slow readers included), or
+ * when one chunk waits `stallMs` for the client to take it, the response is cut. The head goes out with the first fetch's lines, once the query has answered:
  * until then a failure can still be answered (or the read run elsewhere: src/http/app.ts), and
  * after it the response is chunked, so a stream cut short lacks its last chunk and the client sees
  * a failed transfer, not a shorter file. Throws ClientWentAwayError when the client is gone before
@@ -38,9 +44,9 @@ export async function streamLines(
   db: DatabaseTransactionConnection,
   query: LinesQuery,
   res: ServerResponse,
-  options: { head: StreamHead; newline: string; deadlineMs: number },
+  options: { head: StreamHead; newline: string; deadlineMs: number; stallMs: number },
 ): Promise<number> {
-  const { head, newline } = options
+  const { head, newline, stallMs } = options
   const deadline = setTimeout(() => res.destroy(), options.deadlineMs)
   try {
     await db.query(sql.unsafe`declare stream_lines no scroll cursor for ${query}`)
@@ -55,14 +61,14 @@ export async function streamLines(
       for (const line of lines) {
         buffer += line + newline
         if (buffer.length >= CHUNK_CHARACTERS) {
-          await write(res, buffer)
+          await write(res, buffer, stallMs)
           buffer = ''
         }
       }
       rows += lines.length
       if (lines.length < FETCH_ROWS) break
     }
-    await write(res, buffer)
+    await write(res, buffer, stallMs)
     res.end()
     return rows
   } finally {
@@ -78,12 +84,24 @@ class ReaderWentAwayError extends ClientWentAwayError {
   }
 }
 
-/** Writes a chunk and waits until the response has room again, or fails once the client is gone. */
-function write(res: ServerResponse, chunk: string): Promise<void> {
+/** The client kept the connection but took nothing for the stall bound: the stream was cut. */
+class ReaderStalledError extends ClientWentAwayError {
+  constructor(stallMs: number) {
+    super(null)
+    this.message = `The client read nothing of the response for ${stallMs} ms: the stream was cut`
+  }
+}
+
+/**
+ * Writes a chunk and waits until the response has room again; fails once the client is gone, or
+ * cuts the response when it has had no room for `stallMs`.
+ */
+function write(res: ServerResponse, chunk: string, stallMs: number): Promise<void> {
   if (res.destroyed) return Promise.reject(new ReaderWentAwayError())
   if (res.write(chunk)) return Promise.resolve()
   return new Promise((resolve, reject) => {
     const settle = (error?: Error) => {
+      clearTimeout(stalled)
       res.off('drain', onDrain)
       res.off('close', onClose)
       if (error) reject(error)
@@ -91,6 +109,10 @@ function write(res: ServerResponse, chunk: string): Promise<void> {
     }
     const onDrain = () => settle()
     const onClose = () => settle(new ReaderWentAwayError())
+    const stalled = setTimeout(() => {
+      settle(new ReaderStalledError(stallMs))
+      res.destroy()
+    }, stallMs)
     res.once('drain', onDrain)
     res.once('close', onClose)
   })

@@ -105,7 +105,7 @@ export function createApp(
   const onError = (error: unknown, req: IncomingMessage, res: ServerResponse) => {
     const request = req as Request
     if (error instanceof ClientWentAwayError) {
-      logger.info('client went away', { request_id: request.requestId, method: req.method, path: request.path })
+      logger.info('client went away', { request_id: request.requestId, method: req.method, path: request.path, reason: error.message })
       res.destroy()
       return
     }

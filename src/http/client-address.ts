@@ -40,3 +40,8 @@ export function identifyClient(req: IncomingMessage, trustedProxies: readonly Ci
 export function clientOf(req: IncomingMessage): Client {
   return clients.get(req) ?? identifyClient(req, [])
 }
+
+/** A request made from another one (the UI's authentication of a page) is the same client. */
+export function sameClientAs(req: IncomingMessage, original: IncomingMessage): void {
+  clients.set(req, clientOf(original))
+}

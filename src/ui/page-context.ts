@@ -5,6 +5,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Authenticator, Caller } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { AuthenticationError, RateLimitedError } from '../errors.ts'
+import { sameClientAs } from '../http/client-address.ts'
 import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
 import { type ApiCall, apiCaller } from './api-calls.ts'
@@ -12,7 +13,7 @@ import { type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
 import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
 import { query as queryOf } from './request.ts'
-import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookies, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
+import { clearCookie, csrfToken, csrfValid, hasSessionCookie, readCookie, SESSION_COOKIE, WORKSPACE_COOKIE } from './session.ts'
 
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: ApiError }
 
@@ -68,10 +69,12 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
       if (!hasSessionCookie(req))
         return redirect(res, req.method === 'GET' ? `/sign-in?next=${encodeURIComponent(req.url ?? '/')}` : '/sign-in')
 
-      const slug = readCookies(req).get(WORKSPACE_COOKIE)
+      const slug = readCookie(req, WORKSPACE_COOKIE)
       const authRequest = {
         headers: { cookie: req.headers.cookie, ...(slug ? { 'x-tenant-slug': slug } : {}) },
       } as unknown as IncomingMessage
+      // The same client as the page's request: over https its cookies go by their prefixed names.
+      sameClientAs(authRequest, req)
       const result = await services.pool
         .transaction(async (db) => {
           const caller = await authenticate(db, authRequest, requestId)

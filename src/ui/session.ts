@@ -2,6 +2,13 @@
 // checked, rate-limited, suspended and revoked by crm.authenticate exactly like an API token.
 // Forms carry a CSRF token: an HMAC of the session token's hash (or, before sign-in, of a random
 // pre-session cookie) keyed by a key derived from APP_SECRET.
+//
+// Over https (directly, or through a trusted proxy that says so) every cookie is Secure and its
+// name carries a prefix the browser enforces: `__Host-` (Secure, Path=/, no Domain: only this host
+// can set it, so a sibling subdomain or a plain-http page cannot plant a session or a pre-session
+// for the CSRF token), `__Secure-` for the one cookie scoped to a path. Only the prefixed name is
+// read then. Over plain http (make run on localhost) browsers refuse both prefixes, so the names
+// are plain there.
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Credential } from '../auth/authenticate.ts'
@@ -37,8 +44,20 @@ export function isSecureRequest(req: IncomingMessage): boolean {
 
 type CookieOptions = { maxAgeSeconds?: number; path?: string }
 
+/** The name a cookie goes by on this request: prefixed over https, plain over http. */
+export function cookieName(req: IncomingMessage, name: string, path = '/'): string {
+  if (!isSecureRequest(req)) return name
+  return `${path === '/' ? '__Host-' : '__Secure-'}${name}`
+}
+
+/** A cookie of the request by its unprefixed name (`path`: the one it was set for). */
+export function readCookie(req: IncomingMessage, name: string, path = '/'): string | undefined {
+  return readCookies(req).get(cookieName(req, name, path))
+}
+
 export function setCookie(req: IncomingMessage, res: ServerResponse, name: string, value: string, options: CookieOptions = {}): void {
-  const parts = [`${name}=${encodeURIComponent(value)}`, `Path=${options.path ?? '/'}`, 'HttpOnly', 'SameSite=Lax']
+  const path = options.path ?? '/'
+  const parts = [`${cookieName(req, name, path)}=${encodeURIComponent(value)}`, `Path=${path}`, 'HttpOnly', 'SameSite=Lax']
   if (options.maxAgeSeconds !== undefined) parts.push(`Max-Age=${Math.max(0, Math.floor(options.maxAgeSeconds))}`)
   if (isSecureRequest(req)) parts.push('Secure')
   const previous = res.getHeader('Set-Cookie')
@@ -52,12 +71,12 @@ export function clearCookie(req: IncomingMessage, res: ServerResponse, name: str
 
 /** The credentialOf for createAuthenticator: the session cookie, as a UI credential. */
 export function sessionCredential(req: IncomingMessage): Credential | null {
-  const token = readCookies(req).get(SESSION_COOKIE)
+  const token = readCookie(req, SESSION_COOKIE)
   return token ? { token, via: 'ui' } : null
 }
 
 export function hasSessionCookie(req: IncomingMessage): boolean {
-  const token = readCookies(req).get(SESSION_COOKIE)
+  const token = readCookie(req, SESSION_COOKIE)
   return token !== undefined && TOKEN_PATTERN.test(token)
 }
 
@@ -67,10 +86,9 @@ function csrfKey(appSecret: string): Buffer {
 
 /** What a CSRF token is bound to: the session, else the pre-session cookie (sign-in forms). */
 function csrfSubject(req: IncomingMessage): string | null {
-  const cookies = readCookies(req)
-  const session = cookies.get(SESSION_COOKIE)
+  const session = readCookie(req, SESSION_COOKIE)
   if (session) return `session:${hashToken(session).toString('hex')}`
-  const preSession = cookies.get(PRE_SESSION_COOKIE)
+  const preSession = readCookie(req, PRE_SESSION_COOKIE)
   if (preSession && /^[A-Za-z0-9_-]{22,64}$/.test(preSession)) return `pre:${preSession}`
   return null
 }
@@ -81,7 +99,7 @@ export function ensurePreSession(req: IncomingMessage, res: ServerResponse): voi
   const value = randomBytes(18).toString('base64url')
   setCookie(req, res, PRE_SESSION_COOKIE, value, { maxAgeSeconds: 3600 })
   // The form rendered in this same response must see it.
-  req.headers.cookie = `${req.headers.cookie ? req.headers.cookie + '; ' : ''}${PRE_SESSION_COOKIE}=${value}`
+  req.headers.cookie = `${req.headers.cookie ? req.headers.cookie + '; ' : ''}${cookieName(req, PRE_SESSION_COOKIE)}=${value}`
 }
 
 export function csrfToken(appSecret: string, req: IncomingMessage): string {
@@ -106,7 +124,7 @@ export const FLASH_COOKIE = 'crm_flash'
 const FLASH_SECONDS = 60
 
 function sessionHash(req: IncomingMessage): string {
-  const session = readCookies(req).get(SESSION_COOKIE)
+  const session = readCookie(req, SESSION_COOKIE)
   return session ? hashToken(session).toString('hex') : ''
 }
 
@@ -117,7 +135,7 @@ export function setFlash(appSecret: string, req: IncomingMessage, res: ServerRes
 
 /** The flash of this kind for this session, once: the cookie is cleared as it is read. */
 export function takeFlash<T>(appSecret: string, req: IncomingMessage, res: ServerResponse, kind: string): T | null {
-  const sealed = readCookies(req).get(FLASH_COOKIE)
+  const sealed = readCookie(req, FLASH_COOKIE)
   if (!sealed) return null
   clearCookie(req, res, FLASH_COOKIE)
   try {

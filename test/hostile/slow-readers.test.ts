@@ -1,12 +1,13 @@
 // Streams cannot take the pool (API.md section 9, docs/security.md): an export or
 // an errors.csv holds a connection for as long as its client reads, so clients that stop reading
 // are bounded per workspace (4, errors.csv counted as an export) and per process
-// (STREAMS_PER_PROCESS), and every other tenant keeps being answered.
+// (STREAMS_PER_PROCESS), and every other tenant keeps being answered; a reader that keeps its
+// connection but takes nothing for STREAM_STALL_MS is cut, and its connection and slots come back.
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
 import { ownerClient } from '../helpers/database.ts'
 import { createTenant, type Tenant } from '../helpers/fixtures.ts'
-import { startTestServer } from '../helpers/server.ts'
+import { startTestServer, type TestServer } from '../helpers/server.ts'
 import { until } from '../helpers/until.ts'
 import { upload } from '../imports/helpers.ts'
 
@@ -40,9 +41,9 @@ async function readerWorkspace(): Promise<Reader> {
 type SlowRead = { status: number; retryAfter: string | null; socket: Socket }
 
 /** GETs errors.csv and stops reading once the status line is in: a client that never reads on. */
-function slowRead(reader: Reader): Promise<SlowRead> {
+function slowRead(reader: Reader, service: TestServer = server): Promise<SlowRead> {
   return new Promise((resolve, reject) => {
-    const socket = connect(Number(new URL(server.url).port), '127.0.0.1')
+    const socket = connect(Number(new URL(service.url).port), '127.0.0.1')
     socket.on('error', reject)
     socket.write(
       `GET /api/contacts/import/${reader.importId}/errors.csv HTTP/1.1\r\nHost: crm.test\r\nAuthorization: Bearer ${reader.token}\r\n\r\n`,
@@ -73,7 +74,7 @@ async function streamingConnections(): Promise<number> {
 }
 
 async function checkReaders(t: Test, readers: Reader[], expected: Record<number, number>) {
-  const answers = await Promise.all(readers.map(slowRead))
+  const answers = await Promise.all(readers.map((reader) => slowRead(reader)))
   const statuses: Record<number, number> = {}
   for (const { status } of answers) statuses[status] = (statuses[status] ?? 0) + 1
   t.same(statuses, expected, 'the readers are streamed up to the bounds, then refused')
@@ -135,5 +136,30 @@ t.test('slow readers spread over five workspaces leave the other tenants answere
     t,
     workspaces.flatMap((reader) => Array.from({ length: 4 }, () => reader)),
     { 200: 5, 503: 15 },
+  )
+})
+
+t.test('a reader that stops reading is cut after STREAM_STALL_MS, and its slot and connection come back', async (t) => {
+  // One stream slot: the stalled reader holds the only one until it is cut.
+  const tight = await startTestServer(t, {
+    databaseUrl: server.databaseUrl,
+    env: { RATE_LIMIT_PER_MINUTE: '1000000', STREAMS_PER_PROCESS: '1', STREAM_STALL_MS: '1000' },
+  })
+  const reader = await readerWorkspace()
+  const stalled = await slowRead(reader, tight)
+  t.equal(stalled.status, 200, 'the reader is streamed, then stops reading')
+  let closed = false
+  stalled.socket.on('close', () => (closed = true))
+  // The client never closes its socket: the server must.
+  await until('the stalled stream is rolled back', async () => (await streamingConnections()) === 0)
+  // Reading again, it finds the response cut: the rest of what was buffered, then the end.
+  stalled.socket.resume()
+  await until('the server closed the stalled connection', async () => closed)
+  const again = await tight.request('GET', `/api/contacts/import/${reader.importId}/errors.csv`, { token: reader.token })
+  t.equal(again.status, 200, 'the only stream slot is free again: a reader that reads is streamed')
+  t.ok(again.text.split('\r\n').length > 5000, 'the whole file')
+  t.ok(
+    tight.logLines.some((line) => line.includes('client went away') && line.includes('read nothing of the response')),
+    'the cut is logged with its reason',
   )
 })

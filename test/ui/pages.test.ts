@@ -40,8 +40,38 @@ t.test('cookies are Secure behind an https proxy, HttpOnly and SameSite=Lax alwa
   })
   t.equal(signedIn.status, 303)
   t.equal(signedIn.headers.get('location'), '/')
-  const sessionCookie = signedIn.headers.getSetCookie().find((line) => line.startsWith('crm_session='))
-  t.match(sessionCookie, /^crm_session=crm_[A-Za-z0-9_-]+; Path=\/; HttpOnly; SameSite=Lax; Max-Age=\d+; Secure$/)
+  const sessionCookie = signedIn.headers.getSetCookie().find((line) => line.startsWith('__Host-crm_session='))
+  t.match(sessionCookie, /^__Host-crm_session=crm_[A-Za-z0-9_-]+; Path=\/; HttpOnly; SameSite=Lax; Max-Age=\d+; Secure$/)
+})
+
+t.test('over https every cookie carries its prefix, and only the prefixed name is read', async (t) => {
+  const proxied = { 'x-forwarded-proto': 'https' }
+  const signInPage = await get('/sign-in', proxied)
+  const preSession = signInPage.headers.get('set-cookie') ?? ''
+  t.match(preSession, /^__Host-crm_pre_session=[^;]+; Path=\/; HttpOnly; SameSite=Lax; Max-Age=3600; Secure$/, 'the CSRF pre-session')
+  t.notMatch(preSession, /Domain=/i)
+  // The session as the browser keeps it over https: read under its prefixed name.
+  t.equal((await get('/security', { ...proxied, cookie: `__Host-crm_session=${session}` })).status, 200, 'signed in')
+  // A plain crm_session planted from http or a sibling domain is not the session over https.
+  const planted = await get('/security', { ...proxied, cookie: `crm_session=${session}` })
+  t.equal(planted.status, 303, 'a plain-named session cookie is ignored over https')
+  t.match(planted.headers.get('location'), /^\/sign-in/)
+  // Over plain http (make run) browsers refuse the prefixes: the names stay plain.
+  t.equal((await get('/security', { cookie: `crm_session=${session}` })).status, 200, 'plain names over http')
+  // A sign-out over https clears the prefixed name (a session of its own: the others go on using theirs).
+  const own = await withOwner(server.databaseUrl, (client) => mintToken(client, acme.members['ada@acme.test'].id, { kind: 'session' }))
+  const page = await get('/security', { ...proxied, cookie: `__Host-crm_session=${own}` })
+  const csrf = csrfOf(await page.text())
+  const signOut = await fetch(server.url + '/sign-out', {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { ...proxied, 'content-type': 'application/x-www-form-urlencoded', cookie: `__Host-crm_session=${own}` },
+    body: `csrf=${csrf}`,
+  })
+  t.ok(
+    signOut.headers.getSetCookie().some((line) => /^__Host-crm_session=; Path=\/; HttpOnly; SameSite=Lax; Max-Age=0; Secure$/.test(line)),
+    'sign-out clears the prefixed session cookie',
+  )
 })
 
 t.test('a CSRF token from another session is refused', async (t) => {

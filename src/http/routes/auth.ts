@@ -226,7 +226,7 @@ export default defineRoutes(
     method: 'POST',
     path: '/api/tokens',
     summary:
-      "Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403)",
+      "Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403), and for more than a day a sign-in within the last 10 minutes (else 403 reauthentication_required)",
     tag: 'auth',
     auth: 'required',
     credentials: 'unscoped',

@@ -63,7 +63,12 @@ function routeFor(type: RecordType): RouteDefinition {
         },
         prefix: header === null ? '' : header + '\r\n',
       }
-      await streamLines(db, query, res, { head, newline: csv ? '\r\n' : '\n', deadlineMs: services.config.exportTimeoutMs })
+      await streamLines(db, query, res, {
+        head,
+        newline: csv ? '\r\n' : '\n',
+        deadlineMs: services.config.exportTimeoutMs,
+        stallMs: services.config.streamStallMs,
+      })
     },
   }
 }

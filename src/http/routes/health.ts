@@ -21,7 +21,8 @@ export default defineRoutes(
   {
     method: 'GET',
     path: '/readyz',
-    summary: 'The database answers and every migration is applied; lists the read replicas and their state',
+    summary:
+      'The database answers and every migration is applied; lists the read replicas by position with their state (never their addresses)',
     tag: 'operations',
     auth: 'none',
     errors: [503],
@@ -30,8 +31,11 @@ export default defineRoutes(
       replicas: Type.Optional(
         Type.Array(
           Type.Object({
-            replica: Type.String({ description: 'the standby, its password masked' }),
-            state: Type.Union(['starting', 'serving', 'lagging', 'down', 'promoted'].map((state) => Type.Literal(state))),
+            position: Type.Integer({ description: "the standby's place in READ_REPLICA_URLS, from 1 (its address is in the logs only)" }),
+            state: Type.Union(
+              ['starting', 'serving', 'lagging', 'down', 'promoted', 'refused'].map((state) => Type.Literal(state)),
+              { description: 'refused: the server is not a standby of this primary (another cluster, or a forked timeline); never read' },
+            ),
             lag_ms: Type.Union([Type.Integer(), Type.Null()], { description: 'replay lag at the last check' }),
             hot_standby_feedback: Type.Union([Type.Boolean(), Type.Null()], {
               description: 'the standby reported hot_standby_feedback on at the last check (exports go only to such a standby)',

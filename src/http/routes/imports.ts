@@ -272,6 +272,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
             },
             newline: '\r\n',
             deadlineMs: services.config.exportTimeoutMs,
+            stallMs: services.config.streamStallMs,
           },
         )
       },

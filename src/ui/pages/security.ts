@@ -42,6 +42,20 @@ type Totp = Static<typeof TotpSchema>
 const TotpRow = rowType(TotpSchema)
 const ClaimRow = rowType(Type.Object({ allowed: Type.Boolean(), retry_after_seconds: Type.Integer() }))
 const DisabledRow = rowType(Type.Object({ disabled: Type.Boolean() }))
+const RecentRow = rowType(Type.Object({ recent: Type.Boolean() }))
+
+/** Where a session too old for what it asked signs in again, and comes back here. */
+const SIGN_IN_AGAIN = '/sign-in?reauthenticate=1&next=%2Fsecurity'
+
+/** Whether this session comes from a sign-in recent enough to turn two-factor on (the database decides, crm.signed_in_recently). */
+async function signedInRecently(context: PageContext): Promise<boolean> {
+  return context.db.oneFirst(sql.type(RecentRow)`select crm.signed_in_recently() as recent`)
+}
+
+/** The notice of a refusal for want of a recent sign-in: what to do about it. */
+function signInAgain(what: string): SafeHtml {
+  return html`<div class="notice error" role="alert">To ${what}, confirm it is you: <a href="${SIGN_IN_AGAIN}">sign in again</a>, then come back here. You signed in more than 10 minutes ago.</div>`
+}
 
 const DONE: Record<string, string> = {
   revoked: 'Revoked. It stops working at once.',
@@ -95,6 +109,8 @@ function connectedApps(apps: TokenRow[], csrf: string): SafeHtml {
 type NewToken = { name: string; value: string; expires_at: string; scopes?: string[] | null }
 
 type State = {
+  /** The token form or two-factor set-up was refused for want of a recent sign-in. */
+  reauthenticate?: 'token' | 'two-factor'
   tokenError?: string
   tokenName?: string
   tokenScopes?: string[]
@@ -141,7 +157,7 @@ ${
 <div class="two-col">
 <section class="panel" aria-labelledby="new-token-heading">
   <h2 id="new-token-heading">New API token</h2>
-  ${errorNotice(state.tokenError)}
+  ${state.reauthenticate === 'token' ? signInAgain('create a token that lasts more than a day') : errorNotice(state.tokenError)}
   <form class="stack" method="post" action="/security/tokens">
     ${hiddenCsrf(frame.csrf)}
     <div class="field">
@@ -168,7 +184,7 @@ ${
 </section>
 <section class="panel" aria-labelledby="two-factor-heading">
   <h2 id="two-factor-heading">Two-factor sign-in</h2>
-  ${errorNotice(state.twoFactorError)}
+  ${state.reauthenticate === 'two-factor' ? signInAgain('turn on two-factor sign-in') : errorNotice(state.twoFactorError)}
   ${
     twoFactorOn
       ? html`<p>Two-factor sign-in is <strong>on</strong>. ${totp.recovery_codes_left} recovery code${totp.recovery_codes_left === 1 ? '' : 's'} left.</p>
@@ -213,7 +229,10 @@ export const createToken: PageHandler = async (context) => {
       body: { name, expires_in_days: days, ...(scopes.length > 0 ? { scopes } : {}) },
     }),
   )
-  if (!created.ok) return render(context, { ...again, tokenError: created.error.message }, created.error.status)
+  if (!created.ok) {
+    const reauthenticate = created.error.code === 'reauthentication_required' ? 'token' : undefined
+    return render(context, { ...again, tokenError: created.error.message, reauthenticate }, created.error.status)
+  }
   setFlash(context.services.config.appSecret, context.req, context.res, 'token', {
     name,
     value: created.value.token,
@@ -245,6 +264,8 @@ export const revokeAll: PageHandler = async ({ api, req, res }) => {
 export const startTwoFactor: PageHandler = async (context) => {
   const totp = await myTotp(context)
   if (totp?.confirmed) return { redirect: '/security' }
+  // Asked before the QR code is shown; the database refuses the confirmation itself all the same.
+  if (!(await signedInRecently(context))) return render(context, { reauthenticate: 'two-factor' }, 403)
   const secret = newTotpSecret()
   await context.db.query(
     sql.unsafe`select crm.start_totp_enrollment(${sql.binary(sealTotpSecret(context.services.config.appSecret, secret))})`,
@@ -295,6 +316,7 @@ export const confirmTwoFactor: PageHandler = async (context) => {
   if (step === null) {
     return enrollmentPage(context, 'That code is not right. Enter the 6-digit code your app shows now.', 422)
   }
+  if (!(await signedInRecently(context))) return render(context, { reauthenticate: 'two-factor' }, 403)
   const codes = newRecoveryCodes()
   // The code's step is used up, as at sign-in: it cannot turn two-factor off again a moment later.
   await context.db.query(sql.unsafe`select crm.confirm_totp_enrollment(${sql.array(codes.map(hashRecoveryCode), 'bytea')}, ${step})`)

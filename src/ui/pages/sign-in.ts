@@ -18,7 +18,7 @@ import {
   ensurePreSession,
   hasSessionCookie,
   PRE_SESSION_COOKIE,
-  readCookies,
+  readCookie,
   SESSION_COOKIE,
   setCookie,
 } from '../session.ts'
@@ -28,6 +28,7 @@ const NOTICES: Record<string, string> = {
   'signed-out': 'You are signed out.',
   'challenge-expired': 'The sign-in took too long or the code was tried too often. Sign in again.',
 }
+const REAUTHENTICATE_NOTICE = 'Confirm it is you: sign in again to go on.'
 
 function startSession(req: IncomingMessage, res: ServerResponse, token: string, expiresAt: string): void {
   setCookie(req, res, SESSION_COOKIE, token, { maxAgeSeconds: (Date.parse(expiresAt) - Date.now()) / 1000 })
@@ -129,8 +130,11 @@ export function signInPages(services: Services) {
 
   return {
     showPassword: async (req: IncomingMessage, res: ServerResponse) => {
-      if (hasSessionCookie(req)) return redirect(res, afterSignIn(req))
-      passwordForm(services, req, res, 200, { notice: NOTICES[query(req).get('notice') ?? ''] })
+      // A signed-in browser is sent on, unless a page asked for a fresh sign-in (turning two-factor
+      // on, a long-lived token): the new session replaces this one in the cookie.
+      const reauthenticate = query(req).get('reauthenticate') === '1'
+      if (hasSessionCookie(req) && !reauthenticate) return redirect(res, afterSignIn(req))
+      passwordForm(services, req, res, 200, { notice: reauthenticate ? REAUTHENTICATE_NOTICE : NOTICES[query(req).get('notice') ?? ''] })
     },
 
     submitPassword: async (req: IncomingMessage, res: ServerResponse) => {
@@ -167,13 +171,13 @@ export function signInPages(services: Services) {
     },
 
     showCode: async (req: IncomingMessage, res: ServerResponse) => {
-      if (!readCookies(req).get(CHALLENGE_COOKIE)) return redirect(res, '/sign-in')
+      if (!readCookie(req, CHALLENGE_COOKIE, '/sign-in')) return redirect(res, '/sign-in')
       codeForm(services, req, res, 200, query(req).get('method') === 'recovery')
     },
 
     submitCode: async (req: IncomingMessage, res: ServerResponse) => {
       const form = await readForm(req, services)
-      const challenge = readCookies(req).get(CHALLENGE_COOKIE)
+      const challenge = readCookie(req, CHALLENGE_COOKIE, '/sign-in')
       const recovery = form.has('recovery_code')
       if (!challenge) return redirect(res, '/sign-in?notice=challenge-expired')
       if (!csrfValid(config.appSecret, req, form.get('csrf')))

@@ -22,7 +22,7 @@ import {
   ensurePreSession,
   hasSessionCookie,
   PRE_SESSION_COOKIE,
-  readCookies,
+  readCookie,
   SESSION_COOKIE,
   setCookie,
   WORKSPACE_COOKIE,
@@ -192,7 +192,7 @@ ${errorNotice(error)}
       if (!csrfValid(config.appSecret, req, form.get('csrf')))
         return acceptPage(req, res, 403, token, invitation, { name: form.get('name'), error: 'This form has expired. Please try again.' })
       if (!invitation || invitation.accepted || invitation.expired) return acceptPage(req, res, 404, token, invitation)
-      const session = hasSessionCookie(req) && invitation.has_account ? (readCookies(req).get(SESSION_COOKIE) ?? null) : null
+      const session = hasSessionCookie(req) && invitation.has_account ? (readCookie(req, SESSION_COOKIE) ?? null) : null
       const name = form.get('name').trim()
       const password = form.get('password')
       if (session === null && (name === '' || password === ''))
