@@ -40,7 +40,7 @@ const STAGE_CHUNK_RECORDS = 5000
 // A chunk is also sent once its text reaches this length: escaped for COPY a record grows up to
 // three times (a quote becomes three characters), so 5,000 long records could otherwise make one
 // string of most of a 50 MiB file, three times over.
-const STAGE_CHUNK_CHARACTERS = 4 * 1024 * 1024
+export const STAGE_CHUNK_CHARACTERS = 4 * 1024 * 1024
 const FILE_SLICE_BYTES = 1024 * 1024
 
 /** A permanent refusal (a broken or removed file): the job fails without retrying. */
@@ -103,7 +103,7 @@ export function cellsField(values: string[]): string {
 }
 
 /** The file's records as COPY lines of crm.import_rows, in chunks of STAGE_CHUNK_RECORDS lines or STAGE_CHUNK_CHARACTERS. */
-async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
+export async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
   const prefix = `${job.workspace_id},${job.import_id},`
   let chunk = ''
   let lines = 0

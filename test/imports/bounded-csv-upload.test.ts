@@ -2,9 +2,10 @@
 // 50 MiB value) is refused while it is parsed, at the upload and in the import job, with the heap
 // of the process (server and job run in this one) growing by a bounded amount: before the bounds,
 // the line of commas became an array of 50 million empty strings (2.3 GB for 40 MiB).
+import type pg from 'pg'
 import t from 'tap'
 import { MAX_RECORD_LENGTH, MAX_RECORD_VALUES } from '../../src/imports/csv-file.ts'
-import { processImport } from '../../src/imports/process-import.ts'
+import { processImport, STAGE_CHUNK_CHARACTERS, stagedLines } from '../../src/imports/process-import.ts'
 import { ownerClient } from '../helpers/database.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { heapGrowthDuring, MiB } from '../helpers/heap.ts'
@@ -78,27 +79,31 @@ t.test('rows wider than the cap are refused naming the row; the header and narro
   t.match(wideHeader.body.errors[0].message, /^The header row has more than/)
 })
 
+type Tenant = Awaited<ReturnType<typeof createTenant>>
+
+/** A file stored and queued as an upload before the bounds would have been: never inspected by them. */
+async function storedImport(db: pg.Client, tenant: Tenant, bytes: Buffer) {
+  const {
+    rows: [stored],
+  } = await db.query(
+    `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows,
+                              suggested_mapping, status, mapping, mode, match_on, dry_run)
+     values ($1, $2, 'contacts', 'old.csv', $3, $4, ',', '{a,b}', 1, '[]', '{}', 'queued', '{"a": "first_name", "b": "email"}', 'create', 'email', false)
+     returning id`,
+    [tenant.id, tenant.members['admin@a.test'].id, bytes, bytes.length],
+  )
+  return { workspace_id: tenant.id, import_id: stored.id as string }
+}
+
 t.test('the import job fails a stored file with a huge record cleanly, its heap bounded', async (t) => {
   const server = await startTestServer(t, { worker: false })
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' } })
-  const admin = tenant.members['admin@a.test']
   const db = await ownerClient(t, server.databaseUrl)
   for (const file of [
     ...HOSTILE_FILES,
     { name: 'a row of 600 values', bytes: () => fileOf(`${'v,'.repeat(599)}v\n`), code: 'too_many_columns' },
   ]) {
-    // As a file uploaded before the bounds were: stored whole, queued, never inspected by them.
-    const bytes = file.bytes()
-    const {
-      rows: [stored],
-    } = await db.query(
-      `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows,
-                                suggested_mapping, status, mapping, mode, match_on, dry_run)
-       values ($1, $2, 'contacts', 'old.csv', $3, $4, ',', '{a,b}', 1, '[]', '{}', 'queued', '{"a": "first_name", "b": "email"}', 'create', 'email', false)
-       returning id`,
-      [tenant.id, admin.id, bytes, bytes.length],
-    )
-    const job = { workspace_id: tenant.id, import_id: stored.id }
+    const job = await storedImport(db, tenant, file.bytes())
     const { result: handled, growthBytes } = await heapGrowthDuring(() => processImport(db, job))
     t.comment(`job, ${file.name}: heap +${(growthBytes / MiB).toFixed(1)} MiB`)
     t.equal(handled, true, `${file.name}: the job ran to an end`)
@@ -108,7 +113,7 @@ t.test('the import job fails a stored file with a huge record cleanly, its heap 
       `select i.status, i.failure_code, i.failure, i.staged,
               (select count(*)::int from crm.import_rows r where r.workspace_id = i.workspace_id and r.import_id = i.id) as staged_rows
          from crm.imports i where i.workspace_id = $1 and i.id = $2`,
-      [tenant.id, stored.id],
+      [tenant.id, job.import_id],
     )
     t.same(
       { status: state.status, failure_code: state.failure_code, staged: state.staged, staged_rows: state.staged_rows },
@@ -118,4 +123,27 @@ t.test('the import job fails a stored file with a huge record cleanly, its heap 
     t.match(state.failure, /^Row 1 (has more than|is longer than)/, `${file.name}: the failure names the row`)
     t.ok(growthBytes < HEAP_GROWTH_LIMIT, `${file.name}: the job's heap grew by ${(growthBytes / MiB).toFixed(1)} MiB`)
   }
+})
+
+t.test('the job stages long rows within the bounds in COPY chunks of bounded length', async (t) => {
+  const server = await startTestServer(t, { worker: false })
+  const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' } })
+  const db = await ownerClient(t, server.databaseUrl)
+  // 24 rows of one quoted value of nearly MAX_RECORD_LENGTH quotes: a quote is three characters in
+  // a COPY line, so the 24 rows once made one chunk of 72 MiB.
+  const bytes = fileOf(`"${'""'.repeat(MAX_RECORD_LENGTH - 10)}"\n`.repeat(24))
+  const job = await storedImport(db, tenant, bytes)
+  const row = {
+    user_id: tenant.members['admin@a.test'].id,
+    status: 'queued',
+    staged: false,
+    delimiter: ',' as const,
+    file_size: bytes.length,
+    has_file: true,
+  }
+  const lengths: number[] = []
+  for await (const chunk of stagedLines(db, job, row)) lengths.push(chunk.length)
+  const longestLine = 3 * MAX_RECORD_LENGTH + 200
+  t.ok(lengths.length > 1, `${lengths.length} chunks`)
+  t.ok(Math.max(...lengths) < STAGE_CHUNK_CHARACTERS + longestLine, `the longest chunk has ${(Math.max(...lengths) / MiB).toFixed(1)} MiB`)
 })
