@@ -12,14 +12,18 @@
 //   match what the user sees in the file. A header cell longer than MAX_HEADER_CELL_LENGTH or a
 //   header of more than MAX_COLUMNS columns is refused (`header_cell_too_long`, `too_many_columns`):
 //   no spreadsheet needs more, and every later step (mapping, errors.csv) works per column name.
+// - Every record is bounded while it is parsed, not after: at most MAX_RECORD_VALUES values
+//   (`too_many_columns`) and MAX_RECORD_LENGTH characters of values (`record_too_long`), naming the
+//   row. A line of 40 MiB of commas otherwise became an array of 40 million empty strings before
+//   any check saw it (2.3 GB in the API process). See parserOptions for how.
 // - The preview (`sampleRows`) holds at most MAX_COLUMNS values per row, each cut to
 //   SAMPLE_CELL_LENGTH characters: it shows what a column holds, not whole cells (a 5 MB cell would
 //   otherwise come back whole in the answer).
 // - A blank record (every value empty or whitespace, e.g. an empty line or `,,,`) is not data: it
 //   is not counted in `rowCount`, not sampled and not yielded, but it still advances the row
 //   number, so `row` is always the record's position after the header (spreadsheet row - 1).
-// - Rows with fewer or more values than the header are kept as they are (no padding); the import
-//   job reports them per row instead of failing the whole upload.
+// - Rows with fewer or more values than the header (up to MAX_RECORD_VALUES) are kept as they are
+//   (no padding); the import job reports them per row instead of failing the whole upload.
 // - Quotes are read leniently, as spreadsheets do: a quote inside an unquoted value (`5'11"`) or
 //   text after a closing quote (`"a"b`) is kept literally. Only a quote never closed is malformed.
 // - Line breaks may be CRLF, LF or CR, even mixed within one file.
@@ -51,6 +55,7 @@ export type CsvFileErrorCode =
   | 'duplicate_columns'
   | 'header_cell_too_long'
   | 'too_many_columns'
+  | 'record_too_long'
 
 export class CsvFileError extends Error {
   readonly code: CsvFileErrorCode
@@ -68,6 +73,13 @@ export const SAMPLE_ROW_COUNT = 5
 export const MAX_HEADER_CELL_LENGTH = 1000
 export const MAX_COLUMNS = 500
 export const SAMPLE_CELL_LENGTH = 200
+/**
+ * The most values any record (header, data or blank) may have: the header's cap plus a few, so a
+ * full-width file whose rows end in stray delimiters still uploads and the job reports those rows.
+ */
+export const MAX_RECORD_VALUES = MAX_COLUMNS + 10
+/** The most characters a record's values may hold together (delimiters and quotes not counted). */
+export const MAX_RECORD_LENGTH = 1024 * 1024
 const DELIMITER_PREFERENCE: readonly Delimiter[] = [',', ';', '\t']
 // Small enough that stream backpressure works on record batches, not on the whole upload.
 const CHUNK_BYTES = 64 * 1024
@@ -195,6 +207,17 @@ export function detectDelimiter(text: Buffer): Delimiter {
   return best
 }
 
+/**
+ * The parser's options, which bound every record as it is read (csv-parse builds a record whole
+ * before on_record sees it). ignore_last_delimiters stops splitting once a record has
+ * MAX_RECORD_VALUES + 1 values: the rest of its line goes into that last value, so a record never
+ * holds more values than that, and RecordNumbering refuses one that reached it. max_record_size
+ * counts the characters of a record's values as they arrive, that last value's included, and stops
+ * the parse past MAX_RECORD_LENGTH. Together they bound a record's memory whatever its line holds
+ * (empty values, which max_record_size alone does not count, are bounded by the first). Records
+ * within both bounds parse exactly as without them: the delimiters are ignored only from the value
+ * past the cap on.
+ */
 function parserOptions(delimiter: Delimiter): Omit<Options, 'on_record'> {
   return {
     delimiter,
@@ -203,6 +226,9 @@ function parserOptions(delimiter: Delimiter): Omit<Options, 'on_record'> {
     relax_quotes: true,
     record_delimiter: ['\r\n', '\n', '\r'],
     encoding: 'utf8',
+    ignore_last_delimiters: MAX_RECORD_VALUES + 1,
+    // csv-parse checks the size before appending a character, so it lets one past its figure.
+    max_record_size: MAX_RECORD_LENGTH - 1,
   }
 }
 
@@ -280,6 +306,7 @@ class RecordNumbering {
 
   /** The data row number of a record worth importing, or null for the header and blank records. */
   next(values: string[]): number | null {
+    if (values.length > MAX_RECORD_VALUES) throw tooManyValues(this.currentRow())
     const blank = values.every((value) => value.trim() === '')
     if (this.columns === null) {
       if (!blank) this.columns = headerNames(values)
@@ -291,10 +318,35 @@ class RecordNumbering {
 
   explain(error: unknown): unknown {
     if (!(error instanceof CsvError)) return error
-    const row = this.columns === null ? 0 : this.lastRow + 1
-    const where = row === 0 ? 'The header row' : `Row ${row}`
-    return new CsvFileError('malformed_csv', `${where} is not valid CSV: ${describeCsvError(error)}.`, row)
+    const row = this.currentRow()
+    if (error.code === 'CSV_MAX_RECORD_SIZE') {
+      // The value past the cap holds the rest of the line, so its growing past the length is a width problem.
+      if ((error as CsvError & { index?: number }).index === MAX_RECORD_VALUES) return tooManyValues(row)
+      return new CsvFileError(
+        'record_too_long',
+        `${whereIs(row)} is longer than ${MAX_RECORD_LENGTH} characters; a row holds at most that much text. Is a quote left open before it?`,
+        row,
+      )
+    }
+    return new CsvFileError('malformed_csv', `${whereIs(row)} is not valid CSV: ${describeCsvError(error)}.`, row)
   }
+
+  /** The row of the record being parsed: 0 up to and including the header. */
+  private currentRow(): number {
+    return this.columns === null ? 0 : this.lastRow + 1
+  }
+}
+
+function whereIs(row: number): string {
+  return row === 0 ? 'The header row' : `Row ${row}`
+}
+
+function tooManyValues(row: number): CsvFileError {
+  return new CsvFileError(
+    'too_many_columns',
+    `${whereIs(row)} has more than ${MAX_RECORD_VALUES} values; a row has at most ${MAX_RECORD_VALUES} (and a header ${MAX_COLUMNS}). Is the delimiter right?`,
+    row,
+  )
 }
 
 // An unclosed quote is the only parse error the options above leave; others keep the parser's words.

@@ -5,7 +5,10 @@
 // - the part's own Content-Type is ignored (browsers send application/vnd.ms-excel for .csv);
 // - the file name is reduced to its last path segment (old browsers send a full Windows path);
 //   quotes in it may arrive backslash-escaped (curl) or as %22 (browsers, per the HTML spec);
-// - the whole body counts against the limit, whatever part the bytes belong to.
+// - the whole body counts against the limit, whatever part the bytes belong to;
+// - a body of more than MAX_PARTS parts is refused as soon as the next part starts: 50 MiB of tiny
+//   parts took 50 s of the parser and 80 MiB of heap, and no form sends more than a few fields. A
+//   part's headers are bounded by the parser (80 KiB, 2,000 lines, the rest dropped).
 import { once } from 'node:events'
 import { Busboy, type BusboyInstance } from '@fastify/busboy'
 
@@ -17,6 +20,7 @@ export type UploadErrorCode =
   | 'missing_boundary'
   | 'malformed_multipart'
   | 'missing_file_part'
+  | 'too_many_parts'
 
 export class UploadError extends Error {
   readonly code: UploadErrorCode
@@ -34,6 +38,8 @@ export type UploadRequest = {
 }
 
 export const FILE_PART_NAME = 'file'
+/** The most parts a multipart/form-data upload may have: the file and a few form fields. */
+export const MAX_PARTS = 20
 const RAW_CSV_MEDIA_TYPES = new Set(['text/csv', 'application/csv', 'text/plain'])
 const UTF8_CHARSETS = new Set(['utf-8', 'utf8', 'us-ascii'])
 // RFC 2046 section 5.1.1.
@@ -43,6 +49,7 @@ type BodyOutcome =
   | { kind: 'file'; file: UploadedFile }
   | { kind: 'too_large' }
   | { kind: 'no_file_part' }
+  | { kind: 'too_many_parts' }
   | { kind: 'malformed'; reason: string }
 
 /**
@@ -90,6 +97,11 @@ export async function uploadFromRequest({ headers, body }: UploadRequest, limit:
       throw new UploadError('missing_file_part', `The multipart/form-data body has no part named "${FILE_PART_NAME}"`)
     case 'malformed':
       throw new UploadError('malformed_multipart', `The multipart/form-data body is malformed: ${outcome.reason}`)
+    case 'too_many_parts':
+      throw new UploadError(
+        'too_many_parts',
+        `The multipart/form-data body has more than ${MAX_PARTS} parts; send the file (part "${FILE_PART_NAME}") and at most a few fields`,
+      )
   }
 }
 
@@ -115,14 +127,19 @@ async function readFilePart(contentType: string, body: AsyncIterable<Uint8Array>
   let parser: BusboyInstance
   try {
     // Every part is a file stream to the parser, so no other part is buffered as a form field.
-    parser = Busboy({ headers: { 'content-type': contentType }, isPartAFile: () => true })
+    parser = Busboy({ headers: { 'content-type': contentType }, isPartAFile: () => true, limits: { parts: MAX_PARTS } })
   } catch (error) {
     // The parser reads the Content-Type on its own terms (a boundary inside a quoted parameter is not one).
     return { kind: 'malformed', reason: reasonOf(error) }
   }
   let parseFailure: string | undefined
+  let tooManyParts = false
   parser.on('error', (error) => {
     parseFailure ??= reasonOf(error)
+  })
+  // The parser would read past the rest of the parts one by one; reading stops instead.
+  parser.on('partsLimit', () => {
+    tooManyParts = true
   })
   let filePart: { name: string | undefined; chunks: Buffer[] } | undefined
   parser.on('file', (partName, stream, fileName) => {
@@ -145,13 +162,15 @@ async function readFilePart(contentType: string, body: AsyncIterable<Uint8Array>
   for await (const chunk of body) {
     size += chunk.length
     if (size > limit) return { kind: 'too_large' }
-    if (!parser.write(chunk) && !parseFailure) await Promise.race([once(parser, 'drain').catch(() => {}), finished])
+    if (!parser.write(chunk) && !parseFailure && !tooManyParts) await Promise.race([once(parser, 'drain').catch(() => {}), finished])
+    if (tooManyParts) return { kind: 'too_many_parts' }
     if (parseFailure) break
   }
   if (!parseFailure) {
     parser.end()
     await finished
   }
+  if (tooManyParts) return { kind: 'too_many_parts' }
   if (parseFailure) return { kind: 'malformed', reason: parseFailure }
   if (!filePart) return { kind: 'no_file_part' }
   return { kind: 'file', file: { fileName: fileNameOf(filePart.name), bytes: Buffer.concat(filePart.chunks) } }

@@ -37,6 +37,10 @@ export type ProcessOptions = {
 
 export const DEFAULT_BATCH_SIZE = 5000
 const STAGE_CHUNK_RECORDS = 5000
+// A chunk is also sent once its text reaches this length: escaped for COPY a record grows up to
+// three times (a quote becomes three characters), so 5,000 long records could otherwise make one
+// string of most of a 50 MiB file, three times over.
+export const STAGE_CHUNK_CHARACTERS = 4 * 1024 * 1024
 const FILE_SLICE_BYTES = 1024 * 1024
 
 /** A permanent refusal (a broken or removed file): the job fails without retrying. */
@@ -98,14 +102,14 @@ export function cellsField(values: string[]): string {
   return field + '}"'
 }
 
-/** The file's records as COPY lines of crm.import_rows, in chunks of STAGE_CHUNK_RECORDS lines. */
-async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
+/** The file's records as COPY lines of crm.import_rows, in chunks of STAGE_CHUNK_RECORDS lines or STAGE_CHUNK_CHARACTERS. */
+export async function* stagedLines(client: Queryable, job: ImportJob, row: ImportRow): AsyncGenerator<string> {
   const prefix = `${job.workspace_id},${job.import_id},`
   let chunk = ''
   let lines = 0
   for await (const record of readCsvRecords(fileSlices(client, job, row.file_size), row.delimiter)) {
     chunk += `${prefix}${record.row},${row.user_id},${cellsField(record.values)}\n`
-    if (++lines >= STAGE_CHUNK_RECORDS) {
+    if (++lines >= STAGE_CHUNK_RECORDS || chunk.length >= STAGE_CHUNK_CHARACTERS) {
       yield chunk
       chunk = ''
       lines = 0

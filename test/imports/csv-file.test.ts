@@ -8,6 +8,8 @@ import {
   inspectCsvAsync,
   MAX_COLUMNS,
   MAX_HEADER_CELL_LENGTH,
+  MAX_RECORD_LENGTH,
+  MAX_RECORD_VALUES,
   readCsvRecords,
   SAMPLE_CELL_LENGTH,
 } from '../../src/imports/csv-file.ts'
@@ -300,14 +302,15 @@ t.test('a header cell longer than its cap and a header wider than its cap are re
   t.equal(inspectCsv(csv(`${names(MAX_COLUMNS)}\n`)).columns.length, MAX_COLUMNS, 'a header at the cap')
   const tooWide = inspectionError(csv(`${names(20_000)}\n`))
   t.equal(tooWide.code, 'too_many_columns')
-  t.match(tooWide.message, /20000 columns; at most 500/)
+  t.match(tooWide.message, /^The header row has more than 510 values/, 'the parse stopped at the cap on any record')
+  t.match(inspectionError(csv(`${names(MAX_COLUMNS + 1)}\n`)).message, /501 columns; at most 500/)
   await t.rejects(inspectCsvAsync(csv(`${names(MAX_COLUMNS + 1)}\n`)), { code: 'too_many_columns' })
 })
 
 t.test('the preview cuts cells and rows to their caps, never inside a surrogate pair', async (t) => {
-  const big = 'x'.repeat(5_000_000)
   const emoji = `${'y'.repeat(SAMPLE_CELL_LENGTH - 1)}😀z`
-  const wide = Array.from({ length: MAX_COLUMNS + 10 }, () => 'v').join(',')
+  const big = 'x'.repeat(MAX_RECORD_LENGTH - 1000)
+  const wide = Array.from({ length: MAX_RECORD_VALUES }, () => 'v').join(',')
   for (const inspect of [inspectCsv, inspectCsvAsync]) {
     const inspection = await inspect(csv(`a,b\n${big},${emoji}\n${wide}\n`))
     t.same(inspection.sampleRows[0], ['x'.repeat(SAMPLE_CELL_LENGTH), 'y'.repeat(SAMPLE_CELL_LENGTH - 1)])

@@ -1,6 +1,7 @@
 import fc from 'fast-check'
 import t from 'tap'
-import { UploadError, uploadFromRequest } from '../../src/imports/multipart.ts'
+import { MAX_PARTS, UploadError, uploadFromRequest } from '../../src/imports/multipart.ts'
+import { heapGrowthDuring, MiB } from '../helpers/heap.ts'
 
 const BOUNDARY = '----WebKitFormBoundary7MA4YWxkTrZu0gW'
 const CONTENT_TYPE = `multipart/form-data; boundary=${BOUNDARY}`
@@ -249,4 +250,53 @@ t.test('uploadFromRequest', async (t) => {
     message: /charset=windows-1252/,
   })
   t.equal((await uploadError(() => upload('multipart/form-data', body))).code, 'missing_boundary')
+})
+
+t.test('a body of more parts than the cap is refused at the part past it, and reading stops there', async (t) => {
+  const field = (index: number): Part => ({ disposition: `form-data; name="f${index}"`, content: 'v' })
+  const filePart: Part = { disposition: 'form-data; name="file"; filename="x.csv"', content: 'a,b\r\n' }
+  const fields = (count: number) => Array.from({ length: count }, (_, index) => field(index))
+  t.equal((await extract(multipartBody([...fields(MAX_PARTS - 1), filePart]))).bytes.toString(), 'a,b\r\n', 'the cap itself')
+  t.match(await uploadError(() => extract(multipartBody([...fields(MAX_PARTS), filePart]))), {
+    code: 'too_many_parts',
+    message: `The multipart/form-data body has more than ${MAX_PARTS} parts; send the file (part "file") and at most a few fields`,
+  })
+
+  // 50 MiB of tiny parts: the parser once read every one of them (50 s, 80 MiB of heap).
+  const tiny = multipartBody([field(0)]).subarray(0, -`--${BOUNDARY}--\r\n`.length)
+  const manyParts = Buffer.alloc(Math.floor((50 * MiB) / tiny.length) * tiny.length).fill(tiny)
+  let chunksRead = 0
+  async function* counted(bytes: Buffer) {
+    for (let start = 0; start < bytes.length; start += 64 * 1024) {
+      chunksRead++
+      yield bytes.subarray(start, start + 64 * 1024)
+    }
+  }
+  const { result, growthBytes } = await heapGrowthDuring(() =>
+    uploadError(() => uploadFromRequest({ headers: { 'content-type': CONTENT_TYPE }, body: counted(manyParts) }, 50 * MiB)),
+  )
+  t.equal(result.code, 'too_many_parts')
+  t.equal(chunksRead, 1, 'no chunk is read past the one holding the part past the cap')
+  t.ok(growthBytes < 100 * MiB, `the heap grew by ${(growthBytes / MiB).toFixed(1)} MiB`)
+})
+
+t.test('50 MiB of one part header, of header lines or of preamble keep the heap bounded', async (t) => {
+  const fileHead = `--${BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="x.csv"\r\n`
+  const tail = `\r\na,b\r\n--${BOUNDARY}--\r\n`
+  const fill = (pattern: string) => Buffer.alloc(50 * MiB - 500, pattern)
+  const bodies = {
+    'one header line': Buffer.concat([Buffer.from(`${fileHead}X-Pad: `), fill('a'), Buffer.from(`\r\n${tail}`)]),
+    'header lines': Buffer.concat([Buffer.from(fileHead), fill('X: y\r\n'), Buffer.from(tail)]),
+    preamble: Buffer.concat([fill('preamble\r\n'), Buffer.from(`\r\n${fileHead}${tail}`)]),
+  }
+  for (const [name, body] of Object.entries(bodies)) {
+    const { result, growthBytes } = await heapGrowthDuring(() =>
+      uploadFromRequest({ headers: { 'content-type': CONTENT_TYPE }, body: chunked(body, 64 * 1024) }, 50 * MiB).then(
+        (file) => file.bytes.toString(),
+        (error: unknown) => (error as UploadError).code,
+      ),
+    )
+    t.equal(result, 'a,b', `${name}: the file part is read (the header past the parser's bound is dropped)`)
+    t.ok(growthBytes < 100 * MiB, `${name}: the heap grew by ${(growthBytes / MiB).toFixed(1)} MiB`)
+  }
 })
