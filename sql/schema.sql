@@ -380,6 +380,23 @@ create policy users_update_self on crm.users as permissive for update to crm_api
 comment on policy users_update_self on crm.users is 'A user changes only their own name and password.';
 grant select (id, email, name, api_access, suspended_at, created_at) on crm.users to crm_api;
 grant update (name, password_hash) on crm.users to crm_api;
+CREATE TRIGGER tg_users__only_narrow_when_scoped BEFORE UPDATE OF password_hash ON crm.users
+  FOR EACH ROW
+  WHEN ((old.password_hash IS DISTINCT FROM new.password_hash))
+  EXECUTE FUNCTION crm.tg_users__only_narrow_when_scoped();
+
+CREATE OR REPLACE FUNCTION crm.tg_users__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.refuse_widening('Setting a password');
+  return new;
+end
+$function$;
+comment on function crm.tg_users__only_narrow_when_scoped() is
+  'A scoped credential sets no password: a password signs in to the user''s whole authority.';
 
 create sequence crm.access_versions as bigint increment by 1 minvalue 1 maxvalue 9223372036854775807 start with 1 cache 1;
 comment on sequence crm.access_versions is 'The values of memberships.access_version.';
@@ -444,6 +461,9 @@ CREATE TRIGGER tg_memberships__next_access_version_update BEFORE UPDATE OF role_
   FOR EACH ROW
   WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at)) OR (old.access_version IS DISTINCT FROM new.access_version)))
   EXECUTE FUNCTION crm.tg_memberships__next_access_version();
+CREATE TRIGGER tg_memberships__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF role_id, suspended_at ON crm.memberships
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_memberships__only_narrow_when_scoped();
 
 CREATE OR REPLACE FUNCTION crm.tg_memberships__check_seats()
  RETURNS trigger
@@ -507,6 +527,34 @@ $function$;
 comment on function crm.tg_memberships__next_access_version() is
   'A membership created, or its role, suspension or version written: it takes the next access version, and cached identities of it are stale.';
 
+CREATE OR REPLACE FUNCTION crm.tg_memberships__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.refuse_widening('Adding a member');
+  elsif old.suspended_at is not null and new.suspended_at is null then
+    perform crm.refuse_widening('Unsuspending a member');
+  elsif new.role_id is distinct from old.role_id and crm.credential_is_scoped() and (
+          new.workspace_id is distinct from old.workspace_id
+          or exists (select from crm.roles r where r.workspace_id = new.workspace_id and r.id = new.role_id and r.is_admin)
+          or exists (select from crm.role_grants g
+                      where g.workspace_id = new.workspace_id and g.role_id = new.role_id
+                        and not exists (select from crm.role_grants o
+                                         where o.workspace_id = old.workspace_id and o.role_id = old.role_id
+                                           and o.resource = g.resource and o.action = g.action
+                                           and array_position(array['own', 'team', 'all'], o.scope)
+                                               >= array_position(array['own', 'team', 'all'], g.scope)))) then
+    perform crm.refuse_widening('Giving a member an admin role or one that grants more than their current one');
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_memberships__only_narrow_when_scoped() is
+  'A scoped credential adds no member, unsuspends none, and changes a role only to a non-admin one whose grants are within the current role''s (same resource and action, a scope no wider: own < team < all).';
+
 create table crm.roles (
   workspace_id uuid not null,
   id uuid default crm.uuid_v7() not null,
@@ -552,6 +600,9 @@ CREATE TRIGGER tg_roles__bump_access_versions AFTER UPDATE ON crm.roles
 CREATE TRIGGER tg_roles__keep_an_admin AFTER UPDATE OF is_admin ON crm.roles
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_roles__keep_an_admin();
+CREATE TRIGGER tg_roles__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF is_admin ON crm.roles
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_roles__only_narrow_when_scoped();
 CREATE TRIGGER tg_roles__protect_builtin BEFORE DELETE OR UPDATE ON crm.roles
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_roles__protect_builtin();
@@ -593,6 +644,21 @@ $function$;
 comment on function crm.tg_roles__keep_an_admin() is
   'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see this change).';
 grant execute on function crm.tg_roles__keep_an_admin() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_roles__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if new.is_admin and (tg_op = 'INSERT' or not old.is_admin) then
+    perform crm.refuse_widening('Making a role admin');
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_roles__only_narrow_when_scoped() is
+  'A scoped credential creates no admin role and makes no role admin (a role without grants, not admin, widens nobody).';
 
 CREATE OR REPLACE FUNCTION crm.tg_roles__protect_builtin()
  RETURNS trigger
@@ -680,6 +746,9 @@ CREATE TRIGGER tg_role_grants__bump_access_versions_update AFTER UPDATE ON crm.r
   REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
   FOR EACH STATEMENT
   EXECUTE FUNCTION crm.tg_role_grants__bump_access_versions();
+CREATE TRIGGER tg_role_grants__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.role_grants
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_role_grants__only_narrow_when_scoped();
 CREATE TRIGGER tg_role_grants__protect_builtin BEFORE INSERT OR DELETE OR UPDATE ON crm.role_grants
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_role_grants__protect_builtin();
@@ -710,6 +779,24 @@ end
 $function$;
 comment on function crm.tg_role_grants__bump_access_versions() is
   'A role''s grants changed: its members'' cached identities are stale.';
+
+CREATE OR REPLACE FUNCTION crm.tg_role_grants__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.refuse_widening('Adding a grant to a role');
+  elsif (new.workspace_id, new.role_id, new.resource, new.action) is distinct from (old.workspace_id, old.role_id, old.resource, old.action)
+        or array_position(array['own', 'team', 'all'], new.scope) > array_position(array['own', 'team', 'all'], old.scope) then
+    perform crm.refuse_widening('Widening a role''s grant');
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_role_grants__only_narrow_when_scoped() is
+  'A scoped credential adds no grant to a role and widens none (it may remove a grant or narrow its scope: all > team > own).';
 
 CREATE OR REPLACE FUNCTION crm.tg_role_grants__protect_builtin()
  RETURNS trigger
@@ -796,6 +883,22 @@ comment on policy team_members_write_admin on crm.team_members is
   'Admins change team membership (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.team_members to crm_api;
 CREATE INDEX team_members_user_idx ON crm.team_members USING btree (workspace_id, user_id);
+CREATE TRIGGER tg_team_members__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.team_members
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_team_members__only_narrow_when_scoped();
+
+CREATE OR REPLACE FUNCTION crm.tg_team_members__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.refuse_widening('Adding a member to a team');
+  return new;
+end
+$function$;
+comment on function crm.tg_team_members__only_narrow_when_scoped() is
+  'A scoped credential puts nobody into a team (the team scope would show them their teammates'' records, and their records to the team).';
 
 create table crm.invitations (
   workspace_id uuid not null,
@@ -843,6 +946,22 @@ grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
 CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations USING btree (workspace_id, email) WHERE (accepted_at IS NULL);
 CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, role_id) WHERE (accepted_at IS NULL);
+CREATE TRIGGER tg_invitations__only_narrow_when_scoped BEFORE INSERT ON crm.invitations
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_invitations__only_narrow_when_scoped();
+
+CREATE OR REPLACE FUNCTION crm.tg_invitations__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform crm.refuse_widening('Inviting a member');
+  return new;
+end
+$function$;
+comment on function crm.tg_invitations__only_narrow_when_scoped() is
+  'A scoped credential invites nobody, with any role or team: the accepted invitation is a new user''s unscoped credential, which would outlive the token.';
 
 create table crm.invitation_teams (
   workspace_id uuid not null,
@@ -874,6 +993,9 @@ comment on policy invitation_teams_all_owner on crm.invitation_teams is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 CREATE INDEX invitation_teams_team_idx ON crm.invitation_teams USING btree (workspace_id, team_id);
+CREATE TRIGGER tg_invitation_teams__only_narrow_when_scoped BEFORE INSERT ON crm.invitation_teams
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_invitations__only_narrow_when_scoped();
 
 CREATE OR REPLACE FUNCTION crm.invitation_preview(p_token_hash bytea)
  RETURNS TABLE(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
@@ -1897,6 +2019,38 @@ RETURN COALESCE((p_scope = ANY (p_scopes)), true);
 comment on function crm.scopes_include(p_scopes text[], p_scope text) is
   'Whether a token''s scopes hold one named scope such as workspace:admin (null = unscoped: yes).';
 grant execute on function crm.scopes_include(p_scopes text[], p_scope text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.credential_is_scoped()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- Without a context the scopes read as the empty list: only a request's context is a scoped credential.
+  return crm.current_user_id() is not null and crm.current_scopes() is not null;
+end
+$function$;
+comment on function crm.credential_is_scoped() is
+  'Whether the request context is a scoped token''s (every OAuth app''s token is): false for an unscoped token, a session and code without a context.';
+grant execute on function crm.credential_is_scoped() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.refuse_widening(p_what text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if crm.credential_is_scoped() then
+    raise exception '% needs an unscoped session or personal token: a scoped token or an app''s token may only narrow access', p_what
+      using errcode = 'CR403', hint = 'forbidden';
+  end if;
+end
+$function$;
+comment on function crm.refuse_widening(p_what text) is
+  'Raises CR403 forbidden, naming what was tried, when the request context is a scoped token''s (crm.credential_is_scoped); the triggers that keep a scoped credential from widening anyone''s access call it.';
+grant execute on function crm.refuse_widening(p_what text) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.colleague_ids()
  RETURNS uuid[]
@@ -5656,6 +5810,27 @@ grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_u
 grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential) on crm.oauth_apps to crm_api;
 grant update (name, redirect_uris) on crm.oauth_apps to crm_api;
 CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
+CREATE TRIGGER tg_oauth_apps__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.oauth_apps
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_oauth_apps__only_narrow_when_scoped();
+
+CREATE OR REPLACE FUNCTION crm.tg_oauth_apps__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.refuse_widening('Registering an OAuth app');
+  elsif (new.workspace_id, new.client_id, new.redirect_uris, new.confidential, new.client_secret_hash)
+        is distinct from (old.workspace_id, old.client_id, old.redirect_uris, old.confidential, old.client_secret_hash) then
+    perform crm.refuse_widening('Changing an OAuth app''s redirect URIs, client type or secret');
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_oauth_apps__only_narrow_when_scoped() is
+  'A scoped credential registers no app and changes no app''s redirect URIs, client type or secret (they decide who receives the authorization codes); renaming or deleting an app is allowed.';
 
 CREATE OR REPLACE FUNCTION crm.oauth_redirect_uris_are_valid(uris text[])
  RETURNS boolean
@@ -5804,6 +5979,9 @@ grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
+CREATE TRIGGER tg_oauth_grants__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF workspace_id, app_id, user_id, scopes, expires_at ON crm.oauth_grants
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_oauth_grants__only_narrow_when_scoped();
 CREATE TRIGGER tg_oauth_grants__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.oauth_grants
   FOR EACH ROW
   WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL)))
@@ -5812,6 +5990,24 @@ CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.
   FOR EACH ROW
   WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL)))
   EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
+
+CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__only_narrow_when_scoped()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.refuse_widening('Authorizing an app');
+  elsif not (new.scopes <@ old.scopes) or new.expires_at > old.expires_at
+        or (new.workspace_id, new.app_id, new.user_id) is distinct from (old.workspace_id, old.app_id, old.user_id) then
+    perform crm.refuse_widening('Widening an app''s authorization');
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_oauth_grants__only_narrow_when_scoped() is
+  'A scoped credential creates no OAuth grant and widens none (more scopes, a later expiry, another app or user); revoking one is allowed.';
 
 CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__revoke_tokens()
  RETURNS trigger
