@@ -1,8 +1,9 @@
 // A scoped credential only narrows (docs/decisions.md, "A scoped credential only narrows"), in SQL:
 // as crm_api with a scoped context (crm.act_as with scopes, as a token with workspace:admin would
 // be), every write that could widen anyone's access or mint a credential fails with CR403
-// forbidden, whatever code makes it; what narrows succeeds; the same writes unscoped succeed. A
-// property test draws two roles' grants and checks a scoped role change against the subset rule.
+// forbidden, whatever code makes it (the owner's too, inside a scoped request); what narrows
+// succeeds; the same writes unscoped succeed. A property test draws two roles' grants and checks a
+// scoped role change against the subset rule.
 import fc from 'fast-check'
 import t from 'tap'
 import { ownerClient } from '../helpers/database.ts'
@@ -172,6 +173,52 @@ t.test('SQL: the same writes unscoped (a session or an unscoped token) succeed',
   for (const [what, statement, values] of [...WIDENING, ...NARROWING]) {
     t.equal(await outcome(null, statement, values), 'ok', what)
   }
+})
+
+t.test('SQL: code running as the owner inside a scoped request (a SECURITY DEFINER function) is refused the same way', async (t) => {
+  const {
+    rows: [grant],
+  } = await owner.query(
+    `insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at) values ($1, $2, $3, array['contacts:read'], now() + interval '1 day') returning id`,
+    [tenant.id, app.id, ada.id],
+  )
+  const asOwner = async (scopes: string[] | null, statement: string, values: unknown[]) => {
+    await owner.query('begin')
+    try {
+      await owner.query(`select crm.act_as('ada@narrow.test', 'narrow-co', scopes => $1::text[])`, [scopes])
+      // Back to the owner, as a definer function runs, with the request's context still written.
+      await owner.query('reset role')
+      await owner.query(statement, values)
+      return 'ok'
+    } catch (error) {
+      return (error as { code?: string }).code
+    } finally {
+      await owner.query('rollback')
+    }
+  }
+  const statements: [string, string, unknown[]][] = [
+    [
+      'an OAuth grant',
+      `insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at) values ($1, $2, $3, array['contacts:read'], now() + interval '1 day')`,
+      [tenant.id, app.id, bob.id],
+    ],
+    [
+      'a grant with more scopes',
+      `update crm.oauth_grants set scopes = array['contacts:read', 'workspace:admin'] where id = $1`,
+      [grant.id],
+    ],
+    ['a grant living longer', `update crm.oauth_grants set expires_at = expires_at + interval '1 year' where id = $1`, [grant.id]],
+    ['an invitation', WIDENING[0][1], WIDENING[0][2]],
+  ]
+  for (const [what, statement, values] of statements) {
+    t.equal(await asOwner(['workspace:admin'], statement, values), 'CR403', `scoped: ${what}`)
+    t.equal(await asOwner(null, statement, values), 'ok', `unscoped: ${what}`)
+  }
+  t.equal(
+    await asOwner(['workspace:admin'], 'update crm.oauth_grants set revoked_at = now() where id = $1', [grant.id]),
+    'ok',
+    'a revocation',
+  )
 })
 
 const RANK = ['own', 'team', 'all']
