@@ -100,6 +100,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'scopes_cover',
           'scopes_cover_link',
           'scopes_include',
+          'credential_is_scoped',
+          'refuse_widening',
           'colleague_ids',
           'my_workspace_ids',
           'current_import_id',

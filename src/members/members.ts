@@ -85,9 +85,13 @@ export async function setTeams(db: CommonQueryMethods, workspaceId: string, user
     delete from crm.team_members
     where workspace_id = ${workspaceId} and user_id = ${userId} and team_id <> all (${sql.array(teamIds, 'uuid')})
   `)
+  // Only the teams the member is not in yet are inserted: a scoped credential may keep or shrink the
+  // set, and the database refuses any insert it makes (crm.tg_team_members__only_narrow_when_scoped).
   await db.query(sql.unsafe`
     insert into crm.team_members (workspace_id, team_id, user_id)
-    select ${workspaceId}, team_id, ${userId} from unnest(${sql.array(teamIds, 'uuid')}) as team_id
+    select ${workspaceId}, t.team_id, ${userId} from unnest(${sql.array(teamIds, 'uuid')}) as t (team_id)
+    where not exists (select from crm.team_members tm
+                      where tm.workspace_id = ${workspaceId} and tm.team_id = t.team_id and tm.user_id = ${userId})
     on conflict do nothing
   `)
 }

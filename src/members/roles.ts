@@ -64,23 +64,39 @@ function parseGrants(grants: string[]): { resource: string; action: string; scop
   })
 }
 
+/**
+ * Makes a role's grants the given set by removing, changing and adding only what differs: a scoped
+ * credential may narrow a role (remove a grant, lower its scope) through the same request, while
+ * the database refuses every grant it would add or widen (crm.tg_role_grants__only_narrow_when_scoped).
+ */
 async function replaceGrants(db: CommonQueryMethods, workspaceId: string, roleId: string, grants: string[]): Promise<void> {
   const rows = parseGrants(grants)
-  await db.query(sql.unsafe`delete from crm.role_grants where workspace_id = ${workspaceId} and role_id = ${roleId}`)
+  const wanted = sql.fragment`unnest(${sql.array(
+    rows.map((row) => row.resource),
+    'text',
+  )}::text[], ${sql.array(
+    rows.map((row) => row.action),
+    'text',
+  )}::text[], ${sql.array(
+    rows.map((row) => row.scope),
+    'text',
+  )}::text[]) as w (resource, action, scope)`
+  await db.query(sql.unsafe`
+    delete from crm.role_grants g
+    where g.workspace_id = ${workspaceId} and g.role_id = ${roleId}
+      and not exists (select from ${wanted} where w.resource = g.resource and w.action = g.action)
+  `)
   if (rows.length === 0) return
   await db.query(sql.unsafe`
+    update crm.role_grants g set scope = w.scope from ${wanted}
+    where g.workspace_id = ${workspaceId} and g.role_id = ${roleId} and g.resource = w.resource and g.action = w.action
+      and g.scope <> w.scope
+  `)
+  await db.query(sql.unsafe`
     insert into crm.role_grants (workspace_id, role_id, resource, action, scope)
-    select ${workspaceId}, ${roleId}, g.resource, g.action, g.scope
-    from unnest(${sql.array(
-      rows.map((row) => row.resource),
-      'text',
-    )}::text[], ${sql.array(
-      rows.map((row) => row.action),
-      'text',
-    )}::text[], ${sql.array(
-      rows.map((row) => row.scope),
-      'text',
-    )}::text[]) as g (resource, action, scope)
+    select ${workspaceId}, ${roleId}, w.resource, w.action, w.scope from ${wanted}
+    where not exists (select from crm.role_grants g
+                      where g.workspace_id = ${workspaceId} and g.role_id = ${roleId} and g.resource = w.resource and g.action = w.action)
   `)
 }
 

@@ -47,6 +47,8 @@ export default defineRoutes(
     summary: 'Invite an email to this workspace with a role and teams (admins); mailed when SMTP_URL is set',
     tag: 'workspace administration',
     auth: 'required',
+    // A scoped token only narrows access (docs/decisions.md): the database refuses it too.
+    credentials: 'unscoped',
     scope: 'workspace:admin',
     body: InvitationBody,
     status: 201,

@@ -62,7 +62,8 @@ export default defineRoutes(
     summary: 'Register an OAuth app (admins); a confidential app gets its client secret in this answer only',
     tag,
     auth: 'required',
-    credentials: 'scope',
+    // A scoped token only narrows access (docs/decisions.md): the database refuses it too.
+    credentials: 'unscoped',
     scope: 'workspace:admin',
     body: CreateBody,
     status: 201,
