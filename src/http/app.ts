@@ -8,7 +8,7 @@ import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { type LongReadStandby, StandbyRefusedError } from '../db/read-replicas.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import { CrmError, NotFoundError, RateLimitedError } from '../errors.ts'
+import { CrmError, NotFoundError, RateLimitedError, UnavailableError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
 import {
   bodyDeadlineMs,
@@ -39,6 +39,8 @@ import { createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
+/** SQLSTATE of a write in a read-only transaction. */
+const READ_ONLY_SQL_TRANSACTION = '25006'
 
 type Request = IncomingMessage & {
   params: Record<string, string>
@@ -48,6 +50,8 @@ type Request = IncomingMessage & {
   callerId?: string
   /** The request was counted by crm.authenticate in its transaction (see Caller.countedIn). */
   countedInDatabase?: boolean
+  /** A short transaction of its own authenticated and counted the request already (authenticateFirst). */
+  authenticatedFirst?: boolean
 }
 
 export function sendJson(
@@ -211,15 +215,10 @@ export function createApp(
     }
     try {
       if (definition.auth === 'required') {
-        await admitted(req, () =>
-          authenticatedTransaction(definition, req, res, async (db, caller) => {
-            await definition.checkCallerBeforeBody?.(db)
-            if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
-            markCounted(req, caller.rateLimit)
-          }),
-        )
-        // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
-        req.countedInDatabase = false
+        await authenticateFirst(definition, req, res, async (db, caller) => {
+          await definition.checkCallerBeforeBody?.(db)
+          if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+        })
       }
       receipt.checkDeclaredLength()
       const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
@@ -228,6 +227,30 @@ export function createApp(
       release()
       throw error
     }
+  }
+
+  /**
+   * Authenticates and counts the request in a short transaction of its own, before its body is read
+   * or its long read begins: crm.authenticate's bookkeeping (the token's last use, the user's last
+   * workspace) and the count are committed with it, and the identity is cached. The request's own
+   * transaction then resumes that identity without counting it again (markCounted); `check` runs in
+   * the short transaction, as crm_api with the caller's context.
+   */
+  async function authenticateFirst(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    check?: (db: DatabaseTransactionConnection, caller: Caller) => Promise<void>,
+  ): Promise<void> {
+    await admitted(req, () =>
+      authenticatedTransaction(definition, req, res, async (db, caller) => {
+        await check?.(db, caller)
+        markCounted(req, caller.rateLimit)
+      }),
+    )
+    // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
+    req.countedInDatabase = false
+    req.authenticatedFirst = true
   }
 
   /** What every authenticated request does once its caller is known: bookkeeping, headers, the route's scope. */
@@ -242,15 +265,31 @@ export function createApp(
     requireRouteScope(definition, caller)
   }
 
-  /** A request transaction: authentication first, then `work` as crm_api with the caller's context. */
+  /**
+   * A request transaction: authentication first, then `work` as crm_api with the caller's context.
+   * A stream's transaction is read-only (`readOnly`): it has no transaction id, so however long its
+   * client takes to read, it holds no row lock that a revocation, a suspension or the token's other
+   * requests could wait for. Its request was authenticated first (authenticateFirst), so it only
+   * resumes the cached identity, which writes nothing there (sql/000034).
+   */
   function authenticatedTransaction<T>(
     definition: RouteDefinition,
     req: Request,
     res: ServerResponse,
     work: (db: DatabaseTransactionConnection, caller: Caller) => Promise<T>,
+    readOnly = false,
   ): Promise<T> {
     return pool.transaction(async (db) => {
-      const caller = await authenticate(db, req, req.requestId)
+      if (readOnly) await db.query(sql.unsafe`set transaction read only`)
+      const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
+        // The identity moved in the moment between the two transactions (a revocation, a role
+        // change), and a full authentication cannot write its count in a read-only transaction:
+        // the client's retry meets the change.
+        if (readOnly && databaseErrorOf(error)?.code === READ_ONLY_SQL_TRANSACTION) {
+          throw new UnavailableError(error, 'Your access changed as the request began; retry it')
+        }
+        throw error
+      })
       authenticated(definition, req, res, caller)
       return work(db, caller)
     })
@@ -336,12 +375,15 @@ export function createApp(
       }
     }
     const inTransaction = async () => {
-      const result = await authenticatedTransaction(definition, req, res, handle)
+      const result = await authenticatedTransaction(definition, req, res, handle, definition.streams === true)
       // Committed: before the answer, the user's reads are held to this write's WAL position, so
       // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
       if (definition.method !== 'GET' && !definition.longRead && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       return result
     }
+    // A stream writes its request's bookkeeping and count before its long read begins, so the
+    // read's transaction can be read-only (authenticatedTransaction).
+    if (definition.streams && definition.auth === 'required' && !req.authenticatedFirst) await authenticateFirst(definition, req, res)
     const standby = definition.longRead ? services.readRouting?.standbyForLongRead() : null
     if (standby) {
       return admitted(req, () =>
