@@ -35,7 +35,7 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createUploadReceipts } from './upload-receipts.ts'
+import { createBodyReceipts, createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
@@ -95,6 +95,12 @@ export function createApp(
     statements?: { authenticate: StatementAuthenticator; pool: StatementPool }
     /** Refuses a missing or malformed credential from the headers, before the body is read. */
     checkCredential?: (req: IncomingMessage) => void
+    /**
+     * Whether the process has proven the request's credential before (its identity is cached): a
+     * hint, which the request's own authentication proves again. Without it, every credential is
+     * unknown, and its body is read only after a short authenticating transaction.
+     */
+    knownCredential?: (req: IncomingMessage) => boolean
   } = {},
 ): App {
   const { logger, pool, config } = services
@@ -103,6 +109,9 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
+  // The bodies of proven callers have receipts of their own: anonymous bodies (sign-in, forms,
+  // services.bodyReceipts) cannot fill them, and an unproven token's body takes none.
+  const callerBodyReceipts = createBodyReceipts(config.jsonBodies, 'request bodies')
   const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
@@ -168,8 +177,14 @@ export function createApp(
     definition.checkBodyHeaders?.(req)
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
+      // A token the process has not proven before is authenticated first, in a short transaction of
+      // its own, so a body with a made-up token is refused (401) without a byte of it read, and
+      // takes no receipt that real callers need. A known token's body is read at once: its request
+      // stays one transaction (or one statement).
+      const byCaller = definition.auth === 'required'
+      if (byCaller && !extra.knownCredential?.(req)) await authenticateFirst(definition, req, res)
       // Held while the body arrives: slow senders are bounded per address and in all.
-      const releaseReceipt = services.bodyReceipts.take(req)
+      const releaseReceipt = (byCaller ? callerBodyReceipts : services.bodyReceipts).take(req)
       try {
         body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
       } finally {
