@@ -42,6 +42,14 @@ const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 /** SQLSTATE of a write in a read-only transaction. */
 const READ_ONLY_SQL_TRANSACTION = '25006'
 
+/** A read-only transaction's authentication found no current cached identity to resume (app.ts, streamOnPrimary). */
+class IdentityMovedError extends Error {
+  constructor(cause: unknown) {
+    super("The request's identity moved after its short authenticating transaction", { cause })
+    this.name = 'IdentityMovedError'
+  }
+}
+
 type Request = IncomingMessage & {
   params: Record<string, string>
   query: Record<string, string | string[]>
@@ -257,12 +265,20 @@ export function createApp(
     res: ServerResponse,
     check?: (db: DatabaseTransactionConnection, caller: Caller) => Promise<void>,
   ): Promise<void> {
-    await admitted(req, () =>
-      authenticatedTransaction(definition, req, res, async (db, caller) => {
-        await check?.(db, caller)
-        markCounted(req, caller.rateLimit)
-      }),
-    )
+    await admitted(req, () => authenticateAhead(definition, req, res, check))
+  }
+
+  /** authenticateFirst for a request already admitted to the pool. */
+  async function authenticateAhead(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    check?: (db: DatabaseTransactionConnection, caller: Caller) => Promise<void>,
+  ): Promise<void> {
+    await authenticatedTransaction(definition, req, res, async (db, caller) => {
+      await check?.(db, caller)
+      markCounted(req, caller.rateLimit)
+    })
     // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
     req.countedInDatabase = false
     req.authenticatedFirst = true
@@ -284,8 +300,9 @@ export function createApp(
    * A request transaction: authentication first, then `work` as crm_api with the caller's context.
    * A stream's transaction is read-only (`readOnly`): it has no transaction id, so however long its
    * client takes to read, it holds no row lock that a revocation, a suspension or the token's other
-   * requests could wait for. Its request was authenticated first (authenticateFirst), so it only
-   * resumes the cached identity, which writes nothing there (sql/000034).
+   * requests could wait for. Its request was authenticated first (authenticateAhead), so it only
+   * resumes the cached identity, which writes nothing there (sql/000034); when that identity is no
+   * longer cached or current, IdentityMovedError.
    */
   function authenticatedTransaction<T>(
     definition: RouteDefinition,
@@ -297,12 +314,8 @@ export function createApp(
     return pool.transaction(async (db) => {
       if (readOnly) await db.query(sql.unsafe`set transaction read only`)
       const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
-        // The identity moved in the moment between the two transactions (a revocation, a role
-        // change), and a full authentication cannot write its count in a read-only transaction:
-        // the client's retry meets the change.
-        if (readOnly && databaseErrorOf(error)?.code === READ_ONLY_SQL_TRANSACTION) {
-          throw new UnavailableError(error, 'Your access changed as the request began; retry it')
-        }
+        // A full authentication cannot write its count in a read-only transaction.
+        if (readOnly && databaseErrorOf(error)?.code === READ_ONLY_SQL_TRANSACTION) throw new IdentityMovedError(error)
         throw error
       })
       authenticated(definition, req, res, caller)
@@ -389,16 +402,29 @@ export function createApp(
         for (const release of releases) release()
       }
     }
+    // A stream on the primary writes its request's bookkeeping and count in a short transaction
+    // first, so that its long read's transaction can be read-only (authenticatedTransaction). The
+    // identity may move in between (a revocation, a role change, a standby that found it stale and
+    // dropped it): then once more, and the second short transaction meets the change.
+    const streamOnPrimary = async (): Promise<RouteResult> => {
+      for (let attempt = 0; ; attempt++) {
+        if (!req.authenticatedFirst || attempt > 0) await authenticateAhead(definition, req, res)
+        try {
+          return await authenticatedTransaction(definition, req, res, handle, true)
+        } catch (error) {
+          if (!(error instanceof IdentityMovedError)) throw error
+          if (attempt > 0) throw new UnavailableError(error, 'Your access changed as the request began; retry it')
+        }
+      }
+    }
     const inTransaction = async () => {
-      const result = await authenticatedTransaction(definition, req, res, handle, definition.streams === true)
+      if (definition.streams && definition.auth === 'required') return streamOnPrimary()
+      const result = await authenticatedTransaction(definition, req, res, handle)
       // Committed: before the answer, the user's reads are held to this write's WAL position, so
       // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
       if (definition.method !== 'GET' && !definition.longRead && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       return result
     }
-    // A stream writes its request's bookkeeping and count before its long read begins, so the
-    // read's transaction can be read-only (authenticatedTransaction).
-    if (definition.streams && definition.auth === 'required' && !req.authenticatedFirst) await authenticateFirst(definition, req, res)
     const standby = definition.longRead ? services.readRouting?.standbyForLongRead() : null
     if (standby) {
       return admitted(req, () =>
