@@ -26,18 +26,12 @@ t.equal(server.config.jsonBodies.total, 256)
 
 type Stalled = { answered: Promise<number> }
 
-/** POST /api/contacts from `address` with a fake token: a few bytes of the body, then nothing. */
-function stalledBody(address: string, token: string): Stalled {
-  const body = JSON.stringify({ first_name: 'Stalled', email: 'stalled@example.com' })
-  const req = httpRequest(`${server.url}/api/contacts`, {
+/** A POST of `body` from `address`: a few bytes of it, then nothing. */
+function stalledPost(path: string, address: string, headers: Record<string, string>, body: string): Stalled {
+  const req = httpRequest(`${server.url}${path}`, {
     method: 'POST',
     agent: false,
-    headers: {
-      authorization: `Bearer ${token}`,
-      'content-type': 'application/json',
-      'content-length': String(body.length),
-      'x-forwarded-for': address,
-    },
+    headers: { ...headers, 'content-length': String(body.length), 'x-forwarded-for': address },
   })
   const answered = new Promise<number>((resolve) => {
     req.on('response', (response) => {
@@ -50,6 +44,21 @@ function stalledBody(address: string, token: string): Stalled {
   t.teardown(() => req.destroy())
   return { answered }
 }
+
+/** POST /api/contacts from `address` with a fake token, stalled. */
+function stalledBody(address: string, token: string): Stalled {
+  const body = JSON.stringify({ first_name: 'Stalled', email: 'stalled@example.com' })
+  return stalledPost('/api/contacts', address, { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body)
+}
+
+/** A form posted to a signed-in page (sign-out) from `address`, with a made-up session cookie when `cookie`, stalled. */
+function stalledForm(address: string, cookie: boolean): Stalled {
+  const headers: Record<string, string> = { 'content-type': 'application/x-www-form-urlencoded' }
+  if (cookie) headers.cookie = `crm_session=${newToken()}`
+  return stalledPost('/sign-out', address, headers, 'csrf=' + 'x'.repeat(60))
+}
+
+const signIn = () => server.request('POST', '/api/token', { body: { email: ada.email, password: PASSWORD, device_name: 'tests' } })
 
 t.test('300 stalled bodies with fake tokens from five addresses leave the slots of real callers free', async (t) => {
   const stalled: Stalled[] = []
@@ -79,11 +88,32 @@ t.test('300 stalled bodies with fake tokens from five addresses leave the slots 
     body: { first_name: 'First', email: 'first@example.com' },
   })
   t.equal(first.status, 201, 'and so is the first request of a token the process has not seen')
-  const signIn = await server.request('POST', '/api/token', { body: { email: ada.email, password: PASSWORD, device_name: 'tests' } })
-  t.equal(signIn.status, 200, 'sign-in is received')
+  t.equal((await signIn()).status, 200, 'sign-in is received')
   // 401 after the short authentication (or 503 when the database's admission was full), never read.
   t.ok(
     answers.every((status) => status === 401 || status === 503),
     'every body with a fake token was refused without being read',
   )
+})
+
+t.test("300 stalled forms to a signed-in page with made-up session cookies leave sign-in's receipts free", async (t) => {
+  for (let i = 0; i < 300; i++) stalledForm(`192.0.2.${1 + (i % 5)}`, true)
+  // Held: a whole form with a made-up cookie from a sixth address is refused for want of a receipt.
+  await until('the stalled forms are held', async () => {
+    const probe = await fetch(`${server.url}/sign-out`, {
+      method: 'POST',
+      redirect: 'manual',
+      headers: {
+        'content-type': 'application/x-www-form-urlencoded',
+        cookie: `crm_session=${newToken()}`,
+        'x-forwarded-for': '192.0.2.99',
+      },
+      body: 'csrf=x',
+    })
+    await probe.arrayBuffer()
+    return probe.status === 503
+  })
+  t.equal((await signIn()).status, 200, 'sign-in is received')
+  const withoutSession = await stalledForm('192.0.2.50', false).answered
+  t.equal(withoutSession, 303, 'a form posted to a signed-in page without a session is sent to sign-in unread')
 })
