@@ -499,8 +499,9 @@ export function createApp(
  * A write goes in one statement only for a token whose identity the process has cached and whose
  * scopes allow the route: the route's scope is checked before anything is written (a transaction
  * checks it after authenticating, before its handler runs; one statement cannot stop between the
- * two). A token's scopes never change, so the cached ones decide. The first request of a token,
- * and one the scopes refuse, take a transaction (which answers 403 insufficient_scope).
+ * two). A token's scopes never change, so the cached ones decide. A request the scopes refuse takes
+ * a transaction (which answers 403 insufficient_scope); the first request of a token with a body was
+ * authenticated, and its scope checked, in a short transaction before its body was read.
  */
 function mayWriteInOneStatement(definition: RouteDefinition, authentication: ReturnType<StatementAuthenticator>): boolean {
   const cached = authentication.cachedCaller()
