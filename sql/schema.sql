@@ -1794,9 +1794,12 @@ begin
     return next;
     return;
   end if;
-  -- The same bookkeeping: the last workspace, and the token's last use once a minute.
+  -- The same bookkeeping: the last workspace, and the token's last use once a minute. Not in a
+  -- read-only transaction on the primary (a long read's, whose request wrote it in a short
+  -- transaction before): a row lock there would last as long as the read.
   v_due := v_caller.last_used_at is null or v_caller.last_used_at < now() - interval '1 minute';
   if (v_caller.last_workspace_id is distinct from p_workspace_id or v_due)
+     and not (current_setting('transaction_read_only') = 'on' and not pg_is_in_recovery())
      and not crm.touch_caller(v_caller.user_id, p_workspace_id, v_caller.last_workspace_id is distinct from p_workspace_id,
                               v_caller.token_id, v_due) then
     return next;
@@ -1808,7 +1811,7 @@ begin
 end
 $function$;
 comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is
-  'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate.';
+  'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate. Writes the last-used bookkeeping when due, except in a read-only transaction on the primary (a long read, authenticated in a short transaction first).';
 grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
   to crm_api;
 

@@ -78,7 +78,8 @@ export type Config = {
   /**
    * JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL: JSON and form bodies this process receives at once from one
    * client address (429 past it) and in all (503 past it), so slow senders cannot hold the sockets
-   * and, at up to 1 MiB a body, the memory (src/http/upload-receipts.ts).
+   * and, at up to 1 MiB a body, the memory (src/http/upload-receipts.ts). Each of three sets has
+   * these bounds: proven callers' bodies, bodies without a caller, and signed-in pages' forms.
    */
   jsonBodies: ReceiptBounds
   /**

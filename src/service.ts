@@ -1,7 +1,13 @@
 // Starts the whole service in one process: database (provisioned or given), migrations, the API
 // and the worker; and stops it in the reverse order, finishing in-flight work first.
 import type { AddressInfo } from 'node:net'
-import { createAuthenticator, createCredentialCheck, createStatementAuthenticator } from './auth/authenticate.ts'
+import {
+  bearerCredential,
+  createAuthenticator,
+  createCredentialCheck,
+  createKnownCredentialCheck,
+  createStatementAuthenticator,
+} from './auth/authenticate.ts'
 import { IdentityCache } from './auth/identity-cache.ts'
 import { createRequestRateLimit, createSettleRequestCounts, type RequestRateLimit } from './auth/rate-limit.ts'
 import type { Config } from './config.ts'
@@ -107,6 +113,7 @@ export async function startService(options: {
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
       bodyReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
+      sessionFormReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
     }
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages
@@ -132,6 +139,7 @@ export async function startService(options: {
         pool: readRouting?.pool ?? statementPool,
       },
       checkCredential: createCredentialCheck(),
+      knownCredential: createKnownCredentialCheck(config, bearerCredential, authentication),
     })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)

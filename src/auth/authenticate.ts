@@ -168,6 +168,25 @@ export function createCredentialCheck(
 }
 
 /**
+ * Whether this process has authenticated the request's credential before (its identity is in the
+ * cache): a hint for choosing when to read a body, never an authority, since the request's own
+ * authentication proves the token again. A missing or malformed credential is not known.
+ */
+export function createKnownCredentialCheck(
+  config: Config,
+  credentialOf: (req: IncomingMessage) => Credential | null,
+  state: AuthenticationState,
+): (req: IncomingMessage) => boolean {
+  return (req) => {
+    try {
+      return state.identities.get(attemptOf(config, credentialOf, req).cacheKey) !== undefined
+    } catch {
+      return false
+    }
+  }
+}
+
+/**
  * Requests an earlier authentication already counted against the rate limit (an upload's, before
  * its body was received), with the quota it answered: the request's next authentication resumes
  * the cached identity without counting it again.

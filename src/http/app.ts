@@ -8,7 +8,7 @@ import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { type LongReadStandby, StandbyRefusedError } from '../db/read-replicas.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import { CrmError, NotFoundError, RateLimitedError } from '../errors.ts'
+import { CrmError, NotFoundError, RateLimitedError, UnavailableError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
 import {
   bodyDeadlineMs,
@@ -35,10 +35,20 @@ import {
 } from './route.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { SingleStatementConnection } from './single-statement.ts'
-import { createUploadReceipts } from './upload-receipts.ts'
+import { createBodyReceipts, createUploadReceipts } from './upload-receipts.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
+/** SQLSTATE of a write in a read-only transaction. */
+const READ_ONLY_SQL_TRANSACTION = '25006'
+
+/** A read-only transaction's authentication found no current cached identity to resume (app.ts, streamOnPrimary). */
+class IdentityMovedError extends Error {
+  constructor(cause: unknown) {
+    super("The request's identity moved after its short authenticating transaction", { cause })
+    this.name = 'IdentityMovedError'
+  }
+}
 
 type Request = IncomingMessage & {
   params: Record<string, string>
@@ -48,6 +58,8 @@ type Request = IncomingMessage & {
   callerId?: string
   /** The request was counted by crm.authenticate in its transaction (see Caller.countedIn). */
   countedInDatabase?: boolean
+  /** A short transaction of its own authenticated and counted the request already (authenticateFirst). */
+  authenticatedFirst?: boolean
 }
 
 export function sendJson(
@@ -91,6 +103,12 @@ export function createApp(
     statements?: { authenticate: StatementAuthenticator; pool: StatementPool }
     /** Refuses a missing or malformed credential from the headers, before the body is read. */
     checkCredential?: (req: IncomingMessage) => void
+    /**
+     * Whether the process has proven the request's credential before (its identity is cached): a
+     * hint, which the request's own authentication proves again. Without it, every credential is
+     * unknown, and its body is read only after a short authenticating transaction.
+     */
+    knownCredential?: (req: IncomingMessage) => boolean
   } = {},
 ): App {
   const { logger, pool, config } = services
@@ -99,6 +117,9 @@ export function createApp(
   const admission = createAdmissionGate(config.dbPoolSize, config.dbWaitMs)
   const workspaceSlots = createWorkspaceSlots()
   const uploadReceipts = createUploadReceipts(config.uploads)
+  // The bodies of proven callers have receipts of their own: anonymous bodies (sign-in, forms,
+  // services.bodyReceipts) cannot fill them, and an unproven token's body takes none.
+  const callerBodyReceipts = createBodyReceipts(config.jsonBodies, 'request bodies')
   const streamSlots = createStreamSlots(config.streamsPerProcess)
   let singleStatementsRefused = false
 
@@ -164,8 +185,14 @@ export function createApp(
     definition.checkBodyHeaders?.(req)
     let body: unknown
     if (definition.body && definition.bodyKind !== 'file') {
+      // A token the process has not proven before is authenticated first, in a short transaction of
+      // its own, so a body with a made-up token is refused (401) without a byte of it read, and
+      // takes no receipt that real callers need. A known token's body is read at once: its request
+      // stays one transaction (or one statement).
+      const byCaller = definition.auth === 'required'
+      if (byCaller && !extra.knownCredential?.(req)) await authenticateFirst(definition, req, res)
       // Held while the body arrives: slow senders are bounded per address and in all.
-      const releaseReceipt = services.bodyReceipts.take(req)
+      const releaseReceipt = (byCaller ? callerBodyReceipts : services.bodyReceipts).take(req)
       try {
         body = validateBody(definition.body, await readJsonObject(req, config.bodyIdleTimeoutMs))
       } finally {
@@ -211,15 +238,10 @@ export function createApp(
     }
     try {
       if (definition.auth === 'required') {
-        await admitted(req, () =>
-          authenticatedTransaction(definition, req, res, async (db, caller) => {
-            await definition.checkCallerBeforeBody?.(db)
-            if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
-            markCounted(req, caller.rateLimit)
-          }),
-        )
-        // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
-        req.countedInDatabase = false
+        await authenticateFirst(definition, req, res, async (db, caller) => {
+          await definition.checkCallerBeforeBody?.(db)
+          if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+        })
       }
       receipt.checkDeclaredLength()
       const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
@@ -228,6 +250,38 @@ export function createApp(
       release()
       throw error
     }
+  }
+
+  /**
+   * Authenticates and counts the request in a short transaction of its own, before its body is read
+   * or its long read begins: crm.authenticate's bookkeeping (the token's last use, the user's last
+   * workspace) and the count are committed with it, and the identity is cached. The request's own
+   * transaction then resumes that identity without counting it again (markCounted); `check` runs in
+   * the short transaction, as crm_api with the caller's context.
+   */
+  async function authenticateFirst(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    check?: (db: DatabaseTransactionConnection, caller: Caller) => Promise<void>,
+  ): Promise<void> {
+    await admitted(req, () => authenticateAhead(definition, req, res, check))
+  }
+
+  /** authenticateFirst for a request already admitted to the pool. */
+  async function authenticateAhead(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    check?: (db: DatabaseTransactionConnection, caller: Caller) => Promise<void>,
+  ): Promise<void> {
+    await authenticatedTransaction(definition, req, res, async (db, caller) => {
+      await check?.(db, caller)
+      markCounted(req, caller.rateLimit)
+    })
+    // Committed, and with it the request's count: a rollback of the handler's transaction leaves it.
+    req.countedInDatabase = false
+    req.authenticatedFirst = true
   }
 
   /** What every authenticated request does once its caller is known: bookkeeping, headers, the route's scope. */
@@ -242,15 +296,28 @@ export function createApp(
     requireRouteScope(definition, caller)
   }
 
-  /** A request transaction: authentication first, then `work` as crm_api with the caller's context. */
+  /**
+   * A request transaction: authentication first, then `work` as crm_api with the caller's context.
+   * A stream's transaction is read-only (`readOnly`): it has no transaction id, so however long its
+   * client takes to read, it holds no row lock that a revocation, a suspension or the token's other
+   * requests could wait for. Its request was authenticated first (authenticateAhead), so it only
+   * resumes the cached identity, which writes nothing there (sql/000034); when that identity is no
+   * longer cached or current, IdentityMovedError.
+   */
   function authenticatedTransaction<T>(
     definition: RouteDefinition,
     req: Request,
     res: ServerResponse,
     work: (db: DatabaseTransactionConnection, caller: Caller) => Promise<T>,
+    readOnly = false,
   ): Promise<T> {
     return pool.transaction(async (db) => {
-      const caller = await authenticate(db, req, req.requestId)
+      if (readOnly) await db.query(sql.unsafe`set transaction read only`)
+      const caller = await authenticate(db, req, req.requestId).catch((error: unknown) => {
+        // A full authentication cannot write its count in a read-only transaction.
+        if (readOnly && databaseErrorOf(error)?.code === READ_ONLY_SQL_TRANSACTION) throw new IdentityMovedError(error)
+        throw error
+      })
       authenticated(definition, req, res, caller)
       return work(db, caller)
     })
@@ -335,7 +402,23 @@ export function createApp(
         for (const release of releases) release()
       }
     }
+    // A stream on the primary writes its request's bookkeeping and count in a short transaction
+    // first, so that its long read's transaction can be read-only (authenticatedTransaction). The
+    // identity may move in between (a revocation, a role change, a standby that found it stale and
+    // dropped it): then once more, and the second short transaction meets the change.
+    const streamOnPrimary = async (): Promise<RouteResult> => {
+      for (let attempt = 0; ; attempt++) {
+        if (!req.authenticatedFirst || attempt > 0) await authenticateAhead(definition, req, res)
+        try {
+          return await authenticatedTransaction(definition, req, res, handle, true)
+        } catch (error) {
+          if (!(error instanceof IdentityMovedError)) throw error
+          if (attempt > 0) throw new UnavailableError(error, 'Your access changed as the request began; retry it')
+        }
+      }
+    }
     const inTransaction = async () => {
+      if (definition.streams && definition.auth === 'required') return streamOnPrimary()
       const result = await authenticatedTransaction(definition, req, res, handle)
       // Committed: before the answer, the user's reads are held to this write's WAL position, so
       // a standby that has not replayed it does not answer them (src/db/read-replicas.ts).
@@ -416,8 +499,9 @@ export function createApp(
  * A write goes in one statement only for a token whose identity the process has cached and whose
  * scopes allow the route: the route's scope is checked before anything is written (a transaction
  * checks it after authenticating, before its handler runs; one statement cannot stop between the
- * two). A token's scopes never change, so the cached ones decide. The first request of a token,
- * and one the scopes refuse, take a transaction (which answers 403 insufficient_scope).
+ * two). A token's scopes never change, so the cached ones decide. A request the scopes refuse takes
+ * a transaction (which answers 403 insufficient_scope); the first request of a token with a body was
+ * authenticated, and its scope checked, in a short transaction before its body was read.
  */
 function mayWriteInOneStatement(definition: RouteDefinition, authentication: ReturnType<StatementAuthenticator>): boolean {
   const cached = authentication.cachedCaller()

@@ -4,12 +4,17 @@
 import type { IncomingMessage } from 'node:http'
 import { readBody } from './body.ts'
 import { isStorableString, type Services } from './route.ts'
+import type { BodyReceipts } from './upload-receipts.ts'
 
 const FORM_LIMIT = 64 * 1024
 
-/** The form's fields, read while holding a body receipt (429 or 503 when none is left). */
-export async function receiveForm(req: IncomingMessage, services: Services): Promise<URLSearchParams> {
-  const release = services.bodyReceipts.take(req)
+/** The form's fields, read while holding one of `receipts` (429 or 503 when none is left). */
+export async function receiveForm(
+  req: IncomingMessage,
+  services: Services,
+  receipts: BodyReceipts = services.bodyReceipts,
+): Promise<URLSearchParams> {
+  const release = receipts.take(req)
   try {
     return new URLSearchParams((await readBody(req, FORM_LIMIT, services.config.bodyIdleTimeoutMs)).toString('utf8'))
   } finally {

@@ -37,8 +37,16 @@ export type Services = {
   addressRateLimit: AddressRateLimit
   /** The OAuth token and revocation endpoints' limit of clients that send a secret (429 past it). */
   oauthClientRateLimit: OAuthClientRateLimit
-  /** JSON and form bodies being received (JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL): 429 or 503 past a bound. */
+  /**
+   * JSON and form bodies without a caller being received (sign-in, sign-up, their pages' forms, the
+   * OAuth token endpoint; JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL): 429 or 503 past a bound.
+   */
   bodyReceipts: BodyReceipts
+  /**
+   * The forms of signed-in pages, with the same bounds: read before their session is checked (their
+   * CSRF token is in them), so a made-up session cookie's forms can hold only these.
+   */
+  sessionFormReceipts: BodyReceipts
   /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */
   readRouting?: ReadRouting | null
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */

@@ -60,7 +60,11 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
     try {
       let form = EMPTY_FORM
       if (req.method === 'POST') {
-        form = await readForm(req, services)
+        // Without a session there is nothing to post to: the form is not read.
+        if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
+        // Read before the session is checked (the CSRF token is in it), under receipts of their own:
+        // forms with a made-up cookie cannot hold those of sign-in or of the API's callers.
+        form = await readForm(req, services, services.sessionFormReceipts)
         if (!csrfValid(services.config.appSecret, req, form.get('csrf'))) {
           if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
           return errorPage(res, 403, 'This form has expired. Reload the page and try again.')

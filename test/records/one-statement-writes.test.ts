@@ -92,11 +92,27 @@ t.test('a known token writes in one statement, its event in it', async (t) => {
   )
 })
 
-t.test('the first request of a token, Idempotency-Key, If-Match and a scope that refuses take a transaction', async (t) => {
+t.test('the first request of a token is authenticated in a transaction of its own, then its write travels in one statement', async (t) => {
+  // Its body is read only once the token is proven (test/hostile/unproven-bodies.test.ts), and the
+  // route's scope was checked then, so the write may go with the resumed identity.
   const fresh = await withOwner(url, (client) => mintToken(client, ann.id))
+  oneStatement.queries.length = 0
+  t.equal((await call(oneStatement, 'POST', '/api/contacts', fresh, { first_name: 'First' })).status, 201)
+  const writes = (text: string) => /\b(insert into|update|delete from) "crm"\./.test(text)
+  t.ok(
+    oneStatement.queries.some((text) => /crm\.authenticate\(/.test(text)) &&
+      !oneStatement.queries.some((text) => /crm\.authenticate\(/.test(text) && writes(text)),
+    'crm.authenticate ran with no write',
+  )
+  t.ok(
+    oneStatement.queries.some((text) => /crm\.resume_identity\(/.test(text) && writes(text)),
+    'the write travelled with the resumed identity',
+  )
+})
+
+t.test('Idempotency-Key, If-Match and a scope that refuses take a transaction', async (t) => {
   const id = await record('contacts', tenant.id, ann.id)
   const cases: [string, () => Promise<TestResponse>, number][] = [
-    ['first request of a token', () => call(oneStatement, 'POST', '/api/contacts', fresh, { first_name: 'First' }), 201],
     [
       'Idempotency-Key',
       () => call(oneStatement, 'POST', '/api/contacts', ann.token, { first_name: 'Keyed' }, { 'idempotency-key': randomUUID() }),
