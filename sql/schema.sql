@@ -181,6 +181,113 @@ $function$;
 comment on function crm.grant_job_queue_to_worker() is
   'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
 
+CREATE OR REPLACE FUNCTION crm.admit_to_database(p_logins text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+  v_database name := current_database();
+  v_login regrole;
+begin
+  -- Only the database's owner (or a member of it, or a superuser) may say who connects; anyone
+  -- else migrating leaves it to a DBA (docs/operations.md) and is told so by the answer.
+  if not pg_has_role(current_user, (select d.datdba from pg_database d where d.datname = v_database), 'usage') then
+    return false;
+  end if;
+  -- Processes starting together would otherwise update the database's row at once ("tuple
+  -- concurrently updated"); the grants below are skipped when already made.
+  perform pg_advisory_xact_lock(727002);
+  for v_login in select to_regrole(l) from unnest(p_logins) l where to_regrole(l) is not null loop
+    if not exists (
+      select from pg_database d, aclexplode(d.datacl) x
+       where d.datname = v_database and x.grantee = v_login and x.privilege_type = 'CONNECT'
+    ) then
+      execute format('grant connect on database %I to %I', v_database, v_login::text);
+    end if;
+  end loop;
+  if exists (
+    select from pg_database d, aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) x
+     where d.datname = v_database and x.grantee = 0 and x.privilege_type = 'CONNECT'
+  ) then
+    execute format('revoke connect on database %I from public', v_database);
+  end if;
+  -- CONNECT is inherited like any privilege: granted to a shared group (a DBA's slip), it would
+  -- let in every database's logins again.
+  if exists (
+    select from pg_database d, aclexplode(d.datacl) x
+     where d.datname = v_database and x.privilege_type = 'CONNECT'
+       and x.grantee in (select r.oid from pg_roles r where r.rolname in ('crm_api', 'crm_owner', 'crm_runtime', 'crm_worker'))
+  ) then
+    execute format('revoke connect on database %I from crm_api, crm_owner, crm_runtime, crm_worker', v_database);
+  end if;
+  return true;
+end
+$function$;
+comment on function crm.admit_to_database(p_logins text[]) is
+  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
+
+CREATE OR REPLACE FUNCTION crm.disown_superuser_objects()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '5s'
+AS $function$
+declare
+  v_statement text;
+  v_count integer := 0;
+begin
+  -- Only a superuser can hand a superuser's objects away; the objects of an owner that is no
+  -- superuser are left with it.
+  if not (select r.rolsuper from pg_roles r where r.rolname = current_user) then
+    return 0;
+  end if;
+  for v_statement in
+    with schemas as (
+      select n.oid from pg_namespace n where n.nspname in ('crm', 'graphile_worker')
+    ), superusers as (
+      select r.oid from pg_roles r where r.rolsuper
+    )
+    select format('alter schema %I owner to crm_owner', n.nspname)
+      from pg_namespace n
+     where n.oid in (select oid from schemas) and n.nspowner in (select oid from superusers)
+    union all
+    -- Indexes and the sequences a column owns follow their table; a composite type is a type.
+    select format('alter %s %s owner to crm_owner',
+                  case c.relkind when 'v' then 'view' when 'm' then 'materialized view'
+                                 when 'S' then 'sequence' when 'f' then 'foreign table' else 'table' end,
+                  c.oid::regclass)
+      from pg_class c
+     where c.relnamespace in (select oid from schemas) and c.relowner in (select oid from superusers)
+       and c.relkind in ('r', 'p', 'v', 'm', 'S', 'f')
+       and not exists (
+         select from pg_depend d
+          where d.classid = 'pg_class'::regclass and d.objid = c.oid
+            and d.refclassid = 'pg_class'::regclass and d.deptype in ('a', 'i')
+       )
+    union all
+    select format('alter %s %s owner to crm_owner',
+                  case p.prokind when 'p' then 'procedure' when 'a' then 'aggregate' else 'function' end,
+                  p.oid::regprocedure)
+      from pg_proc p
+     where p.pronamespace in (select oid from schemas) and p.proowner in (select oid from superusers)
+    union all
+    -- Array types follow their element type, a table's row type its table.
+    select format('alter type %s owner to crm_owner', t.oid::regtype)
+      from pg_type t
+     where t.typnamespace in (select oid from schemas) and t.typowner in (select oid from superusers)
+       and t.typtype in ('c', 'd', 'e', 'r')
+       and (t.typtype <> 'c' or (select c.relkind from pg_class c where c.oid = t.typrelid) = 'c')
+  loop
+    execute v_statement;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end
+$function$;
+comment on function crm.disown_superuser_objects() is
+  'Gives crm_owner every object of crm and graphile_worker (the schemas included) that a superuser owns, so that no SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration run.';
+
 CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
@@ -377,9 +484,10 @@ comment on policy users_select_self_or_colleague on crm.users is
 create policy users_update_self on crm.users as permissive for update to crm_api
   using ((id = ( SELECT crm.current_user_id() AS current_user_id)))
   with check ((id = ( SELECT crm.current_user_id() AS current_user_id)));
-comment on policy users_update_self on crm.users is 'A user changes only their own name and password.';
+comment on policy users_update_self on crm.users is
+  'A user changes only their own name (a password is set by the owner''s functions).';
 grant select (id, email, name, api_access, suspended_at, created_at) on crm.users to crm_api;
-grant update (name, password_hash) on crm.users to crm_api;
+grant update (name) on crm.users to crm_api;
 CREATE TRIGGER tg_users__only_narrow_when_scoped BEFORE UPDATE OF password_hash ON crm.users
   FOR EACH ROW
   WHEN ((old.password_hash IS DISTINCT FROM new.password_hash))
@@ -1113,6 +1221,7 @@ create table crm.tokens (
   oauth_grant_id uuid,
   context text,
   context_key text,
+  authenticated_at timestamp with time zone default now() not null,
   constraint tokens_pkey PRIMARY KEY (id),
   constraint tokens_token_hash_key UNIQUE (token_hash),
   constraint tokens_oauth_app_fkey FOREIGN KEY (workspace_id, oauth_app_id) REFERENCES crm.oauth_apps(workspace_id, id) ON DELETE CASCADE,
@@ -1139,6 +1248,8 @@ comment on column crm.tokens.context is
   'The request context crm.authenticate last wrote for this token, before any keyed proof; null when it names a team (a team changes without moving access_version). Read by crm.resume_identity when context_key matches. Owner only.';
 comment on column crm.tokens.context_key is
   'What crm.tokens.context holds for: crm.context_cache_key(workspace, access_version, via). Owner only.';
+comment on column crm.tokens.authenticated_at is
+  'When the holder last proved who they are: the sign-in that issued it, or the calling token''s own for a token made in a request (-infinity for tokens issued before 000036). Turning two-factor on and tokens past a day need it within 10 minutes.';
 comment on constraint tokens_kind_known on crm.tokens is
   'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is
@@ -1190,12 +1301,15 @@ create policy tokens_update_own on crm.tokens as permissive for update to crm_ap
   );
 comment on policy tokens_update_own on crm.tokens is
   'A user revokes their own tokens and sessions with an unscoped token or a session; a scoped token only itself; an OAuth app''s access token only the tokens of its own authorization (crm.current_token_id, crm.current_oauth_grant_id).';
-grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id) on crm.tokens to crm_api;
+grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id, authenticated_at) on crm.tokens to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
+CREATE TRIGGER tg_tokens__authenticated_at BEFORE INSERT ON crm.tokens
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_tokens__authenticated_at();
 CREATE TRIGGER tg_tokens__revocation_is_final BEFORE UPDATE OF revoked_at ON crm.tokens
   FOR EACH ROW
   WHEN (((old.revoked_at IS NOT NULL) AND (new.revoked_at IS NULL)))
@@ -1217,6 +1331,31 @@ $function$;
 comment on function crm.tg__revocation_is_final() is
   'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
 
+CREATE OR REPLACE FUNCTION crm.tg_tokens__authenticated_at()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if crm.current_token_id() is null then
+    -- A sign-in, a sign-up or the OAuth token endpoint: issued on a proof made now (the default).
+    new.authenticated_at := now();
+    return new;
+  end if;
+  new.authenticated_at := coalesce((select t.authenticated_at from crm.tokens t where t.id = crm.current_token_id()), '-infinity');
+  -- Requests insert as crm_api; an invitation accepted with a bearer (the owner's function) issues
+  -- a token no longer-lived than that bearer, its own rule.
+  if current_user = 'crm_api' and new.kind = 'token' and new.expires_at > now() + interval '1 day'
+     and not crm.is_recent_sign_in(new.authenticated_at) then
+    raise exception 'a token that lasts more than a day needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_tokens__authenticated_at() is
+  'Sets a new token''s authenticated_at (now for a sign-in, the calling token''s own in a request) and refuses a request''s token that lasts more than a day without a recent sign-in (CR403 reauthentication_required).';
+
 CREATE OR REPLACE FUNCTION crm.tg_tokens__revoke_oauth_grant()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1231,6 +1370,29 @@ end
 $function$;
 comment on function crm.tg_tokens__revoke_oauth_grant() is
   'A revoked OAuth access token revokes its grant (and with it the refresh tokens and the other access tokens).';
+
+CREATE OR REPLACE FUNCTION crm.is_recent_sign_in(authenticated_at timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+RETURN (authenticated_at > (now() - '00:10:00'::interval));
+comment on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) is
+  'Whether a sign-in at this time is recent enough to turn two-factor on or create a token that lasts more than a day: within 10 minutes.';
+grant execute on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.signed_in_recently()
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  return coalesce((select crm.is_recent_sign_in(t.authenticated_at) from crm.tokens t where t.id = crm.current_token_id()), false);
+end
+$function$;
+comment on function crm.signed_in_recently() is
+  'Whether the calling token or session comes from a sign-in within the last 10 minutes (false without a request context). The pages ask it before offering what needs one.';
+grant execute on function crm.signed_in_recently() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.known_scopes()
  RETURNS text[]
@@ -3185,6 +3347,38 @@ comment on index crm.associations_contact_deal is 'One link per contact and deal
 CREATE INDEX associations_deal ON crm.associations USING btree (workspace_id, deal_id, contact_id, company_id);
 comment on index crm.associations_deal is 'A deal''s contacts and companies, and the cascade when a deal is deleted.';
 
+CREATE OR REPLACE FUNCTION crm.record_permits(record_type text, record_id uuid, action text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- The helpers as sub-selects, as in the policies: evaluated once, and never folded by the
+  -- planner's estimates (an unused arm of crm.scope_owner_ids would be cast and fail).
+  return case record_type
+    when 'contact' then exists (
+      select from crm.contacts r
+       where r.workspace_id = crm.current_workspace_id() and r.id = record_id
+         and ((select crm.grant_scope('contacts', action)) = 'all'
+              or r.owner_id = any ((select crm.scope_owner_ids('contacts', action))::uuid[])))
+    when 'company' then exists (
+      select from crm.companies r
+       where r.workspace_id = crm.current_workspace_id() and r.id = record_id
+         and ((select crm.grant_scope('companies', action)) = 'all'
+              or r.owner_id = any ((select crm.scope_owner_ids('companies', action))::uuid[])))
+    when 'deal' then exists (
+      select from crm.deals r
+       where r.workspace_id = crm.current_workspace_id() and r.id = record_id
+         and ((select crm.grant_scope('deals', action)) = 'all'
+              or r.owner_id = any ((select crm.scope_owner_ids('deals', action))::uuid[])))
+    else false
+  end;
+end
+$function$;
+comment on function crm.record_permits(record_type text, record_id uuid, action text) is
+  'Whether the caller''s grants (narrowed by the token''s scopes) allow the action on the record of the caller''s workspace, as the record''s policies decide. For SECURITY DEFINER functions, which pass the policies.';
+
 CREATE OR REPLACE FUNCTION crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
  RETURNS uuid
  LANGUAGE plpgsql
@@ -3194,41 +3388,81 @@ AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
   v_object jsonb;
+  v_checked jsonb := '{}'::jsonb;
+  v_key text;
+  v_value jsonb;
+  v_other text;
+  v_added uuid[];
+  v_removed uuid[];
   v_id uuid;
 begin
   if v_workspace is null or crm.current_user_id() is null then
     raise exception 'no request context' using errcode = '42501';
   end if;
-  if jsonb_typeof(changes) <> 'object' or changes = '{}'::jsonb then
+  if record_type is null or record_type not in ('contact', 'company', 'deal') then
+    raise exception 'no such record type' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if not crm.record_permits(record_type, record_id, 'update') then
+    if crm.record_permits(record_type, record_id, 'view') then
+      raise exception 'your role does not allow updating this %', record_type using errcode = 'CR403', hint = 'forbidden';
+    end if;
+    raise exception 'no such record' using errcode = 'CR404', hint = 'not_found';
+  end if;
+  if changes is null or jsonb_typeof(changes) <> 'object' then
+    raise exception 'associations_changed must be an object' using errcode = 'CR422', hint = 'validation_failed';
+  end if;
+  for v_key, v_value in select e.key, e.value from jsonb_each(changes) e loop
+    v_other := case v_key when 'contacts' then 'contact' when 'companies' then 'company' when 'deals' then 'deal' end;
+    if v_other is null or v_other = record_type
+       or jsonb_typeof(v_value) <> 'object'
+       or (select array_agg(k order by k) from jsonb_object_keys(v_value) k) is distinct from array['added', 'removed']
+       or jsonb_typeof(v_value -> 'added') <> 'array' or jsonb_typeof(v_value -> 'removed') <> 'array'
+       or jsonb_array_length(v_value -> 'added') + jsonb_array_length(v_value -> 'removed') > 2000
+       or exists (select from jsonb_array_elements((v_value -> 'added') || (v_value -> 'removed')) e
+                   where jsonb_typeof(e) <> 'string'
+                      or e #>> '{}' !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$') then
+      raise exception 'associations_changed.%: expected {"added": [ids], "removed": [ids]} for another record type', v_key
+        using errcode = 'CR422', hint = 'validation_failed';
+    end if;
+    v_added := array(select (e #>> '{}')::uuid from jsonb_array_elements(v_value -> 'added') e);
+    v_removed := array(select (e #>> '{}')::uuid from jsonb_array_elements(v_value -> 'removed') e);
+    if (select count(distinct x) from unnest(v_added || v_removed) x) <> cardinality(v_added || v_removed)
+       or exists (select from unnest(v_added || v_removed) x where not crm.record_permits(v_other, x, 'view'))
+       or exists (select from unnest(v_added) x
+                   where not exists (select from crm.associations a
+                                      where a.workspace_id = v_workspace
+                                        and case record_type when 'contact' then a.contact_id when 'company' then a.company_id else a.deal_id end = record_id
+                                        and case v_other when 'contact' then a.contact_id when 'company' then a.company_id else a.deal_id end = x))
+       or exists (select from unnest(v_removed) x
+                   where exists (select from crm.associations a
+                                  where a.workspace_id = v_workspace
+                                    and case record_type when 'contact' then a.contact_id when 'company' then a.company_id else a.deal_id end = record_id
+                                    and case v_other when 'contact' then a.contact_id when 'company' then a.company_id else a.deal_id end = x)) then
+      raise exception 'associations_changed.% does not match the links of the %', v_key, record_type
+        using errcode = 'CR422', hint = 'validation_failed';
+    end if;
+    if cardinality(v_added) + cardinality(v_removed) > 0 then
+      v_checked := v_checked || jsonb_build_object(v_key, jsonb_build_object('added', to_jsonb(v_added), 'removed', to_jsonb(v_removed)));
+    end if;
+  end loop;
+  if v_checked = '{}'::jsonb then
     return null;
   end if;
   v_object := case record_type
-    when 'contact' then (
-      select crm.contact_json(c)::jsonb from crm.contacts c
-      where c.workspace_id = v_workspace and c.id = record_id
-        and (crm.grant_scope('contacts', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('contacts', 'view'))))
-    when 'company' then (
-      select crm.company_json(c)::jsonb from crm.companies c
-      where c.workspace_id = v_workspace and c.id = record_id
-        and (crm.grant_scope('companies', 'view') = 'all' or c.owner_id = any (crm.scope_owner_ids('companies', 'view'))))
-    when 'deal' then (
-      select crm.deal_json(d)::jsonb from crm.deals d
-      where d.workspace_id = v_workspace and d.id = record_id
-        and (crm.grant_scope('deals', 'view') = 'all' or d.owner_id = any (crm.scope_owner_ids('deals', 'view'))))
+    when 'contact' then (select crm.contact_json(c)::jsonb from crm.contacts c where c.workspace_id = v_workspace and c.id = record_id)
+    when 'company' then (select crm.company_json(c)::jsonb from crm.companies c where c.workspace_id = v_workspace and c.id = record_id)
+    when 'deal' then (select crm.deal_json(d)::jsonb from crm.deals d where d.workspace_id = v_workspace and d.id = record_id)
   end;
-  if v_object is null then
-    raise exception 'no such record' using errcode = 'CR404', hint = 'not_found';
-  end if;
   insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
   values (v_workspace, record_type || '.updated', record_type, record_id,
-          jsonb_build_object('object', v_object, 'associations_changed', changes), crm.event_actor())
+          jsonb_build_object('object', v_object, 'associations_changed', v_checked), crm.event_actor())
   returning id into v_id;
   perform crm.enqueue_event_fan_out(array[v_id]);
   return v_id;
 end
 $function$;
 comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is
-  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed. Only for a record the caller may view.';
+  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed, built from the change after checking it against the links as they are now. Only for a record the caller may update, and ids of records the caller may view.';
 grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
   to crm_api;
 
@@ -5500,9 +5734,30 @@ create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_
   with check (true);
 comment on policy user_totp_all_owner on crm.user_totp is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+CREATE TRIGGER tg_user_totp__recent_sign_in BEFORE UPDATE OF confirmed_at ON crm.user_totp
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_user_totp__recent_sign_in();
 CREATE TRIGGER tg_user_totp__steps_only_forward BEFORE UPDATE OF last_used_step ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__steps_only_forward();
+
+CREATE OR REPLACE FUNCTION crm.tg_user_totp__recent_sign_in()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- In a request only: the owner's own SQL (an operator, a fixture) is no request.
+  if old.confirmed_at is null and new.confirmed_at is not null and crm.current_token_id() is not null
+     and not crm.signed_in_recently() then
+    raise exception 'turning two-factor on needs a sign-in within the last 10 minutes'
+      using errcode = 'CR403', hint = 'reauthentication_required';
+  end if;
+  return new;
+end
+$function$;
+comment on function crm.tg_user_totp__recent_sign_in() is
+  'Refuses turning two-factor on (confirmed_at set) in a request whose token or session does not come from a sign-in within the last 10 minutes (CR403 reauthentication_required).';
 
 CREATE OR REPLACE FUNCTION crm.tg_user_totp__steps_only_forward()
  RETURNS trigger
