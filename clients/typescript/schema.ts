@@ -78,7 +78,7 @@ export interface paths {
         /** The caller's tokens, UI sessions and connected OAuth apps (never their values); an OAuth app's access token sees only its own authorization */
         get: operations["get_tokens"];
         put?: never;
-        /** Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403) */
+        /** Create a named personal API token, optionally limited to scopes; the value is shown this once. Needs an unscoped token or a browser session (a scoped token or an app's token: 403), and for more than a day a sign-in within the last 10 minutes (else 403 reauthentication_required) */
         post: operations["post_tokens"];
         /** Revoke every token and session of the caller, this one included, and disconnect every app; a scoped token revokes only itself, an OAuth app's access token only its own authorization */
         delete: operations["delete_tokens"];
