@@ -114,8 +114,9 @@ const WIDENING: [string, string, unknown[]][] = [
     `update crm.oauth_apps set redirect_uris = redirect_uris || 'https://evil.example/cb'::text where workspace_id = $1 and id = $2`,
     [tenant.id, app.id],
   ],
-  ['a password', `update crm.users set password_hash = 'x' where id = $1`, [ada.id]],
 ]
+/** crm_api has no update of the column at all (000035); the trigger guards code that runs as the owner. */
+const A_PASSWORD: [string, string, unknown[]] = ['a password', `update crm.users set password_hash = 'x' where id = $1`, [ada.id]]
 
 const NARROWING: [string, string, unknown[]][] = [
   ['a suspension', 'update crm.memberships set suspended_at = now() where workspace_id = $1 and user_id = $2', [tenant.id, bob.id]],
@@ -209,6 +210,7 @@ t.test('SQL: code running as the owner inside a scoped request (a SECURITY DEFIN
     ],
     ['a grant living longer', `update crm.oauth_grants set expires_at = expires_at + interval '1 year' where id = $1`, [grant.id]],
     ['an invitation', WIDENING[0][1], WIDENING[0][2]],
+    A_PASSWORD,
   ]
   for (const [what, statement, values] of statements) {
     t.equal(await asOwner(['workspace:admin'], statement, values), 'CR403', `scoped: ${what}`)
