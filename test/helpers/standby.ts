@@ -16,7 +16,7 @@ import { until } from './until.ts'
 export { until }
 
 const BIN = '/usr/lib/postgresql/15/bin'
-const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup']
+const NEEDED = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup', 'pg_resetwal']
 
 /** The binaries that are missing (empty: a standby can be made here). */
 export function missingStandbyBinaries(): string[] {
@@ -91,7 +91,12 @@ export type StandbyPair = {
   stop: () => void
 }
 
-export async function startStandbyPair(appSecret: string): Promise<StandbyPair> {
+/**
+ * `walStartSegment`: the WAL segment the pair's primary starts at (`pg_resetwal -l`, before its first
+ * start), for a test that needs the pair's WAL position past another cluster's without writing the
+ * WAL in between.
+ */
+export async function startStandbyPair(appSecret: string, options: { walStartSegment?: string } = {}): Promise<StandbyPair> {
   const base = mkdtempSync(join(tmpdir(), 'crm-replica-'))
   if (asRoot) chmodSync(base, 0o777)
   const primary = cluster(join(base, 'primary'), await freePort())
@@ -109,6 +114,7 @@ export async function startStandbyPair(appSecret: string): Promise<StandbyPair> 
       spawnSync(asRoot ? 'runuser' : 'mkdir', asRoot ? ['-u', 'postgres', '--', 'mkdir', '-p', dir] : ['-p', dir])
     }
     run('initdb', ['-D', join(primary.dir, 'data'), '-U', 'postgres', '--auth=trust', '--no-sync', '-E', 'UTF8', '--locale=C'])
+    if (options.walStartSegment) run('pg_resetwal', ['-l', options.walStartSegment, join(primary.dir, 'data')])
     startCluster(primary)
     await query(primary.url('postgres'), 'create database crm')
     const ownerUrl = primary.url('crm')

@@ -8,7 +8,7 @@ import t from 'tap'
 import { notAStandbyOf } from '../../src/db/read-replicas.ts'
 import { createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
-import { missingStandbyBinaries, query, startStandbyPair, until } from '../helpers/standby.ts'
+import { missingStandbyBinaries, query, startStandbyPair } from '../helpers/standby.ts'
 
 t.test('the identity rule', async (t) => {
   const primary = { cluster: '7000000000000000001', timeline: 2 }
@@ -23,7 +23,7 @@ if (missing.length > 0) {
   t.comment(`skipped: ${missing.join(', ')} missing (apt-get install postgresql-15; .ci/run installs it)`)
 } else {
   t.test('a standby of another cluster is refused and never read', async (t) => {
-    const foreign = await startStandbyPair(TEST_APP_SECRET)
+    const foreign = await startStandbyPair(TEST_APP_SECRET, { walStartSegment: '000000010000010000000000' })
     t.teardown(foreign.stop)
     // The same workspace exists on both clusters, with other rows on the foreign one.
     const server = await startTestServer(t, { env: { RATE_LIMIT_PER_MINUTE: '1000000' } })
@@ -35,13 +35,11 @@ if (missing.length > 0) {
         theirs.members['ada@ours.test'].id,
       ]),
     )
-    // The foreign standby's replay position past our primary's, so that positions alone would let it serve.
+    // The foreign standby's replay position past our primary's, so that positions alone would let it
+    // serve: the foreign cluster starts its WAL at 0x100/0 (1 TiB), beyond anything a test run writes.
     const ourLsn = (await query(server.databaseUrl, 'select pg_current_wal_insert_lsn() as lsn')).rows[0].lsn
-    await until('the foreign cluster is past our WAL position', async () => {
-      await query(foreign.ownerUrl, 'select pg_switch_wal() from generate_series(1, 4)')
-      const { rows } = await query(foreign.ownerUrl, 'select pg_current_wal_insert_lsn() > $1::pg_lsn as past', [ourLsn])
-      return rows[0].past
-    })
+    const { rows } = await query(foreign.ownerUrl, 'select pg_current_wal_insert_lsn() > $1::pg_lsn as past', [ourLsn])
+    t.ok(rows[0].past, 'the foreign cluster is past our WAL position')
     await foreign.caughtUp()
 
     const routed = await startTestServer(t, {
