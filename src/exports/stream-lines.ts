@@ -34,8 +34,9 @@ export type StreamHead = { headers: Record<string, string>; prefix: string }
 
 /**
  * Streams the query's lines and ends the response; past `deadlineMs` (slow readers included), or
- * when one chunk waits `stallMs` for the client to take it, the response is cut. The head goes out with the first fetch's lines, once the query has answered:
- * until then a failure can still be answered (or the read run elsewhere: src/http/app.ts), and
+ * when one chunk waits `stallMs` for the client to take it, the response is cut. The head goes out
+ * with the first fetch's lines, once the query has answered: until then a failure can still be
+ * answered (or the read run elsewhere: src/http/app.ts), and
  * after it the response is chunked, so a stream cut short lacks its last chunk and the client sees
  * a failed transfer, not a shorter file. Throws ClientWentAwayError when the client is gone before
  * the end.
