@@ -18,5 +18,6 @@ as $function$
     from (select extract(epoch from clock_timestamp()) * 1000 as ms) c
 $function$;
 comment on function crm.uuid_v7() is
-  'A time-ordered UUID version 7: milliseconds, then 12 bits of the sub-millisecond clock, then random (PostgreSQL 15 to 17; from 18 on, uuidv7()).';
+  'A time-ordered UUID version 7: milliseconds, then 12 bits of the sub-millisecond clock, then random (PostgreSQL 15 '
+  'to 17; from 18 on, uuidv7()).';
 grant execute on function crm.uuid_v7() to crm_api;

@@ -33,7 +33,18 @@ return pg_catalog.set_config('backtrace_functions', p_context, true);
 comment on function crm.write_context(text) is
   'Writes the request context for the rest of the transaction; answers set_config''s text. Internal.';
 
-create or replace function crm.context_line(p_user_id uuid, p_workspace_id uuid, p_oauth_app_id uuid, p_via text, p_scopes text[], p_admin boolean, p_grants text, p_team_user_ids text, p_token_id uuid, p_oauth_grant_id uuid) returns text
+create or replace function crm.context_line(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_oauth_app_id uuid,
+  p_via text,
+  p_scopes text[],
+  p_admin boolean,
+  p_grants text,
+  p_team_user_ids text,
+  p_token_id uuid,
+  p_oauth_grant_id uuid
+) returns text
 language sql immutable
 return concat_ws(' ',
   'crm_context',
@@ -54,7 +65,8 @@ create or replace function crm.current_user_id() returns uuid
 language sql stable
 return nullif(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 2), '')::uuid;
 comment on function crm.current_user_id() is
-  'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select crm.current_user_id()) in policies.';
+  'The authenticated user of this transaction, or null when no proven context was set. Wrap as (select '
+  'crm.current_user_id()) in policies.';
 grant execute on function crm.current_user_id() to crm_api;
 
 create or replace function crm.current_workspace_id() returns uuid
@@ -75,14 +87,16 @@ create or replace function crm.current_token_id() returns uuid
 language sql stable
 return nullif(nullif(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 10), '0'), '')::uuid;
 comment on function crm.current_token_id() is
-  'The id of the token that authenticated this transaction''s request, or null (a job acting as a user, no context). As of crm.put_context.';
+  'The id of the token that authenticated this transaction''s request, or null (a job acting as a user, no context). '
+  'As of crm.put_context.';
 grant execute on function crm.current_token_id() to crm_api;
 
 create or replace function crm.current_oauth_grant_id() returns uuid
 language sql stable
 return nullif(nullif(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 11), '0'), '')::uuid;
 comment on function crm.current_oauth_grant_id() is
-  'The OAuth grant of the access token that authenticated this request, or null (a personal token, a session, no context).';
+  'The OAuth grant of the access token that authenticated this request, or null (a personal token, a session, no '
+  'context).';
 grant execute on function crm.current_oauth_grant_id() to crm_api;
 
 create or replace function crm.current_via() returns text
@@ -100,7 +114,8 @@ return case coalesce(pg_catalog.split_part(pg_catalog.current_setting('backtrace
          else pg_catalog.convert_from(pg_catalog.decode(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 6), 'hex'), 'UTF8')::text[]
        end;
 comment on function crm.current_scopes() is
-  'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
+  'The scopes of this transaction''s token: null for an unscoped token (the whole role), {} without a proven context. '
+  'Pass it to crm.scopes_cover / crm.scopes_include as (select crm.current_scopes()).';
 grant execute on function crm.current_scopes() to crm_api;
 
 create or replace function crm.grant_scope(p_resource text, p_action text) returns text
@@ -108,7 +123,8 @@ language sql stable
 return nullif(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 8),
                                                    ',' || p_resource || '_' || p_action || '_', 2), ',', 1), '');
 comment on function crm.grant_scope(p_resource text, p_action text) is
-  'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
+  'The scope (own, team, all) the current member''s role grants for resource:action, or null; null too when the '
+  'token''s scopes do not cover the action. As of the request''s authentication (crm.put_context).';
 grant execute on function crm.grant_scope(p_resource text, p_action text) to crm_api;
 
 create or replace function crm.scope_owner_ids(p_resource text, p_action text) returns uuid[]
@@ -119,14 +135,16 @@ return case pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg
          else '{}'::uuid[]
        end;
 comment on function crm.scope_owner_ids(p_resource text, p_action text) is
-  'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me included) for team, {} for all or no grant. As of the request''s authentication.';
+  'The owners whose records the current member''s scope for resource:action covers: {me} for own, the team (me '
+  'included) for team, {} for all or no grant. As of the request''s authentication.';
 grant execute on function crm.scope_owner_ids(p_resource text, p_action text) to crm_api;
 
 create or replace function crm.is_admin() returns boolean
 language sql stable
 return coalesce(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 7) = '1', false);
 comment on function crm.is_admin() is
-  'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use crm.is_admin_for(scope) instead.';
+  'Whether the current member''s role is an admin role, whatever the token''s scopes. Admin-only rules use '
+  'crm.is_admin_for(scope) instead.';
 grant execute on function crm.is_admin() to crm_api;
 
 create or replace function crm.is_admin_for(p_scope text) returns boolean
@@ -137,5 +155,6 @@ return coalesce(pg_catalog.split_part(pg_catalog.current_setting('backtrace_func
                                          nullif(nullif(pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 6), 'n'), ''), 'hex'), 'UTF8')::text[])),
                 false);
 comment on function crm.is_admin_for(p_scope text) is
-  'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage (webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
+  'Whether the current member''s role is an admin role and the token may use it for this scope: webhooks:manage '
+  '(webhooks) or workspace:admin (members, roles, teams, invitations, OAuth apps). An unscoped token may.';
 grant execute on function crm.is_admin_for(p_scope text) to crm_api;

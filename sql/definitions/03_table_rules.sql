@@ -53,7 +53,8 @@ as $function$
             from jsonb_each(fields))
 $function$;
 comment on function crm.custom_fields_entries_are_valid(fields jsonb) is
-  'The full custom_fields check: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null.';
+  'The full custom_fields check: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are '
+  'strings, numbers, booleans or null.';
 grant execute on function crm.custom_fields_entries_are_valid(fields jsonb) to crm_api;
 
 create or replace function crm.custom_fields_are_valid(fields jsonb)
@@ -62,7 +63,8 @@ create or replace function crm.custom_fields_are_valid(fields jsonb)
  immutable parallel safe
 return ((fields = '{}'::jsonb) OR crm.custom_fields_entries_are_valid(fields));
 comment on function crm.custom_fields_are_valid(fields jsonb) is
-  'CHECK for custom_fields: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, numbers, booleans or null. The empty object is answered inline (no per-row executor).';
+  'CHECK for custom_fields: an object of at most 50 keys matching ^[a-z][a-z0-9_]{0,62}$ whose values are strings, '
+  'numbers, booleans or null. The empty object is answered inline (no per-row executor).';
 grant execute on function crm.custom_fields_are_valid(fields jsonb) to crm_api;
 
 create or replace function crm.contact_search_text(first_name text, last_name text, email text, phone text)
@@ -119,5 +121,6 @@ as $function$
     from unnest(uris) u
 $function$;
 comment on function crm.oauth_redirect_uris_are_valid(uris text[]) is
-  'CHECK for redirect URIs: https, or http on 127.0.0.1 or [::1] (loopback, any port at authorization); no fragment, no spaces.';
+  'CHECK for redirect URIs: https, or http on 127.0.0.1 or [::1] (loopback, any port at authorization); no fragment, '
+  'no spaces.';
 grant execute on function crm.oauth_redirect_uris_are_valid(uris text[]) to crm_api;

@@ -22,7 +22,8 @@ create or replace function crm.api_time(value timestamp with time zone)
  stable parallel safe
 return to_char((value AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text);
 comment on function crm.api_time(value timestamp with time zone) is
-  'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below spell the same to_char out inline (one inlining step less per query).';
+  'A timestamp as the API writes it: RFC 3339, UTC, milliseconds (2026-11-22T03:00:21.123Z). The JSON functions below '
+  'spell the same to_char out inline (one inlining step less per query).';
 grant execute on function crm.api_time(value timestamp with time zone) to crm_api;
 
 create or replace function crm.tg__touch_updated_at()
@@ -68,7 +69,8 @@ begin
 end
 $function$;
 comment on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) is
-  'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; returns the ids it unlocked.';
+  'Records a beat of one worker pool and force-unlocks the jobs of pools silent for longer than p_stale_after; '
+  'returns the ids it unlocked.';
 grant execute on function crm.worker_heartbeat(p_worker_id text, p_host text, p_stale_after interval) to crm_worker;
 
 create or replace function crm.worker_stopped(p_worker_id text)
@@ -110,7 +112,8 @@ begin
 end
 $function$;
 comment on function crm.grant_job_queue_to_worker() is
-  'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by migrate after graphile-worker''s migrations.';
+  'Gives crm_worker graphile-worker''s queue (schema, tables with a policy each, sequences, functions); run by '
+  'migrate after graphile-worker''s migrations.';
 
 create or replace function crm.admit_to_database(p_logins text[])
  returns boolean
@@ -156,7 +159,10 @@ begin
 end
 $function$;
 comment on function crm.admit_to_database(p_logins text[]) is
-  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the service when it makes its login roles.';
+  'Grants CONNECT on this database to the given login roles (those that exist) and takes it from PUBLIC and the '
+  'shared groups, so that no other database''s login roles (members of the same cluster-wide groups) connect here; '
+  'answers false, changing nothing, when the caller may not (not the database''s owner). Run by migrate and by the '
+  'service when it makes its login roles.';
 
 create or replace function crm.disown_superuser_objects()
  returns integer
@@ -217,7 +223,9 @@ begin
 end
 $function$;
 comment on function crm.disown_superuser_objects() is
-  'Gives crm_owner every object of crm and graphile_worker (the schemas included) that a superuser owns, so that no SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration run.';
+  'Gives crm_owner every object of crm and graphile_worker (the schemas included) that a superuser owns, so that no '
+  'SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration '
+  'run.';
 
 create or replace function crm.housekeeping(log_retention_days integer)
  returns table(step text, removed bigint)
@@ -245,6 +253,7 @@ comment on function crm.housekeeping(log_retention_days integer) is
 grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 grant select (number) on crm.schema_migrations to crm_runtime;
+grant select (name, variant) on crm.schema_definitions to crm_runtime;
 
 comment on table crm.worker_heartbeats is
   'One row per live graphile-worker pool (its locked_by id); the owner role only.';
@@ -252,4 +261,5 @@ create policy worker_heartbeats_all_owner on crm.worker_heartbeats as permissive
   using (true)
   with check (true);
 comment on policy worker_heartbeats_all_owner on crm.worker_heartbeats is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';

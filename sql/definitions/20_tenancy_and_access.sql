@@ -46,7 +46,8 @@ begin
 end
 $function$;
 comment on function crm.tg_workspaces__delete_records() is
-  'Deletes a workspace''s deals, contacts and companies before the workspace itself (the cascade a workspace foreign key would give: the record tables have none, their owner keys prove the workspace exists).';
+  'Deletes a workspace''s deals, contacts and companies before the workspace itself (the cascade a workspace foreign '
+  'key would give: the record tables have none, their owner keys prove the workspace exists).';
 grant execute on function crm.tg_workspaces__delete_records() to crm_api;
 
 create or replace function crm.tg_workspaces__seed_deal_stages()
@@ -161,7 +162,8 @@ begin
 end
 $function$;
 comment on function crm.tg_memberships__next_access_version() is
-  'A membership created, or its role, suspension or version written: it takes the next access version, and cached identities of it are stale.';
+  'A membership created, or its role, suspension or version written: it takes the next access version, and cached '
+  'identities of it are stale.';
 
 create or replace function crm.tg_memberships__only_narrow_when_scoped()
  returns trigger
@@ -189,7 +191,8 @@ begin
 end
 $function$;
 comment on function crm.tg_memberships__only_narrow_when_scoped() is
-  'A scoped credential adds no member, unsuspends none, and changes a role only to a non-admin one whose grants are within the current role''s (same resource and action, a scope no wider: own < team < all).';
+  'A scoped credential adds no member, unsuspends none, and changes a role only to a non-admin one whose grants are '
+  'within the current role''s (same resource and action, a scope no wider: own < team < all).';
 
 create or replace function crm.tg_roles__bump_access_versions()
  returns trigger
@@ -223,7 +226,8 @@ begin
 end
 $function$;
 comment on function crm.tg_roles__keep_an_admin() is
-  'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see this change).';
+  'Turning is_admin off on a custom role must leave the workspace an active admin (the membership trigger cannot see '
+  'this change).';
 grant execute on function crm.tg_roles__keep_an_admin() to crm_api;
 
 create or replace function crm.tg_roles__only_narrow_when_scoped()
@@ -239,7 +243,8 @@ begin
 end
 $function$;
 comment on function crm.tg_roles__only_narrow_when_scoped() is
-  'A scoped credential creates no admin role and makes no role admin (a role without grants, not admin, widens nobody).';
+  'A scoped credential creates no admin role and makes no role admin (a role without grants, not admin, widens '
+  'nobody).';
 
 create or replace function crm.tg_roles__protect_builtin()
  returns trigger
@@ -322,7 +327,8 @@ begin
 end
 $function$;
 comment on function crm.tg_role_grants__only_narrow_when_scoped() is
-  'A scoped credential adds no grant to a role and widens none (it may remove a grant or narrow its scope: all > team > own).';
+  'A scoped credential adds no grant to a role and widens none (it may remove a grant or narrow its scope: all > team '
+  '> own).';
 
 create or replace function crm.tg_role_grants__protect_builtin()
  returns trigger
@@ -354,7 +360,8 @@ begin
 end
 $function$;
 comment on function crm.tg_team_members__only_narrow_when_scoped() is
-  'A scoped credential puts nobody into a team (the team scope would show them their teammates'' records, and their records to the team).';
+  'A scoped credential puts nobody into a team (the team scope would show them their teammates'' records, and their '
+  'records to the team).';
 
 create or replace function crm.tg_invitations__only_narrow_when_scoped()
  returns trigger
@@ -367,10 +374,19 @@ begin
 end
 $function$;
 comment on function crm.tg_invitations__only_narrow_when_scoped() is
-  'A scoped credential invites nobody, with any role or team: the accepted invitation is a new user''s unscoped credential, which would outlive the token.';
+  'A scoped credential invites nobody, with any role or team: the accepted invitation is a new user''s unscoped '
+  'credential, which would outlive the token.';
 
 create or replace function crm.invitation_preview(p_token_hash bytea)
- returns table(email text, workspace_name text, slug text, role text, accepted boolean, expired boolean, has_account boolean)
+ returns table(
+   email text,
+   workspace_name text,
+   slug text,
+   role text,
+   accepted boolean,
+   expired boolean,
+   has_account boolean
+ )
  language sql
  stable security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -383,10 +399,18 @@ as $function$
    where i.token_hash = p_token_hash
 $function$;
 comment on function crm.invitation_preview(p_token_hash bytea) is
-  'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email has an account.';
+  'The invitation a secret''s SHA-256 names (crm_runtime): email, workspace, role and state, and whether the email '
+  'has an account.';
 grant execute on function crm.invitation_preview(p_token_hash bytea) to crm_runtime;
 
-create or replace function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
+create or replace function crm.accept_invitation(
+  p_invitation_hash bytea,
+  p_bearer_hash bytea,
+  p_name text,
+  p_password_hash text,
+  p_token_hash bytea,
+  p_token_ttl interval
+)
  returns table(failure text, id uuid, expires_at timestamp with time zone)
  language plpgsql
  security definer
@@ -451,9 +475,28 @@ begin
   return next;
 end
 $function$;
-comment on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval) is
-  'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, already_member).';
-grant execute on function crm.accept_invitation(p_invitation_hash bytea, p_bearer_hash bytea, p_name text, p_password_hash text, p_token_hash bytea, p_token_ttl interval)
+comment on function crm.accept_invitation(
+  p_invitation_hash bytea,
+  p_bearer_hash bytea,
+  p_name text,
+  p_password_hash text,
+  p_token_hash bytea,
+  p_token_ttl interval
+) is
+  'Accepts the invitation a secret''s SHA-256 names (crm_runtime), for the bearer''s user (an unscoped personal token '
+  'or a session; the new token expires no later than it, and the last used workspace stays) or a new user (whose '
+  'default the workspace becomes); answers the new token''s id and expiry, or a failure code (invitation_invalid, '
+  'invitation_used, invitation_expired, a token failure, token_not_allowed, wrong_email, account_exists, '
+  'already_member).';
+grant execute
+  on function crm.accept_invitation(
+    p_invitation_hash bytea,
+    p_bearer_hash bytea,
+    p_name text,
+    p_password_hash text,
+    p_token_hash bytea,
+    p_token_ttl interval
+  )
   to crm_runtime;
 
 create or replace function crm.prune_invitations(log_retention_days integer)
@@ -467,7 +510,8 @@ as $function$
   select count(*) from gone
 $function$;
 comment on function crm.prune_invitations(log_retention_days integer) is
-  'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until then).';
+  'Removes invitations that expired unaccepted more than the retention period ago (they stay listed as expired until '
+  'then).';
 
 create or replace function crm.tg__revocation_is_final()
  returns trigger
@@ -479,7 +523,8 @@ begin
 end
 $function$;
 comment on function crm.tg__revocation_is_final() is
-  'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the owner.';
+  'Refuses clearing revoked_at once it is set (tokens, OAuth grants): a revocation is never undone, not even by the '
+  'owner.';
 
 create or replace function crm.tg_tokens__authenticated_at()
  returns trigger
@@ -504,7 +549,8 @@ begin
 end
 $function$;
 comment on function crm.tg_tokens__authenticated_at() is
-  'Sets a new token''s authenticated_at (now for a sign-in, the calling token''s own in a request) and refuses a request''s token that lasts more than a day without a recent sign-in (CR403 reauthentication_required).';
+  'Sets a new token''s authenticated_at (now for a sign-in, the calling token''s own in a request) and refuses a '
+  'request''s token that lasts more than a day without a recent sign-in (CR403 reauthentication_required).';
 
 create or replace function crm.tg_tokens__revoke_oauth_grant()
  returns trigger
@@ -527,7 +573,8 @@ create or replace function crm.is_recent_sign_in(authenticated_at timestamp with
  stable
 return (authenticated_at > (now() - '00:10:00'::interval));
 comment on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) is
-  'Whether a sign-in at this time is recent enough to turn two-factor on or create a token that lasts more than a day: within 10 minutes.';
+  'Whether a sign-in at this time is recent enough to turn two-factor on or create a token that lasts more than a '
+  'day: within 10 minutes.';
 grant execute on function crm.is_recent_sign_in(authenticated_at timestamp with time zone) to crm_api;
 
 create or replace function crm.signed_in_recently()
@@ -541,7 +588,8 @@ begin
 end
 $function$;
 comment on function crm.signed_in_recently() is
-  'Whether the calling token or session comes from a sign-in within the last 10 minutes (false without a request context). The pages ask it before offering what needs one.';
+  'Whether the calling token or session comes from a sign-in within the last 10 minutes (false without a request '
+  'context). The pages ask it before offering what needs one.';
 grant execute on function crm.signed_in_recently() to crm_api;
 
 create or replace function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval)
@@ -555,7 +603,15 @@ $function$;
 comment on function crm.issue_token(p_user_id uuid, p_kind text, p_name text, p_token_hash bytea, p_ttl interval) is
   'Stores a new token or session (its SHA-256 only).';
 
-create or replace function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
+create or replace function crm.sign_up(
+  p_email text,
+  p_name text,
+  p_password_hash text,
+  p_workspace_name text,
+  p_slug_base text,
+  p_token_hash bytea,
+  p_token_ttl interval
+)
  returns table(id uuid, expires_at timestamp with time zone, workspace_slug text)
  language plpgsql
  security definer
@@ -587,9 +643,27 @@ begin
   return next;
 end
 $function$;
-comment on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval) is
-  'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with them as admin, and their first token.';
-grant execute on function crm.sign_up(p_email text, p_name text, p_password_hash text, p_workspace_name text, p_slug_base text, p_token_hash bytea, p_token_ttl interval)
+comment on function crm.sign_up(
+  p_email text,
+  p_name text,
+  p_password_hash text,
+  p_workspace_name text,
+  p_slug_base text,
+  p_token_hash bytea,
+  p_token_ttl interval
+) is
+  'Sign-up (crm_runtime): creates the user, their workspace (trial of 14 days, first free slug from the base) with '
+  'them as admin, and their first token.';
+grant execute
+  on function crm.sign_up(
+    p_email text,
+    p_name text,
+    p_password_hash text,
+    p_workspace_name text,
+    p_slug_base text,
+    p_token_hash bytea,
+    p_token_ttl interval
+  )
   to crm_runtime;
 
 create or replace function crm.prune_tenancy(log_retention_days integer)
@@ -618,7 +692,12 @@ comment on function crm.count_request(p_user_id uuid) is
   'Counts a request whose transaction rolled back against the user''s rate limit.';
 grant execute on function crm.count_request(p_user_id uuid) to crm_runtime;
 
-create or replace function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
+create or replace function crm.settle_request_counts(
+  p_source integer,
+  p_window_start timestamp with time zone,
+  p_user_ids uuid[],
+  p_counts integer[]
+)
  returns table(user_id uuid, total integer, snapshot pg_snapshot)
  language plpgsql
  security definer
@@ -682,12 +761,36 @@ begin
      group by u.user_id;
 end
 $function$;
-comment on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[]) is
-  'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a backend pid), and answers each user''s total in that window over every process and backend, with the snapshot the totals were read with. Settlements of one user are serialised, so each total includes every earlier settlement. Run it as its own statement, outside a request transaction (the locks last until commit).';
-grant execute on function crm.settle_request_counts(p_source integer, p_window_start timestamp with time zone, p_user_ids uuid[], p_counts integer[])
+comment on function crm.settle_request_counts(
+  p_source integer,
+  p_window_start timestamp with time zone,
+  p_user_ids uuid[],
+  p_counts integer[]
+) is
+  'Rate limit (crm_runtime): adds an API process''s request counts (p_counts, 0 or more) for the users p_user_ids in '
+  'the clock minute p_window_start under its counter id p_source (a negative integer chosen per process, never a '
+  'backend pid), and answers each user''s total in that window over every process and backend, with the snapshot the '
+  'totals were read with. Settlements of one user are serialised, so each total includes every earlier settlement. '
+  'Run it as its own statement, outside a request transaction (the locks last until commit).';
+grant execute
+  on function crm.settle_request_counts(
+    p_source integer,
+    p_window_start timestamp with time zone,
+    p_user_ids uuid[],
+    p_counts integer[]
+  )
   to crm_runtime;
 
-create or replace function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid default NULL::uuid, p_oauth_grant_id uuid default NULL::uuid, p_cache_key text default NULL::text)
+create or replace function crm.put_context(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_via text,
+  p_scopes text[],
+  p_oauth_app_id uuid,
+  p_token_id uuid default NULL::uuid,
+  p_oauth_grant_id uuid default NULL::uuid,
+  p_cache_key text default NULL::text
+)
  returns boolean
  language plpgsql
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -724,18 +827,41 @@ begin
   return true;
 end
 $function$;
-comment on function crm.put_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid, p_token_id uuid, p_oauth_grant_id uuid, p_cache_key text) is
-  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, its role''s grants narrowed by the scopes, the team when a grant is team, the calling token and its OAuth grant. Grants hold for the transaction as of this call. With p_cache_key (crm.authenticate), also keeps the text on the token (crm.tokens.context) unless it names a team. Internal.';
+comment on function crm.put_context(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_via text,
+  p_scopes text[],
+  p_oauth_app_id uuid,
+  p_token_id uuid,
+  p_oauth_grant_id uuid,
+  p_cache_key text
+) is
+  'Writes the request context: user, workspace, OAuth app, via, token scopes, the active membership''s admin flag, '
+  'its role''s grants narrowed by the scopes, the team when a grant is team, the calling token and its OAuth grant. '
+  'Grants hold for the transaction as of this call. With p_cache_key (crm.authenticate), also keeps the text on the '
+  'token (crm.tokens.context) unless it names a team. Internal.';
 
 create or replace function crm.context_cache_key(p_workspace_id uuid, p_access_version bigint, p_via text)
  returns text
  language sql
  immutable parallel safe
-return (((((p_workspace_id)::text || ' '::text) || (p_access_version)::text) || ' '::text) || COALESCE(p_via, 'api'::text));
+return ((
+          (
+            (
+              (
+                p_workspace_id)::text || ' '::text) || (p_access_version)::text) || ' '::text) || COALESCE(p_via, 'api'::text));
 comment on function crm.context_cache_key(p_workspace_id uuid, p_access_version bigint, p_via text) is
-  'The key under which a token keeps its request context: workspace, the membership''s access_version and via. Internal.';
+  'The key under which a token keeps its request context: workspace, the membership''s access_version and via. '
+  'Internal.';
 
-create or replace function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid)
+create or replace function crm.set_context(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_via text,
+  p_scopes text[],
+  p_oauth_app_id uuid
+)
  returns void
  language plpgsql
  security definer
@@ -745,11 +871,32 @@ begin
   perform crm.put_context(p_user_id, p_workspace_id, p_via, p_scopes, p_oauth_app_id);
 end
 $function$;
-comment on function crm.set_context(p_user_id uuid, p_workspace_id uuid, p_via text, p_scopes text[], p_oauth_app_id uuid) is
-  'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not executable by crm_api.';
+comment on function crm.set_context(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_via text,
+  p_scopes text[],
+  p_oauth_app_id uuid
+) is
+  'Sets the transaction-local request context (user, workspace, via, token scopes, OAuth app) with its proof. Not '
+  'executable by crm_api.';
 
 create or replace function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
- returns table(failure text, user_id uuid, workspace_id uuid, workspace_slug text, token_id uuid, token_kind text, is_admin boolean, rate_count integer, rate_reset_seconds integer, scopes text[], oauth_app_id uuid, access_version bigint, counted_in xid8)
+ returns table(
+   failure text,
+   user_id uuid,
+   workspace_id uuid,
+   workspace_slug text,
+   token_id uuid,
+   token_kind text,
+   is_admin boolean,
+   rate_count integer,
+   rate_reset_seconds integer,
+   scopes text[],
+   oauth_app_id uuid,
+   access_version bigint,
+   counted_in xid8
+ )
  language plpgsql
  SECURITY DEFINER ROWS 1
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -845,11 +992,21 @@ begin
 end
 $function$;
 comment on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer) is
-  'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns failure = the API error code when refused, the membership''s access_version for a cached identity (crm.resume_identity), and counted_in, the transaction that holds the request''s count.';
+  'Per-request authentication in one call: token (expiry, revocation, bound workspace), user (suspension, API '
+  'access), workspace choice (slug, else last used, else oldest joined), membership suspension, the rate-limit '
+  'counter, last-used bookkeeping, and the proven request context with the token''s scopes and OAuth app. Returns '
+  'failure = the API error code when refused, the membership''s access_version for a cached identity '
+  '(crm.resume_identity), and counted_in, the transaction that holds the request''s count.';
 grant execute on function crm.authenticate(p_token_hash bytea, p_slug text, p_via text, p_rate_limit integer)
   to crm_api;
 
-create or replace function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
+create or replace function crm.resume_identity(
+  p_token_hash bytea,
+  p_workspace_id uuid,
+  p_access_version bigint,
+  p_via text,
+  p_follows_last_workspace boolean
+)
  returns table(failure text, user_id uuid)
  language plpgsql
  SECURITY DEFINER ROWS 1
@@ -905,12 +1062,34 @@ begin
   return next;
 end
 $function$;
-comment on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean) is
-  'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and the caller authenticates with crm.authenticate. Writes the last-used bookkeeping when due, except in a read-only transaction on the primary (a long read, authenticated in a short transaction first).';
-grant execute on function crm.resume_identity(p_token_hash bytea, p_workspace_id uuid, p_access_version bigint, p_via text, p_follows_last_workspace boolean)
+comment on function crm.resume_identity(
+  p_token_hash bytea,
+  p_workspace_id uuid,
+  p_access_version bigint,
+  p_via text,
+  p_follows_last_workspace boolean
+) is
+  'A cached identity''s authentication: sets the proven context when the token is still valid and the membership''s '
+  'access_version is the cached one; user_id is the token''s user. Otherwise failure = ''stale'', nothing is set, and '
+  'the caller authenticates with crm.authenticate. Writes the last-used bookkeeping when due, except in a read-only '
+  'transaction on the primary (a long read, authenticated in a short transaction first).';
+grant execute
+  on function crm.resume_identity(
+    p_token_hash bytea,
+    p_workspace_id uuid,
+    p_access_version bigint,
+    p_via text,
+    p_follows_last_workspace boolean
+  )
   to crm_api;
 
-create or replace function crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean)
+create or replace function crm.touch_caller(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_set_workspace boolean,
+  p_token_id uuid,
+  p_touch_token boolean
+)
  returns boolean
  language plpgsql
 as $function$
@@ -924,7 +1103,13 @@ begin
   return true;
 end
 $function$;
-comment on function crm.touch_caller(p_user_id uuid, p_workspace_id uuid, p_set_workspace boolean, p_token_id uuid, p_touch_token boolean) is
+comment on function crm.touch_caller(
+  p_user_id uuid,
+  p_workspace_id uuid,
+  p_set_workspace boolean,
+  p_token_id uuid,
+  p_touch_token boolean
+) is
   'crm.authenticate''s bookkeeping: the user''s last workspace and the token''s last use, when they change (internal).';
 
 create or replace function crm.require_confined_role()
@@ -940,7 +1125,8 @@ as $function$
          end
 $function$;
 comment on function crm.require_confined_role() is
-  'True when the current role is subject to the policies of crm_api and to no policy of crm_owner; raises 42501 (hint role_not_confined) otherwise. Inlined into the statement that asks.';
+  'True when the current role is subject to the policies of crm_api and to no policy of crm_owner; raises 42501 (hint '
+  'role_not_confined) otherwise. Inlined into the statement that asks.';
 grant execute on function crm.require_confined_role() to crm_api;
 
 create or replace function crm.refuse_unconfined_role()
@@ -958,7 +1144,12 @@ comment on function crm.refuse_unconfined_role() is
   'Raises 42501 (hint role_not_confined): crm.require_confined_role''s refusal (internal; crm_api calls that).';
 grant execute on function crm.refuse_unconfined_role() to crm_api;
 
-create or replace function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid)
+create or replace function crm.verified_context(
+  OUT user_id uuid,
+  OUT workspace_id uuid,
+  OUT scopes text[],
+  OUT oauth_app_id uuid
+)
  returns record
  language plpgsql
  stable security definer
@@ -971,8 +1162,14 @@ begin
   oauth_app_id := crm.current_oauth_app_id();
 end
 $function$;
-comment on function crm.verified_context(OUT user_id uuid, OUT workspace_id uuid, OUT scopes text[], OUT oauth_app_id uuid) is
-  'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. scopes null with a user = an unscoped token.';
+comment on function crm.verified_context(
+  OUT user_id uuid,
+  OUT workspace_id uuid,
+  OUT scopes text[],
+  OUT oauth_app_id uuid
+) is
+  'The (user, workspace, token scopes, OAuth app) of this transaction when its proof checks out; nulls otherwise. '
+  'scopes null with a user = an unscoped token.';
 
 create or replace function crm.team_user_ids(p_user_id uuid, p_workspace_id uuid)
  returns uuid[]
@@ -995,16 +1192,29 @@ create or replace function crm.scopes_cover(p_scopes text[], p_resource text, p_
  returns boolean
  language sql
  immutable parallel safe
-return COALESCE((p_scopes && ARRAY[(p_resource || ':write'::text), CASE WHEN (p_action = ANY (ARRAY['view'::text, 'export'::text])) THEN (p_resource || ':read'::text) ELSE NULL::text END]), true);
+return COALESCE((p_scopes && ARRAY[(p_resource || ':write'::text),
+                                   CASE WHEN (p_action = ANY (
+                                                ARRAY['view'::text, 'export'::text])) THEN (p_resource || ':read'::text)
+                                        ELSE NULL::text
+                                   END]),
+                true);
 comment on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) is
-  'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export need <resource>:read or :write; create, update, delete and import need <resource>:write.';
+  'Whether a token''s scopes allow resource:action (null = unscoped: everything the role allows). view and export '
+  'need <resource>:read or :write; create, update, delete and import need <resource>:write.';
 grant execute on function crm.scopes_cover(p_scopes text[], p_resource text, p_action text) to crm_api;
 
 create or replace function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
  returns boolean
  language sql
  immutable parallel safe
-return COALESCE((p_scopes && ARRAY[CASE WHEN (p_contact_id IS NOT NULL) THEN 'contacts:write'::text ELSE NULL::text END, CASE WHEN (p_company_id IS NOT NULL) THEN 'companies:write'::text ELSE NULL::text END, CASE WHEN (p_deal_id IS NOT NULL) THEN 'deals:write'::text ELSE NULL::text END]), true);
+return COALESCE((p_scopes && ARRAY[CASE WHEN (p_contact_id IS NOT NULL) THEN 'contacts:write'::text
+                                        ELSE NULL::text END, CASE
+                                        WHEN (p_company_id IS NOT NULL) THEN 'companies:write'::text
+                                        ELSE NULL::text END, CASE
+                                        WHEN (p_deal_id IS NOT NULL) THEN 'deals:write'::text
+                                        ELSE NULL::text
+                                   END]),
+                true);
 comment on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid) is
   'Whether a token''s scopes may change a link: write on the type of one of its two ends (null = unscoped: yes).';
 grant execute on function crm.scopes_cover_link(p_scopes text[], p_contact_id uuid, p_company_id uuid, p_deal_id uuid)
@@ -1031,7 +1241,8 @@ begin
 end
 $function$;
 comment on function crm.credential_is_scoped() is
-  'Whether the request context is a scoped token''s (every OAuth app''s token is): false for an unscoped token, a session and code without a context.';
+  'Whether the request context is a scoped token''s (every OAuth app''s token is): false for an unscoped token, a '
+  'session and code without a context.';
 grant execute on function crm.credential_is_scoped() to crm_api;
 
 create or replace function crm.refuse_widening(p_what text)
@@ -1048,7 +1259,8 @@ begin
 end
 $function$;
 comment on function crm.refuse_widening(p_what text) is
-  'Raises CR403 forbidden, naming what was tried, when the request context is a scoped token''s (crm.credential_is_scoped); the triggers that keep a scoped credential from widening anyone''s access call it.';
+  'Raises CR403 forbidden, naming what was tried, when the request context is a scoped token''s '
+  '(crm.credential_is_scoped); the triggers that keep a scoped credential from widening anyone''s access call it.';
 grant execute on function crm.refuse_widening(p_what text) to crm_api;
 
 create or replace function crm.colleague_ids()
@@ -1078,7 +1290,8 @@ begin
 end
 $function$;
 comment on function crm.my_workspace_ids() is
-  'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s access token, its own workspace only.';
+  'Every workspace the current user belongs to (for the workspace list and its role names); for an OAuth app''s '
+  'access token, its own workspace only.';
 grant execute on function crm.my_workspace_ids() to crm_api;
 
 create or replace function crm.proven_import_id()
@@ -1107,7 +1320,10 @@ create or replace function crm.current_import_id()
  returns uuid
  language sql
  stable
-return CASE WHEN (NULLIF(current_setting('crm.import_id'::text, true), ''::text) IS NOT NULL) THEN crm.proven_import_id() ELSE NULL::uuid END;
+return CASE WHEN (
+              NULLIF(current_setting('crm.import_id'::text, true), ''::text) IS NOT NULL) THEN crm.proven_import_id()
+            ELSE NULL::uuid
+       END;
 comment on function crm.current_import_id() is
   'The import this transaction lands rows for, or null (no proven import context).';
 grant execute on function crm.current_import_id() to crm_api;
@@ -1135,7 +1351,8 @@ begin
 end
 $function$;
 comment on function crm.act_as(p_email text, p_slug text) is
-  'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, as their unscoped tokens and sessions do.';
+  'crm.act_as without scopes: every following query of the transaction runs as crm_api with the member''s whole role, '
+  'as their unscoped tokens and sessions do.';
 
 create or replace function crm.act_as(p_email text, p_slug text, scopes text[])
  returns text
@@ -1164,7 +1381,9 @@ begin
 end
 $function$;
 comment on function crm.act_as(p_email text, p_slug text, scopes text[]) is
-  'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through the API.';
+  'Inside a transaction (BEGIN ... ROLLBACK), makes every following query run as crm_api with the member''s proven '
+  'context, limited to the given token scopes (null: the whole role): you see exactly what such a token sees through '
+  'the API.';
 
 create view crm.permission_matrix as
  SELECT w.slug AS workspace,
@@ -1202,7 +1421,8 @@ create view crm.scope_actions as
   WHERE crm.scopes_cover(ARRAY[s.scope], r.resource, a.action)
   ORDER BY s."position", r.resource, a.action;
 comment on view crm.scope_actions is
-  'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with its role''s grants.';
+  'Every resource:action each record scope allows (crm.scopes_cover); a token may do the intersection of these with '
+  'its role''s grants.';
 
 create view crm.token_access as
  WITH live AS (
@@ -1266,7 +1486,10 @@ UNION ALL
      CROSS JOIN unnest(ARRAY['webhooks:manage'::text, 'workspace:admin'::text]) s(scope)
   WHERE b.is_admin AND (s.scope = ANY (b.scopes));
 comment on view crm.token_access is
-  'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin role.';
+  'Effective access of every live scoped token (unscoped tokens have their member''s crm.member_access): workspace, '
+  'email, token, kind, name, OAuth app, its scopes, then resource, action, scope (own, team, all) for each role grant '
+  'the scopes keep, and webhooks:manage / workspace:admin as resource:action with scope all when the role is an admin '
+  'role.';
 
 comment on table crm.workspaces is 'A tenant. Every tenant table carries workspace_id first in its keys.';
 comment on column crm.workspaces.trial_ends_at is 'Webhooks work on pro, or while now() < trial_ends_at.';
@@ -1276,7 +1499,8 @@ create policy workspaces_all_owner on crm.workspaces as permissive for all to cr
   using (true)
   with check (true);
 comment on policy workspaces_all_owner on crm.workspaces is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy workspaces_select_member on crm.workspaces as permissive for select to crm_api
   using ((id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
@@ -1303,7 +1527,8 @@ create policy users_all_owner on crm.users as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy users_all_owner on crm.users is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy users_select_self_or_colleague on crm.users as permissive for select to crm_api
   using (
     ((id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -1327,12 +1552,15 @@ comment on sequence crm.access_versions is 'The values of memberships.access_ver
 
 comment on table crm.memberships is 'A user''s place in a workspace: one role, an optional suspension.';
 comment on column crm.memberships.access_version is
-  'A new value from crm.access_versions in the transaction that changes what the membership grants (its role or suspension, the role''s admin flag or grants) or creates it; a cached identity is refused once it moved (crm.resume_identity). Never set by hand: any write to it draws the next value.';
+  'A new value from crm.access_versions in the transaction that changes what the membership grants (its role or '
+  'suspension, the role''s admin flag or grants) or creates it; a cached identity is refused once it moved '
+  '(crm.resume_identity). Never set by hand: any write to it draws the next value.';
 create policy memberships_all_owner on crm.memberships as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy memberships_all_owner on crm.memberships is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy memberships_select_own_or_workspace on crm.memberships as permissive for select to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -1342,7 +1570,8 @@ create policy memberships_select_own_or_workspace on crm.memberships as permissi
          AND crm.scopes_include(( SELECT crm.current_scopes() AS current_scopes), 'workspace:admin'::text)))
   );
 comment on policy memberships_select_own_or_workspace on crm.memberships is
-  'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the current workspace (a scoped token only with workspace:admin).';
+  'A user sees their own memberships (an OAuth app''s access token: in its workspace only) and the members of the '
+  'current workspace (a scoped token only with workspace:admin).';
 create policy memberships_write_admin on crm.memberships as permissive for all to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1367,7 +1596,8 @@ CREATE TRIGGER tg_memberships__next_access_version_insert BEFORE INSERT ON crm.m
   EXECUTE FUNCTION crm.tg_memberships__next_access_version();
 CREATE TRIGGER tg_memberships__next_access_version_update BEFORE UPDATE OF role_id, suspended_at, access_version ON crm.memberships
   FOR EACH ROW
-  WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at)) OR (old.access_version IS DISTINCT FROM new.access_version)))
+  WHEN ((((old.role_id IS DISTINCT FROM new.role_id) OR (old.suspended_at IS DISTINCT FROM new.suspended_at))
+         OR (old.access_version IS DISTINCT FROM new.access_version)))
   EXECUTE FUNCTION crm.tg_memberships__next_access_version();
 CREATE TRIGGER tg_memberships__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF role_id, suspended_at ON crm.memberships
   FOR EACH ROW
@@ -1379,7 +1609,8 @@ create policy roles_all_owner on crm.roles as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy roles_all_owner on crm.roles is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy roles_select_workspace on crm.roles as permissive for select to crm_api
   using ((workspace_id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy roles_select_workspace on crm.roles is
@@ -1419,7 +1650,8 @@ create policy role_grants_all_owner on crm.role_grants as permissive for all to 
   using (true)
   with check (true);
 comment on policy role_grants_all_owner on crm.role_grants is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy role_grants_select_workspace on crm.role_grants as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy role_grants_select_workspace on crm.role_grants is
@@ -1461,7 +1693,8 @@ create policy teams_all_owner on crm.teams as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy teams_all_owner on crm.teams is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy teams_select_workspace on crm.teams as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy teams_select_workspace on crm.teams is 'Members see the teams of the current workspace.';
@@ -1482,7 +1715,8 @@ create policy team_members_all_owner on crm.team_members as permissive for all t
   using (true)
   with check (true);
 comment on policy team_members_all_owner on crm.team_members is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy team_members_select_workspace on crm.team_members as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy team_members_select_workspace on crm.team_members is 'Members see who is in which team.';
@@ -1503,9 +1737,11 @@ CREATE TRIGGER tg_team_members__only_narrow_when_scoped BEFORE INSERT OR UPDATE 
   EXECUTE FUNCTION crm.tg_team_members__only_narrow_when_scoped();
 
 comment on table crm.invitations is
-  'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the member gets.';
+  'Invitations to join a workspace: a single-use secret (SHA-256 stored), valid 7 days, with the role and teams the '
+  'member gets.';
 comment on column crm.invitations.token_hash is
-  'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when SMTP_URL is set).';
+  'SHA-256 of the secret in accept_url; the secret itself is shown once, to the inviting admin (and mailed when '
+  'SMTP_URL is set).';
 create policy invitations_all_admin on crm.invitations as permissive for all to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1521,9 +1757,12 @@ create policy invitations_all_owner on crm.invitations as permissive for all to 
   using (true)
   with check (true);
 comment on policy invitations_all_owner on crm.invitations is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 grant delete on crm.invitations to crm_api;
-grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by) on crm.invitations to crm_api;
+grant select (workspace_id, id, email, role_id, invited_by, created_at, expires_at, accepted_at, accepted_by)
+  on crm.invitations
+  to crm_api;
 grant insert (workspace_id, email, role_id, token_hash, invited_by, expires_at) on crm.invitations to crm_api;
 CREATE TRIGGER tg_invitations__only_narrow_when_scoped BEFORE INSERT ON crm.invitations
   FOR EACH ROW
@@ -1546,7 +1785,8 @@ create policy invitation_teams_all_owner on crm.invitation_teams as permissive f
   using (true)
   with check (true);
 comment on policy invitation_teams_all_owner on crm.invitation_teams is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 grant select, insert, delete on crm.invitation_teams to crm_api;
 CREATE TRIGGER tg_invitation_teams__only_narrow_when_scoped BEFORE INSERT ON crm.invitation_teams
   FOR EACH ROW
@@ -1555,21 +1795,27 @@ CREATE TRIGGER tg_invitation_teams__only_narrow_when_scoped BEFORE INSERT ON crm
 comment on table crm.tokens is
   'Bearer tokens (kind token) and UI sessions (kind session); only a SHA-256 of the secret is stored.';
 comment on column crm.tokens.scopes is
-  'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with its user''s whole role.';
+  'The scopes the token is limited to (crm.known_scopes()), distinct and non-empty; null for a token that acts with '
+  'its user''s whole role.';
 comment on column crm.tokens.workspace_id is
-  'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow X-Tenant-Slug.';
+  'The only workspace the token works in (OAuth access tokens); null for personal tokens and sessions, which follow '
+  'X-Tenant-Slug.';
 comment on column crm.tokens.oauth_app_id is
   'The OAuth app an access token was issued to (an app belongs to the workspace the token is bound to).';
 comment on column crm.tokens.oauth_grant_id is
   'The grant an OAuth access token was issued under; revoking either revokes the other.';
 comment on column crm.tokens.context is
-  'The request context crm.authenticate last wrote for this token, before any keyed proof; null when it names a team (a team changes without moving access_version). Read by crm.resume_identity when context_key matches. Owner only.';
+  'The request context crm.authenticate last wrote for this token, before any keyed proof; null when it names a team '
+  '(a team changes without moving access_version). Read by crm.resume_identity when context_key matches. Owner only.';
 comment on column crm.tokens.context_key is
   'What crm.tokens.context holds for: crm.context_cache_key(workspace, access_version, via). Owner only.';
 comment on column crm.tokens.authenticated_at is
-  'When the holder last proved who they are: the sign-in that issued it, or the calling token''s own for a token made in a request (-infinity for tokens issued before the column existed). Turning two-factor on and tokens past a day need it within 10 minutes.';
+  'When the holder last proved who they are: the sign-in that issued it, or the calling token''s own for a token made '
+  'in a request (-infinity for tokens issued before the column existed). Turning two-factor on and tokens past a day '
+  'need it within 10 minutes.';
 comment on constraint tokens_kind_known on crm.tokens is
-  'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a third-party app.';
+  'token: a personal API token; session: a UI session (works only through the UI); oauth: an access token issued to a '
+  'third-party app.';
 comment on constraint tokens_oauth_bound on crm.tokens is
   'An OAuth access token is bound to one workspace and one app; personal tokens and sessions are not.';
 comment on constraint tokens_oauth_grant_bound on crm.tokens is
@@ -1578,7 +1824,8 @@ create policy tokens_all_owner on crm.tokens as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy tokens_all_owner on crm.tokens is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy tokens_insert_own on crm.tokens as permissive for insert to crm_api
   with check (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -1587,7 +1834,8 @@ create policy tokens_insert_own on crm.tokens as permissive for insert to crm_ap
      AND (( SELECT crm.current_scopes() AS current_scopes) IS NULL))
   );
 comment on policy tokens_insert_own on crm.tokens is
-  'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth access token creates none (it would outlive or outgrow its own limits).';
+  'A signed-in user creates API tokens for themself with an unscoped token or a session; a scoped token or an OAuth '
+  'access token creates none (it would outlive or outgrow its own limits).';
 create policy tokens_select_own on crm.tokens as permissive for select to crm_api
   using (
     ((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -1616,8 +1864,12 @@ create policy tokens_update_own on crm.tokens as permissive for update to crm_ap
               AND (oauth_grant_id = ( SELECT crm.current_oauth_grant_id() AS current_oauth_grant_id)))))
   );
 comment on policy tokens_update_own on crm.tokens is
-  'A user revokes their own tokens and sessions with an unscoped token or a session; a scoped token only itself; an OAuth app''s access token only the tokens of its own authorization (crm.current_token_id, crm.current_oauth_grant_id).';
-grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id, authenticated_at) on crm.tokens to crm_api;
+  'A user revokes their own tokens and sessions with an unscoped token or a session; a scoped token only itself; an '
+  'OAuth app''s access token only the tokens of its own authorization (crm.current_token_id, '
+  'crm.current_oauth_grant_id).';
+grant select (id, user_id, kind, name, created_at, expires_at, revoked_at, last_used_at, scopes, workspace_id, oauth_app_id, oauth_grant_id, authenticated_at)
+  on crm.tokens
+  to crm_api;
 grant insert (user_id, kind, name, token_hash, expires_at, scopes) on crm.tokens to crm_api;
 grant update (revoked_at) on crm.tokens to crm_api;
 CREATE TRIGGER tg_tokens__authenticated_at BEFORE INSERT ON crm.tokens
@@ -1634,12 +1886,16 @@ CREATE TRIGGER tg_tokens__revoke_oauth_grant AFTER UPDATE OF revoked_at ON crm.t
 
 comment on table crm.rate_limit_counters is 'Requests per user per clock-aligned minute, shared by every API process.';
 comment on column crm.rate_limit_counters.backend_pid is
-  'Whose count the row holds: a positive PostgreSQL backend pid (crm.authenticate and crm.count_request count a request in the backend that ran it), or a negative API process counter id (crm.settle_request_counts: each process picks a random negative integer at start, so it never meets a backend pid; two processes drawing the same one would only share a row, and the totals stay right).';
+  'Whose count the row holds: a positive PostgreSQL backend pid (crm.authenticate and crm.count_request count a '
+  'request in the backend that ran it), or a negative API process counter id (crm.settle_request_counts: each process '
+  'picks a random negative integer at start, so it never meets a backend pid; two processes drawing the same one '
+  'would only share a row, and the totals stay right).';
 create policy rate_limit_counters_all_owner on crm.rate_limit_counters as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy rate_limit_counters_all_owner on crm.rate_limit_counters is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 
 comment on table crm.internal_secrets is
   'Keys used only inside SECURITY DEFINER functions; crm_api has no grant and no policy here.';
@@ -1647,4 +1903,5 @@ create policy internal_secrets_all_owner on crm.internal_secrets as permissive f
   using (true)
   with check (true);
 comment on policy internal_secrets_all_owner on crm.internal_secrets is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';

@@ -33,7 +33,8 @@ begin
 end
 $function$;
 comment on function crm.tg__assert_company_visible() is
-  'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it inserted, or whose company_id it changed, names a company the caller cannot see.';
+  'Statement trigger of contacts and deals: refuses (422, pointer /company_id) the whole statement when a row it '
+  'inserted, or whose company_id it changed, names a company the caller cannot see.';
 grant execute on function crm.tg__assert_company_visible() to crm_api;
 
 create or replace function crm.tg_contacts__before_write()
@@ -53,7 +54,8 @@ begin
 end
 $function$;
 comment on function crm.tg_contacts__before_write() is
-  'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
+  'Stores emails lower-case; keeps created_*; records updated_by when something changed (the company check is '
+  'tg__assert_company_visible, per statement).';
 grant execute on function crm.tg_contacts__before_write() to crm_api;
 
 create or replace function crm.tg_contacts__write_events()
@@ -100,14 +102,22 @@ begin
 end
 $function$;
 comment on function crm.tg_contacts__write_events() is
-  'Outbox: contact.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.contact_jsonb.';
+  'Outbox: contact.created/updated/deleted for every row the statement wrote (no event for an update that changed '
+  'nothing); objects rendered by crm.contact_jsonb.';
 grant execute on function crm.tg_contacts__write_events() to crm_api;
 
 create or replace function crm.contact_json(c crm.contacts)
  returns json
  language sql
  stable parallel safe
-return json_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
+return json_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email,
+                         'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country,
+                         'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields,
+                         'created_at',
+                         to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'updated_at',
+                         to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.contact_json(c crm.contacts) is
   'A contact exactly as the API and webhooks show it (times as crm.api_time writes them).';
 grant execute on function crm.contact_json(c crm.contacts) to crm_api;
@@ -116,7 +126,14 @@ create or replace function crm.contact_jsonb(c crm.contacts)
  returns jsonb
  language sql
  stable parallel safe
-return jsonb_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email, 'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country, 'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
+return jsonb_build_object('id', (c).id, 'first_name', (c).first_name, 'last_name', (c).last_name, 'email', (c).email,
+                          'phone', (c).phone, 'job_title', (c).job_title, 'city', (c).city, 'country', (c).country,
+                          'company_id', (c).company_id, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields,
+                          'created_at',
+                          to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'updated_at',
+                          to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.contact_jsonb(c crm.contacts) is
   'crm.contact_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.contact_jsonb(c crm.contacts) to crm_api;
@@ -185,23 +202,39 @@ begin
 end
 $function$;
 comment on function crm.tg_companies__write_events() is
-  'Outbox: company.created/updated/deleted for every row the statement wrote (no event for an update that changed nothing); objects rendered by crm.company_jsonb.';
+  'Outbox: company.created/updated/deleted for every row the statement wrote (no event for an update that changed '
+  'nothing); objects rendered by crm.company_jsonb.';
 grant execute on function crm.tg_companies__write_events() to crm_api;
 
 create or replace function crm.company_json(c crm.companies)
  returns json
  language sql
  stable parallel safe
-return json_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
+return json_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry',
+                         (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count',
+                         (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description',
+                         (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at',
+                         to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'updated_at',
+                         to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.company_json(c crm.companies) is
-  'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as crm.api_time writes them).';
+  'A company exactly as the API and webhooks show it (money as a decimal string, times in UTC with milliseconds as '
+  'crm.api_time writes them).';
 grant execute on function crm.company_json(c crm.companies) to crm_api;
 
 create or replace function crm.company_jsonb(c crm.companies)
  returns jsonb
  language sql
  stable parallel safe
-return jsonb_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry', (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count', (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description', (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at', to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (c).created_by, 'updated_by', (c).updated_by);
+return jsonb_build_object('id', (c).id, 'name', (c).name, 'domain', (c).domain, 'website', (c).website, 'industry',
+                          (c).industry, 'phone', (c).phone, 'city', (c).city, 'country', (c).country, 'employee_count',
+                          (c).employee_count, 'annual_revenue', ((c).annual_revenue)::text, 'description',
+                          (c).description, 'owner_id', (c).owner_id, 'custom_fields', (c).custom_fields, 'created_at',
+                          to_char(((c).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'updated_at',
+                          to_char(((c).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'created_by', (c).created_by, 'updated_by', (c).updated_by);
 comment on function crm.company_jsonb(c crm.companies) is
   'crm.company_json(c)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.company_jsonb(c crm.companies) to crm_api;
@@ -228,7 +261,8 @@ begin
 end
 $function$;
 comment on function crm.tg_deals__before_write() is
-  'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per statement).';
+  'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed '
+  '(the company check is tg__assert_company_visible, per statement).';
 grant execute on function crm.tg_deals__before_write() to crm_api;
 
 create or replace function crm.tg_deals__write_events()
@@ -275,14 +309,24 @@ begin
 end
 $function$;
 comment on function crm.tg_deals__write_events() is
-  'Outbox: deal.created/updated/deleted for every row the statement wrote; a stage change is a deal.updated with previous_attributes.stage; objects rendered by crm.deal_jsonb.';
+  'Outbox: deal.created/updated/deleted for every row the statement wrote; a stage change is a deal.updated with '
+  'previous_attributes.stage; objects rendered by crm.deal_jsonb.';
 grant execute on function crm.tg_deals__write_events() to crm_api;
 
 create or replace function crm.deal_json(d crm.deals)
  returns json
  language sql
  stable parallel safe
-return json_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
+return json_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency,
+                         'stage', (d).stage, 'stage_changed_at',
+                         to_char(
+                           ((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id,
+                         'custom_fields', (d).custom_fields, 'created_at',
+                         to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'updated_at',
+                         to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                         'created_by', (d).created_by, 'updated_by', (d).updated_by);
 comment on function crm.deal_json(d crm.deals) is
   'A deal exactly as the API and webhooks show it (amount as a decimal string, times as crm.api_time writes them).';
 grant execute on function crm.deal_json(d crm.deals) to crm_api;
@@ -291,7 +335,16 @@ create or replace function crm.deal_jsonb(d crm.deals)
  returns jsonb
  language sql
  stable parallel safe
-return jsonb_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency, 'stage', (d).stage, 'stage_changed_at', to_char(((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id, 'custom_fields', (d).custom_fields, 'created_at', to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'updated_at', to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text), 'created_by', (d).created_by, 'updated_by', (d).updated_by);
+return jsonb_build_object('id', (d).id, 'name', (d).name, 'amount', ((d).amount)::text, 'currency', (d).currency,
+                          'stage', (d).stage, 'stage_changed_at',
+                          to_char(
+                            ((d).stage_changed_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'close_date', (d).close_date, 'company_id', (d).company_id, 'owner_id', (d).owner_id,
+                          'custom_fields', (d).custom_fields, 'created_at',
+                          to_char(((d).created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'updated_at',
+                          to_char(((d).updated_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::text),
+                          'created_by', (d).created_by, 'updated_by', (d).updated_by);
 comment on function crm.deal_jsonb(d crm.deals) is
   'crm.deal_json(d)::jsonb without the json text in between (the outbox stores jsonb).';
 grant execute on function crm.deal_jsonb(d crm.deals) to crm_api;
@@ -326,7 +379,8 @@ begin
 end
 $function$;
 comment on function crm.record_permits(record_type text, record_id uuid, action text) is
-  'Whether the caller''s grants (narrowed by the token''s scopes) allow the action on the record of the caller''s workspace, as the record''s policies decide. For SECURITY DEFINER functions, which pass the policies.';
+  'Whether the caller''s grants (narrowed by the token''s scopes) allow the action on the record of the caller''s '
+  'workspace, as the record''s policies decide. For SECURITY DEFINER functions, which pass the policies.';
 
 create or replace function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
  returns uuid
@@ -411,7 +465,9 @@ begin
 end
 $function$;
 comment on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb) is
-  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed, built from the change after checking it against the links as they are now. Only for a record the caller may update, and ids of records the caller may view.';
+  'Outbox for association changes: {type}.updated of the addressed record with data.associations_changed, built from '
+  'the change after checking it against the links as they are now. Only for a record the caller may update, and ids '
+  'of records the caller may view.';
 grant execute on function crm.write_associations_changed_event(record_type text, record_id uuid, changes jsonb)
   to crm_api;
 
@@ -432,7 +488,8 @@ create policy contacts_all_owner on crm.contacts as permissive for all to crm_ow
   using (true)
   with check (true);
 comment on policy contacts_all_owner on crm.contacts is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy contacts_delete_scoped on crm.contacts as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -483,7 +540,8 @@ create policy contacts_select_created_now on crm.contacts as permissive for sele
      AND (created_at = now()))
   );
 comment on policy contacts_select_created_now on crm.contacts is
-  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant '
+  'without view still answers 201 with the record; nothing else.';
 create policy contacts_select_scoped on crm.contacts as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -509,8 +567,12 @@ create policy contacts_update_scoped on crm.contacts as permissive for update to
 comment on policy contacts_update_scoped on crm.contacts is
   'contacts:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.contacts to crm_api;
-grant insert (workspace_id, id, owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields, created_by, updated_by) on crm.contacts to crm_api;
-grant update (owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields) on crm.contacts to crm_api;
+grant insert (workspace_id, id, owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields, created_by, updated_by)
+  on crm.contacts
+  to crm_api;
+grant update (owner_id, first_name, last_name, email, phone, job_title, city, country, company_id, custom_fields)
+  on crm.contacts
+  to crm_api;
 comment on index crm.contacts_company is 'filter[company_id] and the ON DELETE SET NULL when a company is deleted.';
 comment on index crm.contacts_created_at is 'The default list order (created_at, id) and its keyset cursor.';
 comment on index crm.contacts_custom_fields is 'filter[custom_fields.<key>]=value (containment @>).';
@@ -559,7 +621,8 @@ create policy companies_all_owner on crm.companies as permissive for all to crm_
   using (true)
   with check (true);
 comment on policy companies_all_owner on crm.companies is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy companies_delete_scoped on crm.companies as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -611,7 +674,8 @@ create policy companies_select_created_now on crm.companies as permissive for se
      AND (created_at = now()))
   );
 comment on policy companies_select_created_now on crm.companies is
-  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant '
+  'without view still answers 201 with the record; nothing else.';
 create policy companies_select_scoped on crm.companies as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -637,8 +701,12 @@ create policy companies_update_scoped on crm.companies as permissive for update 
 comment on policy companies_update_scoped on crm.companies is
   'companies:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.companies to crm_api;
-grant insert (workspace_id, id, owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields, created_by, updated_by) on crm.companies to crm_api;
-grant update (owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields) on crm.companies to crm_api;
+grant insert (workspace_id, id, owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields, created_by, updated_by)
+  on crm.companies
+  to crm_api;
+grant update (owner_id, name, domain, website, industry, phone, city, country, employee_count, annual_revenue, description, custom_fields)
+  on crm.companies
+  to crm_api;
 comment on index crm.companies_created_at is 'The default list order (created_at, id) and its keyset cursor.';
 comment on index crm.companies_custom_fields is 'filter[custom_fields.<key>]=value (containment @>).';
 comment on index crm.companies_domain_unique is
@@ -683,7 +751,8 @@ create policy deals_all_owner on crm.deals as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy deals_all_owner on crm.deals is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy deals_delete_scoped on crm.deals as permissive for delete to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -733,7 +802,8 @@ create policy deals_select_created_now on crm.deals as permissive for select to 
      AND (created_at = now()))
   );
 comment on policy deals_select_created_now on crm.deals is
-  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant without view still answers 201 with the record; nothing else.';
+  'A caller sees the rows it created in this same transaction (now() is the transaction start), so a create grant '
+  'without view still answers 201 with the record; nothing else.';
 create policy deals_select_scoped on crm.deals as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -757,7 +827,9 @@ create policy deals_update_scoped on crm.deals as permissive for update to crm_a
 comment on policy deals_update_scoped on crm.deals is
   'deals:update on the row before and after (an owner change must stay within the scope).';
 grant select, delete on crm.deals to crm_api;
-grant insert (workspace_id, id, owner_id, name, amount, currency, stage, close_date, company_id, custom_fields, created_by, updated_by) on crm.deals to crm_api;
+grant insert (workspace_id, id, owner_id, name, amount, currency, stage, close_date, company_id, custom_fields, created_by, updated_by)
+  on crm.deals
+  to crm_api;
 grant update (owner_id, name, amount, currency, stage, close_date, company_id, custom_fields) on crm.deals to crm_api;
 comment on index crm.deals_amount is 'sort=-amount and amount ranges.';
 comment on index crm.deals_company is 'filter[company_id] and the ON DELETE SET NULL when a company is deleted.';
@@ -807,7 +879,8 @@ create policy deal_stages_all_owner on crm.deal_stages as permissive for all to 
   using (true)
   with check (true);
 comment on policy deal_stages_all_owner on crm.deal_stages is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy deal_stages_select_member on crm.deal_stages as permissive for select to crm_api
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy deal_stages_select_member on crm.deal_stages is 'Every member of a workspace sees its pipeline.';
@@ -819,7 +892,8 @@ create policy associations_all_owner on crm.associations as permissive for all t
   using (true)
   with check (true);
 comment on policy associations_all_owner on crm.associations is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy associations_delete_scopes on crm.associations as restrictive for delete to crm_api
   using (crm.scopes_cover_link(( SELECT crm.current_scopes() AS current_scopes), contact_id, company_id, deal_id));
 comment on policy associations_delete_scopes on crm.associations is
@@ -878,7 +952,8 @@ comment on index crm.associations_contact_deal is 'One link per contact and deal
 comment on index crm.associations_deal is 'A deal''s contacts and companies, and the cascade when a deal is deleted.';
 
 comment on table crm.idempotency_keys is
-  'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace when the request is the same (request_hash), 409 otherwise.';
+  'The first response to a POST with Idempotency-Key, replayed for 24 hours to the same user in the same workspace '
+  'when the request is the same (request_hash), 409 otherwise.';
 comment on column crm.idempotency_keys.request_hash is
   'sha256 of method, path and the body with sorted keys: the same request sent again hashes the same.';
 comment on column crm.idempotency_keys.response_body is
@@ -898,8 +973,11 @@ create policy idempotency_keys_all_owner on crm.idempotency_keys as permissive f
   using (true)
   with check (true);
 comment on policy idempotency_keys_all_owner on crm.idempotency_keys is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 grant select on crm.idempotency_keys to crm_api;
 grant insert (key, request_hash, response_status, response_body, response_headers) on crm.idempotency_keys to crm_api;
-grant update (request_hash, response_status, response_body, response_headers, created_at, expires_at) on crm.idempotency_keys to crm_api;
+grant update (request_hash, response_status, response_body, response_headers, created_at, expires_at)
+  on crm.idempotency_keys
+  to crm_api;
 comment on index crm.idempotency_keys_expires_at is 'Housekeeping deletes expired keys.';

@@ -18,7 +18,8 @@ as $function$
     from (select crm.current_user_id() as user_id, crm.current_oauth_app_id() as app_id, coalesce(crm.current_via(), 'api') as via) c
 $function$;
 comment on function crm.event_actor() is
-  'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
+  'The actor of an event from the request context: the user and how they came in (api, ui, import; oauth with app_id '
+  'for an OAuth app''s access token, an import queued through an app keeps via import and names the app), or system.';
 grant execute on function crm.event_actor() to crm_api;
 
 create or replace function crm.json_changes(before jsonb, after jsonb)
@@ -50,7 +51,8 @@ begin
 end
 $function$;
 comment on function crm.enqueue_event_fan_out(event_ids uuid[]) is
-  'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them, keyed by the first event id (a plain insert into the queue, no scan of it).';
+  'Called by the outbox triggers with the ids of the events one statement wrote: adds one fan_out_event job for them, '
+  'keyed by the first event id (a plain insert into the queue, no scan of it).';
 
 create or replace function crm.tg_webhook_subscriptions__check_limits()
  returns trigger
@@ -82,7 +84,8 @@ as $function$
   select coalesce((select w.plan = 'pro' or coalesce(w.trial_ends_at > now(), false) from crm.workspaces w where w.id = p_workspace_id), false)
 $function$;
 comment on function crm.webhooks_enabled(p_workspace_id uuid) is
-  'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or sent.';
+  'Webhooks work on the pro plan or while the trial runs; otherwise no route answers and no delivery is created or '
+  'sent.';
 
 create or replace function crm.require_webhook_access()
  returns void
@@ -103,7 +106,8 @@ begin
 end
 $function$;
 comment on function crm.require_webhook_access() is
-  'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
+  'Raises CR403 forbidden unless the caller is an admin, CR403 insufficient_scope when the token lacks '
+  'webhooks:manage, then CR402 plan_required unless the workspace may use webhooks.';
 grant execute on function crm.require_webhook_access() to crm_api;
 
 create or replace function crm.require_webhook_admin()
@@ -150,7 +154,9 @@ as $function$
    where s.workspace_id = p_workspace_id and s.id = p_id
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is
-  'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, last_delivery_at; null when the caller cannot see it.';
+  'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = '
+  'delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, '
+  'last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
 create or replace function crm.webhook_event_matches(patterns text[], event text)
@@ -244,7 +250,12 @@ comment on function crm.continue_webhook_release(p_workspace_id uuid, p_subscrip
   'Adds the job of the next delivery a resume released (event order); false when the release is done.';
 grant execute on function crm.continue_webhook_release(p_workspace_id uuid, p_subscription_id uuid) to crm_worker;
 
-create or replace function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
+create or replace function crm.rotate_webhook_secret(
+  p_subscription_id uuid,
+  p_secret_encrypted bytea,
+  p_secret_last4 text,
+  p_grace_period_seconds integer
+)
  returns timestamp with time zone
  language plpgsql
  security definer
@@ -269,9 +280,20 @@ begin
   return v_expires;
 end
 $function$;
-comment on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer) is
+comment on function crm.rotate_webhook_secret(
+  p_subscription_id uuid,
+  p_secret_encrypted bytea,
+  p_secret_last4 text,
+  p_grace_period_seconds integer
+) is
   'Replaces the secret; the old one keeps signing (second v1) for the grace period, none when it is 0.';
-grant execute on function crm.rotate_webhook_secret(p_subscription_id uuid, p_secret_encrypted bytea, p_secret_last4 text, p_grace_period_seconds integer)
+grant execute
+  on function crm.rotate_webhook_secret(
+    p_subscription_id uuid,
+    p_secret_encrypted bytea,
+    p_secret_last4 text,
+    p_grace_period_seconds integer
+  )
   to crm_api;
 
 create or replace function crm.tg_webhook_deliveries__keep_identity()
@@ -303,7 +325,8 @@ as $function$
            52, 1), 53, 1), 54, 1), 55, 0), 70, 0), 71, 1), 'hex')::uuid
 $function$;
 comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) is
-  'The delivery_id of an event for a subscription, the same every time it is computed: a first attempt re-sent after a crash carries the id the receiver already saw.';
+  'The delivery_id of an event for a subscription, the same every time it is computed: a first attempt re-sent after '
+  'a crash carries the id the receiver already saw.';
 grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to crm_api;
 
 create or replace function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
@@ -320,7 +343,13 @@ comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occur
 grant execute on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
   to crm_api;
 
-create or replace function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+create or replace function crm.webhook_body_tail(
+  p_delivery_id uuid,
+  p_workspace_id uuid,
+  p_workspace_slug text,
+  p_data jsonb,
+  p_actor jsonb
+)
  returns text
  language sql
  stable parallel safe
@@ -328,21 +357,53 @@ as $function$
   select '","delivery_id":"' || p_delivery_id || '","workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
          || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
 $function$;
-comment on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+comment on function crm.webhook_body_tail(
+  p_delivery_id uuid,
+  p_workspace_id uuid,
+  p_workspace_slug text,
+  p_data jsonb,
+  p_actor jsonb
+) is
   'A delivery body after the value of delivered_at.';
-grant execute on function crm.webhook_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+grant execute
+  on function crm.webhook_body_tail(
+    p_delivery_id uuid,
+    p_workspace_id uuid,
+    p_workspace_slug text,
+    p_data jsonb,
+    p_actor jsonb
+  )
   to crm_api;
 
-create or replace function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+create or replace function crm.webhook_test_body_tail(
+  p_delivery_id uuid,
+  p_workspace_id uuid,
+  p_workspace_slug text,
+  p_data jsonb,
+  p_actor jsonb
+)
  returns text
  language sql
  stable parallel safe
 as $function$
   select left(crm.webhook_body_tail(p_delivery_id, p_workspace_id, p_workspace_slug, p_data, p_actor), -1) || ',"test":true}'
 $function$;
-comment on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+comment on function crm.webhook_test_body_tail(
+  p_delivery_id uuid,
+  p_workspace_id uuid,
+  p_workspace_slug text,
+  p_data jsonb,
+  p_actor jsonb
+) is
   'crm.webhook_body_tail of a test event: the same keys, then "test": true.';
-grant execute on function crm.webhook_test_body_tail(p_delivery_id uuid, p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+grant execute
+  on function crm.webhook_test_body_tail(
+    p_delivery_id uuid,
+    p_workspace_id uuid,
+    p_workspace_slug text,
+    p_data jsonb,
+    p_actor jsonb
+  )
   to crm_api;
 
 create or replace function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid)
@@ -367,7 +428,8 @@ begin
 end
 $function$;
 comment on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) is
-  'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. Admins of the workspace with the plan only.';
+  'The body of a delivery around delivered_at (head, tail), as the worker sends it; no row for an unknown delivery. '
+  'Admins of the workspace with the plan only.';
 grant execute on function crm.webhook_delivery_body(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 create or replace function crm.webhook_delivery_batch_size()
@@ -378,7 +440,11 @@ as $function$ select 100 $function$;
 comment on function crm.webhook_delivery_batch_size() is 'The most deliveries one deliver_webhook job carries.';
 grant execute on function crm.webhook_delivery_batch_size() to crm_api;
 
-create or replace function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean default false)
+create or replace function crm.add_webhook_delivery_jobs(
+  p_deliveries crm.webhook_deliveries[],
+  p_run_at timestamp with time zone,
+  p_ordered boolean default false
+)
  returns void
  language plpgsql
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -409,11 +475,28 @@ begin
      order by b.first));
 end
 $function$;
-comment on function crm.add_webhook_delivery_jobs(p_deliveries crm.webhook_deliveries[], p_run_at timestamp with time zone, p_ordered boolean) is
-  'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: [generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their place (resume).';
+comment on function crm.add_webhook_delivery_jobs(
+  p_deliveries crm.webhook_deliveries[],
+  p_run_at timestamp with time zone,
+  p_ordered boolean
+) is
+  'deliver_webhook jobs for some deliveries, batched per subscription and due time, payload {w, s, d: [ids], g: '
+  '[generations], o}: workspace, subscription, deliveries with their generations, and whether they must keep their '
+  'place (resume).';
 
 create or replace function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean default false)
- returns table(workspace_id uuid, subscription_id uuid, delivery_id uuid, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
+ returns table(
+   workspace_id uuid,
+   subscription_id uuid,
+   delivery_id uuid,
+   event_id uuid,
+   event text,
+   body_head text,
+   body_tail text,
+   url text,
+   secret_encrypted bytea,
+   previous_secret_encrypted bytea
+ )
  language plpgsql
  security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -478,11 +561,27 @@ begin
 end
 $function$;
 comment on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) is
-  'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by subscription; creates the held deliveries of paused subscriptions.';
+  'fan_out_event''s read: the first attempts to make for some events (delivery id, body, endpoint, secrets), by '
+  'subscription; creates the held deliveries of paused subscriptions.';
 grant execute on function crm.webhook_first_attempts_to_send(p_event_ids uuid[], p_rerun boolean) to crm_worker;
 
-create or replace function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
- returns table(delivery_id uuid, generation integer, event_id uuid, event text, body_head text, body_tail text, url text, secret_encrypted bytea, previous_secret_encrypted bytea)
+create or replace function crm.webhook_deliveries_to_send(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_delivery_ids uuid[],
+  p_generations integer[]
+)
+ returns table(
+   delivery_id uuid,
+   generation integer,
+   event_id uuid,
+   event text,
+   body_head text,
+   body_tail text,
+   url text,
+   secret_encrypted bytea,
+   previous_secret_encrypted bytea
+ )
  language plpgsql
  security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -528,9 +627,21 @@ begin
      order by j.i;
 end
 $function$;
-comment on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[]) is
-  'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
-grant execute on function crm.webhook_deliveries_to_send(p_workspace_id uuid, p_subscription_id uuid, p_delivery_ids uuid[], p_generations integer[])
+comment on function crm.webhook_deliveries_to_send(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_delivery_ids uuid[],
+  p_generations integer[]
+) is
+  'deliver_webhook''s read for a batch: the body around delivered_at, the endpoint and its secrets per delivery still '
+  'due; none for stale or final ones; holds them when paused (test deliveries excepted) or the plan lapsed.';
+grant execute
+  on function crm.webhook_deliveries_to_send(
+    p_workspace_id uuid,
+    p_subscription_id uuid,
+    p_delivery_ids uuid[],
+    p_generations integer[]
+  )
   to crm_worker;
 
 create or replace function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid)
@@ -571,7 +682,8 @@ begin
 end
 $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is
-  'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the subscription is paused); any other status is CR409 delivery_not_finished.';
+  'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the '
+  'subscription is paused); any other status is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 create or replace function crm.prune_webhook_deliveries(log_retention_days integer)
@@ -595,7 +707,8 @@ begin
 end
 $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
-  'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
+  'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by '
+  'subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
 create or replace function crm.tg_webhook_attempts__append_only()
  returns trigger
@@ -615,10 +728,17 @@ create or replace function crm.webhook_retry_delays()
  immutable parallel safe
 as $function$ select '{30 seconds, 2 minutes, 10 minutes, 1 hour, 6 hours, 24 hours}'::interval[] $function$;
 comment on function crm.webhook_retry_delays() is
-  'The delays before attempts 2, 3, ... of a cycle (docs/api.md section 8); a cycle has one attempt more than there are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
+  'The delays before attempts 2, 3, ... of a cycle (docs/api.md section 8); a cycle has one attempt more than there '
+  'are delays. Tests pass a shorter schedule (WEBHOOK_RETRY_SCHEDULE) to crm.record_webhook_attempts.';
 grant execute on function crm.webhook_retry_delays() to crm_api;
 
-create or replace function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
+create or replace function crm.webhook_attempt_next_state(
+  p_started_at timestamp with time zone,
+  p_error text,
+  p_cycle_attempts integer,
+  p_subscription_status text,
+  p_retry_delays interval[]
+)
  returns table(status text, cycle_attempts integer, next_attempt_at timestamp with time zone)
  language sql
  stable
@@ -634,12 +754,31 @@ as $function$
                    else 'retrying'
                  end as status) o
 $function$;
-comment on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[]) is
-  'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
-grant execute on function crm.webhook_attempt_next_state(p_started_at timestamp with time zone, p_error text, p_cycle_attempts integer, p_subscription_status text, p_retry_delays interval[])
+comment on function crm.webhook_attempt_next_state(
+  p_started_at timestamp with time zone,
+  p_error text,
+  p_cycle_attempts integer,
+  p_subscription_status text,
+  p_retry_delays interval[]
+) is
+  'A delivery''s state after an attempt (null started_at: not attempted, pending): delivered; dead after the last '
+  'attempt of a cycle; held while paused; retrying, due after the next delay of the schedule.';
+grant execute
+  on function crm.webhook_attempt_next_state(
+    p_started_at timestamp with time zone,
+    p_error text,
+    p_cycle_attempts integer,
+    p_subscription_status text,
+    p_retry_delays interval[]
+  )
   to crm_api;
 
-create or replace function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[] default NULL::interval[])
+create or replace function crm.record_webhook_attempts(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_results crm.webhook_attempt_result[],
+  p_retry_delays interval[] default NULL::interval[]
+)
  returns jsonb
  language plpgsql
  security definer
@@ -791,12 +930,31 @@ begin
   return coalesce(v_outcomes, '{}');
 end
 $function$;
-comment on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[]) is
-  'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with the auto-pause rule in the same transaction.';
-grant execute on function crm.record_webhook_attempts(p_workspace_id uuid, p_subscription_id uuid, p_results crm.webhook_attempt_result[], p_retry_delays interval[])
+comment on function crm.record_webhook_attempts(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_results crm.webhook_attempt_result[],
+  p_retry_delays interval[]
+) is
+  'Logs a batch of first or later attempts of one subscription and moves each delivery on (created by its first '
+  'attempt): delivered; retrying or pending (jobs added); held (paused); dead after the last attempt of a cycle, with '
+  'the auto-pause rule in the same transaction.';
+grant execute
+  on function crm.record_webhook_attempts(
+    p_workspace_id uuid,
+    p_subscription_id uuid,
+    p_results crm.webhook_attempt_result[],
+    p_retry_delays interval[]
+  )
   to crm_worker;
 
-create or replace function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval)
+create or replace function crm.claim_webhook_operation(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_operation text,
+  p_allowance integer,
+  p_window interval
+)
  returns void
  language plpgsql
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -822,8 +980,15 @@ begin
   end if;
 end
 $function$;
-comment on function crm.claim_webhook_operation(p_workspace_id uuid, p_subscription_id uuid, p_operation text, p_allowance integer, p_window interval) is
-  'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
+comment on function crm.claim_webhook_operation(
+  p_workspace_id uuid,
+  p_subscription_id uuid,
+  p_operation text,
+  p_allowance integer,
+  p_window interval
+) is
+  'Counts one test event or recovery of a subscription in its fixed window, or raises CR429 rate_limited with the '
+  'seconds until the window ends as detail (called by the SECURITY DEFINER functions of those operations).';
 
 create or replace function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text)
  returns jsonb
@@ -884,7 +1049,8 @@ begin
 end
 $function$;
 comment on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) is
-  'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic record that exists nowhere; 422 for an unknown event name.';
+  'The data of a sample event ({object, previous_attributes?}) as the outbox triggers would write it, for a realistic '
+  'record that exists nowhere; 422 for an unknown event name.';
 grant execute on function crm.webhook_sample_event_data(p_workspace_id uuid, p_event text) to crm_api;
 
 create or replace function crm.webhook_sample_bodies()
@@ -908,7 +1074,8 @@ begin
 end
 $function$;
 comment on function crm.webhook_sample_bodies() is
-  'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real ones; admins only.';
+  'A sample body of each of the 9 events around delivered_at (head, tail), built by the functions that build real '
+  'ones; admins only.';
 grant execute on function crm.webhook_sample_bodies() to crm_api;
 
 create or replace function crm.send_webhook_test_event(p_subscription_id uuid, p_event text)
@@ -945,10 +1112,14 @@ begin
 end
 $function$;
 comment on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) is
-  'A test delivery of a sample event to a subscription (docs/api.md section 7: POST .../test), sent at once even while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
+  'A test delivery of a sample event to a subscription (docs/api.md section 7: POST .../test), sent at once even '
+  'while paused; at most 20 a minute per subscription (CR429); returns its delivery id.';
 grant execute on function crm.send_webhook_test_event(p_subscription_id uuid, p_event text) to crm_api;
 
-create or replace function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
+create or replace function crm.check_webhook_recovery_window(
+  p_since timestamp with time zone,
+  p_until timestamp with time zone
+)
  returns void
  language plpgsql
  stable
@@ -966,12 +1137,20 @@ begin
   end if;
 end
 $function$;
-comment on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone) is
+comment on function crm.check_webhook_recovery_window(
+  p_since timestamp with time zone,
+  p_until timestamp with time zone
+) is
   'Raises CR422 unless since is set and at most 30 days back and until (when set) is later than since.';
-grant execute on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
+grant execute
+  on function crm.check_webhook_recovery_window(p_since timestamp with time zone, p_until timestamp with time zone)
   to crm_api;
 
-create or replace function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone default NULL::timestamp with time zone)
+create or replace function crm.webhook_recovery_count(
+  p_subscription_id uuid,
+  p_since timestamp with time zone,
+  p_until timestamp with time zone default NULL::timestamp with time zone
+)
  returns integer
  language plpgsql
  stable
@@ -995,12 +1174,26 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is
-  'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, under row-level security).';
-grant execute on function crm.webhook_recovery_count(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone)
+comment on function crm.webhook_recovery_count(
+  p_subscription_id uuid,
+  p_since timestamp with time zone,
+  p_until timestamp with time zone
+) is
+  'The number of dead deliveries crm.recover_webhook_deliveries would send again for this window (runs as the caller, '
+  'under row-level security).';
+grant execute
+  on function crm.webhook_recovery_count(
+    p_subscription_id uuid,
+    p_since timestamp with time zone,
+    p_until timestamp with time zone
+  )
   to crm_api;
 
-create or replace function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone default NULL::timestamp with time zone)
+create or replace function crm.recover_webhook_deliveries(
+  p_subscription_id uuid,
+  p_since timestamp with time zone,
+  p_until timestamp with time zone default NULL::timestamp with time zone
+)
  returns integer
  language plpgsql
  security definer
@@ -1036,27 +1229,42 @@ begin
   return v_count;
 end
 $function$;
-comment on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone) is
-  'docs/api.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how many.';
-grant execute on function crm.recover_webhook_deliveries(p_subscription_id uuid, p_since timestamp with time zone, p_until timestamp with time zone)
+comment on function crm.recover_webhook_deliveries(
+  p_subscription_id uuid,
+  p_since timestamp with time zone,
+  p_until timestamp with time zone
+) is
+  'docs/api.md section 7, POST .../recover: a fresh cycle for every dead delivery created in [since, until) (until '
+  'defaults to now), sent oldest first (held while paused); at most 10 an hour per subscription (CR429); returns how '
+  'many.';
+grant execute
+  on function crm.recover_webhook_deliveries(
+    p_subscription_id uuid,
+    p_since timestamp with time zone,
+    p_until timestamp with time zone
+  )
   to crm_api;
 
 comment on table crm.events is
-  'The outbox: one row per record change, written by triggers in the writing transaction (docs/api.md section 8). data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
+  'The outbox: one row per record change, written by triggers in the writing transaction (docs/api.md section 8). '
+  'data = {object, previous_attributes?, associations_changed?}; actor = {type, id, via}.';
 comment on column crm.events.data is
-  'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+  'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value '
+  'of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
 create policy events_all_owner on crm.events as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy events_all_owner on crm.events is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 comment on index crm.events_record is 'A record''s history, newest last (support and tests).';
 comment on index crm.webhook_events_id is
   'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 
 comment on table crm.webhook_subscriptions is
-  'Webhook endpoints of a workspace (docs/api.md section 7). Admins only; the secret is AES-256-GCM encrypted by the service (APP_SECRET via HKDF).';
+  'Webhook endpoints of a workspace (docs/api.md section 7). Admins only; the secret is AES-256-GCM encrypted by the '
+  'service (APP_SECRET via HKDF).';
 comment on column crm.webhook_subscriptions.secret_encrypted is
   'iv | tag | ciphertext of the whsec_ secret, additional data = workspace id; never readable by crm_api.';
 comment on column crm.webhook_subscriptions.previous_secret_encrypted is
@@ -1071,16 +1279,22 @@ create policy webhook_subscriptions_all_admin on crm.webhook_subscriptions as pe
      AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for))
   );
 comment on policy webhook_subscriptions_all_admin on crm.webhook_subscriptions is
-  'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone else sees none.';
+  'Admins of the current workspace see and manage its subscriptions (a scoped token needs webhooks:manage); everyone '
+  'else sees none.';
 create policy webhook_subscriptions_all_owner on crm.webhook_subscriptions as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy webhook_subscriptions_all_owner on crm.webhook_subscriptions is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 grant delete on crm.webhook_subscriptions to crm_api;
-grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by) on crm.webhook_subscriptions to crm_api;
+grant select (workspace_id, id, name, url, events, status, paused_reason, paused_at, secret_last4, previous_secret_expires_at, created_at, updated_at, created_by)
+  on crm.webhook_subscriptions
+  to crm_api;
 grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_subscriptions to crm_api;
-grant update (name, url, events, status, paused_reason, paused_at, secret_encrypted, secret_last4, previous_secret_encrypted, previous_secret_expires_at) on crm.webhook_subscriptions to crm_api;
+grant update (name, url, events, status, paused_reason, paused_at, secret_encrypted, secret_last4, previous_secret_encrypted, previous_secret_expires_at)
+  on crm.webhook_subscriptions
+  to crm_api;
 CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
@@ -1089,41 +1303,56 @@ CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.w
   EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 comment on table crm.webhook_deliveries is
-  'One event for one subscription (docs/api.md section 7). status: pending (first attempt due), retrying, delivered, dead (every attempt of a cycle failed), held (paused subscription or lapsed plan).';
+  'One event for one subscription (docs/api.md section 7). status: pending (first attempt due), retrying, delivered, '
+  'dead (every attempt of a cycle failed), held (paused subscription or lapsed plan).';
 comment on column crm.webhook_deliveries.cycle_attempts is
-  'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, resume keeps it (the attempts left).';
+  'Attempts in the current cycle (one more than crm.webhook_retry_delays() has delays); redeliver starts a new cycle, '
+  'resume keeps it (the attempts left).';
 comment on column crm.webhook_deliveries.generation is
   'Bumped whenever a deliver_webhook job is added; a job whose generation differs is stale and ends quietly.';
 comment on column crm.webhook_deliveries.in_release is
-  'Released by resume and not yet attempted: these go out one after the other in event order (crm.continue_webhook_release).';
+  'Released by resume and not yet attempted: these go out one after the other in event order '
+  '(crm.continue_webhook_release).';
 comment on column crm.webhook_deliveries.is_test is
-  'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the auto-pause rule, never recovered.';
+  'A test event (POST .../test): sent even while the subscription is paused; never counted in the stats or the '
+  'auto-pause rule, never recovered.';
 comment on column crm.webhook_deliveries.test_event is
-  'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test event is not in the outbox); null for real deliveries.';
+  'The event of a test delivery, {data: {object, previous_attributes?}, actor}, as crm.events would hold it (a test '
+  'event is not in the outbox); null for real deliveries.';
 create policy webhook_deliveries_all_owner on crm.webhook_deliveries as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy webhook_deliveries_all_owner on crm.webhook_deliveries is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy webhook_deliveries_select_admin on crm.webhook_deliveries as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND ( SELECT crm.is_admin_for('webhooks:manage'::text) AS is_admin_for))
   );
 comment on policy webhook_deliveries_select_admin on crm.webhook_deliveries is
-  'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY DEFINER functions only.';
+  'Admins of the workspace read its delivery log (a scoped token needs webhooks:manage); writes go through SECURITY '
+  'DEFINER functions only.';
 grant select on crm.webhook_deliveries to crm_api;
 comment on index crm.webhook_deliveries_completed is
-  'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the retention).';
+  'Stats, the auto-pause rule (final deliveries of the last 24 hours) and housekeeping (final deliveries past the '
+  'retention).';
 comment on index crm.webhook_deliveries_held is
-  'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by the outbox).';
+  'Resume releases held deliveries in their original order: the order of their events (time-ordered ids written by '
+  'the outbox).';
 comment on index crm.webhook_deliveries_log is
   'The delivery log, newest first (ids are time-ordered), keyset cursor on id; the cascade on subscription delete.';
 comment on index crm.webhook_deliveries_subscription_event is
   'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
 CREATE TRIGGER tg_webhook_deliveries__keep_identity BEFORE UPDATE ON crm.webhook_deliveries
   FOR EACH ROW
-  WHEN (((new.id <> old.id) OR (new.workspace_id <> old.workspace_id) OR (new.subscription_id <> old.subscription_id) OR (new.event_id <> old.event_id) OR (new.event <> old.event) OR (new.created_at <> old.created_at) OR (new.attempt_count < old.attempt_count)))
+  WHEN (((new.id <> old.id)
+         OR (new.workspace_id <> old.workspace_id)
+         OR (new.subscription_id <> old.subscription_id)
+         OR (new.event_id <> old.event_id)
+         OR (new.event <> old.event)
+         OR (new.created_at <> old.created_at)
+         OR (new.attempt_count < old.attempt_count)))
   EXECUTE FUNCTION crm.tg_webhook_deliveries__keep_identity();
 CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webhook_deliveries
   FOR EACH ROW
@@ -1131,18 +1360,21 @@ CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webh
   EXECUTE FUNCTION crm.tg__touch_updated_at();
 
 comment on type crm.webhook_attempt_result is
-  'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the generation its job carried).';
+  'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the '
+  'generation its job carried).';
 grant usage on type crm.webhook_attempt_result to public;
 
 comment on table crm.webhook_attempts is
   'Every HTTP attempt of a delivery: status, duration, error class and the first 2 KiB of the answer.';
 comment on column crm.webhook_attempts.signature is
-  'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the address was refused).';
+  'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the '
+  'address was refused).';
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy webhook_attempts_all_owner on crm.webhook_attempts is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy webhook_attempts_select_admin on crm.webhook_attempts as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -1156,9 +1388,11 @@ CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_att
   EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 
 comment on table crm.webhook_operation_counts is
-  'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
+  'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); '
+  'written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';
 create policy webhook_operation_counts_all_owner on crm.webhook_operation_counts as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy webhook_operation_counts_all_owner on crm.webhook_operation_counts is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';

@@ -3,7 +3,14 @@
 -- Applied by `crm migrate` whenever a file of sql/definitions/ changes, as a whole and in file order
 -- (sql/CONVENTIONS.md): edit the definition here; it is the only one.
 
-create or replace function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
+create or replace function crm.queue_import(
+  p_import_id uuid,
+  p_mapping jsonb,
+  p_mode text,
+  p_match_on text,
+  p_dry_run boolean,
+  p_token_id uuid
+)
  returns void
  language plpgsql
  security definer
@@ -59,9 +66,26 @@ begin
     max_attempts => 5, job_key => 'process_import:' || p_import_id::text);
 end
 $function$;
-comment on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid) is
-  'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token (which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the process_import job in the same transaction.';
-grant execute on function crm.queue_import(p_import_id uuid, p_mapping jsonb, p_mode text, p_match_on text, p_dry_run boolean, p_token_id uuid)
+comment on function crm.queue_import(
+  p_import_id uuid,
+  p_mapping jsonb,
+  p_mode text,
+  p_match_on text,
+  p_dry_run boolean,
+  p_token_id uuid
+) is
+  'Starts an import: checks the import grant (and update for upsert) of the caller, records the options, the token '
+  '(which must be the caller''s own, live, with the proven scopes and app) and its scopes and app, and adds the '
+  'process_import job in the same transaction.';
+grant execute
+  on function crm.queue_import(
+    p_import_id uuid,
+    p_mapping jsonb,
+    p_mode text,
+    p_match_on text,
+    p_dry_run boolean,
+    p_token_id uuid
+  )
   to crm_api;
 
 create or replace function crm.import_to_process(p_workspace_id uuid, p_import_id uuid)
@@ -77,7 +101,12 @@ comment on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid)
   'Worker only: the state of an import its job needs (never the file itself).';
 grant execute on function crm.import_to_process(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
-create or replace function crm.import_file_slice(p_workspace_id uuid, p_import_id uuid, p_from integer, p_length integer)
+create or replace function crm.import_file_slice(
+  p_workspace_id uuid,
+  p_import_id uuid,
+  p_from integer,
+  p_length integer
+)
  returns text
  language sql
  stable security definer
@@ -104,7 +133,16 @@ comment on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid
 grant execute on function crm.mark_import_staged(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
 create or replace function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid)
- returns table(status text, record_type text, columns text[], mapping jsonb, mode text, match_on text, dry_run boolean, last_row_done integer)
+ returns table(
+   status text,
+   record_type text,
+   columns text[],
+   mapping jsonb,
+   mode text,
+   match_on text,
+   dry_run boolean,
+   last_row_done integer
+ )
  language plpgsql
  security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -168,10 +206,18 @@ begin
 end
 $function$;
 comment on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) is
-  'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
+  'Worker only: opens an import batch as the importing user (via import, within the scopes of the token that queued '
+  'it), after checking membership, the token that queued it (not revoked, its OAuth grant not revoked, API access on) '
+  'and grants; locks the import row. Refusals are CR403 with the failure code as hint.';
 grant execute on function crm.begin_import_batch(p_workspace_id uuid, p_import_id uuid) to crm_worker;
 
-create or replace function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
+create or replace function crm.finish_import_batch(
+  p_import_id uuid,
+  p_expected_last_row integer,
+  p_last_row integer,
+  p_counts jsonb,
+  p_errors jsonb
+)
  returns void
  language plpgsql
  security definer
@@ -202,12 +248,32 @@ begin
   end if;
 end
 $function$;
-comment on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb) is
-  'Records a batch''s errors and counts and advances last_row_done (only from the expected mark: a concurrent run fails with 40001).';
-grant execute on function crm.finish_import_batch(p_import_id uuid, p_expected_last_row integer, p_last_row integer, p_counts jsonb, p_errors jsonb)
+comment on function crm.finish_import_batch(
+  p_import_id uuid,
+  p_expected_last_row integer,
+  p_last_row integer,
+  p_counts jsonb,
+  p_errors jsonb
+) is
+  'Records a batch''s errors and counts and advances last_row_done (only from the expected mark: a concurrent run '
+  'fails with 40001).';
+grant execute
+  on function crm.finish_import_batch(
+    p_import_id uuid,
+    p_expected_last_row integer,
+    p_last_row integer,
+    p_counts jsonb,
+    p_errors jsonb
+  )
   to crm_api;
 
-create or replace function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text default NULL::text)
+create or replace function crm.complete_import(
+  p_workspace_id uuid,
+  p_import_id uuid,
+  p_status text,
+  p_failure text,
+  p_failure_code text default NULL::text
+)
  returns void
  language sql
  security definer
@@ -222,9 +288,23 @@ as $function$
      and r.workspace_id = i.workspace_id and r.import_id = i.id
      and not exists (select from crm.import_errors e where e.workspace_id = r.workspace_id and e.import_id = r.import_id and e.row = r.row);
 $function$;
-comment on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text) is
-  'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no longer needed.';
-grant execute on function crm.complete_import(p_workspace_id uuid, p_import_id uuid, p_status text, p_failure text, p_failure_code text)
+comment on function crm.complete_import(
+  p_workspace_id uuid,
+  p_import_id uuid,
+  p_status text,
+  p_failure text,
+  p_failure_code text
+) is
+  'Worker only: ends an import (completed or failed, with the failure''s message and code) and drops staged rows no '
+  'longer needed.';
+grant execute
+  on function crm.complete_import(
+    p_workspace_id uuid,
+    p_import_id uuid,
+    p_status text,
+    p_failure text,
+    p_failure_code text
+  )
   to crm_worker;
 
 create or replace function crm.prune_imports(log_retention_days integer)
@@ -248,15 +328,26 @@ as $function$
   select (select count(*) from files) + (select count(*) from staged) + (select count(*) from imports)
 $function$;
 comment on function crm.prune_imports(log_retention_days integer) is
-  'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention (at least 7 days).';
+  'Removes import files and staged rows 7 days after upload, and imports with their errors after the log retention '
+  '(at least 7 days).';
 
 create or replace function crm.import_key(p_kind text, p_value text)
  returns text
  language sql
  immutable parallel safe
-return CASE p_kind WHEN 'email'::text THEN lower(NULLIF(btrim(p_value), ''::text)) WHEN 'domain'::text THEN rtrim(lower(NULLIF(btrim(p_value), ''::text)), '.'::text) WHEN 'id'::text THEN CASE WHEN (btrim(p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(btrim(p_value)) ELSE NULL::text END ELSE NULL::text END;
+return CASE p_kind
+            WHEN 'email'::text THEN lower(NULLIF(btrim(p_value), ''::text))
+            WHEN 'domain'::text THEN rtrim(lower(NULLIF(btrim(p_value), ''::text)), '.'::text)
+            WHEN 'id'::text THEN CASE
+            WHEN (
+              btrim(
+                p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(btrim(p_value))
+            ELSE NULL::text END
+            ELSE NULL::text
+       END;
 comment on function crm.import_key(p_kind text, p_value text) is
-  'The match key of a cell as an import compares it: email lower-case, domain lower-case without a trailing dot, id a canonical UUID (anything else has no key).';
+  'The match key of a cell as an import compares it: email lower-case, domain lower-case without a trailing dot, id a '
+  'canonical UUID (anything else has no key).';
 grant execute on function crm.import_key(p_kind text, p_value text) to crm_api;
 
 create or replace function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
@@ -288,7 +379,9 @@ begin
 end
 $function$;
 comment on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer) is
-  'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of crm.import_rows say).';
+  'Worker only: marks every staged row whose match key (crm.import_key of cell p_column) repeats an earlier row of '
+  'the file, clearing the marks of a previous run first (no nested loop: linear whatever the statistics of '
+  'crm.import_rows say).';
 grant execute on function crm.mark_import_repeats(p_workspace_id uuid, p_import_id uuid, p_kind text, p_column integer)
   to crm_worker;
 
@@ -362,7 +455,8 @@ begin
 end
 $function$;
 comment on function crm.import_check_constraints(p_record_type text) is
-  'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse (one scan for all of them).';
+  'Imports: reports every row of pg_temp.import_typed that a CHECK constraint of the target table would refuse (one '
+  'scan for all of them).';
 grant execute on function crm.import_check_constraints(p_record_type text) to crm_api;
 
 create or replace function crm.import_constraint_message(p_constraint text, p_field text)
@@ -396,7 +490,8 @@ as $function$
      order by u.id)
 $function$;
 comment on function crm.non_member_ids(p_user_ids uuid[]) is
-  'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a proven context).';
+  'The ids among p_user_ids (nulls left out) that are not members of the current workspace (all of them without a '
+  'proven context).';
 grant execute on function crm.non_member_ids(p_user_ids uuid[]) to crm_api;
 
 create or replace function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[])
@@ -419,7 +514,8 @@ begin
 end
 $function$;
 comment on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) is
-  'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not cover: none for all, every one without a grant.';
+  'The owners among p_owner_ids (nulls left out) whose records the current member''s resource:action scope does not '
+  'cover: none for all, every one without a grant.';
 grant execute on function crm.owners_outside_scope(p_resource text, p_action text, p_owner_ids uuid[]) to crm_api;
 
 create or replace function crm.csv_text_cell(value text)
@@ -442,7 +538,8 @@ as $function$
   end
 $function$;
 comment on function crm.csv_text_cell(value text) is
-  'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a formula), then RFC 4180 quoting; null is empty.';
+  'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a '
+  'formula), then RFC 4180 quoting; null is empty.';
 grant execute on function crm.csv_text_cell(value text) to crm_api;
 
 comment on table crm.imports is 'One uploaded CSV file and the import job run on it (docs/api.md section 6).';
@@ -455,14 +552,17 @@ comment on column crm.imports.token_scopes is
 comment on column crm.imports.oauth_app_id is
   'The OAuth app through which the import was queued, if any (its events name the app).';
 comment on column crm.imports.token_id is
-  'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth grant revoked, or its user''s API access off. Null for imports queued before this column.';
+  'The token that queued the import (crm.queue_import); every batch stops the import once it is revoked, its OAuth '
+  'grant revoked, or its user''s API access off. Null for imports queued before this column.';
 comment on column crm.imports.failure_code is
-  'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, member_inactive, import_grant_missing, import_file_invalid), or null.';
+  'Why a failed import stopped, as an API error code (token_revoked, grant_revoked, api_access_disabled, '
+  'member_inactive, import_grant_missing, import_file_invalid), or null.';
 create policy imports_all_owner on crm.imports as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy imports_all_owner on crm.imports is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy imports_insert_with_grant on crm.imports as permissive for insert to crm_api
   with check (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
@@ -477,22 +577,30 @@ create policy imports_select_own_or_admin on crm.imports as permissive for selec
      AND crm.scopes_cover(( SELECT crm.current_scopes() AS current_scopes), record_type, 'import'::text))
   );
 comment on policy imports_select_own_or_admin on crm.imports is
-  'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record type.';
-grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code) on crm.imports to crm_api;
-grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping) on crm.imports to crm_api;
+  'An import is seen by the member who uploaded it and by admins; by a scoped token only with write on its record '
+  'type.';
+grant select (workspace_id, id, user_id, record_type, file_name, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run, last_row_done, created, updated, skipped, failed, companies_created, failure, created_at, queued_at, started_at, finished_at, failure_code)
+  on crm.imports
+  to crm_api;
+grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping)
+  on crm.imports
+  to crm_api;
 comment on index crm.imports_created_at is 'crm.prune_imports: files and imports past their retention.';
 
 comment on table crm.import_rows is
-  'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows (errors.csv) and dry runs.';
+  'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows '
+  '(errors.csv) and dry runs.';
 comment on column crm.import_rows.user_id is
   'The importing user (copied from crm.imports so the policy needs no join).';
 comment on column crm.import_rows.repeat_of is
-  'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per run).';
+  'The first row of this file with the same match key, when this row repeats it (crm.mark_import_repeats, once per '
+  'run).';
 create policy import_rows_all_owner on crm.import_rows as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy import_rows_all_owner on crm.import_rows is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy import_rows_insert_worker on crm.import_rows as permissive for insert to crm_worker
   with check (true);
 comment on policy import_rows_insert_worker on crm.import_rows is
@@ -515,7 +623,8 @@ create policy import_errors_all_owner on crm.import_errors as permissive for all
   using (true)
   with check (true);
 comment on policy import_errors_all_owner on crm.import_errors is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy import_errors_select_own_or_admin on crm.import_errors as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))

@@ -11,7 +11,8 @@ as $function$
   select case p_purpose when 'sign_in' then 5 when 'two_factor' then 10 end
 $function$;
 comment on function crm.attempt_allowance(p_purpose text) is
-  'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user (docs/api.md section 3).';
+  'Failures allowed per subject and 15-minute window: 5 passwords per email, 10 two-factor codes per user '
+  '(docs/api.md section 3).';
 
 create or replace function crm.claim_attempt(p_purpose text, p_subject text)
  returns table(allowed boolean, retry_after_seconds integer, window_id uuid)
@@ -43,7 +44,8 @@ begin
 end
 $function$;
 comment on function crm.claim_attempt(p_purpose text, p_subject text) is
-  'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else refused with the seconds until the window ends.';
+  'Claims one attempt for a subject before its check: allowed (and counted) while the window has allowance left, else '
+  'refused with the seconds until the window ends.';
 
 create or replace function crm.release_attempt(p_purpose text, p_subject text, p_window_id uuid)
  returns void
@@ -90,10 +92,19 @@ begin
 end
 $function$;
 comment on function crm.claim_sign_in(p_email text) is
-  'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s parameters and salt (not its key), or allowed = false with the seconds to wait.';
+  'Sign-in, step 1 (crm_runtime): claims a password attempt for the email and answers a ticket and the stored hash''s '
+  'parameters and salt (not its key), or allowed = false with the seconds to wait.';
 grant execute on function crm.claim_sign_in(p_email text) to crm_runtime;
 
-create or replace function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
+create or replace function crm.sign_in(
+  p_ticket uuid,
+  p_password_key text,
+  p_kind text,
+  p_device_name text,
+  p_token_hash bytea,
+  p_token_ttl interval,
+  p_challenge_ttl interval
+)
  returns table(failure text, two_factor boolean, id uuid, expires_at timestamp with time zone)
  language plpgsql
  security definer
@@ -141,9 +152,27 @@ begin
   return next;
 end
 $function$;
-comment on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval) is
-  'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
-grant execute on function crm.sign_in(p_ticket uuid, p_password_key text, p_kind text, p_device_name text, p_token_hash bytea, p_token_ttl interval, p_challenge_ttl interval)
+comment on function crm.sign_in(
+  p_ticket uuid,
+  p_password_key text,
+  p_kind text,
+  p_device_name text,
+  p_token_hash bytea,
+  p_token_ttl interval,
+  p_challenge_ttl interval
+) is
+  'Sign-in, step 2 (crm_runtime): checks the derived password key against the ticket''s user once; answers a failure '
+  'code, a two-factor challenge (two_factor, id, expires_at) or the new token''s id and expiry.';
+grant execute
+  on function crm.sign_in(
+    p_ticket uuid,
+    p_password_key text,
+    p_kind text,
+    p_device_name text,
+    p_token_hash bytea,
+    p_token_ttl interval,
+    p_challenge_ttl interval
+  )
   to crm_runtime;
 
 create or replace function crm.prune_sign_in_tickets(log_retention_days integer)
@@ -171,7 +200,8 @@ begin
 end
 $function$;
 comment on function crm.tg_user_totp__recent_sign_in() is
-  'Refuses turning two-factor on (confirmed_at set) in a request whose token or session does not come from a sign-in within the last 10 minutes (CR403 reauthentication_required).';
+  'Refuses turning two-factor on (confirmed_at set) in a request whose token or session does not come from a sign-in '
+  'within the last 10 minutes (CR403 reauthentication_required).';
 
 create or replace function crm.tg_user_totp__steps_only_forward()
  returns trigger
@@ -201,7 +231,8 @@ as $function$
    where t.user_id = crm.current_user_id()
 $function$;
 comment on function crm.my_totp() is
-  'The current user''s (encrypted) TOTP secret, whether it is confirmed, and unused recovery codes; no row when two-factor is off.';
+  'The current user''s (encrypted) TOTP secret, whether it is confirmed, and unused recovery codes; no row when '
+  'two-factor is off.';
 grant execute on function crm.my_totp() to crm_api;
 
 create or replace function crm.start_totp_enrollment(p_secret_encrypted bytea)
@@ -245,7 +276,8 @@ begin
 end
 $function$;
 comment on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) is
-  'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces the recovery codes.';
+  'Turns two-factor on for the current user (the service has checked a code, whose TOTP step is used up) and replaces '
+  'the recovery codes.';
 grant execute on function crm.confirm_totp_enrollment(p_recovery_code_hashes bytea[], p_totp_step bigint) to crm_api;
 
 create or replace function crm.disable_totp(p_totp_step bigint)
@@ -270,7 +302,8 @@ begin
 end
 $function$;
 comment on function crm.disable_totp(p_totp_step bigint) is
-  'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is used up), and clears their count of two-factor codes; false when the step was used already.';
+  'Turns two-factor off for the current user when the code the service checked is of a TOTP step not used yet (it is '
+  'used up), and clears their count of two-factor codes; false when the step was used already.';
 grant execute on function crm.disable_totp(p_totp_step bigint) to crm_api;
 
 create or replace function crm.claim_two_factor(p_challenge_id uuid)
@@ -304,7 +337,9 @@ begin
 end
 $function$;
 comment on function crm.claim_two_factor(p_challenge_id uuid) is
-  'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with retry_after_seconds).';
+  'Two-factor sign-in, step 1 (crm_runtime): counts a try of the challenge and claims a code attempt of its user; '
+  'answers the sealed TOTP secret, or a failure (challenge_expired, too_many_attempts, attempt_limit with '
+  'retry_after_seconds).';
 grant execute on function crm.claim_two_factor(p_challenge_id uuid) to crm_runtime;
 
 create or replace function crm.claim_my_two_factor_attempt()
@@ -323,10 +358,19 @@ begin
 end
 $function$;
 comment on function crm.claim_my_two_factor_attempt() is
-  'Claims a two-factor code attempt for the current user before the service checks the code (the count of crm.claim_attempt).';
+  'Claims a two-factor code attempt for the current user before the service checks the code (the count of '
+  'crm.claim_attempt).';
 grant execute on function crm.claim_my_two_factor_attempt() to crm_api;
 
-create or replace function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
+create or replace function crm.complete_two_factor(
+  p_challenge_id uuid,
+  p_window_id uuid,
+  p_totp_step bigint,
+  p_recovery_code_hash bytea,
+  p_kind text,
+  p_token_hash bytea,
+  p_token_ttl interval
+)
  returns table(failure text, id uuid, expires_at timestamp with time zone)
  language plpgsql
  security definer
@@ -372,13 +416,33 @@ begin
   return next;
 end
 $function$;
-comment on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval) is
-  'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
-grant execute on function crm.complete_two_factor(p_challenge_id uuid, p_window_id uuid, p_totp_step bigint, p_recovery_code_hash bytea, p_kind text, p_token_hash bytea, p_token_ttl interval)
+comment on function crm.complete_two_factor(
+  p_challenge_id uuid,
+  p_window_id uuid,
+  p_totp_step bigint,
+  p_recovery_code_hash bytea,
+  p_kind text,
+  p_token_hash bytea,
+  p_token_ttl interval
+) is
+  'Two-factor sign-in, step 2 (crm_runtime): accepts the code''s TOTP step (once, moving forward) or a recovery '
+  'code''s hash (once), then completes the challenge and issues the token or session; otherwise a failure code.';
+grant execute
+  on function crm.complete_two_factor(
+    p_challenge_id uuid,
+    p_window_id uuid,
+    p_totp_step bigint,
+    p_recovery_code_hash bytea,
+    p_kind text,
+    p_token_hash bytea,
+    p_token_ttl interval
+  )
   to crm_runtime;
 
 comment on table crm.attempt_counters is
-  'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and crm.release_attempt (owner only).';
+  'Attempts per subject in a fixed 15-minute window that starts with the first attempt after the previous window '
+  'ended: sign-in by email (known or not), two-factor codes by user id. Reached only through crm.claim_attempt and '
+  'crm.release_attempt (owner only).';
 comment on column crm.attempt_counters.attempts is
   'Attempts claimed in this window and not released: each counts as a failure until its check succeeds.';
 comment on column crm.attempt_counters.window_id is
@@ -387,15 +451,18 @@ create policy attempt_counters_all_owner on crm.attempt_counters as permissive f
   using (true)
   with check (true);
 comment on policy attempt_counters_all_owner on crm.attempt_counters is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 
 comment on table crm.sign_in_tickets is
-  'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
+  'One row per sign-in attempt claimed by crm.claim_sign_in and not yet checked by crm.sign_in, which uses it up: a '
+  'password is checked once per claimed attempt. Unlogged: after a crash the attempts in flight are simply refused.';
 create policy sign_in_tickets_all_owner on crm.sign_in_tickets as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy sign_in_tickets_all_owner on crm.sign_in_tickets is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 
 comment on table crm.user_totp is
   'TOTP secrets, AES-256-GCM encrypted with a key derived from APP_SECRET; two-factor is on once confirmed_at is set.';
@@ -405,7 +472,8 @@ create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_
   using (true)
   with check (true);
 comment on policy user_totp_all_owner on crm.user_totp is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 CREATE TRIGGER tg_user_totp__recent_sign_in BEFORE UPDATE OF confirmed_at ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__recent_sign_in();
@@ -419,7 +487,8 @@ create policy recovery_codes_all_owner on crm.recovery_codes as permissive for a
   using (true)
   with check (true);
 comment on policy recovery_codes_all_owner on crm.recovery_codes is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 
 comment on table crm.two_factor_challenges is
   'Pending second steps of a sign-in; the signed challenge token names one row, which allows 5 tries.';
@@ -427,4 +496,5 @@ create policy two_factor_challenges_all_owner on crm.two_factor_challenges as pe
   using (true)
   with check (true);
 comment on policy two_factor_challenges_all_owner on crm.two_factor_challenges is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';

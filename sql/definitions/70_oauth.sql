@@ -18,7 +18,8 @@ begin
 end
 $function$;
 comment on function crm.tg_oauth_apps__only_narrow_when_scoped() is
-  'A scoped credential registers no app and changes no app''s redirect URIs, client type or secret (they decide who receives the authorization codes); renaming or deleting an app is allowed.';
+  'A scoped credential registers no app and changes no app''s redirect URIs, client type or secret (they decide who '
+  'receives the authorization codes); renaming or deleting an app is allowed.';
 
 create or replace function crm.oauth_redirect_uri_matches(p_registered text[], p_given text)
  returns boolean
@@ -65,7 +66,15 @@ comment on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_ur
 grant execute on function crm.oauth_client_redirect_ok(p_client_id text, p_redirect_uri text) to crm_runtime;
 
 create or replace function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text)
- returns table(app_id uuid, app_name text, workspace_id uuid, workspace_slug text, workspace_name text, redirect_uri_ok boolean, user_may_connect boolean)
+ returns table(
+   app_id uuid,
+   app_name text,
+   workspace_id uuid,
+   workspace_slug text,
+   workspace_name text,
+   redirect_uri_ok boolean,
+   user_may_connect boolean
+ )
  language sql
  stable security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -86,7 +95,8 @@ as $function$
    where a.client_id = p_client_id
 $function$;
 comment on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) is
-  'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
+  'For GET /oauth/authorize: the app of a client id (its name), whether the redirect URI is registered, whether the '
+  'current user may connect it; the app''s workspace (id, slug, name) only for a user who may, null for anyone else.';
 grant execute on function crm.oauth_authorization_client(p_client_id text, p_redirect_uri text) to crm_api;
 
 create or replace function crm.tg_oauth_grants__only_narrow_when_scoped()
@@ -105,7 +115,8 @@ begin
 end
 $function$;
 comment on function crm.tg_oauth_grants__only_narrow_when_scoped() is
-  'A scoped credential creates no OAuth grant and widens none (more scopes, a later expiry, another app or user); revoking one is allowed.';
+  'A scoped credential creates no OAuth grant and widens none (more scopes, a later expiry, another app or user); '
+  'revoking one is allowed.';
 
 create or replace function crm.tg_oauth_grants__revoke_tokens()
  returns trigger
@@ -135,7 +146,14 @@ $function$;
 comment on function crm.oauth_grant_user_active(p_workspace_id uuid, p_user_id uuid) is
   'Whether a grant''s user is an active member with API access (internal).';
 
-create or replace function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer)
+create or replace function crm.oauth_issue_code(
+  p_client_id text,
+  p_redirect_uri text,
+  p_scopes text[],
+  p_code_challenge text,
+  p_code_hash bytea,
+  p_code_lifetime_seconds integer
+)
  returns uuid
  language plpgsql
  security definer
@@ -170,13 +188,43 @@ begin
   return v_grant;
 end
 $function$;
-comment on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer) is
-  'The consent of the signed-in user: a grant and its single-use authorization code (hash, redirect URI, PKCE challenge, at most 60 s).';
-grant execute on function crm.oauth_issue_code(p_client_id text, p_redirect_uri text, p_scopes text[], p_code_challenge text, p_code_hash bytea, p_code_lifetime_seconds integer)
+comment on function crm.oauth_issue_code(
+  p_client_id text,
+  p_redirect_uri text,
+  p_scopes text[],
+  p_code_challenge text,
+  p_code_hash bytea,
+  p_code_lifetime_seconds integer
+) is
+  'The consent of the signed-in user: a grant and its single-use authorization code (hash, redirect URI, PKCE '
+  'challenge, at most 60 s).';
+grant execute
+  on function crm.oauth_issue_code(
+    p_client_id text,
+    p_redirect_uri text,
+    p_scopes text[],
+    p_code_challenge text,
+    p_code_hash bytea,
+    p_code_lifetime_seconds integer
+  )
   to crm_api;
 
-create or replace function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
- returns table(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
+create or replace function crm.oauth_exchange_code(
+  p_client_id text,
+  p_client_secret_hash bytea,
+  p_code_hash bytea,
+  p_redirect_uri text,
+  p_code_verifier text,
+  p_access_token_hash bytea,
+  p_refresh_token_hash bytea
+)
+ returns table(
+   error text,
+   error_description text,
+   scopes text[],
+   access_expires_at timestamp with time zone,
+   refresh_issued boolean
+ )
  language plpgsql
  security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -228,9 +276,27 @@ begin
     from crm.oauth_issue_tokens(v_grant, v_app.name, v_grant.scopes, p_access_token_hash, p_refresh_token_hash) i;
 end
 $function$;
-comment on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea) is
-  'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_exchange_code(p_client_id text, p_client_secret_hash bytea, p_code_hash bytea, p_redirect_uri text, p_code_verifier text, p_access_token_hash bytea, p_refresh_token_hash bytea)
+comment on function crm.oauth_exchange_code(
+  p_client_id text,
+  p_client_secret_hash bytea,
+  p_code_hash bytea,
+  p_redirect_uri text,
+  p_code_verifier text,
+  p_access_token_hash bytea,
+  p_refresh_token_hash bytea
+) is
+  'POST /oauth/token with grant_type=authorization_code: client authentication, the single-use code (reuse revokes '
+  'its grant), redirect URI, PKCE S256, then the tokens. Returns error = an RFC 6749 code when refused.';
+grant execute
+  on function crm.oauth_exchange_code(
+    p_client_id text,
+    p_client_secret_hash bytea,
+    p_code_hash bytea,
+    p_redirect_uri text,
+    p_code_verifier text,
+    p_access_token_hash bytea,
+    p_refresh_token_hash bytea
+  )
   to crm_runtime;
 
 create or replace function crm.oauth_access_token_lifetime()
@@ -248,7 +314,13 @@ as $function$ select interval '90 days' $function$;
 comment on function crm.oauth_refresh_token_lifetime() is
   'How long a refresh token lives unused; each use replaces it with a new one.';
 
-create or replace function crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea)
+create or replace function crm.oauth_issue_tokens(
+  p_grant crm.oauth_grants,
+  p_app_name text,
+  p_scopes text[],
+  p_access_token_hash bytea,
+  p_refresh_token_hash bytea
+)
  returns table(scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
  language plpgsql
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -271,11 +343,30 @@ begin
   return query select p_scopes, v_access_expires, v_refresh;
 end
 $function$;
-comment on function crm.oauth_issue_tokens(p_grant crm.oauth_grants, p_app_name text, p_scopes text[], p_access_token_hash bytea, p_refresh_token_hash bytea) is
+comment on function crm.oauth_issue_tokens(
+  p_grant crm.oauth_grants,
+  p_app_name text,
+  p_scopes text[],
+  p_access_token_hash bytea,
+  p_refresh_token_hash bytea
+) is
   'Stores an access token (kind oauth, 1 hour) and, when the grant holds offline_access, a refresh token (internal).';
 
-create or replace function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea)
- returns table(error text, error_description text, scopes text[], access_expires_at timestamp with time zone, refresh_issued boolean)
+create or replace function crm.oauth_refresh(
+  p_client_id text,
+  p_client_secret_hash bytea,
+  p_refresh_token_hash bytea,
+  p_scopes text[],
+  p_access_token_hash bytea,
+  p_new_refresh_token_hash bytea
+)
+ returns table(
+   error text,
+   error_description text,
+   scopes text[],
+   access_expires_at timestamp with time zone,
+   refresh_issued boolean
+ )
  language plpgsql
  security definer
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
@@ -321,9 +412,25 @@ begin
     from crm.oauth_issue_tokens(v_grant, v_app.name, coalesce(p_scopes, v_grant.scopes), p_access_token_hash, p_new_refresh_token_hash) i;
 end
 $function$;
-comment on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea) is
-  'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
-grant execute on function crm.oauth_refresh(p_client_id text, p_client_secret_hash bytea, p_refresh_token_hash bytea, p_scopes text[], p_access_token_hash bytea, p_new_refresh_token_hash bytea)
+comment on function crm.oauth_refresh(
+  p_client_id text,
+  p_client_secret_hash bytea,
+  p_refresh_token_hash bytea,
+  p_scopes text[],
+  p_access_token_hash bytea,
+  p_new_refresh_token_hash bytea
+) is
+  'POST /oauth/token with grant_type=refresh_token: client authentication, rotation (a used refresh token presented '
+  'again revokes the grant), optional narrower scope. Returns error = an RFC 6749 code when refused.';
+grant execute
+  on function crm.oauth_refresh(
+    p_client_id text,
+    p_client_secret_hash bytea,
+    p_refresh_token_hash bytea,
+    p_scopes text[],
+    p_access_token_hash bytea,
+    p_new_refresh_token_hash bytea
+  )
   to crm_runtime;
 
 create or replace function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea)
@@ -349,7 +456,8 @@ begin
 end
 $function$;
 comment on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea) is
-  'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens change nothing. Returns invalid_client or null.';
+  'POST /oauth/revoke: revokes the grant of an access or refresh token the authenticated client holds; unknown tokens '
+  'change nothing. Returns invalid_client or null.';
 grant execute on function crm.oauth_revoke(p_client_id text, p_client_secret_hash bytea, p_token_hash bytea)
   to crm_runtime;
 
@@ -369,11 +477,13 @@ comment on function crm.prune_oauth(log_retention_days integer) is
   'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';
 
 comment on table crm.oauth_apps is
-  'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), redirect URIs.';
+  'Third-party apps registered by workspace admins: a public client id, a SHA-256 of the client secret (shown once), '
+  'redirect URIs.';
 comment on column crm.oauth_apps.client_secret_hash is
   'SHA-256 of the secret (crmsec_ + 32 random bytes): high entropy, so a plain hash is a safe way to store it.';
 comment on column crm.oauth_apps.confidential is
-  'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without a secret.';
+  'true: a server-side app that authenticates with its client secret; false: a public (native or browser) app without '
+  'a secret.';
 comment on constraint oauth_apps_secret_if_confidential on crm.oauth_apps is
   'A confidential app has a secret; a public app has none.';
 create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to crm_api
@@ -386,12 +496,14 @@ create policy oauth_apps_all_admin on crm.oauth_apps as permissive for all to cr
      AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
   );
 comment on policy oauth_apps_all_admin on crm.oauth_apps is
-  'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others see none.';
+  'Admins of the current workspace register, see and delete its apps (a scoped token needs workspace:admin); others '
+  'see none.';
 create policy oauth_apps_all_owner on crm.oauth_apps as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy oauth_apps_all_owner on crm.oauth_apps is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy oauth_apps_select_connected on crm.oauth_apps as permissive for select to crm_api
   using (
     (EXISTS ( SELECT
@@ -401,17 +513,23 @@ create policy oauth_apps_select_connected on crm.oauth_apps as permissive for se
                      AND (g.user_id = ( SELECT crm.current_user_id() AS current_user_id)))))
   );
 comment on policy oauth_apps_select_connected on crm.oauth_apps is
-  'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows them.';
+  'A user sees the apps they connected (their name on the security page), as far as the grants'' own policy shows '
+  'them.';
 grant delete on crm.oauth_apps to crm_api;
-grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by, confidential) on crm.oauth_apps to crm_api;
-grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential) on crm.oauth_apps to crm_api;
+grant select (workspace_id, id, name, client_id, client_secret_last4, redirect_uris, created_at, created_by, confidential)
+  on crm.oauth_apps
+  to crm_api;
+grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect_uris, confidential)
+  on crm.oauth_apps
+  to crm_api;
 grant update (name, redirect_uris) on crm.oauth_apps to crm_api;
 CREATE TRIGGER tg_oauth_apps__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.oauth_apps
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_oauth_apps__only_narrow_when_scoped();
 
 comment on table crm.oauth_grants is
-  'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens are issued under it; revoking it revokes them all.';
+  'One consent: a member allowed an app these scopes in this workspace. Its code, refresh tokens and access tokens '
+  'are issued under it; revoking it revokes them all.';
 comment on column crm.oauth_grants.scopes is
   'The scopes the user allowed; refresh tokens keep them, an access token may carry fewer.';
 comment on column crm.oauth_grants.last_issued_at is
@@ -422,7 +540,8 @@ create policy oauth_grants_all_owner on crm.oauth_grants as permissive for all t
   using (true)
   with check (true);
 comment on policy oauth_grants_all_owner on crm.oauth_grants is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive for select to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -432,7 +551,8 @@ create policy oauth_grants_select_own_or_admin on crm.oauth_grants as permissive
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   );
 comment on policy oauth_grants_select_own_or_admin on crm.oauth_grants is
-  'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see every app connection of the current workspace (a scoped token needs workspace:admin).';
+  'A user sees the apps they connected (in every workspace; an app''s access token only its own app''s); admins see '
+  'every app connection of the current workspace (a scoped token needs workspace:admin).';
 create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive for update to crm_api
   using (
     (((user_id = ( SELECT crm.current_user_id() AS current_user_id))
@@ -453,7 +573,9 @@ create policy oauth_grants_update_own_or_admin on crm.oauth_grants as permissive
          AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for)))
   );
 comment on policy oauth_grants_update_own_or_admin on crm.oauth_grants is
-  'A user disconnects the apps they connected with an unscoped token or a session; an OAuth app''s access token only its own authorization; a scoped personal token none of them; an admin disconnects any app in the current workspace (a scoped token needs workspace:admin).';
+  'A user disconnects the apps they connected with an unscoped token or a session; an OAuth app''s access token only '
+  'its own authorization; a scoped personal token none of them; an admin disconnects any app in the current workspace '
+  '(a scoped token needs workspace:admin).';
 grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 CREATE TRIGGER tg_oauth_grants__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF workspace_id, app_id, user_id, scopes, expires_at ON crm.oauth_grants
@@ -469,7 +591,8 @@ CREATE TRIGGER tg_oauth_grants__revoke_tokens AFTER UPDATE OF revoked_at ON crm.
   EXECUTE FUNCTION crm.tg_oauth_grants__revoke_tokens();
 
 comment on table crm.oauth_codes is
-  'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE S256 challenge. No policy: only the OAuth functions read them.';
+  'Authorization codes (SHA-256 only): single use, 60 seconds at most, bound to a grant, a redirect URI and a PKCE '
+  'S256 challenge. No policy: only the OAuth functions read them.';
 comment on column crm.oauth_codes.code_challenge is
   'BASE64URL(SHA256(code_verifier)) as the client sent it (RFC 7636 S256, the only method accepted).';
 comment on column crm.oauth_codes.used_at is
@@ -478,14 +601,17 @@ create policy oauth_codes_all_owner on crm.oauth_codes as permissive for all to 
   using (true)
   with check (true);
 comment on policy oauth_codes_all_owner on crm.oauth_codes is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';
 
 comment on table crm.oauth_refresh_tokens is
-  'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only the OAuth functions read them.';
+  'Refresh tokens (SHA-256 only), one family per grant; each works once and is replaced by a new one. No policy: only '
+  'the OAuth functions read them.';
 comment on column crm.oauth_refresh_tokens.used_at is
   'Set when the token is exchanged for the next one; presenting it again revokes the grant.';
 create policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens as permissive for all to crm_owner
   using (true)
   with check (true);
 comment on policy oauth_refresh_tokens_all_owner on crm.oauth_refresh_tokens is
-  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of requests or jobs is a member of crm_owner.';
+  'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
+  'requests or jobs is a member of crm_owner.';

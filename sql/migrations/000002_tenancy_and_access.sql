@@ -36,7 +36,9 @@ create table crm.users (
   created_at timestamp with time zone default now() not null,
   constraint users_pkey PRIMARY KEY (id),
   constraint users_email_key UNIQUE (email),
-  constraint users_email_format CHECK (((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254))),
+  constraint users_email_format CHECK (
+    ((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254))
+  ),
   constraint users_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 255)))
 );
 alter table crm.users enable row level security;
@@ -79,8 +81,12 @@ create table crm.role_grants (
   action text not null,
   scope text not null,
   constraint role_grants_pkey PRIMARY KEY (workspace_id, role_id, resource, action),
-  constraint role_grants_action_known CHECK ((action = ANY (ARRAY['view'::text, 'create'::text, 'update'::text, 'delete'::text, 'import'::text, 'export'::text]))),
-  constraint role_grants_resource_known CHECK ((resource = ANY (ARRAY['contacts'::text, 'companies'::text, 'deals'::text]))),
+  constraint role_grants_action_known CHECK (
+    (action = ANY (ARRAY['view'::text, 'create'::text, 'update'::text, 'delete'::text, 'import'::text, 'export'::text]))
+  ),
+  constraint role_grants_resource_known CHECK (
+    (resource = ANY (ARRAY['contacts'::text, 'companies'::text, 'deals'::text]))
+  ),
   constraint role_grants_scope_known CHECK ((scope = ANY (ARRAY['own'::text, 'team'::text, 'all'::text])))
 );
 alter table crm.role_grants enable row level security;
@@ -121,11 +127,15 @@ create table crm.invitations (
   accepted_by uuid,
   constraint invitations_pkey PRIMARY KEY (workspace_id, id),
   constraint invitations_token_hash_key UNIQUE (token_hash),
-  constraint invitations_email_format CHECK (((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254)))
+  constraint invitations_email_format CHECK (
+    ((email = lower(email)) AND (email ~ '^[^@\s]+@[^@\s]+\.[^@\s]+$'::text) AND (length(email) <= 254))
+  )
 );
 alter table crm.invitations enable row level security;
 alter table crm.invitations force row level security;
-CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations USING btree (workspace_id, email) WHERE (accepted_at IS NULL);
+CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations
+  USING btree (workspace_id, email)
+  WHERE (accepted_at IS NULL);
 CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, role_id) WHERE (accepted_at IS NULL);
 
 create table crm.invitation_teams (
@@ -158,13 +168,17 @@ create table crm.tokens (
   constraint tokens_token_hash_key UNIQUE (token_hash),
   constraint tokens_kind_known CHECK ((kind = ANY (ARRAY['token'::text, 'session'::text, 'oauth'::text]))),
   constraint tokens_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
-  constraint tokens_oauth_bound CHECK ((((kind = 'oauth'::text) = (workspace_id IS NOT NULL)) AND ((kind = 'oauth'::text) = (oauth_app_id IS NOT NULL)))),
+  constraint tokens_oauth_bound CHECK (
+    (((kind = 'oauth'::text) = (workspace_id IS NOT NULL)) AND ((kind = 'oauth'::text) = (oauth_app_id IS NOT NULL)))
+  ),
   constraint tokens_oauth_grant_bound CHECK (((kind = 'oauth'::text) = (oauth_grant_id IS NOT NULL))),
   constraint tokens_scopes_known CHECK (((scopes IS NULL) OR crm.scopes_are_valid(scopes)))
 );
 alter table crm.tokens enable row level security;
 alter table crm.tokens force row level security;
-CREATE INDEX tokens_oauth_grant_idx ON crm.tokens USING btree (workspace_id, oauth_grant_id) WHERE (oauth_grant_id IS NOT NULL);
+CREATE INDEX tokens_oauth_grant_idx ON crm.tokens
+  USING btree (workspace_id, oauth_grant_id)
+  WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
 
@@ -183,10 +197,11 @@ create table crm.internal_secrets (
   value bytea not null,
   constraint internal_secrets_pkey PRIMARY KEY (name)
 );
+-- The key of the request context's keyed proof (sql/definitions/02_request_context.keyed_proof.sql), written
+-- before row-level security is forced: the owner's policy comes with the definitions, after the tables.
+insert into crm.internal_secrets (name, value) values ('context_proof', gen_random_bytes(32));
 alter table crm.internal_secrets enable row level security;
 alter table crm.internal_secrets force row level security;
--- The key of the request context's keyed proof (sql/definitions/02_request_context.keyed_proof.sql).
-insert into crm.internal_secrets (name, value) values ('context_proof', gen_random_bytes(32));
 
 -- Foreign keys
 

@@ -27,12 +27,18 @@ create table crm.contacts (
   constraint contacts_city_length CHECK (((length(city) >= 1) AND (length(city) <= 100))),
   constraint contacts_country_length CHECK (((length(country) >= 1) AND (length(country) <= 100))),
   constraint contacts_custom_fields_check CHECK (crm.custom_fields_are_valid(custom_fields)),
-  constraint contacts_email_format CHECK (((length(email) <= 254) AND (email ~ '^[^\s@]+@[^\s@]+\.[^\s@.]+$'::text) AND (email = lower(email)))),
+  constraint contacts_email_format CHECK (
+    ((length(email) <= 254) AND (email ~ '^[^\s@]+@[^\s@]+\.[^\s@.]+$'::text) AND (email = lower(email)))
+  ),
   constraint contacts_first_name_length CHECK (((length(first_name) >= 1) AND (length(first_name) <= 100))),
   constraint contacts_job_title_length CHECK (((length(job_title) >= 1) AND (length(job_title) <= 200))),
   constraint contacts_last_name_length CHECK (((length(last_name) >= 1) AND (length(last_name) <= 100))),
-  constraint contacts_name_or_email CHECK (((first_name IS NOT NULL) OR (last_name IS NOT NULL) OR (email IS NOT NULL))),
-  constraint contacts_phone_format CHECK (((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text)))
+  constraint contacts_name_or_email CHECK (
+    ((first_name IS NOT NULL) OR (last_name IS NOT NULL) OR (email IS NOT NULL))
+  ),
+  constraint contacts_phone_format CHECK (
+    ((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text))
+  )
 );
 alter table crm.contacts enable row level security;
 alter table crm.contacts force row level security;
@@ -42,8 +48,10 @@ CREATE INDEX contacts_custom_fields ON crm.contacts USING gin (custom_fields jso
 CREATE UNIQUE INDEX contacts_email_unique ON crm.contacts USING btree (workspace_id, email);
 CREATE INDEX contacts_last_name ON crm.contacts USING btree (workspace_id, last_name, id);
 CREATE INDEX contacts_owner ON crm.contacts USING btree (workspace_id, owner_id);
-CREATE INDEX contacts_search_trigram ON crm.contacts USING gin (crm.contact_search_text(first_name, last_name, email, phone) gin_trgm_ops);
-CREATE INDEX contacts_search_words ON crm.contacts USING gin (to_tsvector('simple'::regconfig, crm.contact_search_text(first_name, last_name, email, phone)));
+CREATE INDEX contacts_search_trigram ON crm.contacts
+  USING gin (crm.contact_search_text(first_name, last_name, email, phone) gin_trgm_ops);
+CREATE INDEX contacts_search_words ON crm.contacts
+  USING gin (to_tsvector('simple'::regconfig, crm.contact_search_text(first_name, last_name, email, phone)));
 CREATE INDEX contacts_updated_at ON crm.contacts USING btree (workspace_id, updated_at, id);
 
 create table crm.companies (
@@ -71,12 +79,19 @@ create table crm.companies (
   constraint companies_country_length CHECK (((length(country) >= 1) AND (length(country) <= 100))),
   constraint companies_custom_fields_check CHECK (crm.custom_fields_are_valid(custom_fields)),
   constraint companies_description_length CHECK ((length(description) <= 10000)),
-  constraint companies_domain_format CHECK (((length(domain) <= 253) AND (domain ~ '^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text))),
+  constraint companies_domain_format CHECK (
+    ((length(domain) <= 253)
+     AND (domain ~ '^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text))
+  ),
   constraint companies_employee_count_check CHECK ((employee_count >= 0)),
   constraint companies_industry_length CHECK (((length(industry) >= 1) AND (length(industry) <= 100))),
   constraint companies_name_length CHECK (((length(name) >= 1) AND (length(name) <= 255))),
-  constraint companies_phone_format CHECK (((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text))),
-  constraint companies_website_format CHECK (((length(website) <= 2048) AND (website ~* '^https?://[^\s/?#]+[^\s]*$'::text)))
+  constraint companies_phone_format CHECK (
+    ((length(phone) <= 50) AND (phone ~* '^\+?[0-9 ().\-/]*[0-9][0-9 ().\-/]*( ?(x|ext\.?|#) ?[0-9]{1,10})?$'::text))
+  ),
+  constraint companies_website_format CHECK (
+    ((length(website) <= 2048) AND (website ~* '^https?://[^\s/?#]+[^\s]*$'::text))
+  )
 );
 alter table crm.companies enable row level security;
 alter table crm.companies force row level security;
@@ -86,8 +101,10 @@ CREATE UNIQUE INDEX companies_domain_unique ON crm.companies USING btree (worksp
 CREATE INDEX companies_name ON crm.companies USING btree (workspace_id, name, id);
 CREATE INDEX companies_name_lower ON crm.companies USING btree (workspace_id, lower(name));
 CREATE INDEX companies_owner ON crm.companies USING btree (workspace_id, owner_id);
-CREATE INDEX companies_search_trigram ON crm.companies USING gin (crm.company_search_text(name, domain, phone) gin_trgm_ops);
-CREATE INDEX companies_search_words ON crm.companies USING gin (to_tsvector('simple'::regconfig, crm.company_search_text(name, domain, phone)));
+CREATE INDEX companies_search_trigram ON crm.companies
+  USING gin (crm.company_search_text(name, domain, phone) gin_trgm_ops);
+CREATE INDEX companies_search_words ON crm.companies
+  USING gin (to_tsvector('simple'::regconfig, crm.company_search_text(name, domain, phone)));
 CREATE INDEX companies_updated_at ON crm.companies USING btree (workspace_id, updated_at, id);
 
 create table crm.deals (
@@ -155,10 +172,16 @@ create table crm.associations (
 alter table crm.associations enable row level security;
 alter table crm.associations force row level security;
 CREATE INDEX associations_company ON crm.associations USING btree (workspace_id, company_id, contact_id);
-CREATE UNIQUE INDEX associations_company_deal ON crm.associations USING btree (workspace_id, company_id, deal_id) WHERE (contact_id IS NULL);
+CREATE UNIQUE INDEX associations_company_deal ON crm.associations
+  USING btree (workspace_id, company_id, deal_id)
+  WHERE (contact_id IS NULL);
 CREATE INDEX associations_contact ON crm.associations USING btree (workspace_id, contact_id);
-CREATE UNIQUE INDEX associations_contact_company ON crm.associations USING btree (workspace_id, contact_id, company_id) WHERE (deal_id IS NULL);
-CREATE UNIQUE INDEX associations_contact_deal ON crm.associations USING btree (workspace_id, contact_id, deal_id) WHERE (company_id IS NULL);
+CREATE UNIQUE INDEX associations_contact_company ON crm.associations
+  USING btree (workspace_id, contact_id, company_id)
+  WHERE (deal_id IS NULL);
+CREATE UNIQUE INDEX associations_contact_deal ON crm.associations
+  USING btree (workspace_id, contact_id, deal_id)
+  WHERE (company_id IS NULL);
 CREATE INDEX associations_deal ON crm.associations USING btree (workspace_id, deal_id, contact_id, company_id);
 
 create table crm.idempotency_keys (

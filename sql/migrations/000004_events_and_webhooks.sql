@@ -16,10 +16,14 @@ create table crm.events (
   data jsonb not null,
   actor jsonb not null,
   constraint events_pkey PRIMARY KEY (workspace_id, id),
-  constraint events_actor_shape CHECK ((((actor ->> 'type'::text) = ANY (ARRAY['user'::text, 'system'::text])) AND (actor ? 'via'::text))),
+  constraint events_actor_shape CHECK (
+    (((actor ->> 'type'::text) = ANY (ARRAY['user'::text, 'system'::text])) AND (actor ? 'via'::text))
+  ),
   constraint events_data_has_object CHECK ((jsonb_typeof((data -> 'object'::text)) = 'object'::text)),
   constraint events_event_format CHECK ((event ~ '^(contact|company|deal)\.(created|updated|deleted)$'::text)),
-  constraint events_record_type_check CHECK ((record_type = ANY (ARRAY['contact'::text, 'company'::text, 'deal'::text])))
+  constraint events_record_type_check CHECK (
+    (record_type = ANY (ARRAY['contact'::text, 'company'::text, 'deal'::text]))
+  )
 );
 alter table crm.events enable row level security;
 alter table crm.events force row level security;
@@ -46,9 +50,16 @@ create table crm.webhook_subscriptions (
   constraint webhook_subscriptions_pkey PRIMARY KEY (workspace_id, id),
   constraint webhook_subscriptions_events_valid check (cardinality(events) between 1 and 20 and crm.webhook_event_patterns_are_valid(events)),
   constraint webhook_subscriptions_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 255))),
-  constraint webhook_subscriptions_paused_consistent CHECK ((((status = 'paused'::text) = (paused_reason IS NOT NULL)) AND ((status = 'paused'::text) = (paused_at IS NOT NULL)))),
-  constraint webhook_subscriptions_paused_reason_known CHECK ((paused_reason = ANY (ARRAY['manual'::text, 'auto'::text]))),
-  constraint webhook_subscriptions_previous_secret_consistent CHECK (((previous_secret_encrypted IS NULL) = (previous_secret_expires_at IS NULL))),
+  constraint webhook_subscriptions_paused_consistent CHECK (
+    (((status = 'paused'::text) = (paused_reason IS NOT NULL))
+     AND ((status = 'paused'::text) = (paused_at IS NOT NULL)))
+  ),
+  constraint webhook_subscriptions_paused_reason_known CHECK (
+    (paused_reason = ANY (ARRAY['manual'::text, 'auto'::text]))
+  ),
+  constraint webhook_subscriptions_previous_secret_consistent CHECK (
+    ((previous_secret_encrypted IS NULL) = (previous_secret_expires_at IS NULL))
+  ),
   constraint webhook_subscriptions_secret_last4_length CHECK ((length(secret_last4) = 4)),
   constraint webhook_subscriptions_status_known CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text]))),
   constraint webhook_subscriptions_url_length CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
@@ -77,17 +88,26 @@ create table crm.webhook_deliveries (
   test_event jsonb,
   constraint webhook_deliveries_pkey PRIMARY KEY (workspace_id, id),
   constraint webhook_deliveries_attempt_count_check CHECK ((attempt_count >= 0)),
-  constraint webhook_deliveries_completed_when_final CHECK (((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))),
+  constraint webhook_deliveries_completed_when_final CHECK (
+    ((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))
+  ),
   constraint webhook_deliveries_cycle_attempts_check CHECK ((cycle_attempts >= 0)),
-  constraint webhook_deliveries_status_known CHECK ((status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))),
+  constraint webhook_deliveries_status_known CHECK (
+    (status = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text, 'held'::text]))
+  ),
   constraint webhook_deliveries_test_event_consistent CHECK ((((test_event IS NOT NULL) = is_test) AND ((test_event IS NULL) OR ((jsonb_typeof(((test_event -> 'data'::text) -> 'object'::text)) = 'object'::text) AND (jsonb_typeof((test_event -> 'actor'::text)) = 'object'::text))))) NOT VALID
 );
 alter table crm.webhook_deliveries enable row level security;
 alter table crm.webhook_deliveries force row level security;
-CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, completed_at) WHERE (completed_at IS NOT NULL);
-CREATE INDEX webhook_deliveries_held ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id) WHERE ((status = 'held'::text) OR in_release);
+CREATE INDEX webhook_deliveries_completed ON crm.webhook_deliveries
+  USING btree (workspace_id, subscription_id, completed_at)
+  WHERE (completed_at IS NOT NULL);
+CREATE INDEX webhook_deliveries_held ON crm.webhook_deliveries
+  USING btree (workspace_id, subscription_id, event_id)
+  WHERE ((status = 'held'::text) OR in_release);
 CREATE INDEX webhook_deliveries_log ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, id DESC);
-CREATE UNIQUE INDEX webhook_deliveries_subscription_event ON crm.webhook_deliveries USING btree (workspace_id, subscription_id, event_id);
+CREATE UNIQUE INDEX webhook_deliveries_subscription_event ON crm.webhook_deliveries
+  USING btree (workspace_id, subscription_id, event_id);
 
 create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text);
 
@@ -104,7 +124,10 @@ create table crm.webhook_attempts (
   constraint webhook_attempts_pkey PRIMARY KEY (workspace_id, delivery_id, attempt),
   constraint webhook_attempts_attempt_positive CHECK ((attempt >= 1)),
   constraint webhook_attempts_duration_check CHECK ((duration_ms >= 0)),
-  constraint webhook_attempts_error_known CHECK ((error = ANY (ARRAY['timeout'::text, 'connection_refused'::text, 'dns_failed'::text, 'address_refused'::text, 'tls_error'::text, 'redirect'::text, 'http_status'::text]))),
+  constraint webhook_attempts_error_known CHECK (
+    (error = ANY (ARRAY['timeout'::text, 'connection_refused'::text, 'dns_failed'::text, 'address_refused'::text,
+                        'tls_error'::text, 'redirect'::text, 'http_status'::text]))
+  ),
   constraint webhook_attempts_excerpt_length CHECK ((octet_length(response_body_excerpt) <= 8192))
 );
 alter table crm.webhook_attempts enable row level security;

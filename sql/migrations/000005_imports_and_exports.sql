@@ -46,9 +46,13 @@ create table crm.imports (
   constraint imports_file_size_check CHECK ((file_size >= 0)),
   constraint imports_match_on_known CHECK ((match_on = ANY (ARRAY['email'::text, 'domain'::text, 'id'::text]))),
   constraint imports_mode_known CHECK ((mode = ANY (ARRAY['create'::text, 'upsert'::text]))),
-  constraint imports_record_type_known CHECK ((record_type = ANY (ARRAY['contacts'::text, 'companies'::text, 'deals'::text]))),
+  constraint imports_record_type_known CHECK (
+    (record_type = ANY (ARRAY['contacts'::text, 'companies'::text, 'deals'::text]))
+  ),
   constraint imports_row_count_check CHECK ((row_count >= 0)),
-  constraint imports_status_known CHECK ((status = ANY (ARRAY['uploaded'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text])))
+  constraint imports_status_known CHECK (
+    (status = ANY (ARRAY['uploaded'::text, 'queued'::text, 'processing'::text, 'completed'::text, 'failed'::text]))
+  )
 );
 alter table crm.imports enable row level security;
 alter table crm.imports force row level security;

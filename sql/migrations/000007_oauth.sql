@@ -24,7 +24,9 @@ create table crm.oauth_apps (
   constraint oauth_apps_client_secret_last4_length CHECK ((length(client_secret_last4) = 4)),
   constraint oauth_apps_name_length CHECK (((length(btrim(name)) >= 1) AND (length(btrim(name)) <= 100))),
   constraint oauth_apps_redirect_uris_valid check (cardinality(redirect_uris) between 1 and 10 and crm.oauth_redirect_uris_are_valid(redirect_uris)),
-  constraint oauth_apps_secret_if_confidential CHECK (((confidential = (client_secret_hash IS NOT NULL)) AND (confidential = (client_secret_last4 IS NOT NULL))))
+  constraint oauth_apps_secret_if_confidential CHECK (
+    ((confidential = (client_secret_hash IS NOT NULL)) AND (confidential = (client_secret_last4 IS NOT NULL)))
+  )
 );
 alter table crm.oauth_apps enable row level security;
 alter table crm.oauth_apps force row level security;

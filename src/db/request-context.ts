@@ -12,6 +12,8 @@
 // The fields are positional (space-separated) because splitting one setting is the cheapest read
 // a policy can make; their names live here and in the comments of the generated files.
 
+import { breakArguments, LINE_WIDTH, wrapLiteral } from './sql-layout.ts'
+
 export type ContextCarrier = 'parameter' | 'keyed_proof'
 export const CONTEXT_CARRIERS: ContextCarrier[] = ['parameter', 'keyed_proof']
 
@@ -206,8 +208,9 @@ $body$;`,
   },
 }
 
+/** A comment's text as a literal, on lines of adjacent literals when long. */
 function quote(text: string): string {
-  return `'${text.replaceAll("'", "''")}'`
+  return wrapLiteral(`'${text.replaceAll("'", "''")}'`, 2, LINE_WIDTH - 1)
 }
 
 const WRITER_PARAMETERS =
@@ -235,7 +238,7 @@ grant execute on function crm.context_text() to crm_api;`,
     `${text.writeContext}
 comment on function crm.write_context(text) is
   'Writes the request context for the rest of the transaction; answers set_config''s text. Internal.';`,
-    `create or replace function crm.context_line(${WRITER_PARAMETERS}) returns text
+    `${breakArguments(`create or replace function crm.context_line(${WRITER_PARAMETERS}) returns text`)}
 language sql immutable
 return concat_ws(' ',
   ${CONTEXT_FIELDS.map((candidate) => candidate.written).join(',\n  ')});
