@@ -1,4 +1,4 @@
-// Platform operator commands (API.md section 10). They run as the owner role, directly in SQL:
+// Platform operator commands (docs/api.md section 10). They run as the owner role, directly in SQL:
 // the same tables, triggers and constraints the API obeys (seats, built-in roles, last admin).
 import pg from 'pg'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'

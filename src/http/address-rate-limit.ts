@@ -1,4 +1,4 @@
-// The per-address limit of the unauthenticated routes (API.md section 3): sign-in, two-factor,
+// The per-address limit of the unauthenticated routes (docs/api.md section 3): sign-in, two-factor,
 // sign-up and invitation acceptance, in the API and the UI, and the OAuth endpoints for clients
 // that do not authenticate. Counted in this process, in fixed one-minute windows aligned to the
 // clock, so with N API processes an address gets at most N × the limit a minute: a bound on

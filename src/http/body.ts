@@ -1,7 +1,7 @@
 // Request bodies are read as bytes with a hard limit (the socket is not drained past it), then
 // parsed. JSON must be an object; anything else is a 4xx problem, never a 500.
 //
-// Every body is read against two deadlines (API.md sections 2 and 9), so a client that sends
+// Every body is read against two deadlines (docs/api.md sections 2 and 9), so a client that sends
 // slowly holds a socket for a bounded time and never a database connection:
 // - idle: no byte for `idleTimeoutMs` (BODY_IDLE_TIMEOUT_MS, 10 s) answers 408;
 // - rate: after a head start of `idleTimeoutMs`, the body must keep an average of

@@ -115,7 +115,7 @@ export type RouteDefinition = {
   tag: string
   auth: AuthMode
   /**
-   * The token scope the route needs (API.md section 4a), required when auth is 'required': a scoped
+   * The token scope the route needs (docs/api.md section 4a), required when auth is 'required': a scoped
    * token without it is refused with 403 insufficient_scope before the handler runs. A list means
    * any one of them; 'none' is for what every token may do. Row-level security applies the same
    * scopes underneath; this check answers first and names the missing scope.
@@ -305,7 +305,7 @@ export function defineRoutes(...definitions: (RouteDefinition | RouteDefinition[
   return definitions.flat()
 }
 
-/** One partial update served under both PATCH and PUT (API.md: PUT is a partial update too). */
+/** One partial update served under both PATCH and PUT (docs/api.md section 1: PUT is a partial update too). */
 export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteDefinition[] {
   return [
     { ...definition, method: 'PATCH' },

@@ -1,4 +1,4 @@
-// OAuth apps (API.md section 4a): workspace admins register, list, change and delete them, see
+// OAuth apps (docs/api.md section 4a): workspace admins register, list, change and delete them, see
 // who connected each one, and revoke an app for the whole workspace. The database holds the same
 // rules (the admin policy on crm.oauth_apps, the redirect URI check, the grants' policies); the
 // checks here answer first, with a pointer at the offending field.

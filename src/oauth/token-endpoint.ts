@@ -10,7 +10,7 @@ import { NullableString, rowType } from '../db/typed-rows.ts'
 import { OAuthError } from '../errors.ts'
 import { parseScope } from './scopes.ts'
 
-/** API.md section 4a: access tokens live one hour (crm.oauth_access_token_lifetime()). */
+/** docs/api.md section 4a: access tokens live one hour (crm.oauth_access_token_lifetime()). */
 export const ACCESS_TOKEN_SECONDS = 3600
 
 export const REFRESH_TOKEN_PATTERN = /^crmrt_[A-Za-z0-9_-]{43}$/

@@ -80,7 +80,7 @@ function outputValue(field: FieldSpec): TSchema {
 const inputSchema = (field: FieldSpec) => (field.nullable ? nullable(inputValue(field)) : inputValue(field))
 const outputSchema = (field: FieldSpec) => (field.nullable ? nullable(outputValue(field)) : outputValue(field))
 
-/** Accepted and ignored in bodies (API.md section 1: read-only fields are ignored). */
+/** Accepted and ignored in bodies (docs/api.md section 1: read-only fields are ignored). */
 const readOnlyInput = () => Type.Optional(Type.Unknown({ readOnly: true, description: 'Read-only: ignored when sent' }))
 
 /** The body of a create (required: the non-null writable fields the database does not fill) or of an update (all optional). */

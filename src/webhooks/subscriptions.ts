@@ -1,4 +1,4 @@
-// Webhook subscriptions and their delivery log, as the API manages them (API.md section 7). Every
+// Webhook subscriptions and their delivery log, as the API manages them (docs/api.md section 7). Every
 // operation first calls crm.require_webhook_access() (403 for non-admins, 402 without the plan);
 // RLS repeats the admin rule, so a member sees zero rows even in SQL. Deliveries are read here and
 // written only through SECURITY DEFINER functions (pause, resume, redeliver, rotate, test, recover).

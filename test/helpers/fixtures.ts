@@ -88,7 +88,7 @@ export async function mintToken(
   options: {
     kind?: 'token' | 'session' | 'oauth'
     ttl?: string
-    /** The token's scopes (API.md section 4a); unscoped when left out. */
+    /** The token's scopes (docs/api.md section 4a); unscoped when left out. */
     scopes?: string[]
     /** For kind oauth: the workspace the token is bound to and the app it was issued to. */
     workspaceId?: string

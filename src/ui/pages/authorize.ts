@@ -1,4 +1,4 @@
-// The OAuth authorization endpoint (API.md section 4a): GET /oauth/authorize checks the client and
+// The OAuth authorization endpoint (docs/api.md section 4a): GET /oauth/authorize checks the client and
 // its redirect URI (an error page when either is wrong, never a redirect), sends a signed-out
 // browser through sign-in (and two-factor) and back, and shows the consent: the app, the
 // workspace it belongs to, each scope in plain words, Allow and Deny. The form posts back here
