@@ -89,7 +89,7 @@ export type Config = {
   streamsPerProcess: number
   /**
    * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
-   * the owner may set it) or keyed_proof (always the slower keyed proof; sql/000025_context_carrier.sql).
+   * the owner may set it) or keyed_proof (always the slower keyed proof; src/db/request-context.ts).
    */
   contextCarrier: ContextCarrierMode
   /**

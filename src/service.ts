@@ -58,13 +58,13 @@ export async function startService(options: {
     logger.info('schema is current', { applied_now: result.applied.length })
     if (result.contextCarrier === 'keyed_proof') {
       logger.warn(
-        'the request context is carried by the keyed proof: slower policies (the owner may not set backtrace_functions; a superuser grants it with GRANT SET ON PARAMETER backtrace_functions TO crm_owner, see sql/000025_context_carrier.sql)',
+        'the request context is carried by the keyed proof: slower policies (the owner may not set backtrace_functions; a superuser grants it with GRANT SET ON PARAMETER backtrace_functions TO crm_owner, see src/db/request-context.ts)',
         { CONTEXT_CARRIER: config.contextCarrier },
       )
     }
   }
   // The owner only migrates (and sets the login roles' passwords): requests run as the runtime
-  // role, the worker as its own (src/db/runtime-role.ts, sql/000013_runtime_confinement.sql).
+  // role, the worker as its own (src/db/runtime-role.ts, sql/migrations/000001_foundation.sql).
   const runtimeUrl = config.runtimeDatabaseUrl ?? (await ensureRuntimeRole(database.url, config.appSecret))
   const workerUrl = options.worker === false ? null : (config.workerDatabaseUrl ?? (await ensureWorkerRole(database.url, config.appSecret)))
   const pool = await createDatabasePool(runtimeUrl, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })

@@ -5,6 +5,9 @@
 -- it, so `crm migrate` applies this file right after migration 000001.
 -- needs migration 1
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.uuid_v7()
  returns uuid
  language sql

@@ -20,6 +20,9 @@
 --   10 token_id: the token of the request, or 0
 --   11 oauth_grant_id: the OAuth grant of an access token, or 0
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.context_text() returns text
 language sql stable security definer
 set search_path = pg_catalog, crm, pg_temp

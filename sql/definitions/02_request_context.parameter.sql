@@ -19,6 +19,9 @@
 --   10 token_id: the token of the request, or 0
 --   11 oauth_grant_id: the OAuth grant of an access token, or 0
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.context_text() returns text
 language sql stable
 return case when pg_catalog.split_part(pg_catalog.current_setting('backtrace_functions'), ' ', 1) = 'crm_context'

@@ -4,6 +4,9 @@
 -- that call them; changing what one answers needs a numbered migration too (revalidate or reindex).
 -- needs migration 1
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.known_scopes()
  returns text[]
  language sql

@@ -3,6 +3,9 @@
 -- Applied by `crm migrate` whenever a file of sql/definitions/ changes, as a whole and in file order
 -- (sql/CONVENTIONS.md): edit the definition here; it is the only one.
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.tg_workspaces__create_builtin_roles()
  returns trigger
  language plpgsql

@@ -2,6 +2,9 @@
 -- Applied by `crm migrate` whenever a file of sql/definitions/ changes, as a whole and in file order
 -- (sql/CONVENTIONS.md): edit the definition here; it is the only one.
 
+set local lock_timeout = '5s';
+set local statement_timeout = '60s';
+
 create or replace function crm.tg_oauth_apps__only_narrow_when_scoped()
  returns trigger
  language plpgsql

@@ -23,7 +23,7 @@ export type Services = {
    * The runtime role's connections (src/db/runtime-role.ts): request transactions, which switch to
    * crm_api, and the work done before a caller is known (sign-in, two-factor completion, sign-up,
    * accepting an invitation), which calls the narrow functions granted to crm_runtime alone
-   * (sql/000013_runtime_confinement.sql).
+   * (granted in sql/definitions/).
    */
   pool: DatabasePool
   logger: Logger

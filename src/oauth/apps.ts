@@ -14,7 +14,7 @@ const HTTPS = /^https:\/\/[^/?#@\s]+(\/\S*)?$/
 
 /**
  * Why a redirect URI cannot be registered, in plain words, or null: the rule of
- * crm.oauth_redirect_uris_are_valid (sql/000012_oauth.sql), checked first for a readable answer.
+ * crm.oauth_redirect_uris_are_valid (sql/definitions/70_oauth.sql), checked first for a readable answer.
  */
 export function redirectUriProblem(uri: string): string | null {
   if (uri.length > 2000) return 'is longer than 2000 characters'

@@ -1,6 +1,6 @@
 // Request and response schemas of the three record types (typebox), built from the field lists of
 // fields.ts. The same objects validate bodies (the route definitions) and describe the API in
-// /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
+// /api/openapi.json. The database repeats every rule as a constraint (sql/migrations/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
 import { Uuid } from '../uuid.ts'

@@ -102,7 +102,7 @@ t.test('a changed definition file makes every definition again; what a file no l
   const records = join(dir, 'definitions', '30_records.sql')
   appendFileSync(
     records,
-    "\ncreate function crm.definition_probe() returns int language sql return 1;\ngrant execute on function crm.definition_probe() to crm_api;\n",
+    '\ncreate function crm.definition_probe() returns int language sql return 1;\ngrant execute on function crm.definition_probe() to crm_api;\n',
   )
   await migrate(url, { dir })
   const client = await ownerClient(t, url)
@@ -132,7 +132,10 @@ t.test('a failing definition file leaves the definitions as they were', async (t
   appendFileSync(join(dir, 'definitions', '70_oauth.sql'), '\nselect * from no_such_table;\n')
   const error = await migrate(url, { dir }).catch((caught) => caught)
   t.type(error, MigrationError)
-  t.match(error.message, /definitions of sql\/definitions\/ failed and was rolled back: sql\/definitions\/70_oauth\.sql: relation "no_such_table" does not exist/)
+  t.match(
+    error.message,
+    /definitions of sql\/definitions\/ failed and was rolled back: sql\/definitions\/70_oauth\.sql: relation "no_such_table" does not exist/,
+  )
   t.equal(await policies(), before, 'every policy is still there')
 })
 

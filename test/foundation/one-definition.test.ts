@@ -71,7 +71,10 @@ t.test('every function, view, policy and trigger is created in one file of sql/'
     'the scanner finds the definitions (a file defines over 100 objects)',
   )
   t.same(definedTwice(files), [])
-  const twice = [...files, { slot: 'definitions/99_copy', path: 'copy', text: files.find((file) => file.path.endsWith('30_records.sql'))?.text ?? '' }]
+  const twice = [
+    ...files,
+    { slot: 'definitions/99_copy', path: 'copy', text: files.find((file) => file.path.endsWith('30_records.sql'))?.text ?? '' },
+  ]
   t.ok(definedTwice(twice).length > 30, 'a file copied under another name is caught, object by object')
 })
 

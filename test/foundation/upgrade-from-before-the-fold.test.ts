@@ -132,7 +132,10 @@ async function catalogDump(url: string): Promise<string> {
 
 /** The server's own pg_dump -s, when a pg_dump of its major version is installed (Debian's, in CI on 15). */
 function pgDumpSchema(url: string, major: number): string | null {
-  const candidates = [testPostgresBuild() && join(testPostgresBuild() as string, 'bin', 'pg_dump'), `/usr/lib/postgresql/${major}/bin/pg_dump`]
+  const candidates = [
+    testPostgresBuild() && join(testPostgresBuild() as string, 'bin', 'pg_dump'),
+    `/usr/lib/postgresql/${major}/bin/pg_dump`,
+  ]
   const program = candidates.find((candidate): candidate is string => typeof candidate === 'string' && existsSync(candidate))
   if (!program) return null
   return execFileSync(program, ['--schema-only', '--no-owner', '--schema=crm', url], { encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 })

@@ -96,7 +96,7 @@ export async function mintToken(
   } = {},
 ): Promise<string> {
   const token = newToken()
-  // An OAuth access token belongs to a grant (sql/000012_oauth.sql): one is made for it.
+  // An OAuth access token belongs to a grant (sql/definitions/70_oauth.sql): one is made for it.
   await client.query(
     `with oauth_grant as (
        insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at)

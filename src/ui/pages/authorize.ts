@@ -35,7 +35,7 @@ import { hasSessionCookie } from '../session.ts'
 const ClientSchema = Type.Object({
   app_id: Type.String(),
   app_name: Type.String(),
-  // Null unless the user may connect the app (sql/000022_oauth_client_workspace_for_members.sql).
+  // Null unless the user may connect the app (sql/definitions/70_oauth.sql).
   workspace_name: Type.Union([Type.String(), Type.Null()]),
   redirect_uri_ok: Type.Boolean(),
   user_may_connect: Type.Boolean(),
