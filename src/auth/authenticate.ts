@@ -13,32 +13,10 @@ import { type DatabaseTransactionConnection, pgQueryText, sql } from '../db/pool
 import { RUNTIME_ROLE_SETTINGS } from '../db/runtime-role.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, NotFoundError } from '../errors.ts'
+import type { Caller } from './caller.ts'
 import { type CachedIdentity, IdentityCache } from './identity-cache.ts'
 import { type RateQuota, type RequestRateLimit, rateLimitedError } from './rate-limit.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
-
-/** Who is calling, as decided by crm.authenticate in the request transaction. */
-export type Caller = {
-  userId: string
-  workspaceId: string
-  workspaceSlug: string
-  tokenId: string
-  tokenKind: 'token' | 'session' | 'oauth'
-  /** The role's admin flag (admin routes also need the scope of their area when the token is scoped). */
-  isAdmin: boolean
-  /** The token's scopes, or null for a token that acts with the whole role (API.md section 4a). */
-  scopes: string[] | null
-  /** The OAuth app an access token (kind oauth) was issued to, else null. */
-  oauthAppId: string | null
-  via: 'api' | 'ui'
-  rateLimit: RateQuota
-  /**
-   * Where this request was counted against the rate limit: by crm.authenticate in the request's
-   * transaction (a rollback takes the count with it, so the request is counted again outside), or
-   * by this process (rate-limit.ts), which no rollback undoes.
-   */
-  countedIn: 'database' | 'process'
-}
 
 /** What the authenticators of one process share: the identity cache and the rate limit that lets it count. */
 export type AuthenticationState = {

@@ -3,22 +3,15 @@
 import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
-import { type Authenticator, type Caller, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
+import { type Authenticator, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { type LongReadStandby, StandbyRefusedError } from '../db/read-replicas.ts'
 import type { StatementPool } from '../db/statement-pool.ts'
-import { CrmError, NotFoundError, RateLimitedError, UnavailableError } from '../errors.ts'
+import { ClientWentAwayError, CrmError, NotFoundError, RateLimitedError, UnavailableError } from '../errors.ts'
 import { createAdmissionGate } from './admission.ts'
-import {
-  bodyDeadlineMs,
-  ClientWentAwayError,
-  CSV_BODY_LIMIT,
-  JSON_BODY_LIMIT,
-  type ReceivedFile,
-  readJsonObject,
-  receiveBodyFile,
-} from './body.ts'
+import { bodyDeadlineMs, CSV_BODY_LIMIT, JSON_BODY_LIMIT, type ReceivedFile, readJsonObject, receiveBodyFile } from './body.ts'
 import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
 import { type ApiError, problemBody, toApiError } from './problem.ts'

@@ -3,7 +3,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { TSchema } from 'typebox'
 import { Compile } from 'typebox/compile'
-import type { Caller } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { type RouteScope, scopeAttribute, scopesAllow } from '../auth/scopes.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'

@@ -4,7 +4,8 @@
 // statement's implicit transaction and without the caller's context.
 import { createHash } from 'node:crypto'
 import { DataIntegrityError, NotFoundError, sql } from 'slonik'
-import type { Caller, PlainStatement, StatementAuthenticator, StatementWrite } from '../auth/authenticate.ts'
+import type { PlainStatement, StatementAuthenticator, StatementWrite } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
 import { markJsonAsText, type StatementPool, type StatementQuery } from '../db/statement-pool.ts'
 import type { RouteContext } from './route.ts'

@@ -7,18 +7,11 @@
 // tokens) and all clients together from filling the sockets, the memory and the disk with slow
 // bodies. Counted in each API process, like the workspace slots.
 import type { IncomingMessage } from 'node:http'
+import { addressBlock } from '../cidr.ts'
+import type { ReceiptBounds, UploadReceiptLimits } from '../config.ts'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
-import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 import { createKeyedCounts } from './workspace-slots.ts'
-
-/** Bodies received at once: from one client address (429 past it) and by the process (503 past it). */
-export type ReceiptBounds = { perAddress: number; total: number }
-
-export type UploadReceiptLimits = ReceiptBounds & {
-  /** UPLOAD_TEMP_BYTES: bytes of every temporary upload file of the process together (503 past it). */
-  tempBytes: number
-}
 
 /** One body being received: its bytes are counted as they arrive, and all is given back at the end. */
 export type UploadReceipt = {

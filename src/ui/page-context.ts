@@ -2,7 +2,8 @@
 // transaction authenticates the session cookie through crm.authenticate (so revocation,
 // suspension and the rate limit apply as for API tokens) and runs the page as crm_api.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { Authenticator, Caller } from '../auth/authenticate.ts'
+import type { Authenticator } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { AuthenticationError, RateLimitedError } from '../errors.ts'
 import { sameClientAs } from '../http/client-address.ts'
