@@ -26,7 +26,7 @@ export type Config = {
   /** The role the worker runs as; null: the service creates its own (src/db/runtime-role.ts). */
   workerDatabaseUrl: string | null
   /**
-   * READ_REPLICA_URLS: streaming standbys that serve single-statement reads and exports (src/db/read-replicas.ts);
+   * READ_REPLICA_URLS: streaming standbys that serve single-statement reads and exports (src/db/request/read-replicas.ts);
    * empty: every read on the primary. READ_REPLICA_MAX_LAG_MS: the replay lag past which a standby
    * is skipped, which bounds how long a revocation or a role change can go unseen there.
    */

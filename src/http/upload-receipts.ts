@@ -40,6 +40,24 @@ export type BodyReceipts = {
   inUse: () => number
 }
 
+/**
+ * The process's sets of JSON and form body receipts, made here once, each with the same bounds
+ * (JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL) and apart, so one kind of body cannot fill another's:
+ * bodies without a caller (sign-in, sign-up, their forms, the OAuth token endpoint), the forms of
+ * signed-in pages (read before their session is checked), and the bodies of proven callers.
+ */
+export function createBodyReceiptSets(bounds: ReceiptBounds): {
+  bodyReceipts: BodyReceipts
+  sessionFormReceipts: BodyReceipts
+  callerBodyReceipts: BodyReceipts
+} {
+  return {
+    bodyReceipts: createBodyReceipts(bounds, 'request bodies'),
+    sessionFormReceipts: createBodyReceipts(bounds, 'request bodies'),
+    callerBodyReceipts: createBodyReceipts(bounds, 'request bodies'),
+  }
+}
+
 /** Counts the bodies being received, per client address and in total; `bodies` names them in the refusals. */
 export function createBodyReceipts(bounds: ReceiptBounds, bodies: string): BodyReceipts {
   const byAddress = createKeyedCounts()

@@ -124,7 +124,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
           }
           throw error
         })
-      // A form's write holds the user's API reads to the primary until a standby has it (src/db/read-replicas.ts).
+      // A form's write holds the user's API reads to the primary until a standby has it (src/db/request/read-replicas.ts).
       if (req.method === 'POST' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
       result.frame.title = result.outcome.title

@@ -41,7 +41,7 @@ const FOLDERS: Record<string, number> = {
 }
 
 /** Where the repository stands; lower these as the structure improves, never raise them. */
-export const BOUNDS = { backUpImports: 7, circles: 3 }
+export const BOUNDS = { backUpImports: 0, circles: 0 }
 
 /** The layer of a file under src/, or undefined for one no rule places (which the check reports). */
 export function layerOf(path: string): number | undefined {

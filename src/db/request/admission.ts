@@ -1,7 +1,7 @@
 // A bounded wait for a database connection. Slonik queues requests for a busy pool without limit;
 // this gate admits at most `capacity` requests to the pool at once, lets others wait up to
 // `maxWaitMs`, and then refuses them with 503 so a saturated service sheds load instead of piling up.
-import { UnavailableError } from '../errors.ts'
+import { UnavailableError } from '../../errors.ts'
 
 export type AdmissionGate = { run: <T>(fn: () => Promise<T>) => Promise<T>; inFlight: () => number; waiting: () => number }
 
