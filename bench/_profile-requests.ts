@@ -184,7 +184,7 @@ function areaOf(url: string, functionName: string): string | null {
   if (file.startsWith('src/auth/')) return 'authentication (src/auth: attempt, token hash, caller row)'
   if (file === 'src/http/route.ts') return 'body validation (src/http/route.ts)'
   if (file === 'src/http/body.ts') return 'body reading (src/http/body.ts)'
-  if (file === 'src/http/single-statement.ts' || file === 'src/db/statement-pool.ts') return 'single-statement wrapper and its pool'
+  if (file === 'src/db/request/statement-connection.ts' || file === 'src/db/request/statement-pool.ts') return 'single-statement wrapper and its pool'
   if (file.startsWith('src/http/')) return `HTTP layer (${file.slice(9)})`
   if (file.startsWith('src/db/')) return `database code (${file.slice(4)})`
   if (file.startsWith('src/records/')) return 'records route work (src/records, routes)'
