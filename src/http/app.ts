@@ -1,7 +1,8 @@
 // The HTTP layer's app: every route registered with polka, each request's id and log line, its
-// body received before a connection is taken, and its handler run on the request's database
-// (src/db/request/): in a request transaction, in one statement with its authentication, or as a
-// long read on a standby. Errors become problem+json answers in one place (respond.ts).
+// body received before a connection is taken (route-body.ts), and its handler run on the request's
+// database (src/db/request/): in a request transaction, in one statement with its authentication,
+// or as a long read on a standby. Errors become problem+json answers in one place (errorAnswerer).
+import { randomUUID } from 'node:crypto'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import polka from 'polka'
 import { type Authenticator, markCounted, type StatementAuthenticator } from '../auth/authenticate.ts'
@@ -9,14 +10,16 @@ import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
 import { type DatabaseRequest, RequestDatabase } from '../db/request/request-database.ts'
 import type { StatementPool } from '../db/request/statement-pool.ts'
-import { CrmError, NotFoundError } from '../errors.ts'
+import { ClientWentAwayError, CrmError, NotFoundError } from '../errors.ts'
+import type { Logger } from '../log.ts'
 import { bodyDeadlineMs, CSV_BODY_LIMIT } from './body.ts'
+import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
-import { requestLog } from './request-log.ts'
-import { errorAnswerer, sendJson } from './respond.ts'
+import { type ApiError, problemBody, toApiError } from './problem.ts'
 import {
   assertCredentialsDeclared,
   assertScopesDeclared,
+  JsonText,
   type RouteContext,
   type RouteDefinition,
   type RouteResult,
@@ -24,9 +27,11 @@ import {
   routeCallerCheck,
   type Services,
 } from './route.ts'
-import { createRouteBodies } from './route-body.ts'
+import { createRouteBodies, type ReceivedBody } from './route-body.ts'
 import { indexRoutes, type Router } from './route-index.ts'
 import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
+
+const NO_BODY: ReceivedBody = { body: undefined }
 
 type Request = DatabaseRequest & { params: Record<string, string>; query: Record<string, string | string[]>; path: string }
 
@@ -79,7 +84,7 @@ export function createApp(
     if (definition.auth === 'required') extra.checkCredential?.(req)
     if (definition.limitedPerAddress) services.addressRateLimit(req)
     definition.checkBodyHeaders?.(req)
-    const { body, upload } = await bodies.receive(definition, req, res)
+    const { body, upload } = definition.body || definition.bodyKind === 'file' ? await bodies.receive(definition, req, res) : NO_BODY
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile: upload?.file, services }
     let result: RouteResult
     try {
@@ -162,6 +167,88 @@ export function createApp(
 
   const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)
   return { server: createHttpServer(handler, config.bodyIdleTimeoutMs), handler }
+}
+
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
+
+/** The middleware that gives each request its id and its log line. */
+export function requestLog(
+  logger: Logger,
+  trustProxy: Parameters<typeof identifyClient>[1],
+): (req: IncomingMessage, res: ServerResponse, next: () => void) => void {
+  return (req, res, next) => {
+    const request = req as Request
+    const started = performance.now()
+    const given = req.headers['x-request-id']
+    request.requestId = typeof given === 'string' && SANE_REQUEST_ID.test(given) ? given : randomUUID()
+    res.setHeader('X-Request-Id', request.requestId)
+    identifyClient(req, trustProxy)
+    res.on('finish', () => {
+      logger.info('request', {
+        method: req.method,
+        path: request.path,
+        status: res.statusCode,
+        ms: Math.round((performance.now() - started) * 10) / 10,
+        request_id: request.requestId,
+        user_id: request.callerId,
+      })
+    })
+    next()
+  }
+}
+
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string | undefined> = {},
+  contentType = 'application/json; charset=utf-8',
+): void {
+  if (res.headersSent) return
+  const text = body === undefined ? '' : body instanceof JsonText ? body.text : JSON.stringify(body)
+  res.statusCode = status
+  for (const [name, value] of Object.entries(headers)) if (value !== undefined) res.setHeader(name, value)
+  if (status !== 204 && status !== 304) {
+    res.setHeader('Content-Type', contentType)
+    res.setHeader('Content-Length', Buffer.byteLength(text))
+    res.end(text)
+  } else {
+    res.end()
+  }
+}
+
+export function sendProblem(res: ServerResponse, error: ApiError, requestId: string): void {
+  if (res.headersSent) {
+    // A stream already started: the only honest signal left is to cut the connection.
+    res.destroy(error)
+    return
+  }
+  for (const name of res.getHeaderNames()) if (!name.startsWith('ratelimit-') && name !== 'x-request-id') res.removeHeader(name)
+  sendJson(res, error.status, problemBody(error, requestId), error.headers ?? {}, 'application/problem+json')
+}
+
+/** Answers any error of a request: a client gone is logged and its socket closed; a 5xx is logged with its cause. */
+export function errorAnswerer(logger: Logger): (error: unknown, req: IncomingMessage, res: ServerResponse) => void {
+  return (error, req, res) => {
+    const request = req as Request
+    if (error instanceof ClientWentAwayError) {
+      logger.info('client went away', { request_id: request.requestId, method: req.method, path: request.path, reason: error.message })
+      res.destroy()
+      return
+    }
+    const apiError = toApiError(error)
+    if (apiError.status >= 500) {
+      const cause = apiError.cause ?? error
+      logger.error('request failed', {
+        request_id: request.requestId,
+        method: req.method,
+        path: request.path,
+        error: cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause),
+        stack: cause instanceof Error && apiError.status === 500 ? cause.stack : undefined,
+      })
+    }
+    sendProblem(res, apiError, request.requestId)
+  }
 }
 
 /** The Node server of the app, with its timeouts left to the body deadlines and to the clients. */

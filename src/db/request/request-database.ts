@@ -11,7 +11,6 @@ import { ClientWentAwayError, CrmError, RateLimitedError, UnavailableError } fro
 import type { Logger } from '../../log.ts'
 import { databaseErrorOf } from '../database-errors.ts'
 import { type DatabasePool, type DatabaseTransactionConnection, sql } from '../pool.ts'
-import { createAdmissionGate } from './admission.ts'
 import { type LongReadStandby, StandbyRefusedError } from './read-replicas.ts'
 import { SingleStatementConnection, type StatementAuthentication } from './statement-connection.ts'
 import type { StatementPool } from './statement-pool.ts'
@@ -49,7 +48,7 @@ export class RequestDatabase<Caller extends RequestCaller> {
   readonly #pool: DatabasePool
   readonly #authenticate: (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
   readonly #markCounted: (req: IncomingMessage, caller: Caller) => void
-  readonly #admission: ReturnType<typeof createAdmissionGate>
+  readonly #admission: AdmissionGate
   readonly #logger: Logger
   readonly #statementPool: StatementPool | undefined
   #statementsRefused = false
@@ -246,4 +245,65 @@ export class RequestDatabase<Caller extends RequestCaller> {
 function refusedAsUnconfined(error: unknown): boolean {
   const fields = databaseErrorOf(error)
   return fields?.code === '42501' && fields.hint === 'role_not_confined'
+}
+
+/**
+ * A bounded wait for a database connection. Slonik queues requests for a busy pool without limit;
+ * this gate admits at most `capacity` requests to the pools at once, lets others wait up to
+ * `maxWaitMs`, and then refuses them with 503 so a saturated service sheds load instead of piling up.
+ */
+type AdmissionGate = { run: <T>(fn: () => Promise<T>) => Promise<T>; inFlight: () => number; waiting: () => number }
+
+function createAdmissionGate(capacity: number, maxWaitMs: number): AdmissionGate {
+  let active = 0
+  const queue: { admit: () => void; timer: NodeJS.Timeout }[] = []
+
+  const release = () => {
+    const next = queue.shift()
+    if (next) {
+      clearTimeout(next.timer)
+      next.admit()
+    } else {
+      active--
+    }
+  }
+
+  const admitted = async <T>(fn: () => Promise<T>): Promise<T> => {
+    try {
+      return await fn()
+    } finally {
+      release()
+    }
+  }
+
+  const enter = (): Promise<void> => {
+    if (active < capacity) {
+      active++
+      return Promise.resolve()
+    }
+    return new Promise((resolve, reject) => {
+      const entry = {
+        admit: () => resolve(),
+        timer: setTimeout(() => {
+          queue.splice(queue.indexOf(entry), 1)
+          reject(new UnavailableError(null, `All ${capacity} database connections stayed busy for ${maxWaitMs} ms; retry shortly`))
+        }, maxWaitMs),
+      }
+      queue.push(entry)
+    })
+  }
+
+  return {
+    // A free slot is taken at once, without waiting a turn of the event loop for an already
+    // settled promise (every request passes here).
+    run: (fn) => {
+      if (active < capacity) {
+        active++
+        return admitted(fn)
+      }
+      return enter().then(() => admitted(fn))
+    },
+    inFlight: () => active,
+    waiting: () => queue.length,
+  }
 }

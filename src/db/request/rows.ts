@@ -7,8 +7,33 @@
 // so src/http/problem.ts answers them alike on every path.
 import type { StandardSchemaV1 } from '@standard-schema/spec'
 import { DataIntegrityError, NotFoundError, SchemaValidationError } from 'slonik'
+import type { Static, TSchema } from 'typebox'
+import { Compile } from 'typebox/compile'
 
 export type Row = Record<string, unknown>
+
+// Slonik 49 takes any Standard Schema (v1) as a query's row parser and types the query's result
+// from its output; typebox 1.x schemas do not implement that interface, so rowType wraps one: the
+// schema states what the SQL returns, in one place, instead of an `as` cast at each read.
+export type RowType<T extends TSchema> = StandardSchemaV1<unknown, Static<T>>
+
+/** A slonik row parser from a typebox schema: `db.any(sql.type(rowType(Schema))\`...\`)`. */
+export function rowType<T extends TSchema>(schema: T): RowType<T> {
+  let validator: ReturnType<typeof Compile<T>> | undefined
+  return {
+    '~standard': {
+      version: 1,
+      vendor: 'typebox',
+      validate: (value) => {
+        validator ??= Compile(schema)
+        if (validator.Check(value)) return { value }
+        return {
+          issues: validator.Errors(value).map((error) => ({ message: error.message, path: error.instancePath.split('/').slice(1) })),
+        }
+      },
+    },
+  }
+}
 
 /** A query as every connection takes it; a typed one carries its row schema as `parser`. */
 export type RowQuery = { sql: string; values: readonly unknown[]; parser?: StandardSchemaV1 }
