@@ -151,6 +151,20 @@ type Attempt = {
   counted?: RateQuota
 }
 
+/**
+ * Each request's token hash, made once: the known-credential check before a body is read and the
+ * request's authentication both need it (a hash per request spared on every cached token's write).
+ */
+const hashedTokens = new WeakMap<IncomingMessage, { token: string; hash: Buffer }>()
+
+function tokenHashOf(req: IncomingMessage, token: string): Buffer {
+  const known = hashedTokens.get(req)
+  if (known?.token === token) return known.hash
+  const hash = hashToken(token)
+  hashedTokens.set(req, { token, hash })
+  return hash
+}
+
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
 function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
   const credential = credentialOf(req)
@@ -160,7 +174,7 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
   if (slug !== null && !SLUG_PATTERN.test(slug))
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
-  const tokenHash = hashToken(credential.token)
+  const tokenHash = tokenHashOf(req, credential.token)
   return {
     tokenHash,
     slug,
