@@ -121,7 +121,7 @@ export function createKnownCredentialCheck(
 ): (req: IncomingMessage) => boolean {
   return (req) => {
     try {
-      return state.identities.get(attemptOf(config, credentialOf, req).cacheKey) !== undefined
+      return state.identities.get(attemptOf(config, credentialOf, req, true).cacheKey) !== undefined
     } catch {
       return false
     }
@@ -152,21 +152,27 @@ type Attempt = {
 }
 
 /**
- * Each request's token hash, made once: the known-credential check before a body is read and the
- * request's authentication both need it (a hash per request spared on every cached token's write).
+ * The token hash the known-credential check made before a body was read, which the request's
+ * authentication takes instead of hashing the token again. Only that check keeps one: a request
+ * without a body (GET one) is hashed once anyway and adds no entry.
  */
 const hashedTokens = new WeakMap<IncomingMessage, { token: string; hash: Buffer }>()
 
-function tokenHashOf(req: IncomingMessage, token: string): Buffer {
+function tokenHashOf(req: IncomingMessage, token: string, keep: boolean): Buffer {
   const known = hashedTokens.get(req)
   if (known?.token === token) return known.hash
   const hash = hashToken(token)
-  hashedTokens.set(req, { token, hash })
+  if (keep) hashedTokens.set(req, { token, hash })
   return hash
 }
 
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
-function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
+function attemptOf(
+  config: Config,
+  credentialOf: (req: IncomingMessage) => Credential | null,
+  req: IncomingMessage,
+  keepHash = false,
+): Attempt {
   const credential = credentialOf(req)
   if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
   if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
@@ -174,7 +180,7 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
   if (slug !== null && !SLUG_PATTERN.test(slug))
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
-  const tokenHash = tokenHashOf(req, credential.token)
+  const tokenHash = tokenHashOf(req, credential.token, keepHash)
   return {
     tokenHash,
     slug,
