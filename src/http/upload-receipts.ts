@@ -1,6 +1,6 @@
 // How many bodies this process receives at once, per client address and in total, and for file
 // bodies how many bytes their temporary files hold together. An upload's receipt is taken before
-// the caller is authenticated (app.ts), so one address cannot make the database authenticate more
+// the caller is authenticated (route-body.ts), so one address cannot make the database authenticate more
 // uploads at once than its bound, whatever tokens it sends; the body itself is received only after
 // authentication and the workspace's upload slot. A JSON or form body's receipt is held while it arrives
 // (at most JSON_BODY_LIMIT in memory each). The bounds keep one address (many workspaces, many
