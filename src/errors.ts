@@ -173,3 +173,14 @@ export class OAuthError extends CrmError {
     this.clientAuthenticated = options.clientAuthenticated ?? false
   }
 }
+
+/**
+ * The client closed the connection before its body was complete, or while its answer streamed: no
+ * one is left to answer (not a CrmError: it has no answer).
+ */
+export class ClientWentAwayError extends Error {
+  constructor(cause: unknown) {
+    super('The client closed the connection before sending the whole body', { cause })
+    this.name = 'ClientWentAwayError'
+  }
+}

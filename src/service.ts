@@ -14,13 +14,13 @@ import type { Config } from './config.ts'
 import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
-import { createReadRouting, type ReadRouting } from './db/read-replicas.ts'
+import { createReadRouting, type ReadRouting } from './db/request/read-replicas.ts'
+import { createStatementPool } from './db/request/statement-pool.ts'
 import { ensureRuntimeRole, ensureWorkerRole, operatorLogins } from './db/runtime-role.ts'
-import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
-import { createBodyReceipts } from './http/upload-receipts.ts'
+import { createBodyReceiptSets } from './http/upload-receipts.ts'
 import type { Logger } from './log.ts'
 import { registerPages } from './ui/routes.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
@@ -112,8 +112,7 @@ export async function startService(options: {
       baseUrl: config.publicBaseUrl ?? '',
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
-      bodyReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
-      sessionFormReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
+      ...createBodyReceiptSets(config.jsonBodies),
     }
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages

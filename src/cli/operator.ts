@@ -5,7 +5,7 @@ import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { provisionDatabase } from '../db/provision.ts'
-import type { CliContext, Command } from './main.ts'
+import type { CliContext, Command } from './command.ts'
 
 async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => Promise<T>): Promise<T> {
   const config = context.config()

@@ -8,8 +8,8 @@
 // /64 and can take any address in it, so counting each IPv6 address alone would let one client
 // rotate past the limit (an IPv4-mapped IPv6 address counts as the IPv4 address it is).
 import type { IncomingMessage } from 'node:http'
+import { addressBlock } from '../cidr.ts'
 import { RateLimitedError } from '../errors.ts'
-import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 
 /** Counts per key in fixed one-minute windows aligned to the clock, in this process. */

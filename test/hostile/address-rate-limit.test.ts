@@ -5,8 +5,8 @@
 import type { IncomingMessage } from 'node:http'
 import fc from 'fast-check'
 import t from 'tap'
+import { addressBlock } from '../../src/cidr.ts'
 import { createAddressRateLimit } from '../../src/http/address-rate-limit.ts'
-import { addressBlock } from '../../src/webhooks/address-guard.ts'
 import { startTestServer, type TestServer } from '../helpers/server.ts'
 
 const LIMIT = 3
