@@ -11,7 +11,7 @@ export type Caller = {
   tokenKind: 'token' | 'session' | 'oauth'
   /** The role's admin flag (admin routes also need the scope of their area when the token is scoped). */
   isAdmin: boolean
-  /** The token's scopes, or null for a token that acts with the whole role (API.md section 4a). */
+  /** The token's scopes, or null for a token that acts with the whole role (docs/api.md section 4a). */
   scopes: string[] | null
   /** The OAuth app an access token (kind oauth) was issued to, else null. */
   oauthAppId: string | null

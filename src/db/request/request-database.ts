@@ -96,7 +96,7 @@ export class RequestDatabase<Caller extends RequestCaller> {
    * A stream's transaction is read-only (`readOnly`): it has no transaction id, so however long its
    * client takes to read, it holds no row lock that a revocation, a suspension or the token's other
    * requests could wait for. Its request was authenticated first (authenticateAhead), so it only
-   * resumes the cached identity, which writes nothing there (sql/000034); when that identity is no
+   * resumes the cached identity, which writes nothing there (sql/definitions/20_tenancy_and_access.sql); when that identity is no
    * longer cached or current, IdentityMovedError.
    */
   transaction<T>(req: DatabaseRequest, onCaller: OnCaller<Caller>, work: Work<Caller, T>, readOnly = false): Promise<T> {
@@ -241,7 +241,7 @@ export class RequestDatabase<Caller extends RequestCaller> {
   }
 }
 
-/** crm.require_confined_role's refusal (sql/000009_least_privilege.sql). */
+/** crm.require_confined_role's refusal (sql/definitions/20_tenancy_and_access.sql). */
 function refusedAsUnconfined(error: unknown): boolean {
   const fields = databaseErrorOf(error)
   return fields?.code === '42501' && fields.hint === 'role_not_confined'
