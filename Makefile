@@ -57,7 +57,7 @@ format: setup ## format the code and apply Biome's safe lint fixes (biome.jsonc)
 check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), the import graph's layers and circles, the links (make links)
 	$(BIOME) ci
 	npx tsc --noEmit -p .
-	$(SQUAWK) sql/0*.sql
+	$(SQUAWK) sql/migrations/*.sql sql/definitions/*.sql
 	$(NODE) test/helpers/import-graph.ts
 	@$(MAKE) --no-print-directory links
 

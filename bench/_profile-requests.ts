@@ -184,13 +184,22 @@ function areaOf(url: string, functionName: string): string | null {
   if (file.startsWith('src/auth/')) return 'authentication (src/auth: attempt, token hash, caller row)'
   if (file === 'src/http/route.ts') return 'body validation (src/http/route.ts)'
   if (file === 'src/http/body.ts') return 'body reading (src/http/body.ts)'
-  if (file === 'src/http/single-statement.ts' || file === 'src/db/statement-pool.ts') return 'single-statement wrapper and its pool'
+  if (SINGLE_STATEMENT_FILES.has(file)) return 'single-statement wrapper and its pool'
   if (file.startsWith('src/http/')) return `HTTP layer (${file.slice(9)})`
   if (file.startsWith('src/db/')) return `database code (${file.slice(4)})`
   if (file.startsWith('src/records/')) return 'records route work (src/records, routes)'
   if (file.startsWith('src/')) return file
   return `other ${file}`
 }
+
+/** The single statement's connection, pool and row checks, by their paths now and before src/db/request/ (a COMPARE tree). */
+const SINGLE_STATEMENT_FILES = new Set([
+  'src/db/request/statement-connection.ts',
+  'src/db/request/statement-pool.ts',
+  'src/db/request/rows.ts',
+  'src/http/single-statement.ts',
+  'src/db/statement-pool.ts',
+])
 
 /** The module group of Node's own code, for samples no caller in our code or a library owns. */
 function nodeGroup(url: string, functionName: string): string {

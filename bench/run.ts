@@ -1,9 +1,11 @@
 // `make bench`: runs every benchmark in bench/ (each prints a markdown section with its baseline
-// measured in the same run) and writes bench/RESULTS.md with the machine it ran on.
+// measured in the same run) and writes bench/RESULTS.md with the machine it ran on, then the results
+// table of docs/performance.md from it (bench/_summary.ts).
 import { spawnSync } from 'node:child_process'
 import { existsSync, readdirSync, writeFileSync } from 'node:fs'
 import { cpus, totalmem } from 'node:os'
 import { fileURLToPath } from 'node:url'
+import { writeSummary } from './_summary.ts'
 
 const here = fileURLToPath(new URL('.', import.meta.url))
 const only = process.argv.slice(2)
@@ -53,6 +55,7 @@ if (only.length === 0) {
     `${here}RESULTS.md`,
     `# Benchmark results\n\nWritten by \`make bench\`. Each section compares the service with a bare baseline measured in the same run on the same machine.\n\n## Machine\n\n${machine}\n\n${sections.join('\n')}`,
   )
-  console.log('\nwrote bench/RESULTS.md')
+  writeSummary()
+  console.log('\nwrote bench/RESULTS.md and the table of docs/performance.md')
 }
 process.exitCode = failed ? 1 : 0

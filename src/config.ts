@@ -4,9 +4,18 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
-import { DEFAULT_BODY_IDLE_TIMEOUT_MS } from './http/body.ts'
-import type { ReceiptBounds, UploadReceiptLimits } from './http/upload-receipts.ts'
-import { type CidrRange, parseCidrList } from './webhooks/address-guard.ts'
+import { type CidrRange, parseCidrList } from './cidr.ts'
+
+/** How long a request body may pause between its bytes (BODY_IDLE_TIMEOUT_MS), unless configured (src/http/body.ts). */
+export const DEFAULT_BODY_IDLE_TIMEOUT_MS = 10_000
+
+/** Bodies received at once: from one client address (429 past it) and by the process (503 past it). */
+export type ReceiptBounds = { perAddress: number; total: number }
+
+export type UploadReceiptLimits = ReceiptBounds & {
+  /** UPLOAD_TEMP_BYTES: bytes of every temporary upload file of the process together (503 past it). */
+  tempBytes: number
+}
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
@@ -17,7 +26,7 @@ export type Config = {
   /** The role the worker runs as; null: the service creates its own (src/db/runtime-role.ts). */
   workerDatabaseUrl: string | null
   /**
-   * READ_REPLICA_URLS: streaming standbys that serve single-statement reads and exports (src/db/read-replicas.ts);
+   * READ_REPLICA_URLS: streaming standbys that serve single-statement reads and exports (src/db/request/read-replicas.ts);
    * empty: every read on the primary. READ_REPLICA_MAX_LAG_MS: the replay lag past which a standby
    * is skipped, which bounds how long a revocation or a role change can go unseen there.
    */
@@ -89,7 +98,7 @@ export type Config = {
   streamsPerProcess: number
   /**
    * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
-   * the owner may set it) or keyed_proof (always the slower keyed proof; sql/000025_context_carrier.sql).
+   * the owner may set it) or keyed_proof (always the slower keyed proof; src/db/request-context.ts).
    */
   contextCarrier: ContextCarrierMode
   /**

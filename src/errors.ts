@@ -1,4 +1,4 @@
-// The errors the API answers with, as the domain sees them: each class carries a code of API.md
+// The errors the API answers with, as the domain sees them: each class carries a code of docs/api.md
 // section 2 and what the answer needs (field problems as JSON pointers, a Retry-After, whether to
 // send an invalid_token challenge), never an HTTP status or a problem-details shape. Domain code
 // throws them; src/http/problem.ts alone turns them into answers.
@@ -9,7 +9,7 @@ export type FieldProblem = { pointer: string; code: string; message: string }
 type ErrorOptions = { errors?: FieldProblem[]; cause?: unknown }
 
 export class CrmError extends Error {
-  /** The API code (API.md section 2), e.g. `validation_failed` or `duplicate`. */
+  /** The API code (docs/api.md section 2), e.g. `validation_failed` or `duplicate`. */
   readonly code: string
   readonly errors?: FieldProblem[]
   constructor(code: string, detail: string, options: ErrorOptions = {}) {
@@ -105,7 +105,7 @@ export class PayloadTooLargeError extends CrmError {
   }
 }
 
-/** The client stopped sending its body, or sent it too slowly (API.md section 2). */
+/** The client stopped sending its body, or sent it too slowly (docs/api.md section 2). */
 export class RequestTimeoutError extends CrmError {
   constructor(detail: string) {
     super('request_timeout', detail)
@@ -171,5 +171,16 @@ export class OAuthError extends CrmError {
   constructor(code: string, detail: string, options: ErrorOptions & { clientAuthenticated?: boolean } = {}) {
     super(code, detail, options)
     this.clientAuthenticated = options.clientAuthenticated ?? false
+  }
+}
+
+/**
+ * The client closed the connection before its body was complete, or while its answer streamed: no
+ * one is left to answer (not a CrmError: it has no answer).
+ */
+export class ClientWentAwayError extends Error {
+  constructor(cause: unknown) {
+    super('The client closed the connection before sending the whole body', { cause })
+    this.name = 'ClientWentAwayError'
   }
 }

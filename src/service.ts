@@ -14,13 +14,13 @@ import type { Config } from './config.ts'
 import { migrate } from './db/migrate.ts'
 import { createDatabasePool, type DatabasePool } from './db/pool.ts'
 import { type ProvisionedDatabase, provisionDatabase } from './db/provision.ts'
-import { createReadRouting, type ReadRouting } from './db/read-replicas.ts'
+import { createReadRouting, type ReadRouting } from './db/request/read-replicas.ts'
+import { createStatementPool } from './db/request/statement-pool.ts'
 import { ensureRuntimeRole, ensureWorkerRole, operatorLogins } from './db/runtime-role.ts'
-import { createStatementPool } from './db/statement-pool.ts'
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
-import { createBodyReceipts } from './http/upload-receipts.ts'
+import { createBodyReceiptSets } from './http/upload-receipts.ts'
 import type { Logger } from './log.ts'
 import { registerPages } from './ui/routes.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
@@ -58,13 +58,13 @@ export async function startService(options: {
     logger.info('schema is current', { applied_now: result.applied.length })
     if (result.contextCarrier === 'keyed_proof') {
       logger.warn(
-        'the request context is carried by the keyed proof: slower policies (the owner may not set backtrace_functions; a superuser grants it with GRANT SET ON PARAMETER backtrace_functions TO crm_owner, see sql/000025_context_carrier.sql)',
+        'the request context is carried by the keyed proof: slower policies (the owner may not set backtrace_functions; a superuser grants it with GRANT SET ON PARAMETER backtrace_functions TO crm_owner, see src/db/request-context.ts)',
         { CONTEXT_CARRIER: config.contextCarrier },
       )
     }
   }
   // The owner only migrates (and sets the login roles' passwords): requests run as the runtime
-  // role, the worker as its own (src/db/runtime-role.ts, sql/000013_runtime_confinement.sql).
+  // role, the worker as its own (src/db/runtime-role.ts, sql/migrations/000001_foundation.sql).
   const runtimeUrl = config.runtimeDatabaseUrl ?? (await ensureRuntimeRole(database.url, config.appSecret))
   const workerUrl = options.worker === false ? null : (config.workerDatabaseUrl ?? (await ensureWorkerRole(database.url, config.appSecret)))
   const pool = await createDatabasePool(runtimeUrl, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
@@ -112,8 +112,7 @@ export async function startService(options: {
       baseUrl: config.publicBaseUrl ?? '',
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
-      bodyReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
-      sessionFormReceipts: createBodyReceipts(config.jsonBodies, 'request bodies'),
+      ...createBodyReceiptSets(config.jsonBodies),
     }
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages

@@ -24,7 +24,7 @@ export type CrmClientOptions = {
   fetch?: (request: Request) => Promise<Response>
 }
 
-/** An answer that is not 2xx, as the API describes it (RFC 9457 problem details, API.md section 2). */
+/** An answer that is not 2xx, as the API describes it (RFC 9457 problem details, docs/api.md section 2). */
 export class ApiError extends Error {
   readonly status: number
   readonly code: string
@@ -39,7 +39,7 @@ export class ApiError extends Error {
   }
 }
 
-// The creates that honour Idempotency-Key (API.md section 5).
+// The creates that honour Idempotency-Key (docs/api.md section 5).
 const IDEMPOTENT_CREATE = /^\/api\/(contacts|companies|deals)$/
 
 export function createCrmClient(options: CrmClientOptions): CrmClient {
@@ -75,7 +75,7 @@ export function createCrmClient(options: CrmClientOptions): CrmClient {
 }
 
 /**
- * The contract's query grammar (API.md section 5): `filter[field]=v`, `filter[field][op]=v`, a list
+ * The contract's query grammar (docs/api.md section 5): `filter[field]=v`, `filter[field][op]=v`, a list
  * (`in`) as one comma-separated value. openapi-fetch's own serializer stops at one level of nesting.
  */
 export function serializeQuery(query: Record<string, unknown>): string {
@@ -111,7 +111,7 @@ export async function* paginate<Item>(
   } while (cursor !== undefined)
 }
 
-// The upload and import answers have no schema in /api/openapi.json yet: their shape per API.md
+// The upload and import answers have no schema in /api/openapi.json yet: their shape per docs/api.md
 // section 6, the fields a caller needs.
 export type ImportUpload = {
   id: string

@@ -1089,7 +1089,7 @@ export interface components {
             type: string;
             title: string;
             status: number;
-            /** @description A code from API.md section 2 */
+            /** @description A code from docs/api.md section 2 */
             code: string;
             detail?: string;
             errors?: {
@@ -1433,7 +1433,7 @@ export interface operations {
                                 id: string;
                                 name: string;
                             } | null;
-                            /** @description The scopes the token is limited to (API.md section 4a); null: the whole role */
+                            /** @description The scopes the token is limited to (docs/api.md section 4a); null: the whole role */
                             scopes: string[] | null;
                             /** Format: date-time */
                             created_at: string;
@@ -1507,7 +1507,7 @@ export interface operations {
                         /** Format: date-time */
                         expires_at: string;
                         name: string;
-                        /** @description The scopes the token is limited to (API.md section 4a); null: the whole role */
+                        /** @description The scopes the token is limited to (docs/api.md section 4a); null: the whole role */
                         scopes: string[] | null;
                     };
                 };

@@ -10,35 +10,14 @@ import type { IncomingMessage } from 'node:http'
 import Type, { type Static, type TSchema } from 'typebox'
 import type { Config } from '../config.ts'
 import { type DatabaseTransactionConnection, pgQueryText, sql } from '../db/pool.ts'
+import type { PlainStatement, StatementAuthentication, StatementWrite } from '../db/request/statement-connection.ts'
 import { RUNTIME_ROLE_SETTINGS } from '../db/runtime-role.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { AuthenticationError, NotFoundError } from '../errors.ts'
+import type { Caller } from './caller.ts'
 import { type CachedIdentity, IdentityCache } from './identity-cache.ts'
 import { type RateQuota, type RequestRateLimit, rateLimitedError } from './rate-limit.ts'
 import { hashToken, TOKEN_PATTERN } from './tokens.ts'
-
-/** Who is calling, as decided by crm.authenticate in the request transaction. */
-export type Caller = {
-  userId: string
-  workspaceId: string
-  workspaceSlug: string
-  tokenId: string
-  tokenKind: 'token' | 'session' | 'oauth'
-  /** The role's admin flag (admin routes also need the scope of their area when the token is scoped). */
-  isAdmin: boolean
-  /** The token's scopes, or null for a token that acts with the whole role (API.md section 4a). */
-  scopes: string[] | null
-  /** The OAuth app an access token (kind oauth) was issued to, else null. */
-  oauthAppId: string | null
-  via: 'api' | 'ui'
-  rateLimit: RateQuota
-  /**
-   * Where this request was counted against the rate limit: by crm.authenticate in the request's
-   * transaction (a rollback takes the count with it, so the request is counted again outside), or
-   * by this process (rate-limit.ts), which no rollback undoes.
-   */
-  countedIn: 'database' | 'process'
-}
 
 /** What the authenticators of one process share: the identity cache and the rate limit that lets it count. */
 export type AuthenticationState = {
@@ -49,48 +28,11 @@ export type AuthenticationState = {
 /** Authenticates a request inside its transaction (which it switches to crm_api). */
 export type Authenticator = (db: DatabaseTransactionConnection, req: IncomingMessage, requestId: string) => Promise<Caller>
 
-/** A statement in plain pg form ($1, $2, ...), ready for the statement pool. */
-export type PlainStatement = {
-  sql: string
-  values: readonly unknown[]
-  /**
-   * The caller's user when the statement writes nothing (a cached identity's crm.resume_identity
-   * and a read), so a streaming standby may answer it (src/db/read-replicas.ts); unset for
-   * crm.authenticate, which counts the rate limit and keeps the last-used bookkeeping.
-   */
-  readOnlyFor?: string
-}
-
 /** Authentication that travels inside the route's one statement (see createStatementAuthenticator). */
-export type StatementAuthenticator = (req: IncomingMessage) => {
-  /**
-   * Sends the route's query with authentication (`run` sends one statement) and answers with the
-   * caller and the route's rows; `singleRow` when the query answers one row at most. A write (see
-   * wrappedWrite) also answers whether the record it matched nothing of is visible to the caller
-   * (null when it wrote, or for a read).
-   */
-  send: (
-    query: ReturnType<typeof sql.unsafe>,
-    run: (statement: PlainStatement) => Promise<readonly unknown[]>,
-    options: { singleRow: boolean; write?: StatementWrite },
-  ) => Promise<{ caller: Caller; rows: Record<string, unknown>[]; visible: boolean | null }>
+export type StatementAuthenticator = (req: IncomingMessage) => StatementAuthentication<Caller> & {
   /** The token's cached identity, if the process has one (not counted, not proven: a hint for choosing the path). */
   cachedCaller: () => Omit<Caller, 'via' | 'rateLimit' | 'countedIn'> | null
-  /**
-   * After `send` failed: the caller, when the failed statement resumed a cached identity that this
-   * process had already counted against the rate limit (the rollback did not undo that count);
-   * null when it authenticated in full, whose count the rollback took back.
-   */
-  callerCountedBeforeFailure: () => Caller | null
 }
-
-/**
- * A data-modifying statement sent as one statement with authentication. `visibleAfterNoMatch` is
- * a boolean SQL expression evaluated only when the write matched no row (in the same statement, so
- * on the same snapshot): whether the caller can see the target, telling 403 from 404 without a
- * second round trip.
- */
-export type StatementWrite = { visibleAfterNoMatch?: ReturnType<typeof sql.fragment> }
 
 /**
  * The condition a single-statement write puts in its WHERE clause: authentication succeeded. It is
@@ -179,7 +121,7 @@ export function createKnownCredentialCheck(
 ): (req: IncomingMessage) => boolean {
   return (req) => {
     try {
-      return state.identities.get(attemptOf(config, credentialOf, req).cacheKey) !== undefined
+      return state.identities.get(attemptOf(config, credentialOf, req, true).cacheKey) !== undefined
     } catch {
       return false
     }
@@ -209,8 +151,28 @@ type Attempt = {
   counted?: RateQuota
 }
 
+/**
+ * The token hash the known-credential check made before a body was read, which the request's
+ * authentication takes instead of hashing the token again. Only that check keeps one: a request
+ * without a body (GET one) is hashed once anyway and adds no entry.
+ */
+const hashedTokens = new WeakMap<IncomingMessage, { token: string; hash: Buffer }>()
+
+function tokenHashOf(req: IncomingMessage, token: string, keep: boolean): Buffer {
+  const known = hashedTokens.get(req)
+  if (known?.token === token) return known.hash
+  const hash = hashToken(token)
+  if (keep) hashedTokens.set(req, { token, hash })
+  return hash
+}
+
 /** Checks what can be checked without the database; the rest is crm.authenticate's job. */
-function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Credential | null, req: IncomingMessage): Attempt {
+function attemptOf(
+  config: Config,
+  credentialOf: (req: IncomingMessage) => Credential | null,
+  req: IncomingMessage,
+  keepHash = false,
+): Attempt {
   const credential = credentialOf(req)
   if (!credential) throw new AuthenticationError('token_missing', 'Send Authorization: Bearer <token>')
   if (!TOKEN_PATTERN.test(credential.token)) throw new AuthenticationError('token_invalid', REFUSALS.token_invalid)
@@ -218,7 +180,7 @@ function attemptOf(config: Config, credentialOf: (req: IncomingMessage) => Crede
   const slug = typeof slugHeader === 'string' && slugHeader !== '' ? slugHeader.toLowerCase() : null
   if (slug !== null && !SLUG_PATTERN.test(slug))
     throw new NotFoundError('No such workspace, or you are not a member of it', 'workspace_not_found')
-  const tokenHash = hashToken(credential.token)
+  const tokenHash = tokenHashOf(req, credential.token, keepHash)
   return {
     tokenHash,
     slug,
@@ -454,7 +416,7 @@ function singleRowAfterAuthentication(rows: ReturnType<typeof sql.fragment>) {
  * The wrapped statement's text in pg form, by the route query's text: built by slonik once per
  * text, then reused, with the values put together directly (profiled: building the wrapper with
  * slonik and renumbering its placeholders on every request cost 15-25 µs of the API process per
- * read). The texts are finitely many (see MAX_NAMED in src/http/single-statement.ts), and past
+ * read). The texts are finitely many (see MAX_NAMED in src/db/request/statement-pool.ts), and past
  * MAX_WRAPPED_TEXTS the rest are built each time.
  */
 const wrappedTexts = {
@@ -488,7 +450,7 @@ function wrapStatement(
 
 /**
  * A write's statement, built by slonik each time (its text depends on the fields sent; the
- * statement is still named by its text, see src/http/single-statement.ts). It is never a read a
+ * statement is still named by its text, see src/db/request/statement-pool.ts). It is never a read a
  * standby could answer.
  */
 function wrapWrite(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write: StatementWrite): PlainStatement {
@@ -509,7 +471,7 @@ function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<str
     for (const name of names) own[name] = row[name]
     found.push(own)
   }
-  // json comes back as its text on the statement pool (src/db/statement-pool.ts).
+  // json comes back as its text on the statement pool (src/db/request/statement-pool.ts).
   const auth = typeof first.auth_row === 'string' ? JSON.parse(first.auth_row) : first.auth_row
   return { auth, rows: found, visible: (first.auth_write_visible as boolean | null | undefined) ?? null }
 }

@@ -3,7 +3,7 @@
 // every statement that uses an entry proves the token again by its hash and the entry's
 // access_version current, and a stale entry is dropped and filled again. So the cache holds no
 // expiry and needs no eviction for correctness; it is bounded only for memory.
-import type { Caller } from './authenticate.ts'
+import type { Caller } from './caller.ts'
 
 export type CachedIdentity = {
   /** The caller as crm.authenticate admitted it, without what belongs to one request. */

@@ -1,5 +1,5 @@
 // The per-user rate limit counted in the API process and settled in PostgreSQL in batches
-// (crm.settle_request_counts, sql/000017_rate_limit_settling.sql). A request is admitted when the
+// (crm.settle_request_counts, sql/definitions/20_tenancy_and_access.sql). A request is admitted when the
 // user's total, as the last settlement answered it, plus this process's admitted but unsettled
 // requests stays under the limit: no round trip and no promise in the common case. The counts go
 // to the database every intervalMs, and at once when a user's unsettled count reaches the batch;

@@ -1,6 +1,6 @@
-// Token scopes (API.md section 4a): the names a token may carry, what each allows in plain words,
+// Token scopes (docs/api.md section 4a): the names a token may carry, what each allows in plain words,
 // and the scope each route needs. The database decides what a scope allows (crm.scopes_cover,
-// crm.is_admin_for in sql/000011_scoped_access.sql); this list is the same as crm.known_scopes()
+// crm.is_admin_for in sql/definitions/20_tenancy_and_access.sql); this list is the same as crm.known_scopes()
 // (test/auth/token-scopes.test.ts compares them).
 import type { RecordType } from '../records/fields.ts'
 

@@ -1,6 +1,6 @@
 // The password and two-factor steps of sign-in. These run before there is a user to act as, on the
 // runtime role's connections (crm_runtime), through the functions of
-// sql/000013_runtime_confinement.sql: the database hands out no password key and issues a token
+// sql/definitions/60_sign_in_and_ui_sessions.sql: the database hands out no password key and issues a token
 // only for a password it has compared itself, once per claimed attempt.
 
 import Type from 'typebox'

@@ -1,25 +1,12 @@
 // `crm <command>`: the operator's entry point. Every command accepts --json (then prints exactly
 // one JSON object) and exits non-zero with a one-line reason on error.
-import { type ParseArgsConfig, parseArgs } from 'node:util'
-import { type Config, ConfigError, loadConfig } from '../config.ts'
+import { parseArgs } from 'node:util'
+import { ConfigError, loadConfig } from '../config.ts'
 import { createLogger } from '../log.ts'
+import type { CliContext, Command } from './command.ts'
 import { commands as operatorCommands } from './operator.ts'
 
 export class CliError extends Error {}
-
-export type CliContext = {
-  args: string[]
-  json: boolean
-  config: () => Config
-  print: (human: string, data: unknown) => void
-}
-
-export type Command = {
-  usage: string
-  summary: string
-  options?: ParseArgsConfig['options']
-  run: (context: CliContext, values: Record<string, any>, positionals: string[]) => Promise<number | void>
-}
 
 const serviceCommands: Record<string, Command> = {
   migrate: {

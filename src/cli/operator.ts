@@ -1,11 +1,11 @@
-// Platform operator commands (API.md section 10). They run as the owner role, directly in SQL:
+// Platform operator commands (docs/api.md section 10). They run as the owner role, directly in SQL:
 // the same tables, triggers and constraints the API obeys (seats, built-in roles, last admin).
 import pg from 'pg'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { provisionDatabase } from '../db/provision.ts'
-import type { CliContext, Command } from './main.ts'
+import type { CliContext, Command } from './command.ts'
 
 async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => Promise<T>): Promise<T> {
   const config = context.config()

@@ -16,12 +16,10 @@ import {
   UnavailableError,
   ValidationError,
 } from '../errors.ts'
-import { MEMBER_CONSTRAINT_FIELDS } from '../members/constraints.ts'
-import { RECORD_CONSTRAINT_FIELDS } from '../records/constraints.ts'
 
 export type DatabaseErrorFields = { code?: string; constraint?: string; column?: string; message?: string; hint?: string; detail?: string }
 
-/** Constraint name → field pointer, for every area's constraints. */
+/** Constraint name → field pointer, for every area's constraints (composed where errors are answered, src/http/problem.ts). */
 export type ConstraintFields = ReadonlyMap<string, string>
 
 /** Joins per-area lists into one map; a constraint named twice with different fields is a mistake. */
@@ -37,8 +35,6 @@ export function composeConstraintFields(...lists: Readonly<Record<string, string
   return fields
 }
 
-export const CONSTRAINT_FIELDS: ConstraintFields = composeConstraintFields(RECORD_CONSTRAINT_FIELDS, MEMBER_CONSTRAINT_FIELDS)
-
 /** Finds the PostgreSQL error (with its SQLSTATE) inside slonik's wrappers. */
 export function databaseErrorOf(error: unknown): DatabaseErrorFields | null {
   let current: unknown = error
@@ -53,7 +49,7 @@ export function databaseErrorOf(error: unknown): DatabaseErrorFields | null {
 const CONNECTION_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH'])
 
 /** The typed error a database failure stands for, or null when it is a bug (an internal error). */
-export function classifyDatabaseError(error: unknown, constraintFields: ConstraintFields = CONSTRAINT_FIELDS): CrmError | null {
+export function classifyDatabaseError(error: unknown, constraintFields: ConstraintFields): CrmError | null {
   const fields = databaseErrorOf(error)
   const sqlstate = fields?.code
   if (fields && sqlstate) {

@@ -2,7 +2,8 @@
 // strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
 
 import { createPgDriverFactory } from '@slonik/pg-driver'
-import { createPool, type DatabasePool, type Interceptor, type QueryResultRow, SchemaValidationError } from 'slonik'
+import { createPool, type DatabasePool, type Interceptor, type QueryResultRow } from 'slonik'
+import { checkRow } from './request/rows.ts'
 
 export type { CommonQueryMethods, DatabasePool, DatabaseTransactionConnection } from 'slonik'
 export { sql } from 'slonik'
@@ -25,16 +26,10 @@ export const API_TYPE_PARSERS = {
   date: (value: string) => value,
 } satisfies Record<string, (value: string) => unknown>
 
-/** Checks each row of a query typed with `sql.type(rowType(...))` (src/db/typed-rows.ts); a row of another shape is a bug (500). */
+/** Checks each row of a query typed with `sql.type(rowType(...))` (src/db/typed-rows.ts), by the one row contract (request/rows.ts). */
 const ROW_SCHEMA_CHECK: Interceptor = {
   name: 'row-schema-check',
-  transformRow: (context, query, row) => {
-    if (!context.resultParser) return row
-    const result = context.resultParser['~standard'].validate(row)
-    if (result instanceof Promise) throw new TypeError('row schemas must validate synchronously')
-    if (result.issues) throw new SchemaValidationError(query, row, result.issues)
-    return result.value as QueryResultRow
-  },
+  transformRow: (context, query, row) => (context.resultParser ? (checkRow(context.resultParser, query, row) as QueryResultRow) : row),
 }
 
 /** A slonik query's text as plain pg takes it (slonik numbers its placeholders $slonik_1, ...). */

@@ -1,13 +1,13 @@
 // The login roles requests and jobs run as. The owner (DATABASE_URL) runs migrations: it owns
 // every table (with the embedded database it is a superuser, and migrate hands what it made to
-// crm_owner, sql/000035). The migrations grant what
+// crm_owner, sql/definitions/10_foundation.sql). The migrations grant what
 // requests may do to the role crm_runtime and what the worker may do to crm_worker
-// (sql/000009_least_privilege.sql, sql/000013_runtime_confinement.sql); the service logs in as a
+// (sql/migrations/000001_foundation.sql, sql/definitions/); the service logs in as a
 // member of each made for its database alone, crm_runtime_<database> and crm_worker_<database>.
 // Roles are cluster-wide: when two deployments (two databases) share one PostgreSQL cluster and
 // both logged in as crm_runtime itself, each start set the password the other's connections were
 // using. The groups, though, are shared and hold each database's grants: each database lets its
-// own login roles connect, by name, and nobody else (sql/000035), or one deployment's runtime
+// own login roles connect, by name, and nobody else (sql/definitions/10_foundation.sql), or one deployment's runtime
 // login would call the other's functions. Neither login role is a superuser, owns anything or can
 // bypass row-level security. Their limits are role settings, which the server applies itself at
 // every login: a pooler that drops startup parameters cannot lose them.
@@ -24,13 +24,13 @@ export type LoginRole = {
 export const RUNTIME_ROLE = 'crm_runtime'
 export const WORKER_ROLE = 'crm_worker'
 
-/** As sql/000009_least_privilege.sql sets them. */
+/** As sql/migrations/000001_foundation.sql sets them. */
 export const RUNTIME_ROLE_SETTINGS: Readonly<Record<string, string>> = {
   statement_timeout: '30s',
   idle_in_transaction_session_timeout: '60s',
 }
 
-/** As sql/000013_runtime_confinement.sql sets them: no statement timeout (an import's staging is one long statement per chunk). */
+/** As sql/migrations/000001_foundation.sql sets them: no statement timeout (an import's staging is one long statement per chunk). */
 export const WORKER_ROLE_SETTINGS: Readonly<Record<string, string>> = {
   idle_in_transaction_session_timeout: '5min',
 }
@@ -171,7 +171,7 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
     if (!current.rolcanlogin || !(await canLogIn(url))) {
       await alterUnlessDoneMeanwhile(owner, `alter role ${role} login password ${owner.escapeLiteral(password)}`, () => canLogIn(url))
     }
-    // PUBLIC has no CONNECT on the database (sql/000035): the role is let in by name.
+    // PUBLIC has no CONNECT on the database (sql/definitions/10_foundation.sql): the role is let in by name.
     await admitToDatabase(owner, [roleName])
     const set = new Set(current.setconfig ?? [])
     for (const [name, value] of Object.entries(settings)) {
@@ -189,7 +189,7 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
 }
 
 /**
- * Lets the given login roles, and no one else, connect to the owner's database (sql/000035): the
+ * Lets the given login roles, and no one else, connect to the owner's database (sql/definitions/10_foundation.sql): the
  * groups they belong to hold their grants in every database of the cluster, so CONNECT is what
  * keeps one deployment's logins out of another's database. False when the owner may not change
  * that (it does not own the database): a DBA then does it (docs/operations.md).

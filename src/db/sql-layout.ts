@@ -194,3 +194,52 @@ function layout(text: string, column: number, width: number, trailing = 0): stri
   }
   return text
 }
+
+/**
+ * A string literal too long for its line as adjacent literals, one a line from column on: SQL
+ * joins literals that only whitespace with a newline separates, so the value is the same. Broken
+ * after a space, never inside a doubled quote.
+ */
+export function wrapLiteral(literal: string, column: number, width = LINE_WIDTH): string {
+  if (column + literal.length <= width || !literal.startsWith("'") || !literal.endsWith("'")) return literal
+  const room = width - column - 2
+  const words = literal.slice(1, -1).split(/(?<= )/)
+  const lines: string[] = []
+  for (const word of words) {
+    const last = lines.length - 1
+    if (last >= 0 && lines[last].length + word.length <= room) lines[last] += word
+    else lines.push(word)
+  }
+  return lines.map((line) => `'${line}'`).join(`\n${pad(column)}`)
+}
+
+/**
+ * A line that names a routine with its arguments (`create function crm.f(a uuid, b text)`,
+ * `grant execute on function crm.f(...) to ...`), when longer than width: one argument a line,
+ * indented by two, the closing parenthesis back at the line's indentation.
+ */
+export function breakArguments(line: string, width = LINE_WIDTH, opener = /\bcrm\.[a-z_0-9]+\(/i): string {
+  if (line.length <= width) return line
+  const open = line.search(opener)
+  if (open < 0) return line
+  const paren = line.indexOf('(', open)
+  const close = closingParen(line, paren)
+  if (close < 0 || close - paren < 2) return line
+  const indent = /^\s*/.exec(line)?.[0] ?? ''
+  const { parts } = splitTopLevel(line.slice(paren + 1, close), /^, /)
+  return `${line.slice(0, paren + 1)}\n${parts.map((part) => `${indent}  ${part.trim()}`).join(',\n')}\n${indent}${line.slice(close)}`
+}
+
+/** A function's definition as pg_get_functiondef writes it, its long header lines and SQL-standard body laid out. */
+export function layoutFunctionDefinition(definition: string, width = LINE_WIDTH): string {
+  return definition
+    .split('\n')
+    .map((line, index) => {
+      if (line.length <= width) return line
+      if (index === 0) return breakArguments(line, width)
+      if (/^ RETURNS TABLE\(/.test(line)) return breakArguments(line, width, /TABLE\(/)
+      if (/^RETURN /.test(line)) return `RETURN ${layoutExpression(line.slice(7), 7, width)}`
+      return line
+    })
+    .join('\n')
+}

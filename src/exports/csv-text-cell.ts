@@ -1,6 +1,6 @@
 // A text cell of a CSV file we write (exports, an import's errors.csv). A spreadsheet runs a cell
 // that begins with =, +, -, @, a tab or a carriage return as a formula, so such a text is written
-// with a leading ' (API.md section 6); numbers, dates and times are written as stored.
+// with a leading ' (docs/api.md section 6); numbers, dates and times are written as stored.
 import { sql } from '../db/pool.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>

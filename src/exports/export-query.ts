@@ -3,8 +3,8 @@
 // limits rows to what the caller may view; the query adds `export` on top, in SQL, the same way
 // the policies write a scope, so a member without the grant gets no row even through this query.
 //
-// Each row comes back as one finished line of text (CSV cells quoted by crm.csv_cell and text
-// cells guarded against formulas by csvTextCellSql, or the
+// Each row comes back as one finished line of text (CSV cells quoted, and text cells guarded
+// against formulas, by csvTextCellSql, or the
 // record's JSON), so the API process only concatenates: the database does the formatting on its
 // own core, and the stream holds one fetch of lines at a time.
 import { sql } from '../db/pool.ts'

@@ -18,7 +18,7 @@ import type { QuerySqlToken } from 'slonik'
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
-import { ClientWentAwayError } from '../http/body.ts'
+import { ClientWentAwayError } from '../errors.ts'
 
 const CHUNK_CHARACTERS = 64 * 1024
 /** Rows per FETCH (written into its text: FETCH takes no parameter). */

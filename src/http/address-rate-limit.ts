@@ -1,4 +1,4 @@
-// The per-address limit of the unauthenticated routes (API.md section 3): sign-in, two-factor,
+// The per-address limit of the unauthenticated routes (docs/api.md section 3): sign-in, two-factor,
 // sign-up and invitation acceptance, in the API and the UI, and the OAuth endpoints for clients
 // that do not authenticate. Counted in this process, in fixed one-minute windows aligned to the
 // clock, so with N API processes an address gets at most N × the limit a minute: a bound on
@@ -8,8 +8,8 @@
 // /64 and can take any address in it, so counting each IPv6 address alone would let one client
 // rotate past the limit (an IPv4-mapped IPv6 address counts as the IPv4 address it is).
 import type { IncomingMessage } from 'node:http'
+import { addressBlock } from '../cidr.ts'
 import { RateLimitedError } from '../errors.ts'
-import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 
 /** Counts per key in fixed one-minute windows aligned to the clock, in this process. */

@@ -1,7 +1,7 @@
 // Request bodies are read as bytes with a hard limit (the socket is not drained past it), then
 // parsed. JSON must be an object; anything else is a 4xx problem, never a 500.
 //
-// Every body is read against two deadlines (API.md sections 2 and 9), so a client that sends
+// Every body is read against two deadlines (docs/api.md sections 2 and 9), so a client that sends
 // slowly holds a socket for a bounded time and never a database connection:
 // - idle: no byte for `idleTimeoutMs` (BODY_IDLE_TIMEOUT_MS, 10 s) answers 408;
 // - rate: after a head start of `idleTimeoutMs`, the body must keep an average of
@@ -14,12 +14,12 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
-import { InvalidJsonError, PayloadTooLargeError, RequestTimeoutError, UnsupportedMediaTypeError } from '../errors.ts'
+import { DEFAULT_BODY_IDLE_TIMEOUT_MS } from '../config.ts'
+import { ClientWentAwayError, InvalidJsonError, PayloadTooLargeError, RequestTimeoutError, UnsupportedMediaTypeError } from '../errors.ts'
 import type { UploadReceipt } from './upload-receipts.ts'
 
 export const JSON_BODY_LIMIT = 1024 * 1024
 export const CSV_BODY_LIMIT = 50 * 1024 * 1024
-export const DEFAULT_BODY_IDLE_TIMEOUT_MS = 10_000
 export const MIN_BODY_BYTES_PER_SECOND = 64 * 1024
 /**
  * Objects and arrays nest at most this deep in a JSON body: deeper is 400 invalid_json before the
@@ -27,14 +27,6 @@ export const MIN_BODY_BYTES_PER_SECOND = 64 * 1024
  * than this. No request schema nests past 4.
  */
 export const MAX_JSON_DEPTH = 64
-
-/** The client closed the connection before its body was complete: no one is left to answer. */
-export class ClientWentAwayError extends Error {
-  constructor(cause: unknown) {
-    super('The client closed the connection before sending the whole body', { cause })
-    this.name = 'ClientWentAwayError'
-  }
-}
 
 /** The longest a body of `size` bytes may take under the rate deadline. */
 export function bodyDeadlineMs(size: number, idleTimeoutMs: number): number {

@@ -2,7 +2,7 @@
 // belongs to a trusted proxy (TRUST_PROXY), what that proxy says in X-Forwarded-For and
 // X-Forwarded-Proto. Anyone else's forwarding headers are ignored: a client could write anything.
 import type { IncomingMessage } from 'node:http'
-import { type CidrRange, isInCidrList } from '../webhooks/address-guard.ts'
+import { type CidrRange, isInCidrList } from '../cidr.ts'
 
 export type Client = { address: string; secure: boolean }
 

@@ -38,7 +38,7 @@ const PROBLEM_SCHEMA = {
     type: { type: 'string', examples: ['/problems/validation_failed'] },
     title: { type: 'string' },
     status: { type: 'integer' },
-    code: { type: 'string', description: 'A code from API.md section 2' },
+    code: { type: 'string', description: 'A code from docs/api.md section 2' },
     detail: { type: 'string' },
     errors: {
       type: 'array',
@@ -201,7 +201,7 @@ function operation(route: RouteDefinition): JsonObject {
       content: { 'application/x-www-form-urlencoded': { schema: plainSchema(route.formBody) } },
     }
   }
-  // The scope a scoped token needs (API.md section 4a): one name, or a list of which any one will do.
+  // The scope a scoped token needs (docs/api.md section 4a): one name, or a list of which any one will do.
   if (route.auth === 'required') result['x-required-scope'] = route.scope === 'none' || route.scope === undefined ? null : route.scope
   // Which credentials may call a route that touches credentials (docs/decisions.md, "Credentials never widen").
   if (route.credentials) result['x-credentials'] = route.credentials
@@ -259,7 +259,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
         oauth2: {
           type: 'oauth2',
           description:
-            'Third-party apps (API.md section 4a): authorization code with PKCE S256 for every client; access tokens live one hour, refresh tokens (offline_access) rotate at every use. Metadata: /.well-known/oauth-authorization-server.',
+            'Third-party apps (docs/api.md section 4a): authorization code with PKCE S256 for every client; access tokens live one hour, refresh tokens (offline_access) rotate at every use. Metadata: /.well-known/oauth-authorization-server.',
           flows: {
             authorizationCode: {
               authorizationUrl: `${options.serverUrl?.replace(/\/$/, '') ?? ''}/oauth/authorize`,

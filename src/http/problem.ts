@@ -1,7 +1,7 @@
 // The one place that turns any error into an answer: a typed error of src/errors.ts, or a database
 // error classified by src/db/database-errors.ts, becomes a status, a title, headers and an RFC 9457
 // problem-details body (after PostgREST's Error.hs). Anything else is a bug: 500.
-import { classifyDatabaseError } from '../db/database-errors.ts'
+import { type ConstraintFields, classifyDatabaseError, composeConstraintFields } from '../db/database-errors.ts'
 import {
   AuthenticationError,
   ConflictError,
@@ -22,6 +22,8 @@ import {
   UnsupportedMediaTypeError,
   ValidationError,
 } from '../errors.ts'
+import { MEMBER_CONSTRAINT_FIELDS } from '../members/constraints.ts'
+import { RECORD_CONSTRAINT_FIELDS } from '../records/constraints.ts'
 
 export type { FieldProblem }
 
@@ -97,10 +99,13 @@ function headersOf(error: CrmError): Record<string, string> | undefined {
   return undefined
 }
 
+/** Every area's constraint names with the field each protects, so a refusal points at that field. */
+export const CONSTRAINT_FIELDS: ConstraintFields = composeConstraintFields(RECORD_CONSTRAINT_FIELDS, MEMBER_CONSTRAINT_FIELDS)
+
 /** The answer to any error. */
 export function toApiError(error: unknown): ApiError {
   if (error instanceof ApiError) return error
-  const typed = error instanceof CrmError ? error : classifyDatabaseError(error)
+  const typed = error instanceof CrmError ? error : classifyDatabaseError(error, CONSTRAINT_FIELDS)
   const answer = typed && ANSWERS.find(([type]) => typed instanceof type)
   if (!typed || !answer) return internalError(error)
   const [, status, title] = answer

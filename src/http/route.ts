@@ -3,11 +3,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { TSchema } from 'typebox'
 import { Compile } from 'typebox/compile'
-import type { Caller } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { type RouteScope, scopeAttribute, scopesAllow } from '../auth/scopes.ts'
 import type { Config } from '../config.ts'
 import type { DatabasePool, DatabaseTransactionConnection } from '../db/pool.ts'
-import type { ReadRouting } from '../db/read-replicas.ts'
+import type { ReadRouting } from '../db/request/read-replicas.ts'
 import { type FieldProblem, ForbiddenError, InsufficientScopeError, ValidationError } from '../errors.ts'
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
@@ -23,7 +23,7 @@ export type Services = {
    * The runtime role's connections (src/db/runtime-role.ts): request transactions, which switch to
    * crm_api, and the work done before a caller is known (sign-in, two-factor completion, sign-up,
    * accepting an invitation), which calls the narrow functions granted to crm_runtime alone
-   * (sql/000013_runtime_confinement.sql).
+   * (granted in sql/definitions/).
    */
   pool: DatabasePool
   logger: Logger
@@ -47,6 +47,11 @@ export type Services = {
    * CSRF token is in them), so a made-up session cookie's forms can hold only these.
    */
   sessionFormReceipts: BodyReceipts
+  /**
+   * JSON bodies of proven callers (authenticated routes), with the same bounds but receipts of
+   * their own: bodies without a caller cannot fill them, and an unproven token's body takes none.
+   */
+  callerBodyReceipts: BodyReceipts
   /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */
   readRouting?: ReadRouting | null
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */
@@ -115,7 +120,7 @@ export type RouteDefinition = {
   tag: string
   auth: AuthMode
   /**
-   * The token scope the route needs (API.md section 4a), required when auth is 'required': a scoped
+   * The token scope the route needs (docs/api.md section 4a), required when auth is 'required': a scoped
    * token without it is refused with 403 insufficient_scope before the handler runs. A list means
    * any one of them; 'none' is for what every token may do. Row-level security applies the same
    * scopes underneath; this check answers first and names the missing scope.
@@ -185,7 +190,7 @@ export type RouteDefinition = {
   /**
    * A read of many rows in a transaction of its own (an export): it writes nothing, so it holds
    * none of its user's reads to the primary afterwards, and a streaming standby may serve it
-   * (src/db/read-replicas.ts). It must send nothing to the client before its query answers.
+   * (src/db/request/read-replicas.ts). It must send nothing to the client before its query answers.
    */
   longRead?: boolean
   handler: (context: RouteContext) => Promise<RouteResult>
@@ -305,7 +310,7 @@ export function defineRoutes(...definitions: (RouteDefinition | RouteDefinition[
   return definitions.flat()
 }
 
-/** One partial update served under both PATCH and PUT (API.md: PUT is a partial update too). */
+/** One partial update served under both PATCH and PUT (docs/api.md section 1: PUT is a partial update too). */
 export function patchAndPut(definition: Omit<RouteDefinition, 'method'>): RouteDefinition[] {
   return [
     { ...definition, method: 'PATCH' },
@@ -325,6 +330,23 @@ export function requireRouteScope(
   if (!scopesAllow(caller.scopes, needed)) throw new InsufficientScopeError(scopeAttribute(needed))
   if (definition.credentials === 'unscoped' && !isWholeAuthority(caller))
     throw new ForbiddenError("This needs an unscoped personal token or a browser session: a scoped token or an app's token cannot do it")
+}
+
+/**
+ * What every authenticated request does once its caller is known, before its handler (in a single
+ * statement, as soon as that statement answered, which saw nothing the scopes do not cover: RLS
+ * applied them): the rate limit's headers, then the route's scope.
+ */
+export function routeCallerCheck(
+  definition: Pick<RouteDefinition, 'scope' | 'credentials'>,
+  res: ServerResponse,
+): (caller: Caller) => void {
+  return (caller) => {
+    res.setHeader('RateLimit-Limit', String(caller.rateLimit.limit))
+    res.setHeader('RateLimit-Remaining', String(caller.rateLimit.remaining))
+    res.setHeader('RateLimit-Reset', String(caller.rateLimit.resetSeconds))
+    requireRouteScope(definition, caller)
+  }
 }
 
 /** An unscoped personal token or a UI session: the user's whole authority, not a part of it. */

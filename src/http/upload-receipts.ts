@@ -1,24 +1,17 @@
 // How many bodies this process receives at once, per client address and in total, and for file
 // bodies how many bytes their temporary files hold together. An upload's receipt is taken before
-// the caller is authenticated (app.ts), so one address cannot make the database authenticate more
+// the caller is authenticated (route-body.ts), so one address cannot make the database authenticate more
 // uploads at once than its bound, whatever tokens it sends; the body itself is received only after
 // authentication and the workspace's upload slot. A JSON or form body's receipt is held while it arrives
 // (at most JSON_BODY_LIMIT in memory each). The bounds keep one address (many workspaces, many
 // tokens) and all clients together from filling the sockets, the memory and the disk with slow
 // bodies. Counted in each API process, like the workspace slots.
 import type { IncomingMessage } from 'node:http'
+import { addressBlock } from '../cidr.ts'
+import type { ReceiptBounds, UploadReceiptLimits } from '../config.ts'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
-import { addressBlock } from '../webhooks/address-guard.ts'
 import { clientOf } from './client-address.ts'
 import { createKeyedCounts } from './workspace-slots.ts'
-
-/** Bodies received at once: from one client address (429 past it) and by the process (503 past it). */
-export type ReceiptBounds = { perAddress: number; total: number }
-
-export type UploadReceiptLimits = ReceiptBounds & {
-  /** UPLOAD_TEMP_BYTES: bytes of every temporary upload file of the process together (503 past it). */
-  tempBytes: number
-}
 
 /** One body being received: its bytes are counted as they arrive, and all is given back at the end. */
 export type UploadReceipt = {
@@ -45,6 +38,24 @@ export type BodyReceipts = {
   /** A receipt for this request's body, or 429 (its address) or 503 (the process) when a bound is reached; answers its release. */
   take: (req: IncomingMessage) => () => void
   inUse: () => number
+}
+
+/**
+ * The process's sets of JSON and form body receipts, made here once, each with the same bounds
+ * (JSON_BODIES_PER_ADDRESS, JSON_BODIES_TOTAL) and apart, so one kind of body cannot fill another's:
+ * bodies without a caller (sign-in, sign-up, their forms, the OAuth token endpoint), the forms of
+ * signed-in pages (read before their session is checked), and the bodies of proven callers.
+ */
+export function createBodyReceiptSets(bounds: ReceiptBounds): {
+  bodyReceipts: BodyReceipts
+  sessionFormReceipts: BodyReceipts
+  callerBodyReceipts: BodyReceipts
+} {
+  return {
+    bodyReceipts: createBodyReceipts(bounds, 'request bodies'),
+    sessionFormReceipts: createBodyReceipts(bounds, 'request bodies'),
+    callerBodyReceipts: createBodyReceipts(bounds, 'request bodies'),
+  }
 }
 
 /** Counts the bodies being received, per client address and in total; `bodies` names them in the refusals. */

@@ -1,4 +1,4 @@
-// At most a few uploads and a few exports run at once per workspace (API.md section 9): an export
+// At most a few uploads and a few exports run at once per workspace (docs/api.md section 9): an export
 // holds a connection while it streams and an upload holds up to 50 MiB in memory while it is
 // inspected and stored, so one workspace cannot take the pool or the memory from the others.
 // Counted in each API process (docs/decisions.md): N processes allow N times the limit.

@@ -1,17 +1,15 @@
 // How the import job runs its statements: built with slonik's sql tag, run on the plain pg client
 // the job holds a batch's transaction on (graphile-worker's, or a test's). A statement whose rows
 // are not read is a fragment; a read is sql.type(rowType(...)) (src/db/typed-rows.ts), and every row it returns is
-// checked against that schema, as slonik checks the rows of a typed query on its own pool.
+// checked against that schema by the one row contract every connection keeps (src/db/request/rows.ts).
 import type { FragmentSqlToken, QuerySqlToken } from 'slonik'
 import { pgQueryText, sql } from '../db/pool.ts'
+import { checkedRows, maybeOne, one, type Row } from '../db/request/rows.ts'
 
 /** What the job needs from a pg client: the worker hands in a graphile-worker/pg client. */
 export type Queryable = { query: (text: string, values?: unknown[]) => Promise<{ rows: unknown[]; rowCount: number | null }> }
 
 type RowOf<Query extends QuerySqlToken> = NonNullable<Query['parser']['~standard']['types']>['output']
-
-/** A row came back in another shape than its query's schema says (a bug, never bad input). */
-export class RowShapeError extends Error {}
 
 /** Runs a statement whose rows are not read; answers how many rows it wrote. */
 export async function execute(db: Queryable, statement: FragmentSqlToken): Promise<number> {
@@ -21,26 +19,17 @@ export async function execute(db: Queryable, statement: FragmentSqlToken): Promi
 /** The rows of a typed query, each checked against its schema. */
 export async function readRows<Query extends QuerySqlToken>(db: Queryable, query: Query): Promise<RowOf<Query>[]> {
   const { rows } = await db.query(pgQueryText(query.sql), [...query.values])
-  return rows.map((row) => {
-    const result = query.parser['~standard'].validate(row)
-    if (result instanceof Promise) throw new RowShapeError('a row schema must validate synchronously')
-    if (result.issues) throw new RowShapeError(`unexpected row: ${result.issues.map((issue) => issue.message).join('; ')}`)
-    return result.value as RowOf<Query>
-  })
+  return checkedRows(query, rows as Row[]) as RowOf<Query>[]
 }
 
 /** The row of a typed query that answers at most one, or null. */
 export async function readMaybeOne<Query extends QuerySqlToken>(db: Queryable, query: Query): Promise<RowOf<Query> | null> {
-  const rows = await readRows(db, query)
-  if (rows.length > 1) throw new RowShapeError(`expected at most one row, got ${rows.length}`)
-  return rows[0] ?? null
+  return maybeOne(query, await readRows(db, query))
 }
 
 /** The one row of a typed query (an aggregate, a function call). */
 export async function readOne<Query extends QuerySqlToken>(db: Queryable, query: Query): Promise<RowOf<Query>> {
-  const rows = await readRows(db, query)
-  if (rows.length !== 1) throw new RowShapeError(`expected one row, got ${rows.length}`)
-  return rows[0]
+  return one(query, await readRows(db, query))
 }
 
 // Pieces the batch's statements share. Identifiers come from the record type's field whitelist.

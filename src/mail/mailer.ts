@@ -1,7 +1,7 @@
-// Outgoing mail is optional (API.md section 3): with SMTP_URL set, messages go out through
+// Outgoing mail is optional (docs/api.md section 3): with SMTP_URL set, messages go out through
 // nodemailer; without it there is no mailer and callers show the link instead. Sending happens
-// after the request's transaction has committed, never inside it (DESIGN.md: no side effects in
-// transactions), so a rolled-back invitation is never mailed.
+// after the request's transaction has committed, never inside it (a transaction has no side effects
+// outside the database), so a rolled-back invitation is never mailed.
 import nodemailer, { type Transporter } from 'nodemailer'
 import type { Config } from '../config.ts'
 

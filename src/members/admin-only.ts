@@ -2,7 +2,7 @@
 // enforces the same rule (admin-only write policies on memberships, roles, teams, invitations);
 // this gate answers 403 up front, because an UPDATE or DELETE that RLS filters away silently
 // matches no row and would otherwise read as 404.
-import type { Caller } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { ForbiddenError } from '../errors.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 

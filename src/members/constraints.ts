@@ -1,4 +1,4 @@
-// Constraint names of sql/000002_tenancy.sql and sql/000004_members.sql → the field each protects,
+// Constraint names of sql/migrations/000002_tenancy_and_access.sql → the field each protects,
 // so a taken email, role or team name answers 409 with its pointer (composed with the other areas'
 // lists in src/db/database-errors.ts).
 export const MEMBER_CONSTRAINT_FIELDS: Readonly<Record<string, string>> = Object.freeze({

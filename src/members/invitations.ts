@@ -1,4 +1,4 @@
-// Invitations (API.md section 3): an admin invites an email with a role and teams; the invitee
+// Invitations (docs/api.md section 3): an admin invites an email with a role and teams; the invitee
 // accepts with the single-use secret from accept_url, either as a new user (password and name) or
 // as an existing user proving their email with a bearer token. Only the secret's SHA-256 is stored.
 import { randomBytes } from 'node:crypto'

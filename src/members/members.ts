@@ -1,4 +1,4 @@
-// Members of a workspace (API.md section 3): list with seat usage, change role and teams, suspend,
+// Members of a workspace (docs/api.md section 3): list with seat usage, change role and teams, suspend,
 // unsuspend, remove. The rules live in SQL: admin-only write policies, the seat trigger (unsuspend
 // needs a free seat) and the last-admin trigger (422) of 000002. Non-admins read only themselves.
 import Type, { type Static } from 'typebox'

@@ -1,4 +1,4 @@
-// Custom roles and their grants (API.md sections 3 and 4). Built-in roles are read-only (a trigger
+// Custom roles and their grants (docs/api.md sections 3 and 4). Built-in roles are read-only (a trigger
 // in 000002 refuses changes); a role held by a member or a pending invitation is not deleted (409,
 // trigger in 000004). Non-admins read only their own role; other roles read as absent.
 import Type, { type Static } from 'typebox'

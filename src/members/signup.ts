@@ -1,4 +1,4 @@
-// Sign-up (API.md section 3): a new user and a new workspace whose admin they are, trial starting
+// Sign-up (docs/api.md section 3): a new user and a new workspace whose admin they are, trial starting
 // now (14 days, crm.sign_up), answered with a bearer token. There is no caller yet: it runs as the
 // runtime role, through crm.sign_up alone.
 

@@ -1,4 +1,4 @@
-// Teams (API.md section 3): admins create, rename and delete them; members join them through
+// Teams (docs/api.md section 3): admins create, rename and delete them; members join them through
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import Type, { type Static } from 'typebox'
 import { type CommonQueryMethods, sql } from '../db/pool.ts'

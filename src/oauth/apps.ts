@@ -1,4 +1,4 @@
-// OAuth apps (API.md section 4a): workspace admins register, list, change and delete them, see
+// OAuth apps (docs/api.md section 4a): workspace admins register, list, change and delete them, see
 // who connected each one, and revoke an app for the whole workspace. The database holds the same
 // rules (the admin policy on crm.oauth_apps, the redirect URI check, the grants' policies); the
 // checks here answer first, with a pointer at the offending field.
@@ -14,7 +14,7 @@ const HTTPS = /^https:\/\/[^/?#@\s]+(\/\S*)?$/
 
 /**
  * Why a redirect URI cannot be registered, in plain words, or null: the rule of
- * crm.oauth_redirect_uris_are_valid (sql/000012_oauth.sql), checked first for a readable answer.
+ * crm.oauth_redirect_uris_are_valid (sql/definitions/70_oauth.sql), checked first for a readable answer.
  */
 export function redirectUriProblem(uri: string): string | null {
   if (uri.length > 2000) return 'is longer than 2000 characters'

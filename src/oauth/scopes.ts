@@ -1,4 +1,4 @@
-// The OAuth side of the scopes of API.md section 4a: the names and their plain words are
+// The OAuth side of the scopes of docs/api.md section 4a: the names and their plain words are
 // src/auth/scopes.ts's (the same list as crm.known_scopes()); this reads an RFC 6749 `scope` parameter.
 import { SCOPE_DESCRIPTIONS, TOKEN_SCOPES } from '../auth/scopes.ts'
 

@@ -1,6 +1,6 @@
 // The token and revocation endpoints (RFC 6749 sections 3.2, 4.1.3 and 6; RFC 7636 section 4.6;
 // RFC 7009): what they read from a form post, and the SQL functions that decide
-// (sql/000012_oauth.sql). Client authentication, codes, PKCE, rotation and reuse detection are
+// (sql/definitions/70_oauth.sql). Client authentication, codes, PKCE, rotation and reuse detection are
 // decided in the database, in one statement per request; this file parses, hashes and answers.
 import { createHash, randomBytes } from 'node:crypto'
 import Type from 'typebox'
@@ -10,7 +10,7 @@ import { NullableString, rowType } from '../db/typed-rows.ts'
 import { OAuthError } from '../errors.ts'
 import { parseScope } from './scopes.ts'
 
-/** API.md section 4a: access tokens live one hour (crm.oauth_access_token_lifetime()). */
+/** docs/api.md section 4a: access tokens live one hour (crm.oauth_access_token_lifetime()). */
 export const ACCESS_TOKEN_SECONDS = 3600
 
 export const REFRESH_TOKEN_PATTERN = /^crmrt_[A-Za-z0-9_-]{43}$/

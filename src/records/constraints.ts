@@ -1,4 +1,4 @@
-// Constraint names of sql/000003_records.sql → the JSON pointer of the field each protects, so a
+// Constraint names of sql/migrations/000003_records.sql → the JSON pointer of the field each protects, so a
 // duplicate email answers 409 with pointer /email and a bad domain 422 with /domain (composed with
 // the other areas' lists in src/db/database-errors.ts).
 export const RECORD_CONSTRAINT_FIELDS: Readonly<Record<string, string>> = Object.freeze({

@@ -1,4 +1,4 @@
-// Idempotency-Key for POSTs (API.md section 5). The key row is claimed first, inside the request
+// Idempotency-Key for POSTs (docs/api.md section 5). The key row is claimed first, inside the request
 // transaction: a concurrent request with the same key waits on the primary key until the first
 // commits, then replays its answer. A request that fails rolls back its claim with everything
 // else, so only successful answers are remembered (a retry after a 422 runs again).

@@ -1,4 +1,4 @@
-// The list grammar of API.md section 5, checked against the whitelist of fields:
+// The list grammar of docs/api.md section 5, checked against the whitelist of fields:
 //   filter[field]=v, filter[field][op]=v, filter[custom_fields.key]=v, updated_since=<time>,
 //   sort=-amount,name (id always the last tie-breaker), limit=1..200, cursor=<opaque>, q=<search>.
 // Every value is checked for its field's kind here, so the SQL built from it cannot fail on a cast.

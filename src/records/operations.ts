@@ -7,10 +7,10 @@ import { hash } from 'node:crypto'
 import Type from 'typebox'
 import { AUTHENTICATED } from '../auth/authenticate.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
-import { answersJsonAsText } from '../db/statement-pool.ts'
+import { oneStatementOf } from '../db/request/statement-connection.ts'
+import { answersJsonAsText } from '../db/request/statement-pool.ts'
 import { ExistsRow, IdRow, rowType } from '../db/typed-rows.ts'
 import { ForbiddenError, NotFoundError, PreconditionFailedError, ValidationError } from '../errors.ts'
-import { SingleStatementConnection } from '../http/single-statement.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 import type { RecordType } from './fields.ts'
 import { isValidDate } from './list-parameters.ts'
@@ -89,9 +89,10 @@ async function writeOne<T>(
   target: { id: string; action: string } | null,
   write: (gate: Fragment) => ReturnType<typeof sql.unsafe>,
 ): Promise<T> {
-  if (db instanceof SingleStatementConnection) {
+  const statement = oneStatementOf(db)
+  if (statement) {
     const visibleAfterNoMatch = target ? sql.fragment`exists (select from ${type.table} as t where t.id = ${target.id})` : undefined
-    const { rows, visible } = await db.write(write(AUTHENTICATED), { visibleAfterNoMatch })
+    const { rows, visible } = await statement.write(write(AUTHENTICATED), { visibleAfterNoMatch })
     if (rows.length === 1) return Object.values(rows[0])[0] as T
     if (!target || visible === null) throw new Error(`a ${type.label} write answered ${rows.length} rows`)
     refusal(type, target.action, visible)

@@ -1,6 +1,6 @@
 // Request and response schemas of the three record types (typebox), built from the field lists of
 // fields.ts. The same objects validate bodies (the route definitions) and describe the API in
-// /api/openapi.json. The database repeats every rule as a constraint (sql/000003_records.sql), so
+// /api/openapi.json. The database repeats every rule as a constraint (sql/migrations/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
 import { Uuid } from '../uuid.ts'
@@ -80,7 +80,7 @@ function outputValue(field: FieldSpec): TSchema {
 const inputSchema = (field: FieldSpec) => (field.nullable ? nullable(inputValue(field)) : inputValue(field))
 const outputSchema = (field: FieldSpec) => (field.nullable ? nullable(outputValue(field)) : outputValue(field))
 
-/** Accepted and ignored in bodies (API.md section 1: read-only fields are ignored). */
+/** Accepted and ignored in bodies (docs/api.md section 1: read-only fields are ignored). */
 const readOnlyInput = () => Type.Optional(Type.Unknown({ readOnly: true, description: 'Read-only: ignored when sent' }))
 
 /** The body of a create (required: the non-null writable fields the database does not fill) or of an update (all optional). */

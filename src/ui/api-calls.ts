@@ -1,7 +1,7 @@
 // The UI runs the API's own route handlers in its request transaction, so a form and its API route
 // share validation, the address guard, plan gates and SQL: the screen cannot drift from the API.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { Caller } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
 import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, type Services, validateBody } from '../http/route.ts'
 

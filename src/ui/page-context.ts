@@ -2,7 +2,8 @@
 // transaction authenticates the session cookie through crm.authenticate (so revocation,
 // suspension and the rate limit apply as for API tokens) and runs the page as crm_api.
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import type { Authenticator, Caller } from '../auth/authenticate.ts'
+import type { Authenticator } from '../auth/authenticate.ts'
+import type { Caller } from '../auth/caller.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { AuthenticationError, RateLimitedError } from '../errors.ts'
 import { sameClientAs } from '../http/client-address.ts'
@@ -123,7 +124,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
           }
           throw error
         })
-      // A form's write holds the user's API reads to the primary until a standby has it (src/db/read-replicas.ts).
+      // A form's write holds the user's API reads to the primary until a standby has it (src/db/request/read-replicas.ts).
       if (req.method === 'POST' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
       result.frame.title = result.outcome.title

@@ -12,8 +12,9 @@
 
 import type { JobHelpers } from 'graphile-worker'
 import type { QueryResult, QueryResultRow } from 'pg'
+import { parseCidrList } from '../cidr.ts'
 import type { Config } from '../config.ts'
-import { type AddressPolicy, parseCidrList } from './address-guard.ts'
+import type { AddressPolicy } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
 import { HostRateLimiter, webhookHost } from './host-rate-limiter.ts'
 import { deliveryHeaders } from './request-headers.ts'

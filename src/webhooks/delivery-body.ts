@@ -1,4 +1,4 @@
-// The JSON body of one attempt (API.md section 8). PostgreSQL writes it around its delivered_at
+// The JSON body of one attempt (docs/api.md section 8). PostgreSQL writes it around its delivered_at
 // (crm.webhook_body_head and crm.webhook_body_tail: the event as the outbox recorded it, the
 // delivery id and the workspace), so the worker neither parses nor re-serialises the event; it
 // adds the moment of the attempt and makes the whole body pure ASCII (see ascii-json.ts).

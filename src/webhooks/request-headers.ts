@@ -1,4 +1,4 @@
-// The headers of a delivery's request (API.md section 8), in one place: the worker sends them and
+// The headers of a delivery's request (docs/api.md section 8), in one place: the worker sends them and
 // the delivery log shows them. The signature is per attempt (send.ts signs each one afresh), and
 // the attempt logs the header it sent.
 import { readFileSync } from 'node:fs'

@@ -1,4 +1,4 @@
-// Signing follows the public API contract (API.md sections 7 and 8), two schemes keyed by one secret:
+// Signing follows the public API contract (docs/api.md sections 7 and 8), two schemes keyed by one secret:
 // - X-Service-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>], each v1 HMAC-SHA256 over
 //   "<t>.<raw body bytes>" keyed by the whole secret string (what Stripe's verifier does);
 // - webhook-signature: v1,<base64>[ v1,<base64>], HMAC-SHA256 over "<id>.<t>.<raw body bytes>"

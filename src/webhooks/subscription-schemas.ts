@@ -1,4 +1,4 @@
-// The shapes of /api/webhook-subscriptions (API.md section 7), in typebox: request bodies, the
+// The shapes of /api/webhook-subscriptions (docs/api.md section 7), in typebox: request bodies, the
 // subscription and delivery as the API shows them (OpenAPI and row checks), and an example.
 import Type, { type TSchema } from 'typebox'
 import { Uuid } from '../uuid.ts'
@@ -7,7 +7,7 @@ const EVENT_PATTERN = '^(\\*|(contact|company|deal)\\.(\\*|created|updated|delet
 /** One event name (no wildcards), as the deliveries filter takes it. */
 export const EVENT_NAME = /^(contact|company|deal)\.(created|updated|deleted)$/
 export const DELIVERY_STATUSES = ['pending', 'retrying', 'delivered', 'dead', 'held']
-/** The 9 events (API.md section 8), in the order the events page lists them. */
+/** The 9 events (docs/api.md section 8), in the order the events page lists them. */
 export const EVENT_NAMES = ['contact', 'company', 'deal'].flatMap((type) =>
   ['created', 'updated', 'deleted'].map((action) => `${type}.${action}`),
 )

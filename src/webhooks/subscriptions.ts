@@ -1,16 +1,17 @@
-// Webhook subscriptions and their delivery log, as the API manages them (API.md section 7). Every
+// Webhook subscriptions and their delivery log, as the API manages them (docs/api.md section 7). Every
 // operation first calls crm.require_webhook_access() (403 for non-admins, 402 without the plan);
 // RLS repeats the admin rule, so a member sees zero rows even in SQL. Deliveries are read here and
 // written only through SECURITY DEFINER functions (pause, resume, redeliver, rotate, test, recover).
 import type { Static } from 'typebox'
 import Type from 'typebox'
+import { parseCidrList } from '../cidr.ts'
 import type { Config } from '../config.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { InvalidParameterError, NotFoundError, ValidationError } from '../errors.ts'
 import { decodeCursor, encodeCursor, limitOf } from '../paging.ts'
 import { UUID_PATTERN } from '../uuid.ts'
-import { type AddressPolicy, checkWebhookUrl, parseCidrList } from './address-guard.ts'
+import { type AddressPolicy, checkWebhookUrl } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
 import { requestHeaders } from './request-headers.ts'
 import { sealWebhookSecret, webhookSecretKey } from './secret-store.ts'

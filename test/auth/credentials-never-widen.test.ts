@@ -1,4 +1,4 @@
-// Credentials never widen (API.md section 4a: scopes narrow a token, never widen it; docs/decisions.md,
+// Credentials never widen (docs/api.md section 4a: scopes narrow a token, never widen it; docs/decisions.md,
 // "A scoped credential only narrows"). Whatever a scoped token or an OAuth app's access token does,
 // through any route, no credential in the database may do more afterwards: no token with more
 // scopes, a longer life or less binding, no new member, role, grant, team membership, invitation,

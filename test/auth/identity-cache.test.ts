@@ -1,4 +1,4 @@
-// The cached identity (sql/000016_cached_identity.sql, src/auth/identity-cache.ts): a token's second
+// The cached identity (sql/definitions/20_tenancy_and_access.sql, src/auth/identity-cache.ts): a token's second
 // request runs crm.resume_identity instead of crm.authenticate, and every way a token stops or a
 // grant changes is effective on the very next request in every process. Process A is this test's
 // server; process B is a `crm serve --no-worker` child against the same database, whose cache is

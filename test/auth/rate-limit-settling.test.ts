@@ -1,4 +1,4 @@
-// crm.settle_request_counts (sql/000017_rate_limit_settling.sql), in SQL: only the runtime role
+// crm.settle_request_counts (sql/definitions/20_tenancy_and_access.sql), in SQL: only the runtime role
 // calls it, it refuses nonsense, its totals add every process's and backend's rows of the window,
 // settlements of one user wait for one another, and housekeeping prunes what it writes.
 import { randomUUID } from 'node:crypto'

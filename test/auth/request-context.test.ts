@@ -48,7 +48,7 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   t.same(rows[0], { user_id: null, memberships: 0, tokens: 0, roles: 0, workspaces: 0 })
   for (const statement of [
     `select crm.set_context('${ada.id}', '${tenant.id}', 'api', null, null)`,
-    // the context's internal pieces (sql/000025_context_carrier.sql): no EXECUTE for crm_api
+    // the context's internal pieces (src/db/request-context.ts): no EXECUTE for crm_api
     `select crm.put_context('${ada.id}', '${tenant.id}', 'api', null, null)`,
     "select crm.write_context('crm_context')",
     `select crm.team_user_ids('${ada.id}', '${tenant.id}')`,
@@ -68,7 +68,7 @@ t.test('settings set by hand as crm_api prove nothing: zero rows', async (t) => 
   await client.query('rollback')
 })
 
-// Every helper the policies call checks the proof in its own body (sql/000018): each answers the
+// Every helper the policies call checks the proof in its own body (sql/definitions/20_tenancy_and_access.sql): each answers the
 // member's own rights under a proven context, and nothing under hand-set settings, even with the
 // settings and the proof of a real context copied from an earlier transaction of the same backend.
 const CONTEXT_HELPERS = `select crm.current_user_id() as user_id, crm.current_workspace_id() as workspace_id,

@@ -1,4 +1,4 @@
-// Scoped tokens (API.md section 4a): what a token may do is its role's grants intersected with its
+// Scoped tokens (docs/api.md section 4a): what a token may do is its role's grants intersected with its
 // scopes. Row-level security enforces it (the proven context carries the scopes), so SQL in that
 // context refuses what a route would, and every route answers 403 insufficient_scope first.
 import { createHash, randomBytes } from 'node:crypto'

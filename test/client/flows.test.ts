@@ -2,17 +2,13 @@
 // sign up and take a token, create (an Idempotency-Key on every create), filter, page through 1,000
 // records, import a sample file, export, subscribe a webhook and verify a delivery with the
 // standardwebhooks and svix libraries; problems arrive as typed errors and a 429 is waited out.
-import { readFileSync } from 'node:fs'
-import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ApiError, createCrmClient, type ImportJob, paginate, unwrap, uploadCsv } from '../../clients/typescript/index.ts'
 import { TEST_PASSWORD } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
+import { fixture } from '../imports/helpers.ts'
 import { startReceiver, WEBHOOK_TEST_ENV, waitUntil } from '../webhooks/receiver.ts'
 import { everyVerifierAccepts } from '../webhooks/verifiers.ts'
-
-const FIXTURES = process.env.CSV_FIXTURES_DIR ?? fileURLToPath(new URL('../../../shared/fixtures/csv', import.meta.url))
 
 t.test('the README flows with the generated client', async (t) => {
   const server = await startTestServer(t, { worker: true, env: { ...WEBHOOK_TEST_ENV, RATE_LIMIT_PER_MINUTE: '100000' } })
@@ -73,7 +69,7 @@ t.test('the README flows with the generated client', async (t) => {
   )
 
   // Import a sample file: upload, start with the suggested mapping, wait for the job.
-  const upload = await uploadCsv(crm, 'contacts', readFileSync(join(FIXTURES, 'people-100.csv')))
+  const upload = await uploadCsv(crm, 'contacts', fixture('people-100.csv'))
   t.equal(upload.row_count, 100)
   const started = await crm.POST('/api/contacts/import/{id}', { params: { path: { id: upload.id } }, body: { mode: 'create' } })
   t.equal(started.response.status, 202)

@@ -2,8 +2,8 @@
 
 import pg from 'pg'
 import t from 'tap'
-import { CONSTRAINT_FIELDS, classifyDatabaseError, composeConstraintFields } from '../../src/db/database-errors.ts'
-import { ApiError, toApiError as answerOf } from '../../src/http/problem.ts'
+import { classifyDatabaseError, composeConstraintFields } from '../../src/db/database-errors.ts'
+import { ApiError, toApiError as answerOf, CONSTRAINT_FIELDS } from '../../src/http/problem.ts'
 import { MEMBER_CONSTRAINT_FIELDS } from '../../src/members/constraints.ts'
 import { RECORD_CONSTRAINT_FIELDS } from '../../src/records/constraints.ts'
 import { createTestDatabase } from '../helpers/database.ts'

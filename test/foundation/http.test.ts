@@ -11,7 +11,11 @@ t.test('health', async (t) => {
   t.same((await server.request('GET', '/healthz')).body, { status: 'ok' })
   const ready = await server.request('GET', '/readyz')
   t.equal(ready.status, 200)
-  t.same(ready.body, { status: 'ready' })
+  t.same(
+    ready.body,
+    { status: 'ready', context_carrier: 'parameter' },
+    'the request context travels in the fast carrier (the embedded owner may set it)',
+  )
 })
 
 t.test('unknown routes answer a JSON problem, never HTML', async (t) => {

@@ -6,7 +6,7 @@ import { spawnSync } from 'node:child_process'
 import { pathToFileURL } from 'node:url'
 import t from 'tap'
 
-const singleStatement = pathToFileURL(new URL('../../src/http/single-statement.ts', import.meta.url).pathname).href
+const singleStatement = pathToFileURL(new URL('../../src/db/request/statement-connection.ts', import.meta.url).pathname).href
 
 const script = `
 const { SingleStatementConnection } = await import(${JSON.stringify(singleStatement)})

@@ -1,7 +1,7 @@
 // crm.uuid_v7 on every supported server: a version 7 UUID (RFC 9562) whose first 48 bits are the
 // clock's milliseconds, and ids made one after another in a session are ordered by when they were
 // made (PostgreSQL 18's uuidv7() does it with its sub-millisecond bits; before 18, the SQL
-// definition of sql/000024_uuid_v7_sub_millisecond.sql does the same).
+// definition of sql/definitions/01_ids.before_18.sql does the same).
 import t from 'tap'
 import { createTestDatabase, ownerClient } from '../helpers/database.ts'
 

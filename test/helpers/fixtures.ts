@@ -88,7 +88,7 @@ export async function mintToken(
   options: {
     kind?: 'token' | 'session' | 'oauth'
     ttl?: string
-    /** The token's scopes (API.md section 4a); unscoped when left out. */
+    /** The token's scopes (docs/api.md section 4a); unscoped when left out. */
     scopes?: string[]
     /** For kind oauth: the workspace the token is bound to and the app it was issued to. */
     workspaceId?: string
@@ -96,7 +96,7 @@ export async function mintToken(
   } = {},
 ): Promise<string> {
   const token = newToken()
-  // An OAuth access token belongs to a grant (sql/000012_oauth.sql): one is made for it.
+  // An OAuth access token belongs to a grant (sql/definitions/70_oauth.sql): one is made for it.
   await client.query(
     `with oauth_grant as (
        insert into crm.oauth_grants (workspace_id, app_id, user_id, scopes, expires_at)

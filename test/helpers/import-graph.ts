@@ -3,7 +3,7 @@
 // and fails past the bounds below; test/foundation/import-graph.test.ts proves it finds both kinds.
 //
 // Layers, lowest first: a file may import its own layer and the ones below it.
-//   0 base     src/config.ts, src/errors.ts, src/log.ts, src/uuid.ts
+//   0 base     src/config.ts, src/errors.ts, src/log.ts, src/uuid.ts, src/cidr.ts
 //   1 db       src/db/
 //   2 domain   auth, records, members, imports, exports, webhooks, oauth, mail, src/paging.ts,
 //              src/worker-heartbeat.ts
@@ -19,6 +19,7 @@ const ROOT_FILES: Record<string, number> = {
   'src/errors.ts': 0,
   'src/log.ts': 0,
   'src/uuid.ts': 0,
+  'src/cidr.ts': 0,
   'src/paging.ts': 2,
   'src/worker-heartbeat.ts': 2,
   'src/service.ts': 4,
@@ -40,7 +41,7 @@ const FOLDERS: Record<string, number> = {
 }
 
 /** Where the repository stands; lower these as the structure improves, never raise them. */
-export const BOUNDS = { backUpImports: 7, circles: 3 }
+export const BOUNDS = { backUpImports: 0, circles: 0 }
 
 /** The layer of a file under src/, or undefined for one no rule places (which the check reports). */
 export function layerOf(path: string): number | undefined {

@@ -1,12 +1,12 @@
-// The unauthenticated routes are limited per client address (API.md section 3), and forwarding
+// The unauthenticated routes are limited per client address (docs/api.md section 3), and forwarding
 // headers are believed only from a trusted proxy (TRUST_PROXY): X-Forwarded-For decides the
 // address, X-Forwarded-Proto the session cookie's Secure flag. An IPv6 client is counted by its
 // /64, which it can rotate through freely; an IPv4-mapped address as the IPv4 address it is.
 import type { IncomingMessage } from 'node:http'
 import fc from 'fast-check'
 import t from 'tap'
+import { addressBlock } from '../../src/cidr.ts'
 import { createAddressRateLimit } from '../../src/http/address-rate-limit.ts'
-import { addressBlock } from '../../src/webhooks/address-guard.ts'
 import { startTestServer, type TestServer } from '../helpers/server.ts'
 
 const LIMIT = 3

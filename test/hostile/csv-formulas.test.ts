@@ -1,4 +1,4 @@
-// CSV cells a spreadsheet would run as formulas (API.md section 6): a text cell that begins with
+// CSV cells a spreadsheet would run as formulas (docs/api.md section 6): a text cell that begins with
 // =, +, -, @, a tab or a carriage return gets a leading ', in exports and in an import's
 // errors.csv; numbers, dates and NDJSON are written as stored.
 import t from 'tap'

@@ -1,4 +1,4 @@
-// Slow clients and uploads cannot starve the service (API.md sections 2 and 9): a body that stops
+// Slow clients and uploads cannot starve the service (docs/api.md sections 2 and 9): a body that stops
 // arriving gets 408 and its socket closed, uploads are received whole (into a temporary file that
 // is always removed) before a connection is taken, and a workspace runs at most 4 uploads at once.
 import { mkdtempSync, readdirSync } from 'node:fs'

@@ -1,4 +1,4 @@
-// Streams cannot take the pool (API.md section 9, docs/security.md): an export or
+// Streams cannot take the pool (docs/api.md section 9, docs/security.md): an export or
 // an errors.csv holds a connection for as long as its client reads, so clients that stop reading
 // are bounded per workspace (4, errors.csv counted as an export) and per process
 // (STREAMS_PER_PROCESS), and every other tenant keeps being answered; a reader that keeps its

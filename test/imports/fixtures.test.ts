@@ -1,14 +1,11 @@
-// The sample exports in ../shared/fixtures/csv stand for what users upload: each must inspect
+// The sample exports in test/fixtures/csv stand for what users upload: each must inspect
 // cleanly and get a mapping a user would accept as it is.
-import { createReadStream, readFileSync } from 'node:fs'
+import { createReadStream } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { type CsvRecord, inspectCsv, inspectCsvAsync, readCsvRecords } from '../../src/imports/csv-file.ts'
 import { suggestMapping, validateMapping } from '../../src/imports/suggest-mapping.ts'
-
-const FIXTURES = process.env.CSV_FIXTURES_DIR ?? fileURLToPath(new URL('../../../shared/fixtures/csv', import.meta.url))
-const fixture = (name: string) => readFileSync(join(FIXTURES, name))
+import { FIXTURES, fixture } from './helpers.ts'
 
 async function collect(records: AsyncIterable<CsvRecord>): Promise<CsvRecord[]> {
   const all: CsvRecord[] = []

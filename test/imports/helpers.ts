@@ -4,7 +4,8 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { TestServer } from '../helpers/server.ts'
 
-export const FIXTURES = process.env.CSV_FIXTURES_DIR ?? fileURLToPath(new URL('../../../shared/fixtures/csv/', import.meta.url))
+/** Real CSV exports of other tools, kept as they came (test/fixtures/csv/README.md). */
+export const FIXTURES = fileURLToPath(new URL('../fixtures/csv/', import.meta.url))
 export const fixture = (name: string) => readFileSync(join(FIXTURES, name))
 
 export async function upload(server: TestServer, token: string, type: string, csv: string | Buffer, fileName = 'upload.csv') {

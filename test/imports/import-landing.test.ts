@@ -1,6 +1,6 @@
 // Import landing: repeats are marked in linear time whatever the statistics of crm.import_rows say
-// (crm.mark_import_repeats, sql/000006_imports.sql), and ids are version 7 UUIDs in time order
-// (crm.uuid_v7, sql/000001_foundation.sql). And the worker's COPY lines of staged cells (built in
+// (crm.mark_import_repeats, sql/definitions/50_imports_and_exports.sql), and ids are version 7 UUIDs in time order
+// (crm.uuid_v7, sql/definitions/01_ids.*.sql). And the worker's COPY lines of staged cells (built in
 // one pass) carry every value exactly.
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'

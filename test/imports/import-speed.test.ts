@@ -1,4 +1,4 @@
-// The import fast paths (sql/000003_records.sql, sql/000006_imports.sql) keep every rule: the outbox's
+// The import fast paths (sql/definitions/30_records.sql, sql/definitions/50_imports_and_exports.sql) keep every rule: the outbox's
 // jsonb rendering equals the API's json rendering, the custom_fields CHECK refuses what the full
 // check refuses, the insert triggers normalise, and repeated keys are found across batches and re-marked when
 // a file runs again with another key.

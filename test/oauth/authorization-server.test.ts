@@ -1,4 +1,4 @@
-// The OAuth 2.0 authorization server over HTTP (API.md section 4a): the metadata, the
+// The OAuth 2.0 authorization server over HTTP (docs/api.md section 4a): the metadata, the
 // authorization endpoint's refusals (an error page for an unknown client or redirect URI, a
 // redirect with the error otherwise), the token endpoint's RFC 6749 errors (wrong verifier, wrong
 // redirect URI, expired code, reused code, unknown client, public client without PKCE), refresh

@@ -1,4 +1,4 @@
-// The carrier of the request context (sql/000025_context_carrier.sql), tried on whatever PostgreSQL
+// The carrier of the request context (src/db/request-context.ts), tried on whatever PostgreSQL
 // the suite runs on: only the owner's code can write it, crm_api is refused every way a setting can
 // be set, policies see rows only after authentication, RESET ALL, DISCARD ALL and a rolled-back
 // savepoint leave nothing, and a hand-made context sees nothing. Then the same database on the
@@ -40,7 +40,7 @@ const NOTHING = { user_id: null, deals_view: null, deals: 0, memberships: 0 }
 
 /**
  * The writer on the path in use: whether it is inlined where its callers call it (EXPLAIN shows
- * set_config in its place, sql/000032), and that crm_api and the runtime role cannot call it (it
+ * set_config in its place, src/db/request-context.ts), and that crm_api and the runtime role cannot call it (it
  * is dropped and made again when the path changes).
  */
 const writer = () =>

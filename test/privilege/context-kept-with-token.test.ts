@@ -1,4 +1,4 @@
-// The request context kept with the token (sql/000029_context_kept_with_the_token.sql):
+// The request context kept with the token (sql/definitions/20_tenancy_and_access.sql):
 // crm.authenticate stores the text it wrote on the token's row, keyed by workspace, access version
 // and via, and a cached identity's request writes it back instead of computing it again. Checked
 // here: crm_api can neither read nor write it; it is what a cached identity's request uses; every

@@ -108,7 +108,7 @@ t.test('a login role granted crm_owner besides crm_api is refused, not handed ev
   await owner.connect()
   t.teardown(() => owner.end())
   await owner.query(`create role ${name} login password '${password}' in role crm_api, crm_owner`)
-  // A role of the DBA's own connects only once granted (PUBLIC has no CONNECT, sql/000035).
+  // A role of the DBA's own connects only once granted (PUBLIC has no CONNECT, sql/definitions/10_foundation.sql).
   const database = new URL(url).pathname.slice(1)
   await owner.query(`grant connect on database ${database} to ${name}`)
   t.teardown(async () => {

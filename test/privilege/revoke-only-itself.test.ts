@@ -1,5 +1,5 @@
 // A scoped token revokes only itself, and an app's access token only its own authorization, by the
-// database's word (sql/000027_token_in_context.sql), not only the route's: as crm_api, after the
+// database's word (sql/definitions/20_tenancy_and_access.sql), not only the route's: as crm_api, after the
 // request's authentication, `update crm.tokens set revoked_at = now()` and the same on
 // crm.oauth_grants touch no other row. Tried for every kind of caller and any scopes, through both
 // ways a request authenticates (crm.authenticate, crm.resume_identity), on both carriers of the

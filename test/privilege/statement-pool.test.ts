@@ -1,7 +1,7 @@
 // A named read statement that its connection no longer knows (a pooler in transaction mode hands
 // each statement to any server connection) is sent again unnamed, and so is every later read.
 import t from 'tap'
-import { createStatementPool } from '../../src/db/statement-pool.ts'
+import { createStatementPool } from '../../src/db/request/statement-pool.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 
 t.test('a lost named statement is sent again unnamed', async (t) => {

@@ -1,7 +1,7 @@
 // With the embedded PostgreSQL the migrating role is a superuser (so is the test template's, made
 // by migrate() as `make run` does), and every SECURITY DEFINER function ran as it. migrate now
 // gives crm_owner, which is no superuser and cannot bypass row-level security, whatever a
-// superuser owns in crm and graphile-worker's queue, at every run (sql/000035): also the functions
+// superuser owns in crm and graphile-worker's queue, at every run (sql/definitions/10_foundation.sql): also the functions
 // the context carrier makes again when it changes path.
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'

@@ -6,7 +6,7 @@
 // Grants are per database but the groups holding them (crm_runtime, crm_worker) are cluster-wide:
 // with PUBLIC's CONNECT, one deployment's runtime login called the other's crm.claim_sign_in and
 // its worker login the other's crm.begin_import_batch. Each database now admits its own logins
-// alone (sql/000035), also once `crm migrate` has run on a database that admitted everyone.
+// alone (sql/definitions/10_foundation.sql), also once `crm migrate` has run on a database that admitted everyone.
 import pg from 'pg'
 import t, { type Test } from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
@@ -169,8 +169,12 @@ t.test("one deployment's login roles cannot get into the other's database", asyn
 
 /** Ways a database lets another deployment's logins in that `crm migrate` closes. */
 const OPENINGS = [
-  // As a database migrated before sql/000035: PUBLIC connects, the login roles by it alone.
-  { what: 'PUBLIC connects (a database migrated before sql/000035)', grantTo: 'public', ownLoginsRevoked: true },
+  // As a database migrated before the service admitted its own logins alone: PUBLIC connects, the login roles by it alone.
+  {
+    what: 'PUBLIC connects (a database migrated before the service admitted its own logins alone)',
+    grantTo: 'public',
+    ownLoginsRevoked: true,
+  },
   // A DBA's slip: CONNECT is inherited, so the shared groups let every deployment's logins in.
   { what: 'the shared groups were granted CONNECT', grantTo: 'crm_runtime, crm_worker', ownLoginsRevoked: false },
 ] as const

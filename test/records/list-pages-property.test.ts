@@ -74,7 +74,7 @@ t.test("a list's pages are the database's order, cut at the page size, whatever 
       const { pages, texts } = await walk(ann, `/api/deals?${query}`)
 
       const keys = sort.length > 0 ? sort : [{ field: 'created_at', descending: false }]
-      // id breaks ties in the direction of the last key (API.md: id is always the last tie-breaker).
+      // id breaks ties in the direction of the last key (docs/api.md section 5: id is always the last tie-breaker).
       const order = [...keys, { field: 'id', descending: keys.at(-1)!.descending }]
         .map((key) => `${key.field} ${key.descending ? 'desc' : 'asc'} nulls last`)
         .join(', ')

@@ -1,5 +1,5 @@
 // A record's create, update or delete by a token the process knows travels with its
-// authentication as one statement (src/http/single-statement.ts, wrappedWrite in
+// authentication as one statement (src/db/request/statement-connection.ts, wrappedWrite in
 // src/auth/authenticate.ts). Checked here: it is one statement with its event; it answers exactly
 // what the same write answers in a transaction (a property over actors, targets and bodies, against
 // a second process with WRITES_IN_ONE_STATEMENT=false on the same database); a failed

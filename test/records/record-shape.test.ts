@@ -17,7 +17,7 @@ const CONSTRAINTS_FILE = 'src/records/constraints.ts'
 
 /**
  * Columns crm_api may INSERT that the database fills and the client never sends: the tenant, the
- * id and the authors. Imports send them (sql/000006_imports.sql grants them for that, and its
+ * id and the authors. Imports send them (sql/definitions/50_imports_and_exports.sql grants them for that, and its
  * policies allow only the caller's own values); the API never does. Only id, created_by and
  * updated_by are fields; workspace_id is not part of the JSON at all.
  */

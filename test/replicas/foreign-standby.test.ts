@@ -5,7 +5,7 @@
 // it served, and the reads went to it (its reads counted).
 // Skipped when the PostgreSQL 15 binaries are missing (.ci/run installs postgresql-15).
 import t from 'tap'
-import { notAStandbyOf } from '../../src/db/read-replicas.ts'
+import { notAStandbyOf } from '../../src/db/request/read-replicas.ts'
 import { createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer, TEST_APP_SECRET } from '../helpers/server.ts'
 import { missingStandbyBinaries, query, startStandbyPair } from '../helpers/standby.ts'

@@ -1,8 +1,8 @@
-// WAL positions as the read routing compares them (src/db/read-replicas.ts): parsed from pg_lsn's
+// WAL positions as the read routing compares them (src/db/request/read-replicas.ts): parsed from pg_lsn's
 // text, they order as PostgreSQL orders them, over the whole 64-bit range.
 import fc from 'fast-check'
 import t from 'tap'
-import { parseLsn } from '../../src/db/read-replicas.ts'
+import { parseLsn } from '../../src/db/request/read-replicas.ts'
 import { adminQuery } from '../helpers/database.ts'
 
 const lsnText = fc

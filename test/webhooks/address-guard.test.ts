@@ -1,11 +1,6 @@
 import t, { type Test } from 'tap'
-import {
-  type AddressPolicy,
-  checkWebhookUrl,
-  isGlobalUnicast,
-  parseCidrList,
-  STRICT_ADDRESS_POLICY,
-} from '../../src/webhooks/address-guard.ts'
+import { parseCidrList } from '../../src/cidr.ts'
+import { type AddressPolicy, checkWebhookUrl, isGlobalUnicast, STRICT_ADDRESS_POLICY } from '../../src/webhooks/address-guard.ts'
 
 const PUBLIC_V4 = '93.184.215.14'
 const PUBLIC_V6 = '2606:2800:21f:cb07:6820:80da:af6b:8b2c'

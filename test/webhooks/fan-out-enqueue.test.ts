@@ -1,4 +1,4 @@
-// The outbox's hand-off to the webhooks worker (crm.enqueue_event_fan_out, sql/000019): each
+// The outbox's hand-off to the webhooks worker (crm.enqueue_event_fan_out, sql/definitions/40_events_and_webhooks.sql): each
 // statement that writes events adds one fan_out_event job carrying exactly its events, and adding
 // it does not scan the job queue, so record writes do not slow down while jobs pile up (the worker
 // down or behind). The scan is read from PostgreSQL's own counters for the transaction.

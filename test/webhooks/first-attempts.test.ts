@@ -358,7 +358,7 @@ t.test('statistics taken while the delivery tables were empty do not turn the wo
   // planner trusts "no rows", and a plan made then, such as the foreign-key check of every attempt
   // against its delivery, is kept by the connection until the next ANALYZE. Each attempt recorded
   // then scans every delivery: 5 times the cost per delivery at 5,000 deliveries, 15 times at
-  // 20,000 (hence enable_seqscan = off on these functions, sql/000005_webhooks.sql).
+  // 20,000 (hence enable_seqscan = off on these functions, sql/definitions/40_events_and_webhooks.sql).
   const { tenant, owner, subscriptionId, createContacts } = await setUp(t)
   const emails = Array.from({ length: 60 }, (_, i) => `scan-${i}@example.com`)
   const events = await createContacts(emails)

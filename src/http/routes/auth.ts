@@ -1,4 +1,4 @@
-// Sign-in (tokens, two-factor), the caller's identity, workspaces and tokens (API.md section 3).
+// Sign-in (tokens, two-factor), the caller's identity, workspaces and tokens (docs/api.md section 3).
 import Type from 'typebox'
 import { PERSONAL_TOKEN_SCOPES, TOKEN_SCOPES } from '../../auth/scopes.ts'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
@@ -39,7 +39,7 @@ const ChallengeBody = Type.Union([
 ])
 
 const Scopes = Type.Union([Type.Array(Type.String()), Type.Null()], {
-  description: 'The scopes the token is limited to (API.md section 4a); null: the whole role',
+  description: 'The scopes the token is limited to (docs/api.md section 4a); null: the whole role',
 })
 
 const TokenSummary = Type.Object({

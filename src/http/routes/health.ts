@@ -6,7 +6,13 @@ import { rowType } from '../../db/typed-rows.ts'
 import { UnavailableError } from '../../errors.ts'
 import { defineRoutes } from '../route.ts'
 
-const NewestMigration = rowType(Type.Object({ number: Type.Union([Type.Integer(), Type.Null()]) }))
+const ContextCarrierType = Type.Union([Type.Literal('parameter'), Type.Literal('keyed_proof')], {
+  description:
+    "how the request context travels (docs/operations.md): parameter (the fast carrier, when the schema's owner may set it) or keyed_proof",
+})
+const Readiness = rowType(
+  Type.Object({ number: Type.Union([Type.Integer(), Type.Null()]), context_carrier: Type.Union([ContextCarrierType, Type.Null()]) }),
+)
 
 export default defineRoutes(
   {
@@ -28,6 +34,7 @@ export default defineRoutes(
     errors: [503],
     response: Type.Object({
       status: Type.Literal('ready'),
+      context_carrier: ContextCarrierType,
       replicas: Type.Optional(
         Type.Array(
           Type.Object({
@@ -48,17 +55,20 @@ export default defineRoutes(
       ),
     }),
     handler: async ({ services }) => {
-      let current: boolean
+      let readiness: { number: number | null; context_carrier: 'parameter' | 'keyed_proof' | null }
       try {
-        current = await schemaIsCurrent(async () => ({
-          rows: [await services.pool.one(sql.type(NewestMigration)`select max(number) as number from crm.schema_migrations`)],
-        }))
+        readiness = await services.pool.one(
+          sql.type(Readiness)`select (select max(number) from crm.schema_migrations) as number,
+                                     (select variant from crm.schema_definitions where name = '02_request_context') as context_carrier`,
+        )
       } catch (error) {
         throw new UnavailableError(error)
       }
-      if (!current) throw new UnavailableError(null, 'The database schema is behind this version: run crm migrate')
+      if (!schemaIsCurrent(readiness.number) || readiness.context_carrier === null) {
+        throw new UnavailableError(null, 'The database schema is behind this version: run crm migrate')
+      }
       const replicas = services.readRouting?.report()
-      return { body: { status: 'ready', ...(replicas ? { replicas } : {}) } }
+      return { body: { status: 'ready', context_carrier: readiness.context_carrier, ...(replicas ? { replicas } : {}) } }
     },
   },
 )

@@ -1,4 +1,4 @@
-// CSV import (API.md section 6): upload and inspect a file, start the job, read it, download its
+// CSV import (docs/api.md section 6): upload and inspect a file, start the job, read it, download its
 // errors. The job itself is workers/process_import.ts; every permission is decided in SQL (the
 // imports policies, crm.queue_import, and the import policies on the record tables).
 import { createReadStream } from 'node:fs'

@@ -1,4 +1,4 @@
-// Invitations (API.md section 3): admins invite, list and withdraw; the invitee accepts.
+// Invitations (docs/api.md section 3): admins invite, list and withdraw; the invitee accepts.
 import Type from 'typebox'
 import { bearerCredential } from '../../auth/authenticate.ts'
 import { invitationMail } from '../../mail/invitation-mail.ts'

@@ -1,4 +1,4 @@
-// Members of the caller's workspace (API.md section 3). Admins only, except that anyone reads
+// Members of the caller's workspace (docs/api.md section 3). Admins only, except that anyone reads
 // their own membership: for a non-admin the list holds just them.
 import Type from 'typebox'
 import { InvalidParameterError } from '../../errors.ts'

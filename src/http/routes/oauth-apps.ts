@@ -1,4 +1,4 @@
-// OAuth apps (API.md section 4a), workspace admins only: register (a confidential app's client
+// OAuth apps (docs/api.md section 4a), workspace admins only: register (a confidential app's client
 // secret is answered this once), list, change, delete; the members connected to an app, and
 // revoking the app for the whole workspace.
 import Type from 'typebox'

@@ -1,4 +1,4 @@
-// The OAuth 2.0 endpoints an app calls directly (API.md section 4a): the token endpoint, the
+// The OAuth 2.0 endpoints an app calls directly (docs/api.md section 4a): the token endpoint, the
 // revocation endpoint (RFC 7009) and the metadata document (RFC 8414). The authorization endpoint
 // is a page a person sees (src/ui/pages/authorize.ts). Errors of the token and revocation
 // endpoints are RFC 6749 section 5.2 JSON, not problem details: OAuth clients read `error`.

@@ -1,4 +1,4 @@
-// Roles and their grants (API.md sections 3 and 4). Admins manage custom roles; built-in roles are
+// Roles and their grants (docs/api.md sections 3 and 4). Admins manage custom roles; built-in roles are
 // read-only (422); a role in use is kept (409 role_in_use). Non-admins read only their own role.
 import Type from 'typebox'
 import { createRole, deleteRole, GRANT_PATTERN, getRole, listRoles, updateRole } from '../../members/roles.ts'

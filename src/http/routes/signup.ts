@@ -1,4 +1,4 @@
-// POST /api/signup: a new user with a new workspace (API.md section 3).
+// POST /api/signup: a new user with a new workspace (docs/api.md section 3).
 import Type from 'typebox'
 import { signUp } from '../../members/signup.ts'
 import { defineRoutes } from '../route.ts'

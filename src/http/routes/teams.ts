@@ -1,4 +1,4 @@
-// Teams (API.md section 3): admins create, rename and delete; membership is set per member with
+// Teams (docs/api.md section 3): admins create, rename and delete; membership is set per member with
 // PATCH /api/members/{user_id}. Non-admins read only the teams they belong to.
 import Type from 'typebox'
 import { createTeam, deleteTeam, getTeam, listTeams, updateTeam } from '../../members/teams.ts'

@@ -1,4 +1,4 @@
-// /api/webhook-subscriptions (API.md section 7): the routes. What they do is in
+// /api/webhook-subscriptions (docs/api.md section 7): the routes. What they do is in
 // src/webhooks/subscriptions.ts, their shapes in src/webhooks/subscription-schemas.ts.
 import { pageHeaders } from '../../paging.ts'
 import { parseQueryString } from '../../records/query-string.ts'

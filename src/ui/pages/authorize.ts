@@ -1,4 +1,4 @@
-// The OAuth authorization endpoint (API.md section 4a): GET /oauth/authorize checks the client and
+// The OAuth authorization endpoint (docs/api.md section 4a): GET /oauth/authorize checks the client and
 // its redirect URI (an error page when either is wrong, never a redirect), sends a signed-out
 // browser through sign-in (and two-factor) and back, and shows the consent: the app, the
 // workspace it belongs to, each scope in plain words, Allow and Deny. The form posts back here
@@ -35,7 +35,7 @@ import { hasSessionCookie } from '../session.ts'
 const ClientSchema = Type.Object({
   app_id: Type.String(),
   app_name: Type.String(),
-  // Null unless the user may connect the app (sql/000022_oauth_client_workspace_for_members.sql).
+  // Null unless the user may connect the app (sql/definitions/70_oauth.sql).
   workspace_name: Type.Union([Type.String(), Type.Null()]),
   redirect_uri_ok: Type.Boolean(),
   user_may_connect: Type.Boolean(),

@@ -23,7 +23,7 @@ const EXPIRY_CHOICES = [
   { days: 90, label: '90 days' },
   { days: 365, label: '1 year' },
 ]
-/** A token's documented default lifetime (API.md section 3), the same in the UI as in the API. */
+/** A token's documented default lifetime (docs/api.md section 3), the same in the UI as in the API. */
 const DEFAULT_EXPIRY_DAYS = 14
 
 type TokenRow = {
@@ -365,7 +365,7 @@ export const disableTwoFactor: PageHandler = async (context) => {
   if (step === null) {
     return render(context, { twoFactorError: 'That code is not right. Two-factor sign-in is still on.' }, 422)
   }
-  // A code is accepted once (API.md section 3): one already used, at sign-in or here, is refused.
+  // A code is accepted once (docs/api.md section 3): one already used, at sign-in or here, is refused.
   const disabled = await context.db.oneFirst(sql.type(DisabledRow)`select crm.disable_totp(${step}) as disabled`)
   if (!disabled) {
     return render(

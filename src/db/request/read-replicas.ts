@@ -35,9 +35,9 @@
 // The caller decides what happens when the standby fails
 // it (src/http/app.ts): the primary again before the answer began, a cut response after.
 import pg from 'pg'
-import type { Logger } from '../log.ts'
-import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection, sql } from './pool.ts'
-import { redactUrl } from './provision.ts'
+import type { Logger } from '../../log.ts'
+import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection, sql } from '../pool.ts'
+import { redactUrl } from '../provision.ts'
 import { createStatementPool, type StatementPool, type StatementQuery } from './statement-pool.ts'
 
 export type ReplicaState = 'starting' | 'serving' | 'lagging' | 'down' | 'promoted' | 'refused'
@@ -97,7 +97,7 @@ export function parseLsn(text: string): bigint {
 
 /** Users whose last write a standby must have replayed before it answers them; past this, the oldest are forgotten. */
 const MAX_REMEMBERED_WRITES = 100_000
-/** Guarded texts kept per standby pool, like the named statements (src/http/single-statement.ts). */
+/** Guarded texts kept per standby pool, like the named statements (src/db/request/statement-connection.ts). */
 const MAX_GUARDED_TEXTS = 256
 
 /**

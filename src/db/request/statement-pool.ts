@@ -1,23 +1,46 @@
 // The pool single-statement reads run on: plain `pg`, not slonik. Those reads are one named
-// statement each (single-statement.ts of the HTTP layer) and need none of slonik's per-query machinery
+// statement each (statement-connection.ts) and need none of slonik's per-query machinery
 // (interceptor chain, query ids, result normalisation, its own pool queue); measured on GET one,
 // skipping it saves about a third of the API process's CPU per request (docs/performance.md).
 // Everything else keeps using slonik (src/db/pool.ts). Values come back as slonik's pool returns
 // them: numeric as exact strings, bigint as numbers, timestamps as RFC 3339 UTC, dates as text.
+import { createHash } from 'node:crypto'
 import pg from 'pg'
-import { API_TYPE_PARSERS, pgQueryText } from './pool.ts'
+import { API_TYPE_PARSERS, pgQueryText } from '../pool.ts'
 
 /** A statement's text (pg's $1 placeholders, or slonik's, which are renumbered), values and name. */
 export type StatementQuery = {
   sql: string
   values: readonly unknown[]
   name?: string
-  /** The user of a statement that writes nothing, which a standby may answer (src/db/read-replicas.ts). */
+  /** The user of a statement that writes nothing, which a standby may answer (src/db/request/read-replicas.ts). */
   readOnlyFor?: string
 }
 export type StatementPool = {
   rows: (query: StatementQuery) => Promise<Record<string, unknown>[]>
   end: () => Promise<void>
+}
+
+/**
+ * Statement names, by SQL text. A named statement is parsed and planned once per connection and
+ * then reused, where an unnamed one is planned on every request (profiled: about a fifth of the
+ * database's time for GET one). The texts come from a whitelist of fields and operators and a page
+ * size of 1 to 200 (written into the text, see src/records/list-query.ts), so they are finitely
+ * many; still, past MAX_NAMED texts the rest go unnamed, which bounds the memory each connection
+ * spends on kept plans.
+ */
+const MAX_NAMED = 256
+const statementNames = new Map<string, string>()
+
+/** The statement with its name (the same for the same text), or unnamed past MAX_NAMED texts. */
+export function named(query: StatementQuery): StatementQuery {
+  let name = statementNames.get(query.sql)
+  if (!name) {
+    if (statementNames.size >= MAX_NAMED) return query
+    name = `read_${createHash('sha256').update(query.sql).digest('hex').slice(0, 24)}`
+    statementNames.set(query.sql, name)
+  }
+  return { sql: query.sql, values: query.values, name, readOnlyFor: query.readOnlyFor }
 }
 
 const OIDS: Record<keyof typeof API_TYPE_PARSERS, number> = { int8: 20, numeric: 1700, timestamptz: 1184, timestamp: 1114, date: 1082 }
@@ -38,7 +61,7 @@ const types = {
 
 const JSON_AS_TEXT = Symbol('json columns come back as their text')
 
-/** Marks connections (a class's prototype) whose queries run on this pool (src/http/single-statement.ts). */
+/** Marks connections (a class's prototype) whose queries run on this pool (statement-connection.ts). */
 export function markJsonAsText(connection: object): void {
   Object.defineProperty(connection, JSON_AS_TEXT, { value: true })
 }
