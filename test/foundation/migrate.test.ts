@@ -1,17 +1,9 @@
-import { randomBytes } from 'node:crypto'
 import { appendFileSync, cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { MigrationError, migrate, readMigrationFiles, SQL_DIR } from '../../src/db/migrate.ts'
-import { adminQuery, databaseUrl, ownerClient } from '../helpers/database.ts'
-
-async function emptyDatabase(t: { teardown: (fn: () => unknown) => void }): Promise<string> {
-  const name = `crm_empty_${randomBytes(4).toString('hex')}`
-  await adminQuery(`create database ${name}`)
-  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
-  return databaseUrl(name)
-}
+import { adminQuery, createEmptyDatabase, ownerClient } from '../helpers/database.ts'
 
 function copyOfSqlDir(): string {
   const dir = mkdtempSync(join(tmpdir(), 'crm-sql-'))
@@ -20,7 +12,7 @@ function copyOfSqlDir(): string {
 }
 
 t.test('two migrators at once both succeed and the schema is applied once', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const [a, b] = await Promise.all([migrate(url), migrate(url)])
   const files = readMigrationFiles()
   t.equal(a.applied.length + b.applied.length, files.length, 'every file applied exactly once between them')
@@ -43,7 +35,7 @@ t.test('two migrators at once both succeed and the schema is applied once', asyn
 })
 
 t.test('a migration whose file changed after it was applied is refused', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const dir = copyOfSqlDir()
   await migrate(url, { dir })
   appendFileSync(join(dir, 'migrations', '000001_foundation.sql'), '\n-- edited\n')
@@ -53,7 +45,7 @@ t.test('a migration whose file changed after it was applied is refused', async (
 })
 
 t.test('a failing migration leaves nothing half-applied', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const dir = copyOfSqlDir()
   writeFileSync(join(dir, 'migrations', '999998_good.sql'), 'create table crm.migration_probe_a (id int);')
   writeFileSync(join(dir, 'migrations', '999999_broken.sql'), 'create table crm.migration_probe_b (id int);\nselect * from no_such_table;')
@@ -69,7 +61,7 @@ t.test('a failing migration leaves nothing half-applied', async (t) => {
 })
 
 t.test('a database migrated by the pre-release files is told to be recreated, not that 000001 changed', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const client = await ownerClient(t, url)
   await client.query(`create schema crm;
     create table crm.schema_migrations (number integer primary key, name text not null, checksum text not null, applied_at timestamptz not null default now());
@@ -87,7 +79,7 @@ t.test('a database migrated by the pre-release files is told to be recreated, no
 })
 
 t.test('a database that records a migration file this checkout does not have is refused', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const dir = copyOfSqlDir()
   writeFileSync(join(dir, 'migrations', '999999_from_elsewhere.sql'), 'select 1;')
   await migrate(url, { dir })
@@ -97,7 +89,7 @@ t.test('a database that records a migration file this checkout does not have is 
 })
 
 t.test('a changed definition file makes every definition again; what a file no longer defines is gone', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const dir = copyOfSqlDir()
   const records = join(dir, 'definitions', '30_records.sql')
   appendFileSync(
@@ -123,7 +115,7 @@ t.test('a changed definition file makes every definition again; what a file no l
 })
 
 t.test('a failing definition file leaves the definitions as they were', async (t) => {
-  const url = await emptyDatabase(t)
+  const url = await createEmptyDatabase(t)
   const dir = copyOfSqlDir()
   await migrate(url, { dir })
   const client = await ownerClient(t, url)

@@ -14,16 +14,9 @@ import pg from 'pg'
 import t from 'tap'
 import { migrate } from '../../src/db/migrate.ts'
 import { dumpSchema } from '../../src/db/schema-dump.ts'
-import { adminQuery, databaseUrl, testPostgresBuild } from '../helpers/database.ts'
+import { createEmptyDatabase, testPostgresBuild } from '../helpers/database.ts'
 
 const BEFORE_THE_FOLD = new URL('../fixtures/schema-a38c368/', import.meta.url).pathname
-
-async function emptyDatabase(t: { teardown: (fn: () => unknown) => void }): Promise<string> {
-  const name = `crm_upgrade_${randomBytes(5).toString('hex')}`
-  await adminQuery(`create database ${name}`)
-  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
-  return databaseUrl(name)
-}
 
 async function withClient<T>(url: string, work: (client: pg.Client) => Promise<T>): Promise<T> {
   const client = new pg.Client({ connectionString: url })
@@ -145,7 +138,7 @@ function pgDumpSchema(url: string, major: number): string | null {
 }
 
 t.test('a database of a38c368 upgrades to the schema of a new one, with the same access', async (t) => {
-  const upgraded = await emptyDatabase(t)
+  const upgraded = await createEmptyDatabase(t)
   await migrateAsBeforeTheFold(upgraded)
   await addMembersAndRecords(upgraded)
   const before = await accessSnapshot(upgraded)
@@ -158,7 +151,7 @@ t.test('a database of a38c368 upgrades to the schema of a new one, with the same
   )
   t.ok(result.definitions.length > 0, 'every definition is made again from sql/definitions/')
 
-  const fresh = await emptyDatabase(t)
+  const fresh = await createEmptyDatabase(t)
   await migrate(fresh)
   t.equal(await catalogDump(upgraded), await catalogDump(fresh), 'the catalog dump of the upgraded database is that of a new one')
 
@@ -177,7 +170,7 @@ t.test('a database of a38c368 upgrades to the schema of a new one, with the same
 })
 
 t.test('a database migrated by only part of the files before the fold is refused with what to do', async (t) => {
-  const partial = await emptyDatabase(t)
+  const partial = await createEmptyDatabase(t)
   await withClient(partial, (client) =>
     client.query(`create schema crm;
       create table crm.schema_migrations (number integer primary key, name text not null, checksum text not null,

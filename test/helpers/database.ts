@@ -50,6 +50,14 @@ export async function createTestDatabase(t: Teardown): Promise<string> {
   return databaseUrl(name)
 }
 
+/** A new empty database (no template: for the migrator itself), dropped when the test ends. */
+export async function createEmptyDatabase(t: Teardown): Promise<string> {
+  const name = `crm_empty_${randomBytes(5).toString('hex')}`
+  await adminQuery(`create database ${name}`)
+  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
+  return databaseUrl(name)
+}
+
 /** A plain pg client on the test database, as the owner role (what a DBA would use). */
 export async function ownerClient(t: Teardown, url: string): Promise<pg.Client> {
   const client = new pg.Client({ connectionString: url })
