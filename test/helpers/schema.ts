@@ -5,7 +5,8 @@
 import type pg from 'pg'
 
 // The comment may be written as adjacent literals, one a line (src/db/sql-layout.ts, wrapLiteral).
-const UUID_V7 = /\nCREATE OR REPLACE FUNCTION crm\.uuid_v7\(\)\n[\s\S]*?\ncomment on function crm\.uuid_v7\(\) is\s+'(?:[^']|'')*'(?:\s+'(?:[^']|'')*')*;\n/
+const UUID_V7 =
+  /\nCREATE OR REPLACE FUNCTION crm\.uuid_v7\(\)\n[\s\S]*?\ncomment on function crm\.uuid_v7\(\) is\s+'(?:[^']|'')*'(?:\s+'(?:[^']|'')*')*;\n/
 
 /** The dump as compared on this server: whole from PostgreSQL 18, without crm.uuid_v7's definition before. */
 export async function comparableDump(client: pg.Client, dump: string): Promise<string> {
