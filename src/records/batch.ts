@@ -1,7 +1,8 @@
 // Batch operations on records (docs/api.md section 5a): up to 100 inputs in one request and one
 // transaction. Each item runs the single-record operation of operations.ts, so it meets the same
 // policies, triggers and events as the single route would; a non-atomic batch runs each item in a
-// savepoint, so a refused item rolls back alone and the others carry on.
+// savepoint, so a refused item rolls back alone and the others carry on (after an optimistic pass
+// without them: see runBatch).
 import type { TSchema } from 'typebox'
 import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
@@ -24,7 +25,7 @@ export type BatchAnswer = { results: ItemResult[]; counts: { succeeded: number; 
 /** An item's refusal as a problem body with its status, or null for an error that is not the item's (a bug, the database gone). */
 export type ProblemOf = (error: unknown) => { status: number; body: Record<string, unknown> } | null
 
-/** Thrown inside the batch's savepoint when an atomic batch has a failed item, so nothing it wrote stays. */
+/** Thrown when an atomic batch has a failed item: the request's transaction rolls back, so nothing it wrote stays. */
 export class AtomicBatchFailed extends Error {
   readonly answer: BatchAnswer
   constructor(answer: BatchAnswer) {
@@ -142,11 +143,22 @@ export async function runItem(
   }
 }
 
+/** An item failed in the optimistic pass: its savepoint is rolled back and the batch runs again item by item. */
+class ItemFailed extends Error {}
+
+function succeeded(index: number, answer: ItemAnswer, fields: readonly string[] | undefined): ItemResult {
+  if (answer.record === undefined) return { index, status: answer.status }
+  return { index, status: answer.status, data: selectFields(answer.record, fields), etag: etagOf(answer.record) }
+}
+
 /**
- * Runs every input in order, each in a savepoint of the request's transaction. An item that fails
- * with a problem the single route would answer is rolled back alone and carries that problem; any
- * other error ends the request. Atomic: when an item failed, the whole batch's savepoint is rolled
- * back (AtomicBatchFailed) and the items that succeeded answer 424.
+ * Runs every input in order, in the request's transaction. First optimistically, all items in one
+ * savepoint (one round trip per statement of an item, no more); when an item fails, that savepoint
+ * is rolled back and the batch runs again with each item in a savepoint of its own: an item that
+ * fails with a problem the single route would answer is rolled back alone and carries that problem.
+ * Any other error (a bug, the database gone) ends the request. Atomic: when an item failed,
+ * AtomicBatchFailed ends the request, so its transaction rolls back everything (the Idempotency-Key
+ * claim too), and the items that succeeded answer 424.
  */
 export async function runBatch(
   db: DatabaseTransactionConnection,
@@ -156,31 +168,39 @@ export async function runBatch(
   problemOf: ProblemOf,
   fields?: readonly string[],
 ): Promise<BatchAnswer> {
-  const runAll = async (batch: DatabaseTransactionConnection): Promise<BatchAnswer> => {
-    const results: ItemResult[] = []
-    for (const [index, input] of inputs.entries()) {
-      try {
-        const answer = await batch.transaction((item) => run(item, input))
-        results.push({
-          index,
-          status: answer.status,
-          ...(answer.record === undefined ? {} : { data: selectFields(answer.record, fields), etag: etagOf(answer.record) }),
-        })
-      } catch (error) {
-        const problem = problemOf(error)
-        if (!problem) throw error
-        results.push({ index, status: problem.status, problem: problem.body })
+  try {
+    return await db.transaction(async (batch) => {
+      const results: ItemResult[] = []
+      for (const [index, input] of inputs.entries()) {
+        try {
+          results.push(succeeded(index, await run(batch, input), fields))
+        } catch (error) {
+          if (problemOf(error)) throw new ItemFailed()
+          throw error
+        }
       }
-    }
-    const failed = results.filter((result) => result.problem).length
-    if (atomic && failed > 0) {
-      // Nothing was written: every item counts as failed, those that would have succeeded as 424.
-      throw new AtomicBatchFailed({
-        results: results.map((result) => (result.problem ? result : { index: result.index, status: 424 })),
-        counts: { succeeded: 0, failed: results.length },
-      })
-    }
-    return { results, counts: { succeeded: results.length - failed, failed } }
+      return { results, counts: { succeeded: results.length, failed: 0 } }
+    })
+  } catch (error) {
+    if (!(error instanceof ItemFailed)) throw error
   }
-  return atomic ? db.transaction(runAll) : runAll(db)
+  const results: ItemResult[] = []
+  for (const [index, input] of inputs.entries()) {
+    try {
+      results.push(succeeded(index, await db.transaction((item) => run(item, input)), fields))
+    } catch (error) {
+      const problem = problemOf(error)
+      if (!problem) throw error
+      results.push({ index, status: problem.status, problem: problem.body })
+    }
+  }
+  const failed = results.filter((result) => result.problem).length
+  if (atomic && failed > 0) {
+    // Nothing was written: every item counts as failed, those that would have succeeded as 424.
+    throw new AtomicBatchFailed({
+      results: results.map((result) => (result.problem ? result : { index: result.index, status: 424 })),
+      counts: { succeeded: 0, failed: results.length },
+    })
+  }
+  return { results, counts: { succeeded: results.length - failed, failed } }
 }
