@@ -5,7 +5,10 @@ import t from 'tap'
 import { mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startWorld } from './helpers.ts'
 
-const world = await startWorld(t)
+const world = await startWorld(t, {
+  roles: { seller: ['deals:view:own', 'deals:create:own', 'deals:update:own'] },
+  members: { 'carol@acme.test': 'seller' },
+})
 const admin = world.as('admin@acme.test')
 const ann = world.as('ann@acme.test')
 const bob = world.as('bob@acme.test')
@@ -158,6 +161,18 @@ t.test('permissions apply per item, in row-level security', async (t) => {
   t.same(statuses(owner.body), [403, 201], 'create:own refuses another owner per item')
   const deletes = await ann.post('/api/deals/batch/delete', { ids: [bobs, mine] })
   t.same(statuses(deletes.body), [403, 204])
+  const carol = world.as('carol@acme.test')
+  const carols = (await carol.post('/api/deals', { name: 'Carol deal' })).body.data.id
+  const invisible = await carol.post('/api/deals/batch/read', { ids: [carols, bobs] })
+  t.same(statuses(invisible.body), [200, 404], 'a record the caller may not see is a 404 item, like absent')
+  const hidden = await carol.post('/api/deals/batch/update', {
+    inputs: [
+      { id: bobs, name: 'Taken' },
+      { id: carols, name: 'Kept' },
+    ],
+  })
+  t.same(statuses(hidden.body), [404, 200])
+  t.equal((await bob.get(`/api/deals/${bobs}`)).body.data.name, 'Bob deal', 'the invisible record is unchanged')
   const readOnly = await reader.post('/api/deals/batch/create', { inputs: [{ name: 'x' }] })
   t.same(statuses(readOnly.body), [403])
 
