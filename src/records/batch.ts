@@ -9,7 +9,7 @@ import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { NotFoundError, ValidationError } from '../errors.ts'
 import type { RecordType } from './fields.ts'
-import { checkId, createRecord, deleteRecord, etagOf, readRecord, updateRecord } from './operations.ts'
+import { checkId, createRecord, createRecords, deleteRecord, etagOf, readRecord, updateRecord } from './operations.ts'
 import { SCHEMAS } from './schemas.ts'
 
 export const BATCH_LIMIT = 100
@@ -105,6 +105,17 @@ async function matchedId(db: DatabaseTransactionConnection, type: RecordType, fi
   return db.maybeOneFirst(sql.type(IdRow)`select t.id from ${type.table} as t where t.${sql.identifier([field])} = lower(${value})`)
 }
 
+/** Every input of a create at once, in one INSERT: the optimistic pass of runBatch. */
+export async function createAll(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  inputs: readonly unknown[],
+  validate: Validate,
+): Promise<ItemAnswer[]> {
+  const bodies = inputs.map((input) => validate(SCHEMAS[type.name].create, input))
+  return (await createRecords(db, type, bodies)).map((record) => ({ status: 201, record }))
+}
+
 /** One item of a batch, exactly as its single route runs it. */
 export async function runItem(
   db: DatabaseTransactionConnection,
@@ -153,7 +164,7 @@ function succeeded(index: number, answer: ItemAnswer, fields: readonly string[] 
 
 /**
  * Runs every input in order, in the request's transaction. First optimistically, all items in one
- * savepoint (one round trip per statement of an item, no more); when an item fails, that savepoint
+ * savepoint (`runAll`, e.g. one INSERT for a create, else one round trip per statement of an item); when an item fails, that savepoint
  * is rolled back and the batch runs again with each item in a savepoint of its own: an item that
  * fails with a problem the single route would answer is rolled back alone and carries that problem.
  * Any other error (a bug, the database gone) ends the request. Atomic: when an item failed,
@@ -166,20 +177,24 @@ export async function runBatch(
   atomic: boolean,
   run: (db: DatabaseTransactionConnection, input: unknown) => Promise<ItemAnswer>,
   problemOf: ProblemOf,
-  fields?: readonly string[],
+  options: { fields?: readonly string[]; runAll?: (db: DatabaseTransactionConnection) => Promise<ItemAnswer[]> } = {},
 ): Promise<BatchAnswer> {
+  const { fields } = options
+  const runEach = async (batch: DatabaseTransactionConnection) => {
+    const answers: ItemAnswer[] = []
+    for (const input of inputs) answers.push(await run(batch, input))
+    return answers
+  }
   try {
     return await db.transaction(async (batch) => {
-      const results: ItemResult[] = []
-      for (const [index, input] of inputs.entries()) {
-        try {
-          results.push(succeeded(index, await run(batch, input), fields))
-        } catch (error) {
-          if (problemOf(error)) throw new ItemFailed()
-          throw error
-        }
+      let answers: ItemAnswer[]
+      try {
+        answers = await (options.runAll ?? runEach)(batch)
+      } catch (error) {
+        if (problemOf(error)) throw new ItemFailed()
+        throw error
       }
-      return { results, counts: { succeeded: results.length, failed: 0 } }
+      return { results: answers.map((answer, index) => succeeded(index, answer, fields)), counts: { succeeded: answers.length, failed: 0 } }
     })
   } catch (error) {
     if (!(error instanceof ItemFailed)) throw error

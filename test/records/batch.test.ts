@@ -103,6 +103,11 @@ t.test('at most 100 inputs', async (t) => {
   const hundred = await ann.post('/api/deals/batch/create', { inputs: inputs.slice(1) })
   t.equal(hundred.status, 200)
   t.equal(hundred.body.counts.succeeded, 100)
+  t.same(
+    hundred.body.results.map((result: any) => [result.index, result.data.name]),
+    inputs.slice(1).map((input, index) => [index, input.name]),
+    'each result is its input’s record, in input order',
+  )
 })
 
 t.test('atomic: one failed item writes nothing; non-atomic keeps the others', async (t) => {

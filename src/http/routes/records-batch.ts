@@ -8,6 +8,7 @@ import {
   type BatchOperation,
   checkBatchSize,
   checkFields,
+  createAll,
   matchFieldsOf,
   runBatch,
   runItem,
@@ -123,7 +124,10 @@ function batchRoute(type: RecordType, operation: BatchOperation): RouteDefinitio
             request.atomic === true,
             (item, input) => runItem(item, type, operation, input, options),
             problemOf,
-            request.fields,
+            {
+              fields: request.fields,
+              runAll: operation === 'create' ? (batch) => createAll(batch, type, list, options.validate) : undefined,
+            },
           ),
           headers: {},
         }))
