@@ -27,6 +27,8 @@ export type FeedListener = {
   wait: (workspaceId: string, since: number, ms: number, signal?: AbortSignal) => Promise<WaitOutcome>
   /** Entries waiting now (tests and the bench). */
   waiting: () => number
+  /** Waits begun since the process started (tests). */
+  begun: () => number
   stop: () => Promise<void>
 }
 
@@ -38,6 +40,7 @@ export function createFeedListener(url: string, logger: Logger): FeedListener {
   let client: pg.Client | null = null
   let connecting: Promise<void> | null = null
   let epoch = 0
+  let begun = 0
   let stopped = false
   // The epoch of each workspace's last notification; one number per workspace that had events.
   const notified = new Map<string, number>()
@@ -92,6 +95,7 @@ export function createFeedListener(url: string, logger: Logger): FeedListener {
     wait: (workspaceId, since, ms, signal) => {
       if (stopped || signal?.aborted) return Promise.resolve('closed')
       if ((notified.get(workspaceId) ?? -1) > since || client === null) return Promise.resolve('woken')
+      begun++
       return new Promise<WaitOutcome>((resolve) => {
         let set = waiters.get(workspaceId)
         if (!set) waiters.set(workspaceId, (set = new Set()))
@@ -111,6 +115,7 @@ export function createFeedListener(url: string, logger: Logger): FeedListener {
         set.add(waiter)
       })
     },
+    begun: () => begun,
     waiting: () => {
       let count = 0
       for (const set of waiters.values()) count += set.size
