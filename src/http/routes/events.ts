@@ -24,7 +24,7 @@ const FeedEvent = Type.Object(
     ),
     actor: Type.Object({}, { additionalProperties: true, description: '{"type", "id", "via"} as in webhook bodies' }),
   },
-  { $id: 'FeedEvent', description: "A webhook body's envelope without delivery_id and delivered_at" },
+  { description: "A webhook body's envelope without delivery_id and delivered_at" },
 )
 
 export default defineRoutes({
