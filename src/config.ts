@@ -97,6 +97,17 @@ export type Config = {
    */
   streamsPerProcess: number
   /**
+   * EVENTS_RETENTION_DAYS: how long the events feed keeps events (docs/api.md section 8a); a cursor
+   * older than that is 410 cursor_expired, and housekeeping removes the events no delivery names.
+   */
+  eventsRetentionDays: number
+  /**
+   * FEED_WAITS_PER_PROCESS: long polls of the events feed waiting at once in this process (503
+   * past it). A wait holds no database connection, only a socket and a timer, so the bound is far
+   * above STREAMS_PER_PROCESS.
+   */
+  feedWaitsPerProcess: number
+  /**
    * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
    * the owner may set it) or keyed_proof (always the slower keyed proof; src/db/request-context.ts).
    */
@@ -281,6 +292,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
     contextCarrier: contextCarrier as ContextCarrierMode,
     writesInOneStatement: boolean('WRITES_IN_ONE_STATEMENT', true),
+    eventsRetentionDays: integer('EVENTS_RETENTION_DAYS', 30, 1, 3650),
+    feedWaitsPerProcess: integer('FEED_WAITS_PER_PROCESS', 2000, 1, 1_000_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -532,6 +532,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The workspace's events the caller may view, in commit order, with long polling (wait) */
+        get: operations["get_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/contacts/import/upload": {
         parameters: {
             query?: never;
@@ -1157,6 +1174,15 @@ export interface components {
         };
         /** @description A unique value is taken (duplicate), or an Idempotency-Key was reused with a different request */
         Problem409: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The events feed cursor is older than the events kept (cursor_expired) */
+        Problem410: {
             headers: {
                 [name: string]: unknown;
             };
@@ -5215,6 +5241,71 @@ export interface operations {
             415: components["responses"]["Problem415"];
             422: components["responses"]["Problem422"];
             429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    get_events: {
+        parameters: {
+            query?: {
+                /** @description The next_cursor of an earlier answer; without it the feed starts at the oldest event kept */
+                after?: string;
+                /** @description Comma-separated event names or patterns: deal.*,contact.created (default: every event) */
+                types?: string;
+                /** @description Events per page, 1 to 500 (default 100) */
+                limit?: number;
+                /** @description Seconds (0 to 30) to hold an empty answer open until an event arrives */
+                wait?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /** @description contact.created, deal.updated, ... */
+                            event: string;
+                            /** Format: date-time */
+                            occurred_at: string;
+                            workspace: {
+                                /** Format: uuid */
+                                id: string;
+                                slug: string;
+                            };
+                            data: {
+                                object: {
+                                    [key: string]: unknown;
+                                };
+                                previous_attributes?: {
+                                    [key: string]: unknown;
+                                };
+                                associations_changed?: {
+                                    [key: string]: unknown;
+                                };
+                            };
+                            /** @description {"type", "id", "via"} as in webhook bodies */
+                            actor: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        next_cursor: string;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            410: components["responses"]["Problem410"];
             500: components["responses"]["Problem500"];
             503: components["responses"]["Problem503"];
         };

@@ -193,6 +193,10 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'recover_webhook_deliveries',
         ],
       },
+      {
+        title: 'The events feed',
+        objects: ['event_body_start', 'event_body_rest', 'event_feed_entry', 'tg_events__notify_feed', 'expire_events'],
+      },
     ],
   },
   {

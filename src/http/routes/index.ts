@@ -6,6 +6,7 @@ import { defineRoutes, type RouteDefinition } from '../route.ts'
 import associations from './associations.ts'
 import auth from './auth.ts'
 import dealStages from './deal-stages.ts'
+import events from './events.ts'
 import exports from './exports.ts'
 import health from './health.ts'
 import imports from './imports.ts'
@@ -25,6 +26,7 @@ export function allRoutes(): RouteDefinition[] {
     ...search,
     ...dealStages,
     ...webhookSubscriptions,
+    ...events,
     ...imports,
     ...exports,
     ...workspaceAdministration,
