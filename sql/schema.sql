@@ -6514,7 +6514,7 @@ create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_
 comment on policy user_totp_all_owner on crm.user_totp is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
-CREATE TRIGGER tg_user_totp__audit AFTER DELETE OR UPDATE OF confirmed_at ON crm.user_totp
+CREATE TRIGGER tg_user_totp__audit AFTER INSERT OR DELETE OR UPDATE OF confirmed_at ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__audit();
 CREATE TRIGGER tg_user_totp__recent_sign_in BEFORE UPDATE OF confirmed_at ON crm.user_totp
@@ -8119,8 +8119,9 @@ CREATE OR REPLACE FUNCTION crm.tg_user_totp__audit()
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
-  if tg_op = 'UPDATE' then
-    if old.confirmed_at is null and new.confirmed_at is not null then
+  if tg_op = 'INSERT' or tg_op = 'UPDATE' then
+    -- Enrolled by the operator (confirmed at once) or confirmed by the user.
+    if new.confirmed_at is not null and (tg_op = 'INSERT' or old.confirmed_at is null) then
       perform crm.audit_write_for_user(new.user_id, 'two_factor.enabled', '{}');
     end if;
   elsif old.confirmed_at is not null then

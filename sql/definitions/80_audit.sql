@@ -356,8 +356,9 @@ create or replace function crm.tg_user_totp__audit()
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
 as $function$
 begin
-  if tg_op = 'UPDATE' then
-    if old.confirmed_at is null and new.confirmed_at is not null then
+  if tg_op = 'INSERT' or tg_op = 'UPDATE' then
+    -- Enrolled by the operator (confirmed at once) or confirmed by the user.
+    if new.confirmed_at is not null and (tg_op = 'INSERT' or old.confirmed_at is null) then
       perform crm.audit_write_for_user(new.user_id, 'two_factor.enabled', '{}');
     end if;
   elsif old.confirmed_at is not null then
@@ -665,7 +666,7 @@ CREATE TRIGGER tg_oauth_apps__audit AFTER INSERT OR DELETE OR UPDATE ON crm.oaut
 CREATE TRIGGER tg_oauth_grants__audit AFTER INSERT OR UPDATE OF revoked_at, scopes ON crm.oauth_grants
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_oauth_grants__audit();
-CREATE TRIGGER tg_user_totp__audit AFTER DELETE OR UPDATE OF confirmed_at ON crm.user_totp
+CREATE TRIGGER tg_user_totp__audit AFTER INSERT OR DELETE OR UPDATE OF confirmed_at ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__audit();
 CREATE TRIGGER tg_users__audit AFTER UPDATE OF api_access, suspended_at ON crm.users
