@@ -150,6 +150,8 @@ t.test('writers in two workspaces never wait for each other; one workspace keeps
   const second = await connect(url)
   const headBefore = (await superuser.query('select last_seq::int from crm.audit_chain_heads where workspace_id = $1', [tenantTwo.id]))
     .rows[0].last_seq
+  // A writer that waited on the other workspace would fail here instead of hanging the test.
+  await second.query(`set lock_timeout = '30s'`)
   await first.query('begin')
   await first.query(`insert into crm.roles (workspace_id, name) values ($1, 'held_open')`, [tenantOne.id])
   // The other workspace's writer commits while the first transaction holds its chain head.
