@@ -80,6 +80,8 @@ export type Config = {
   statementTimeoutMs: number
   /** The longest an export may stream, slow readers included (its cursor is one statement). */
   exportTimeoutMs: number
+  /** AUDIT_RETENTION_DAYS: audit entries older than this are removed by housekeeping (crm.retire_audit_log), 400 by default. */
+  auditRetentionDays: number
   /** A stream (export, errors.csv) whose client takes no chunk of it for this long is cut and rolled back. */
   streamStallMs: number
   /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
@@ -279,6 +281,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
     statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
     exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
+    auditRetentionDays: integer('AUDIT_RETENTION_DAYS', 400, 1, 36_500),
     streamStallMs: integer('STREAM_STALL_MS', 60_000, 100, 3_600_000),
     uploads: {
       perAddress: integer('UPLOADS_PER_ADDRESS', 8, 1, 100_000),

@@ -4,6 +4,7 @@ import Type from 'typebox'
 import { buildOpenApiDocument } from '../openapi.ts'
 import { defineRoutes, type RouteDefinition } from '../route.ts'
 import associations from './associations.ts'
+import auditLog from './audit-log.ts'
 import auth from './auth.ts'
 import dealStages from './deal-stages.ts'
 import events from './events.ts'
@@ -31,6 +32,7 @@ export function allRoutes(): RouteDefinition[] {
     ...exports,
     ...workspaceAdministration,
     ...oauthApps,
+    ...auditLog,
     ...oauth,
     ...openapi,
   ]
