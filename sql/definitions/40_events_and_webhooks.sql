@@ -332,14 +332,51 @@ comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id u
   'a crash carries the id the receiver already saw.';
 grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to crm_api;
 
-create or replace function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+create or replace function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
  returns text
  language sql
  stable parallel safe
 as $function$
   select '{"id":"' || p_event_id || '","event":"' || p_event
-         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-         || '","delivered_at":"'
+         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
+$function$;
+comment on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
+  'An event''s envelope up to occurred_at: the start of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+  to crm_api;
+
+create or replace function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select '"workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
+         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+$function$;
+comment on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+  'An event''s envelope from workspace to its end: the end of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+  to crm_api;
+
+create or replace function crm.event_feed_entry(e crm.events, p_workspace_slug text)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select crm.event_body_start(e.id, e.event, e.occurred_at) || ','
+         || crm.event_body_rest(e.workspace_id, p_workspace_slug, e.data, e.actor)
+$function$;
+comment on function crm.event_feed_entry(e crm.events, p_workspace_slug text) is
+  'An event as the events feed answers it (docs/api.md section 8a): the webhook body without delivery_id and '
+  'delivered_at, built by the functions that build that body.';
+grant execute on function crm.event_feed_entry(e crm.events, p_workspace_slug text) to crm_api;
+
+create or replace function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select crm.event_body_start(p_event_id, p_event, p_occurred_at) || ',"delivered_at":"'
 $function$;
 comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
   'A delivery body up to the value of delivered_at, which each attempt writes.';
@@ -357,8 +394,7 @@ create or replace function crm.webhook_body_tail(
  language sql
  stable parallel safe
 as $function$
-  select '","delivery_id":"' || p_delivery_id || '","workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
-         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+  select '","delivery_id":"' || p_delivery_id || '",' || crm.event_body_rest(p_workspace_id, p_workspace_slug, p_data, p_actor)
 $function$;
 comment on function crm.webhook_body_tail(
   p_delivery_id uuid,
@@ -712,6 +748,30 @@ $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
   'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by '
   'subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
+
+create or replace function crm.expire_events(events_retention_days integer)
+ returns bigint
+ language plpgsql
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_removed bigint;
+begin
+  delete from crm.events e
+   where e.occurred_at < now() - make_interval(days => events_retention_days)
+     and not exists (
+       select from crm.webhook_deliveries d
+        where d.workspace_id = e.workspace_id
+          and d.subscription_id = any (array(select s.id from crm.webhook_subscriptions s where s.workspace_id = e.workspace_id))
+          and d.event_id = e.id);
+  get diagnostics v_removed = row_count;
+  return v_removed;
+end
+$function$;
+comment on function crm.expire_events(events_retention_days integer) is
+  'Removes events older than EVENTS_RETENTION_DAYS (the events feed, docs/api.md section 8a) that no delivery '
+  'still names: a kept delivery (its log lasts WEBHOOK_LOG_RETENTION_DAYS) is redelivered and recovered from its '
+  'event, so the event stays as long as the delivery. Called by crm.housekeeping with its own retention.';
 
 create or replace function crm.tg_webhook_attempts__append_only()
  returns trigger
@@ -1260,6 +1320,54 @@ create policy events_all_owner on crm.events as permissive for all to crm_owner
 comment on policy events_all_owner on crm.events is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
+create or replace function crm.tg_events__notify_feed()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  perform pg_notify('crm_events', w.workspace_id::text) from (select distinct n.workspace_id from new_rows n) w;
+  return null;
+end
+$function$;
+comment on function crm.tg_events__notify_feed() is
+  'Wakes the events feed''s long polls: one notification per workspace a statement wrote events for, delivered at '
+  'commit (PostgreSQL folds repeats within a transaction), on the channel crm_events that each API process listens to.';
+grant execute on function crm.tg_events__notify_feed() to crm_api;
+CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__notify_feed();
+create policy events_select_viewable on crm.events as permissive for select to crm_api
+  using (
+    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+     AND (CASE record_type
+            WHEN 'contact'::text THEN
+              ((( SELECT crm.grant_scope('contacts'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('contacts'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            WHEN 'company'::text THEN
+              ((( SELECT crm.grant_scope('companies'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('companies'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            WHEN 'deal'::text THEN
+              ((( SELECT crm.grant_scope('deals'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('deals'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            ELSE false
+          END))
+  );
+comment on policy events_select_viewable on crm.events is
+  'The events feed (docs/api.md section 8a): a caller reads the events of its workspace whose record it may view '
+  'with its role and token scopes, as the record stood in the event (its owner then): all, or the owners the own/team '
+  'scope covers; a token whose scopes do not cover the type reads none.';
+grant select on crm.events to crm_api;
+comment on column crm.events.xid is
+  'The writing transaction (pg_current_xact_id()); the events feed orders by (xid, id) and reads only below the '
+  'oldest running transaction, so nothing appears behind a cursor (docs/decisions.md). 0 for events written before '
+  'the column.';
+comment on index crm.events_feed is 'The events feed: a workspace''s events after a cursor, in (xid, id) order.';
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 comment on index crm.events_record is 'A record''s history, newest last (support and tests).';
 comment on index crm.webhook_events_id is
