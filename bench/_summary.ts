@@ -106,6 +106,19 @@ function exportRow(results: string): string {
     .join(' / ')} | ≥ 100,000 rows/s: ${rates}; RSS < 200 MiB: ${mark(rssMet)} |`
 }
 
+/** The batch routes against single creates, once RESULTS.md has their section (bench/batch.ts). */
+function batchRows(results: string): string[] {
+  const body = section(results, 'Batch routes')
+  if (body === null) return []
+  const single = numberIn(row(body, 'single creates')[1])
+  const create = numberIn(row(body, 'batch create')[1])
+  const upsert = numberIn(row(body, 'batch upsert')[1])
+  return [
+    `| batch create of 100 | ${count(create)} records/s | single creates ${count(single)} records/s | ${(create / single).toFixed(1)}× | ≥ 10×: ${mark(create >= 10 * single)} |`,
+    `| batch upsert of 100 | ${count(upsert)} records/s | single creates ${count(single)} records/s | ${(upsert / single).toFixed(1)}× | ≥ 20,000 records/s: ${mark(upsert >= 20_000)} |`,
+  ]
+}
+
 function feedRow(results: string): string {
   const body = section(results, 'Events feed long polling')
   if (body === null)
@@ -124,6 +137,7 @@ export function summaryTable(results: string): string {
     '| area | service | baseline in the same run | ratio | target |',
     '|---|---:|---:|---:|---|',
     ...recordRows(results),
+    ...batchRows(results),
     webhookRow(results),
     importRow(results),
     exportRow(results),

@@ -269,6 +269,261 @@ export interface paths {
         patch: operations["patch_deals_by_id"];
         trace?: never;
     };
+    "/api/contacts/batch/create": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch create of up to 100 contacts: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_contacts_batch_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/contacts/batch/read": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch read of up to 100 contacts: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_contacts_batch_read"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/contacts/batch/update": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch update of up to 100 contacts: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_contacts_batch_update"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/contacts/batch/upsert": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch upsert of up to 100 contacts: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_contacts_batch_upsert"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/contacts/batch/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch delete of up to 100 contacts: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_contacts_batch_delete"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/batch/create": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch create of up to 100 companies: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_companies_batch_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/batch/read": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch read of up to 100 companies: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_companies_batch_read"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/batch/update": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch update of up to 100 companies: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_companies_batch_update"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/batch/upsert": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch upsert of up to 100 companies: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_companies_batch_upsert"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/batch/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch delete of up to 100 companies: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_companies_batch_delete"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/batch/create": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch create of up to 100 deals: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_deals_batch_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/batch/read": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch read of up to 100 deals: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_deals_batch_read"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/batch/update": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch update of up to 100 deals: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_deals_batch_update"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/batch/upsert": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch upsert of up to 100 deals: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_deals_batch_upsert"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/batch/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Batch delete of up to 100 deals: one result per input, in order (honours Idempotency-Key) */
+        post: operations["post_deals_batch_delete"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/associations/contacts/{id}": {
         parameters: {
             query?: never;
@@ -3775,6 +4030,2067 @@ export interface operations {
             408: components["responses"]["Problem408"];
             409: components["responses"]["Problem409"];
             412: components["responses"]["Problem412"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_contacts_batch_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "first_name": "Ann",
+                 *           "last_name": "Lee",
+                 *           "email": "ann@globex.com",
+                 *           "job_title": "CTO"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 201,
+                     *           "data": {
+                     *             "id": "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d",
+                     *             "first_name": "Ann",
+                     *             "last_name": "Lee",
+                     *             "email": "ann@globex.com",
+                     *             "phone": null,
+                     *             "job_title": "CTO",
+                     *             "city": null,
+                     *             "country": null,
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                first_name: string | null;
+                                last_name: string | null;
+                                email: string | null;
+                                phone: string | null;
+                                job_title: string | null;
+                                city: string | null;
+                                country: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_contacts_batch_read: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /** @description Only these fields in each record (id always) */
+                    fields?: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d",
+                     *             "first_name": "Ann",
+                     *             "last_name": "Lee",
+                     *             "email": "ann@globex.com",
+                     *             "phone": null,
+                     *             "job_title": "CTO",
+                     *             "city": null,
+                     *             "country": null,
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                first_name: string | null;
+                                last_name: string | null;
+                                email: string | null;
+                                phone: string | null;
+                                job_title: string | null;
+                                city: string | null;
+                                country: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_contacts_batch_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "first_name": "Ann",
+                 *           "last_name": "Lee",
+                 *           "email": "ann@globex.com",
+                 *           "job_title": "CTO"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d",
+                     *             "first_name": "Ann",
+                     *             "last_name": "Lee",
+                     *             "email": "ann@globex.com",
+                     *             "phone": null,
+                     *             "job_title": "CTO",
+                     *             "city": null,
+                     *             "country": null,
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                first_name: string | null;
+                                last_name: string | null;
+                                email: string | null;
+                                phone: string | null;
+                                job_title: string | null;
+                                city: string | null;
+                                country: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_contacts_batch_upsert: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "first_name": "Ann",
+                 *           "last_name": "Lee",
+                 *           "email": "ann@globex.com",
+                 *           "job_title": "CTO"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description The unique value that finds the record
+                     * @default id
+                     */
+                    match_on?: "id" | "email";
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d",
+                     *             "first_name": "Ann",
+                     *             "last_name": "Lee",
+                     *             "email": "ann@globex.com",
+                     *             "phone": null,
+                     *             "job_title": "CTO",
+                     *             "city": null,
+                     *             "country": null,
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                first_name: string | null;
+                                last_name: string | null;
+                                email: string | null;
+                                phone: string | null;
+                                job_title: string | null;
+                                city: string | null;
+                                country: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_contacts_batch_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9c00-7a11-9d2e-3c4b5a6f7e8d",
+                     *             "first_name": "Ann",
+                     *             "last_name": "Lee",
+                     *             "email": "ann@globex.com",
+                     *             "phone": null,
+                     *             "job_title": "CTO",
+                     *             "city": null,
+                     *             "country": null,
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                first_name: string | null;
+                                last_name: string | null;
+                                email: string | null;
+                                phone: string | null;
+                                job_title: string | null;
+                                city: string | null;
+                                country: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_companies_batch_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex",
+                 *           "domain": "globex.com",
+                 *           "employee_count": 120,
+                 *           "annual_revenue": "2500000.00",
+                 *           "custom_fields": {
+                 *             "tier": "gold"
+                 *           }
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 201,
+                     *           "data": {
+                     *             "id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "name": "Globex",
+                     *             "domain": "globex.com",
+                     *             "website": "https://globex.com",
+                     *             "industry": "Manufacturing",
+                     *             "phone": "+1 555 010 0199",
+                     *             "city": "Springfield",
+                     *             "country": "US",
+                     *             "employee_count": 120,
+                     *             "annual_revenue": "2500000.00",
+                     *             "description": null,
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                domain: string | null;
+                                website: string | null;
+                                industry: string | null;
+                                phone: string | null;
+                                city: string | null;
+                                country: string | null;
+                                employee_count: number | null;
+                                annual_revenue: string | null;
+                                description: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_companies_batch_read: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /** @description Only these fields in each record (id always) */
+                    fields?: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "name": "Globex",
+                     *             "domain": "globex.com",
+                     *             "website": "https://globex.com",
+                     *             "industry": "Manufacturing",
+                     *             "phone": "+1 555 010 0199",
+                     *             "city": "Springfield",
+                     *             "country": "US",
+                     *             "employee_count": 120,
+                     *             "annual_revenue": "2500000.00",
+                     *             "description": null,
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                domain: string | null;
+                                website: string | null;
+                                industry: string | null;
+                                phone: string | null;
+                                city: string | null;
+                                country: string | null;
+                                employee_count: number | null;
+                                annual_revenue: string | null;
+                                description: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_companies_batch_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex",
+                 *           "domain": "globex.com",
+                 *           "employee_count": 120,
+                 *           "annual_revenue": "2500000.00",
+                 *           "custom_fields": {
+                 *             "tier": "gold"
+                 *           }
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "name": "Globex",
+                     *             "domain": "globex.com",
+                     *             "website": "https://globex.com",
+                     *             "industry": "Manufacturing",
+                     *             "phone": "+1 555 010 0199",
+                     *             "city": "Springfield",
+                     *             "country": "US",
+                     *             "employee_count": 120,
+                     *             "annual_revenue": "2500000.00",
+                     *             "description": null,
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                domain: string | null;
+                                website: string | null;
+                                industry: string | null;
+                                phone: string | null;
+                                city: string | null;
+                                country: string | null;
+                                employee_count: number | null;
+                                annual_revenue: string | null;
+                                description: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_companies_batch_upsert: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex",
+                 *           "domain": "globex.com",
+                 *           "employee_count": 120,
+                 *           "annual_revenue": "2500000.00",
+                 *           "custom_fields": {
+                 *             "tier": "gold"
+                 *           }
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description The unique value that finds the record
+                     * @default id
+                     */
+                    match_on?: "id" | "domain";
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "name": "Globex",
+                     *             "domain": "globex.com",
+                     *             "website": "https://globex.com",
+                     *             "industry": "Manufacturing",
+                     *             "phone": "+1 555 010 0199",
+                     *             "city": "Springfield",
+                     *             "country": "US",
+                     *             "employee_count": 120,
+                     *             "annual_revenue": "2500000.00",
+                     *             "description": null,
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                domain: string | null;
+                                website: string | null;
+                                industry: string | null;
+                                phone: string | null;
+                                city: string | null;
+                                country: string | null;
+                                employee_count: number | null;
+                                annual_revenue: string | null;
+                                description: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_companies_batch_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "name": "Globex",
+                     *             "domain": "globex.com",
+                     *             "website": "https://globex.com",
+                     *             "industry": "Manufacturing",
+                     *             "phone": "+1 555 010 0199",
+                     *             "city": "Springfield",
+                     *             "country": "US",
+                     *             "employee_count": 120,
+                     *             "annual_revenue": "2500000.00",
+                     *             "description": null,
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                domain: string | null;
+                                website: string | null;
+                                industry: string | null;
+                                phone: string | null;
+                                city: string | null;
+                                country: string | null;
+                                employee_count: number | null;
+                                annual_revenue: string | null;
+                                description: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_deals_batch_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex renewal",
+                 *           "amount": "12500.00",
+                 *           "currency": "USD",
+                 *           "stage": "proposal",
+                 *           "close_date": "2026-12-31"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 201,
+                     *           "data": {
+                     *             "id": "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e",
+                     *             "name": "Globex renewal",
+                     *             "amount": "12500.00",
+                     *             "currency": "USD",
+                     *             "stage": "proposal",
+                     *             "stage_changed_at": "2026-11-22T03:00:21.123Z",
+                     *             "close_date": "2026-12-31",
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                amount: string | null;
+                                currency: string;
+                                stage: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                stage_changed_at: string;
+                                close_date: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_deals_batch_read: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /** @description Only these fields in each record (id always) */
+                    fields?: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e",
+                     *             "name": "Globex renewal",
+                     *             "amount": "12500.00",
+                     *             "currency": "USD",
+                     *             "stage": "proposal",
+                     *             "stage_changed_at": "2026-11-22T03:00:21.123Z",
+                     *             "close_date": "2026-12-31",
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                amount: string | null;
+                                currency: string;
+                                stage: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                stage_changed_at: string;
+                                close_date: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_deals_batch_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex renewal",
+                 *           "amount": "12500.00",
+                 *           "currency": "USD",
+                 *           "stage": "proposal",
+                 *           "close_date": "2026-12-31"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e",
+                     *             "name": "Globex renewal",
+                     *             "amount": "12500.00",
+                     *             "currency": "USD",
+                     *             "stage": "proposal",
+                     *             "stage_changed_at": "2026-11-22T03:00:21.123Z",
+                     *             "close_date": "2026-12-31",
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                amount: string | null;
+                                currency: string;
+                                stage: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                stage_changed_at: string;
+                                close_date: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_deals_batch_upsert: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "inputs": [
+                 *         {
+                 *           "name": "Globex renewal",
+                 *           "amount": "12500.00",
+                 *           "currency": "USD",
+                 *           "stage": "proposal",
+                 *           "close_date": "2026-12-31"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description At most 100 inputs */
+                    inputs: {
+                        [key: string]: unknown;
+                    }[];
+                    /**
+                     * @description The unique value that finds the record
+                     * @default id
+                     */
+                    match_on?: "id";
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e",
+                     *             "name": "Globex renewal",
+                     *             "amount": "12500.00",
+                     *             "currency": "USD",
+                     *             "stage": "proposal",
+                     *             "stage_changed_at": "2026-11-22T03:00:21.123Z",
+                     *             "close_date": "2026-12-31",
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                amount: string | null;
+                                currency: string;
+                                stage: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                stage_changed_at: string;
+                                close_date: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
+    post_deals_batch_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "ids": [
+                 *         "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description The records' ids, at most 100 */
+                    ids: string[];
+                    /**
+                     * @description true: all or nothing (one failed item writes nothing: 422 batch_failed)
+                     * @default false
+                     */
+                    atomic?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "index": 0,
+                     *           "status": 200,
+                     *           "data": {
+                     *             "id": "01935f3c-9d00-7b22-8e3f-4d5c6b7a8f9e",
+                     *             "name": "Globex renewal",
+                     *             "amount": "12500.00",
+                     *             "currency": "USD",
+                     *             "stage": "proposal",
+                     *             "stage_changed_at": "2026-11-22T03:00:21.123Z",
+                     *             "close_date": "2026-12-31",
+                     *             "company_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a",
+                     *             "owner_id": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "custom_fields": {
+                     *               "tier": "gold"
+                     *             },
+                     *             "created_at": "2026-11-22T03:00:21.123Z",
+                     *             "updated_at": "2026-11-22T03:00:21.123Z",
+                     *             "created_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11",
+                     *             "updated_by": "01935f3c-8a41-7cc2-9b1e-5d2f0c6a7e11"
+                     *           }
+                     *         }
+                     *       ],
+                     *       "counts": {
+                     *         "succeeded": 1,
+                     *         "failed": 0
+                     *       }
+                     *     }
+                     */
+                    "application/json": {
+                        results: {
+                            /** @description The position of the input */
+                            index: number;
+                            /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
+                            status: number;
+                            data?: {
+                                /** Format: uuid */
+                                id: string;
+                                name: string;
+                                amount: string | null;
+                                currency: string;
+                                stage: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                stage_changed_at: string;
+                                close_date: string | null;
+                                company_id: string | null;
+                                /** Format: uuid */
+                                owner_id: string;
+                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+                                custom_fields: {
+                                    [key: string]: string | number | boolean | null;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                created_at: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339, UTC, milliseconds
+                                 */
+                                updated_at: string;
+                                created_by: string | null;
+                                updated_by: string | null;
+                            };
+                            /** @description The record's ETag, as the single route sends it */
+                            etag?: string;
+                            /** @description The problem details the single route would answer */
+                            problem?: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        counts: {
+                            succeeded: number;
+                            failed: number;
+                        };
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            409: components["responses"]["Problem409"];
             413: components["responses"]["Problem413"];
             415: components["responses"]["Problem415"];
             422: components["responses"]["Problem422"];

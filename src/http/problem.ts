@@ -35,12 +35,14 @@ export class ApiError extends Error {
   readonly title: string
   readonly errors?: FieldProblem[]
   readonly headers?: Record<string, string>
+  /** RFC 9457 extension members of the body beyond `errors` (a failed atomic batch's `results`). */
+  readonly extensions?: Record<string, unknown>
   constructor(
     status: number,
     code: string,
     title: string,
     detail?: string,
-    options: { errors?: FieldProblem[]; headers?: Record<string, string>; cause?: unknown } = {},
+    options: { errors?: FieldProblem[]; headers?: Record<string, string>; extensions?: Record<string, unknown>; cause?: unknown } = {},
   ) {
     super(detail ?? title, { cause: options.cause })
     this.name = 'ApiError'
@@ -49,6 +51,7 @@ export class ApiError extends Error {
     this.title = title
     this.errors = options.errors
     this.headers = options.headers
+    this.extensions = options.extensions
   }
 }
 
@@ -136,6 +139,7 @@ export function problemBody(error: ApiError, requestId: string): Record<string, 
     code: error.code,
     detail: error.message,
     ...(error.errors ? { errors: error.errors } : {}),
+    ...error.extensions,
     request_id: requestId,
   }
 }

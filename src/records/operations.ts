@@ -137,7 +137,7 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
  * (<table>_insert_own_bookkeeping, <table>_insert_scoped) check the same values. With the context
  * carrier those helpers are inlined reads of it, evaluated once for the one row.
  */
-export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<string> {
+function insertPairs(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
   const pairs = [
     ...assignments(type, body),
     { column: sql.fragment`workspace_id`, value: sql.fragment`crm.current_workspace_id()` },
@@ -145,6 +145,11 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
     { column: sql.fragment`updated_by`, value: sql.fragment`crm.current_user_id()` },
   ]
   if (body.owner_id === undefined) pairs.push({ column: sql.fragment`owner_id`, value: sql.fragment`crm.current_user_id()` })
+  return pairs
+}
+
+export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<string> {
+  const pairs = insertPairs(type, body)
   return writeOne<string>(
     db,
     type,
@@ -161,6 +166,41 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
        where ${gate}
       returning ${recordText(db, type)} as record`,
   )
+}
+
+/**
+ * Several new records in one INSERT, in a transaction (a batch's optimistic pass): the same
+ * columns and values createRecord sends, one VALUES row per body (DEFAULT for a field a body does
+ * not send), answered in the order of the bodies. Any refusal fails them all; the caller then
+ * creates them one by one to tell which.
+ */
+export async function createRecords(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  bodies: Record<string, unknown>[],
+): Promise<string[]> {
+  if (bodies.length === 0) return []
+  // A column by its bare name: a field's is a quoted identifier, the bookkeeping ones plain text.
+  const nameOf = (column: Fragment) => column.sql.replaceAll('"', '')
+  const rows = bodies.map((body) => insertPairs(type, body))
+  const columns = [...new Set(rows.flatMap((pairs) => pairs.map((pair) => nameOf(pair.column))))]
+  const values = rows.map((pairs) => {
+    const byColumn = new Map(pairs.map((pair) => [nameOf(pair.column), pair.value]))
+    return sql.fragment`(${sql.join(
+      columns.map((column) => byColumn.get(column) ?? sql.fragment`default`),
+      sql.fragment`, `,
+    )})`
+  })
+  // PostgreSQL inserts VALUES rows in their order and RETURNING answers each as it is inserted.
+  const records = await db.manyFirst(sql.type(RecordRow)`
+    insert into ${type.table} as t (${sql.join(
+      columns.map((column) => sql.identifier([column])),
+      sql.fragment`, `,
+    )})
+    values ${sql.join(values, sql.fragment`, `)}
+    returning ${recordText(db, type)} as record`)
+  if (records.length !== bodies.length) throw new Error(`a ${type.label} batch insert answered ${records.length} rows for ${bodies.length}`)
+  return [...records]
 }
 
 /**

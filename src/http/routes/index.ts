@@ -15,6 +15,7 @@ import workspaceAdministration from './members.ts'
 import oauth from './oauth.ts'
 import oauthApps from './oauth-apps.ts'
 import records from './records.ts'
+import recordsBatch from './records-batch.ts'
 import search from './search.ts'
 import webhookSubscriptions from './webhook-subscriptions.ts'
 
@@ -23,6 +24,7 @@ export function allRoutes(): RouteDefinition[] {
     ...health,
     ...auth,
     ...records,
+    ...recordsBatch,
     ...associations,
     ...search,
     ...dealStages,

@@ -1,0 +1,124 @@
+// A property of the batch routes (docs/api.md section 5a): a batch answers, item by item, what the
+// same single requests answer in the same order: the status, the problem's code and pointers, and
+// the record. Each run writes two twin sets of records (names told apart by a prefix), one through
+// a batch and one through single requests, and compares the answers with the prefix taken out.
+import fc from 'fast-check'
+import t from 'tap'
+import type { TestResponse } from '../helpers/server.ts'
+import { type Client, startWorld } from './helpers.ts'
+
+const world = await startWorld(t)
+const ann = world.as('ann@acme.test')
+const bob = world.as('bob@acme.test')
+
+type Item = { status: number; data?: any; problem?: any }
+
+/** What must be equal between the twins: volatile members out, the twin's prefix replaced. */
+function comparable(item: Item, prefix: string): unknown {
+  const text = JSON.stringify(item).replaceAll(prefix, 'TWIN')
+  const { status, data, problem } = JSON.parse(text)
+  const record =
+    data && Object.fromEntries(Object.entries(data).filter(([name]) => !/^(id|created_at|updated_at|stage_changed_at)$/.test(name)))
+  return { status, record, problem: problem && { code: problem.code, errors: problem.errors } }
+}
+
+function singleItem(response: TestResponse): Item {
+  return response.status < 300 ? { status: response.status, data: response.body.data } : { status: response.status, problem: response.body }
+}
+
+/** Contacts, mostly valid, with now and then a refused value and e-mails that often repeat (409). */
+const contactInput = (prefix: string) =>
+  fc
+    .record(
+      {
+        first_name: fc.oneof(
+          { weight: 4, arbitrary: fc.string({ minLength: 1, maxLength: 3 }) },
+          fc.constant('x'.repeat(101)),
+          fc.constant(null),
+        ),
+        email: fc.oneof(
+          { weight: 5, arbitrary: fc.integer({ min: 0, max: 2 }).map((n) => `person${n}@${prefix}.test`) },
+          fc.constant('not an email'),
+        ),
+        job_title: fc.string({ maxLength: 5 }),
+        custom_fields: fc.oneof({ weight: 4, arbitrary: fc.constant({ tier: 'gold' }) }, fc.constant({ 'Bad Key': 1 })),
+        nickname: fc.constant('unknown field'),
+      },
+      { requiredKeys: ['first_name'] },
+    )
+    .map(({ nickname, ...input }) => JSON.stringify(input.job_title === '' ? { ...input, nickname } : input))
+
+const dealChange = fc.record(
+  {
+    owner: fc.constantFrom('ann', 'bob'),
+    name: fc.oneof(fc.constant(''), fc.string({ minLength: 1, maxLength: 4 })),
+    amount: fc.oneof(fc.constant('10.00'), fc.constant(12.5), fc.constant(-1), fc.constant('1.234')),
+    stage: fc.constantFrom('won', 'lead', 'nope'),
+    staleIfMatch: fc.boolean(),
+  },
+  { requiredKeys: ['owner', 'staleIfMatch'] },
+)
+
+let run = 0
+
+t.test('batch create answers what single creates answer', async (t) => {
+  await fc.assert(
+    fc.asyncProperty(fc.array(contactInput('PREFIX'), { minLength: 1, maxLength: 8 }), async (inputs) => {
+      run += 1
+      const [a, b] = [`a${run}x`, `b${run}x`]
+      const forTwin = (prefix: string) => inputs.map((input) => JSON.parse(input.replaceAll('PREFIX', prefix)))
+      const batch = await ann.post('/api/contacts/batch/create', { inputs: forTwin(a) })
+      t.equal(batch.status, 200, batch.text)
+      const singles: Item[] = []
+      for (const input of forTwin(b)) singles.push(singleItem(await ann.post('/api/contacts', input)))
+      t.same(
+        batch.body.results.map((item: Item) => comparable(item, a)),
+        singles.map((item) => comparable(item, b)),
+      )
+    }),
+    { numRuns: 15 },
+  )
+})
+
+/** A deal owned by `owner`, named for its twin. */
+async function dealOf(owner: Client, name: string) {
+  const created = await owner.post('/api/deals', { name })
+  return { id: created.body.data.id as string, etag: created.headers.get('etag')! }
+}
+
+t.test('batch update answers what single PATCHes answer', async (t) => {
+  await fc.assert(
+    fc.asyncProperty(fc.array(dealChange, { minLength: 1, maxLength: 5 }), async (changes) => {
+      run += 1
+      const [a, b] = [`a${run}x`, `b${run}x`]
+      const twins = async (prefix: string) => {
+        const deals = []
+        for (const [index, change] of changes.entries())
+          deals.push(await dealOf(change.owner === 'ann' ? ann : bob, `${prefix} deal ${index}`))
+        return deals
+      }
+      const [dealsA, dealsB] = [await twins(a), await twins(b)]
+      const body = (change: (typeof changes)[number], etag: string) => {
+        const { owner: _owner, staleIfMatch: _stale, ...fields } = change
+        return { fields, ifMatch: change.staleIfMatch ? '"stale"' : etag }
+      }
+      const batch = await ann.post('/api/deals/batch/update', {
+        inputs: changes.map((change, index) => {
+          const { fields, ifMatch } = body(change, dealsA[index].etag)
+          return { id: dealsA[index].id, ...fields, if_match: ifMatch }
+        }),
+      })
+      t.equal(batch.status, 200, batch.text)
+      const singles: Item[] = []
+      for (const [index, change] of changes.entries()) {
+        const { fields, ifMatch } = body(change, dealsB[index].etag)
+        singles.push(singleItem(await ann.patch(`/api/deals/${dealsB[index].id}`, fields, { 'if-match': ifMatch })))
+      }
+      t.same(
+        batch.body.results.map((item: Item) => comparable(item, a)),
+        singles.map((item) => comparable(item, b)),
+      )
+    }),
+    { numRuns: 15 },
+  )
+})
