@@ -54,11 +54,12 @@ soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mix
 format: setup ## format the code and apply Biome's safe lint fixes (biome.jsonc)
 	$(BIOME) check --write
 
-check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), the import graph's layers and circles, the links (make links)
+check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), the import graph's layers and circles, the OpenAPI document (redocly lint, no warning), the links (make links)
 	$(BIOME) ci
 	npx tsc --noEmit -p .
 	$(SQUAWK) sql/migrations/*.sql sql/definitions/*.sql
 	$(NODE) test/helpers/import-graph.ts
+	$(NODE) test/helpers/openapi-lint.ts
 	@$(MAKE) --no-print-directory links
 
 links: setup ## check every link and #anchor between the Markdown files, and to the files they name (remark-validate-links, .remarkrc.mjs)

@@ -1080,9 +1080,501 @@ export interface paths {
         trace?: never;
     };
 }
-export type webhooks = Record<string, never>;
+export interface webhooks {
+    "contact.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was created */
+        post: operations["webhook_contact_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "contact.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was updated */
+        post: operations["webhook_contact_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "contact.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was deleted */
+        post: operations["webhook_contact_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was created */
+        post: operations["webhook_company_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was updated */
+        post: operations["webhook_company_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was deleted */
+        post: operations["webhook_company_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was created */
+        post: operations["webhook_deal_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was updated */
+        post: operations["webhook_deal_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was deleted */
+        post: operations["webhook_deal_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+}
 export interface components {
     schemas: {
+        Company: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            domain: string | null;
+            website: string | null;
+            industry: string | null;
+            phone: string | null;
+            city: string | null;
+            country: string | null;
+            employee_count: number | null;
+            annual_revenue: string | null;
+            description: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new company: name is required */
+        CompanyCreate: {
+            name: string;
+            domain?: string | null;
+            website?: string | null;
+            industry?: string | null;
+            phone?: string | null;
+            city?: string | null;
+            country?: string | null;
+            employee_count?: number | null;
+            annual_revenue?: (string | number) | null;
+            description?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        /** @description The fields to change; the others stay as they are */
+        CompanyUpdate: {
+            name?: string;
+            domain?: string | null;
+            website?: string | null;
+            industry?: string | null;
+            phone?: string | null;
+            city?: string | null;
+            country?: string | null;
+            employee_count?: number | null;
+            annual_revenue?: (string | number) | null;
+            description?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        Contact: {
+            /** Format: uuid */
+            id: string;
+            first_name: string | null;
+            last_name: string | null;
+            email: string | null;
+            phone: string | null;
+            job_title: string | null;
+            city: string | null;
+            country: string | null;
+            company_id: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new contact: at least one of first_name, last_name or email */
+        ContactCreate: {
+            first_name?: string | null;
+            last_name?: string | null;
+            email?: string | null;
+            phone?: string | null;
+            job_title?: string | null;
+            city?: string | null;
+            country?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        /** @description The fields to change; the others stay as they are */
+        ContactUpdate: {
+            first_name?: string | null;
+            last_name?: string | null;
+            email?: string | null;
+            phone?: string | null;
+            job_title?: string | null;
+            city?: string | null;
+            country?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        Deal: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            amount: string | null;
+            currency: string;
+            stage: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            stage_changed_at: string;
+            close_date: string | null;
+            company_id: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new deal: name is required */
+        DealCreate: {
+            name: string;
+            amount?: (string | number) | null;
+            /** @description ISO 4217 code; default USD */
+            currency?: string;
+            /** @description A key of GET /api/deal-stages; default the first stage */
+            stage?: string;
+            close_date?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly stage_changed_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        DealStage: {
+            key: string;
+            label: string;
+            position: number;
+            is_closed: boolean;
+            is_won: boolean;
+        };
+        /** @description The fields to change; the others stay as they are */
+        DealUpdate: {
+            name?: string;
+            amount?: (string | number) | null;
+            /** @description ISO 4217 code; default USD */
+            currency?: string;
+            /** @description A key of GET /api/deal-stages; default the first stage */
+            stage?: string;
+            close_date?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly stage_changed_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        ExportRequest: {
+            /** @description csv (default, with a header row) or ndjson */
+            format?: "csv" | "ndjson";
+            /** @description The fields to export, in order (default: every field) */
+            fields?: string[];
+            /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
+            filter?: {
+                [key: string]: unknown;
+            };
+            /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
+            sort?: string;
+        };
+        ImportJob: {
+            id: string;
+            status: string;
+            mode: string | null;
+            match_on: string | null;
+            dry_run: boolean;
+            file_name: string | null;
+            counts: {
+                total: number;
+                created: number;
+                updated: number;
+                skipped: number;
+                failed: number;
+                companies_created: number;
+            };
+            errors: {
+                row: number;
+                column: string | null;
+                field: string | null;
+                message: string;
+            }[];
+            failure: string | null;
+            failure_code: string | null;
+            created_at: string;
+            started_at: string | null;
+            finished_at: string | null;
+        };
+        ImportStart: {
+            /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
+            mapping?: {
+                [key: string]: string | null;
+            };
+            /** @description create (default) or upsert */
+            mode?: "create" | "upsert";
+            /** @description upsert key: contacts email or id, companies domain or id, deals id */
+            match_on?: "email" | "domain" | "id";
+            /** @description check everything and write nothing */
+            dry_run?: boolean;
+        };
+        ImportUpload: {
+            id: string;
+            /** @constant */
+            status: "uploaded";
+            file_name: string | null;
+            row_count: number;
+            columns: string[];
+            /** @description The first 5 rows, cells in column order */
+            sample_rows: string[][];
+            /** @description column → field, custom_fields.<key> or null */
+            suggested_mapping: {
+                [key: string]: string | null;
+            };
+            created_at: string;
+        };
         /** @description RFC 9457 problem details */
         Problem: {
             /** @example /problems/validation_failed */
@@ -1098,6 +1590,119 @@ export interface components {
                 message: string;
             }[];
             request_id: string;
+        };
+        WebhookDelivery: {
+            /** Format: uuid */
+            delivery_id: string;
+            /** Format: uuid */
+            subscription_id: string;
+            event: string;
+            /** Format: uuid */
+            event_id: string;
+            record_type: string;
+            /** Format: uuid */
+            record_id: string;
+            /** @enum {string} */
+            status: "pending" | "retrying" | "delivered" | "dead" | "held";
+            attempt_count: number;
+            next_attempt_at: string | null;
+            /** Format: date-time */
+            created_at: string;
+            completed_at: string | null;
+            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
+            test: boolean;
+            attempts?: {
+                attempt: number;
+                /** Format: date-time */
+                started_at: string;
+                duration_ms: number;
+                response_status: number | null;
+                error: string | null;
+                response_body_excerpt: string | null;
+                signature: string | null;
+            }[];
+            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
+            request_headers?: {
+                [key: string]: string;
+            };
+            body?: string | null;
+        };
+        WebhookEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @enum {string} */
+            event: "contact.created" | "contact.updated" | "contact.deleted" | "company.created" | "company.updated" | "company.deleted" | "deal.created" | "deal.updated" | "deal.deleted";
+            /** Format: date-time */
+            occurred_at: string;
+            /** Format: date-time */
+            delivered_at?: string;
+            /** Format: uuid */
+            delivery_id?: string;
+            /** @description Only on a test delivery (POST .../test) */
+            test?: boolean;
+            workspace: {
+                /** Format: uuid */
+                id: string;
+                slug: string;
+            };
+            data: {
+                /** @description The record after the change (before it, for .deleted); its type is the event name's first word */
+                object: components["schemas"]["Contact"] | components["schemas"]["Company"] | components["schemas"]["Deal"];
+                /** @description Updates only: the old value of each changed field */
+                previous_attributes?: {
+                    [key: string]: unknown;
+                };
+                /** @description Association updates only, per associated type */
+                associations_changed?: {
+                    [key: string]: {
+                        added: string[];
+                        removed: string[];
+                    };
+                };
+            };
+            actor: {
+                /** @enum {string} */
+                type: "user" | "system";
+                id: string | null;
+                /** @enum {string} */
+                via: "api" | "ui" | "import" | "system";
+            };
+        };
+        WebhookSubscription: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            url: string;
+            events: string[];
+            status: "active" | "paused";
+            paused_reason: ("manual" | "auto") | null;
+            paused_at: string | null;
+            secret_last4: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+            stats: {
+                success_rate: number | null;
+                /** @description Deliveries created in the last 24 hours */
+                deliveries_24h: number;
+                last_delivery_at: string | null;
+            };
+        };
+        WebhookSubscriptionCreate: {
+            name: string;
+            /** @description https only; must resolve to public addresses */
+            url: string;
+            events: string[];
+        };
+        WebhookSubscriptionUpdate: {
+            name?: string;
+            /** @description https only; must resolve to public addresses */
+            url?: string;
+            events?: string[];
+            id?: unknown;
+            created_at?: unknown;
+            updated_at?: unknown;
         };
     };
     responses: {
@@ -1627,36 +2232,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Contact"][];
                         next_cursor: string | null;
                     };
                 };
@@ -1724,36 +2300,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Contact"][];
                         next_cursor: string | null;
                     };
                 };
@@ -1784,32 +2331,7 @@ export interface operations {
                  *       "job_title": "CTO"
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactCreate"];
             };
         };
         responses: {
@@ -1849,36 +2371,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -1941,36 +2434,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2001,32 +2465,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactUpdate"];
             };
         };
         responses: {
@@ -2062,36 +2501,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2154,32 +2564,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactUpdate"];
             };
         };
         responses: {
@@ -2215,36 +2600,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2323,38 +2679,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Company"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2424,38 +2749,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Company"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2489,34 +2783,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyCreate"];
             };
         };
         responses: {
@@ -2558,38 +2825,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -2654,38 +2890,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -2717,34 +2922,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyUpdate"];
             };
         };
         responses: {
@@ -2782,38 +2960,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -2877,34 +3024,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyUpdate"];
             };
         };
         responses: {
@@ -2942,38 +3062,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -3049,39 +3138,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Deal"][];
                         next_cursor: string | null;
                     };
                 };
@@ -3148,39 +3205,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Deal"][];
                         next_cursor: string | null;
                     };
                 };
@@ -3212,34 +3237,7 @@ export interface operations {
                  *       "close_date": "2026-12-31"
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealCreate"];
             };
         };
         responses: {
@@ -3278,39 +3276,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3372,39 +3338,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3436,34 +3370,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealUpdate"];
             };
         };
         responses: {
@@ -3498,39 +3405,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3594,34 +3469,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealUpdate"];
             };
         };
         responses: {
@@ -3656,39 +3504,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -4123,13 +3939,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            key: string;
-                            label: string;
-                            position: number;
-                            is_closed: boolean;
-                            is_won: boolean;
-                        }[];
+                        data: components["schemas"]["DealStage"][];
                     };
                 };
             };
@@ -4188,27 +3998,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        }[];
+                        data: components["schemas"]["WebhookSubscription"][];
                         next_cursor: string | null;
                     };
                 };
@@ -4239,12 +4029,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    /** @description https only; must resolve to public addresses */
-                    url: string;
-                    events: string[];
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionCreate"];
             };
         };
         responses: {
@@ -4360,27 +4145,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -4409,15 +4174,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    /** @description https only; must resolve to public addresses */
-                    url?: string;
-                    events?: string[];
-                    id?: unknown;
-                    created_at?: unknown;
-                    updated_at?: unknown;
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionUpdate"];
             };
         };
         responses: {
@@ -4451,27 +4208,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -4531,15 +4268,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    /** @description https only; must resolve to public addresses */
-                    url?: string;
-                    events?: string[];
-                    id?: unknown;
-                    created_at?: unknown;
-                    updated_at?: unknown;
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionUpdate"];
             };
         };
         responses: {
@@ -4573,27 +4302,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -4652,27 +4361,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -4725,27 +4414,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -4844,42 +4513,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        }[];
+                        data: components["schemas"]["WebhookDelivery"][];
                         next_cursor: string | null;
                     };
                 };
@@ -4911,42 +4545,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -4976,42 +4575,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -5057,42 +4621,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -5226,14 +4755,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5262,7 +4803,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5293,18 +4838,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -5313,7 +4847,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5344,7 +4882,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5361,14 +4901,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5397,7 +4949,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5428,18 +4984,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -5448,7 +4993,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5479,7 +5028,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5496,14 +5047,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5532,7 +5095,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5563,18 +5130,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -5583,7 +5139,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5614,7 +5174,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -5643,18 +5205,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -5663,7 +5214,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -5696,18 +5250,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -5716,7 +5259,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -5749,18 +5295,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -5769,7 +5304,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -7374,6 +6912,402 @@ export interface operations {
                 };
             };
             500: components["responses"]["Problem500"];
+        };
+    };
+    webhook_contact_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_contact_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_contact_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
         };
     };
 }
