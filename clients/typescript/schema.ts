@@ -1664,8 +1664,13 @@ export interface components {
                 /** @enum {string} */
                 type: "user" | "system";
                 id: string | null;
-                /** @enum {string} */
-                via: "api" | "ui" | "import" | "system";
+                /**
+                 * @description oauth: an OAuth app acted for the user
+                 * @enum {string}
+                 */
+                via: "api" | "ui" | "import" | "oauth" | "system";
+                /** Format: uuid */
+                app_id?: string;
             };
         };
         WebhookSubscription: {

@@ -173,7 +173,8 @@ export const WebhookEvent = named(
     actor: Type.Object({
       type: Type.String({ enum: ['user', 'system'] }),
       id: nullable(Uuid),
-      via: Type.String({ enum: ['api', 'ui', 'import', 'system'] }),
+      via: Type.String({ enum: ['api', 'ui', 'import', 'oauth', 'system'], description: 'oauth: an OAuth app acted for the user' }),
+      app_id: Type.Optional(Uuid),
     }),
   }),
 )
