@@ -70,8 +70,9 @@ links: setup ## check every link and #anchor between the Markdown files, and to 
 schema: setup ## write sql/schema.sql: migrate a throwaway embedded PostgreSQL and dump the schema crm
 	$(NODE) src/db/schema-dump.ts
 
-client: setup ## regenerate the TypeScript client's types (clients/typescript/schema.ts) from /api/openapi.json (URL=... to read a running service's)
+client: setup ## regenerate the TypeScript client's types (clients/typescript/schema.ts) from /api/openapi.json (URL=... to read a running service's) and compile the package (clients/typescript/dist, not committed)
 	$(NODE) clients/typescript/generate.ts $(URL)
+	cd clients/typescript && npx tsc -p tsconfig.build.json
 
 audit: setup ## npm audit of every dependency: fails on a high or critical finding
 	@# A registry that does not serve the audit endpoint (some mirrors answer 405) is reported as
