@@ -54,11 +54,12 @@ soak: setup ## run the soak test at full length (SOAK_SECONDS, default 300): mix
 format: setup ## format the code and apply Biome's safe lint fixes (biome.jsonc)
 	$(BIOME) check --write
 
-check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), the import graph's layers and circles, the links (make links)
+check: setup ## verify format and lint (biome ci), type-check (tsc --noEmit), lint the migrations (squawk), the import graph's layers and circles, the OpenAPI document (redocly lint, no warning), the links (make links)
 	$(BIOME) ci
 	npx tsc --noEmit -p .
 	$(SQUAWK) sql/migrations/*.sql sql/definitions/*.sql
 	$(NODE) test/helpers/import-graph.ts
+	$(NODE) test/helpers/openapi-lint.ts
 	@$(MAKE) --no-print-directory links
 
 links: setup ## check every link and #anchor between the Markdown files, and to the files they name (remark-validate-links, .remarkrc.mjs)
@@ -69,8 +70,9 @@ links: setup ## check every link and #anchor between the Markdown files, and to 
 schema: setup ## write sql/schema.sql: migrate a throwaway embedded PostgreSQL and dump the schema crm
 	$(NODE) src/db/schema-dump.ts
 
-client: setup ## regenerate the TypeScript client's types (clients/typescript/schema.ts) from /api/openapi.json (URL=... to read a running service's)
+client: setup ## regenerate the TypeScript client's types (clients/typescript/schema.ts) from /api/openapi.json (URL=... to read a running service's) and compile the package (clients/typescript/dist, not committed)
 	$(NODE) clients/typescript/generate.ts $(URL)
+	cd clients/typescript && npx tsc -p tsconfig.build.json
 
 audit: setup ## npm audit of every dependency: fails on a high or critical finding
 	@# A registry that does not serve the audit endpoint (some mirrors answer 405) is reported as

@@ -1403,9 +1403,501 @@ export interface paths {
         trace?: never;
     };
 }
-export type webhooks = Record<string, never>;
+export interface webhooks {
+    "contact.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was created */
+        post: operations["webhook_contact_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "contact.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was updated */
+        post: operations["webhook_contact_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "contact.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A contact was deleted */
+        post: operations["webhook_contact_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was created */
+        post: operations["webhook_company_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was updated */
+        post: operations["webhook_company_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "company.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A company was deleted */
+        post: operations["webhook_company_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.created": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was created */
+        post: operations["webhook_deal_created"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.updated": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was updated */
+        post: operations["webhook_deal_updated"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "deal.deleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A deal was deleted */
+        post: operations["webhook_deal_deleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+}
 export interface components {
     schemas: {
+        Company: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            domain: string | null;
+            website: string | null;
+            industry: string | null;
+            phone: string | null;
+            city: string | null;
+            country: string | null;
+            employee_count: number | null;
+            annual_revenue: string | null;
+            description: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new company: name is required */
+        CompanyCreate: {
+            name: string;
+            domain?: string | null;
+            website?: string | null;
+            industry?: string | null;
+            phone?: string | null;
+            city?: string | null;
+            country?: string | null;
+            employee_count?: number | null;
+            annual_revenue?: (string | number) | null;
+            description?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        /** @description The fields to change; the others stay as they are */
+        CompanyUpdate: {
+            name?: string;
+            domain?: string | null;
+            website?: string | null;
+            industry?: string | null;
+            phone?: string | null;
+            city?: string | null;
+            country?: string | null;
+            employee_count?: number | null;
+            annual_revenue?: (string | number) | null;
+            description?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        Contact: {
+            /** Format: uuid */
+            id: string;
+            first_name: string | null;
+            last_name: string | null;
+            email: string | null;
+            phone: string | null;
+            job_title: string | null;
+            city: string | null;
+            country: string | null;
+            company_id: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new contact: at least one of first_name, last_name or email */
+        ContactCreate: {
+            first_name?: string | null;
+            last_name?: string | null;
+            email?: string | null;
+            phone?: string | null;
+            job_title?: string | null;
+            city?: string | null;
+            country?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        /** @description The fields to change; the others stay as they are */
+        ContactUpdate: {
+            first_name?: string | null;
+            last_name?: string | null;
+            email?: string | null;
+            phone?: string | null;
+            job_title?: string | null;
+            city?: string | null;
+            country?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        Deal: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            amount: string | null;
+            currency: string;
+            stage: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            stage_changed_at: string;
+            close_date: string | null;
+            company_id: string | null;
+            /** Format: uuid */
+            owner_id: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields: {
+                [key: string]: string | number | boolean | null;
+            };
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC, milliseconds
+             */
+            updated_at: string;
+            created_by: string | null;
+            updated_by: string | null;
+        };
+        /** @description A new deal: name is required */
+        DealCreate: {
+            name: string;
+            amount?: (string | number) | null;
+            /** @description ISO 4217 code; default USD */
+            currency?: string;
+            /** @description A key of GET /api/deal-stages; default the first stage */
+            stage?: string;
+            close_date?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly stage_changed_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        DealStage: {
+            key: string;
+            label: string;
+            position: number;
+            is_closed: boolean;
+            is_won: boolean;
+        };
+        /** @description The fields to change; the others stay as they are */
+        DealUpdate: {
+            name?: string;
+            amount?: (string | number) | null;
+            /** @description ISO 4217 code; default USD */
+            currency?: string;
+            /** @description A key of GET /api/deal-stages; default the first stage */
+            stage?: string;
+            close_date?: string | null;
+            company_id?: string | null;
+            /** Format: uuid */
+            owner_id?: string;
+            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
+            custom_fields?: {
+                [key: string]: string | number | boolean | null;
+            };
+            /** @description Read-only: ignored when sent */
+            readonly id?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly stage_changed_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_at?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly created_by?: unknown;
+            /** @description Read-only: ignored when sent */
+            readonly updated_by?: unknown;
+        };
+        ExportRequest: {
+            /** @description csv (default, with a header row) or ndjson */
+            format?: "csv" | "ndjson";
+            /** @description The fields to export, in order (default: every field) */
+            fields?: string[];
+            /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
+            filter?: {
+                [key: string]: unknown;
+            };
+            /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
+            sort?: string;
+        };
+        ImportJob: {
+            id: string;
+            status: string;
+            mode: string | null;
+            match_on: string | null;
+            dry_run: boolean;
+            file_name: string | null;
+            counts: {
+                total: number;
+                created: number;
+                updated: number;
+                skipped: number;
+                failed: number;
+                companies_created: number;
+            };
+            errors: {
+                row: number;
+                column: string | null;
+                field: string | null;
+                message: string;
+            }[];
+            failure: string | null;
+            failure_code: string | null;
+            created_at: string;
+            started_at: string | null;
+            finished_at: string | null;
+        };
+        ImportStart: {
+            /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
+            mapping?: {
+                [key: string]: string | null;
+            };
+            /** @description create (default) or upsert */
+            mode?: "create" | "upsert";
+            /** @description upsert key: contacts email or id, companies domain or id, deals id */
+            match_on?: "email" | "domain" | "id";
+            /** @description check everything and write nothing */
+            dry_run?: boolean;
+        };
+        ImportUpload: {
+            id: string;
+            /** @constant */
+            status: "uploaded";
+            file_name: string | null;
+            row_count: number;
+            columns: string[];
+            /** @description The first 5 rows, cells in column order */
+            sample_rows: string[][];
+            /** @description column → field, custom_fields.<key> or null */
+            suggested_mapping: {
+                [key: string]: string | null;
+            };
+            created_at: string;
+        };
         /** @description RFC 9457 problem details */
         Problem: {
             /** @example /problems/validation_failed */
@@ -1421,6 +1913,124 @@ export interface components {
                 message: string;
             }[];
             request_id: string;
+        };
+        WebhookDelivery: {
+            /** Format: uuid */
+            delivery_id: string;
+            /** Format: uuid */
+            subscription_id: string;
+            event: string;
+            /** Format: uuid */
+            event_id: string;
+            record_type: string;
+            /** Format: uuid */
+            record_id: string;
+            /** @enum {string} */
+            status: "pending" | "retrying" | "delivered" | "dead" | "held";
+            attempt_count: number;
+            next_attempt_at: string | null;
+            /** Format: date-time */
+            created_at: string;
+            completed_at: string | null;
+            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
+            test: boolean;
+            attempts?: {
+                attempt: number;
+                /** Format: date-time */
+                started_at: string;
+                duration_ms: number;
+                response_status: number | null;
+                error: string | null;
+                response_body_excerpt: string | null;
+                signature: string | null;
+            }[];
+            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
+            request_headers?: {
+                [key: string]: string;
+            };
+            body?: string | null;
+        };
+        WebhookEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @enum {string} */
+            event: "contact.created" | "contact.updated" | "contact.deleted" | "company.created" | "company.updated" | "company.deleted" | "deal.created" | "deal.updated" | "deal.deleted";
+            /** Format: date-time */
+            occurred_at: string;
+            /** Format: date-time */
+            delivered_at?: string;
+            /** Format: uuid */
+            delivery_id?: string;
+            /** @description Only on a test delivery (POST .../test) */
+            test?: boolean;
+            workspace: {
+                /** Format: uuid */
+                id: string;
+                slug: string;
+            };
+            data: {
+                /** @description The record after the change (before it, for .deleted); its type is the event name's first word */
+                object: components["schemas"]["Contact"] | components["schemas"]["Company"] | components["schemas"]["Deal"];
+                /** @description Updates only: the old value of each changed field */
+                previous_attributes?: {
+                    [key: string]: unknown;
+                };
+                /** @description Association updates only, per associated type */
+                associations_changed?: {
+                    [key: string]: {
+                        added: string[];
+                        removed: string[];
+                    };
+                };
+            };
+            actor: {
+                /** @enum {string} */
+                type: "user" | "system";
+                id: string | null;
+                /**
+                 * @description oauth: an OAuth app acted for the user
+                 * @enum {string}
+                 */
+                via: "api" | "ui" | "import" | "oauth" | "system";
+                /** Format: uuid */
+                app_id?: string;
+            };
+        };
+        WebhookSubscription: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            url: string;
+            events: string[];
+            status: "active" | "paused";
+            paused_reason: ("manual" | "auto") | null;
+            paused_at: string | null;
+            secret_last4: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+            stats: {
+                success_rate: number | null;
+                /** @description Deliveries created in the last 24 hours */
+                deliveries_24h: number;
+                last_delivery_at: string | null;
+            };
+        };
+        WebhookSubscriptionCreate: {
+            name: string;
+            /** @description https only; must resolve to public addresses */
+            url: string;
+            events: string[];
+        };
+        WebhookSubscriptionUpdate: {
+            name?: string;
+            /** @description https only; must resolve to public addresses */
+            url?: string;
+            events?: string[];
+            id?: unknown;
+            created_at?: unknown;
+            updated_at?: unknown;
         };
     };
     responses: {
@@ -1959,36 +2569,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Contact"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2056,36 +2637,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Contact"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2116,32 +2668,7 @@ export interface operations {
                  *       "job_title": "CTO"
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactCreate"];
             };
         };
         responses: {
@@ -2181,36 +2708,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2273,36 +2771,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2333,32 +2802,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactUpdate"];
             };
         };
         responses: {
@@ -2394,36 +2838,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2486,32 +2901,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    first_name?: string | null;
-                    last_name?: string | null;
-                    email?: string | null;
-                    phone?: string | null;
-                    job_title?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["ContactUpdate"];
             };
         };
         responses: {
@@ -2547,36 +2937,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            first_name: string | null;
-                            last_name: string | null;
-                            email: string | null;
-                            phone: string | null;
-                            job_title: string | null;
-                            city: string | null;
-                            country: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Contact"];
                     };
                 };
             };
@@ -2655,38 +3016,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Company"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2756,38 +3086,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Company"][];
                         next_cursor: string | null;
                     };
                 };
@@ -2821,34 +3120,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyCreate"];
             };
         };
         responses: {
@@ -2890,38 +3162,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -2986,38 +3227,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -3049,34 +3259,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyUpdate"];
             };
         };
         responses: {
@@ -3114,38 +3297,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -3209,34 +3361,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    domain?: string | null;
-                    website?: string | null;
-                    industry?: string | null;
-                    phone?: string | null;
-                    city?: string | null;
-                    country?: string | null;
-                    employee_count?: number | null;
-                    annual_revenue?: (string | number) | null;
-                    description?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["CompanyUpdate"];
             };
         };
         responses: {
@@ -3274,38 +3399,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            domain: string | null;
-                            website: string | null;
-                            industry: string | null;
-                            phone: string | null;
-                            city: string | null;
-                            country: string | null;
-                            employee_count: number | null;
-                            annual_revenue: string | null;
-                            description: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Company"];
                     };
                 };
             };
@@ -3381,39 +3475,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Deal"][];
                         next_cursor: string | null;
                     };
                 };
@@ -3480,39 +3542,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        }[];
+                        data: components["schemas"]["Deal"][];
                         next_cursor: string | null;
                     };
                 };
@@ -3544,34 +3574,7 @@ export interface operations {
                  *       "close_date": "2026-12-31"
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealCreate"];
             };
         };
         responses: {
@@ -3610,39 +3613,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3704,39 +3675,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3768,34 +3707,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealUpdate"];
             };
         };
         responses: {
@@ -3830,39 +3742,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -3926,34 +3806,7 @@ export interface operations {
                  *       }
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    amount?: (string | number) | null;
-                    /** @description ISO 4217 code; default USD */
-                    currency?: string;
-                    /** @description A key of GET /api/deal-stages; default the first stage */
-                    stage?: string;
-                    close_date?: string | null;
-                    company_id?: string | null;
-                    /** Format: uuid */
-                    owner_id?: string;
-                    /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                    custom_fields?: {
-                        [key: string]: string | number | boolean | null;
-                    };
-                    /** @description Read-only: ignored when sent */
-                    readonly id?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly stage_changed_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_at?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly created_by?: unknown;
-                    /** @description Read-only: ignored when sent */
-                    readonly updated_by?: unknown;
-                };
+                "application/json": components["schemas"]["DealUpdate"];
             };
         };
         responses: {
@@ -3988,39 +3841,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            amount: string | null;
-                            currency: string;
-                            stage: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            stage_changed_at: string;
-                            close_date: string | null;
-                            company_id: string | null;
-                            /** Format: uuid */
-                            owner_id: string;
-                            /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                            custom_fields: {
-                                [key: string]: string | number | boolean | null;
-                            };
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            created_at: string;
-                            /**
-                             * Format: date-time
-                             * @description RFC 3339, UTC, milliseconds
-                             */
-                            updated_at: string;
-                            created_by: string | null;
-                            updated_by: string | null;
-                        };
+                        data: components["schemas"]["Deal"];
                     };
                 };
             };
@@ -4118,36 +3939,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                first_name: string | null;
-                                last_name: string | null;
-                                email: string | null;
-                                phone: string | null;
-                                job_title: string | null;
-                                city: string | null;
-                                country: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Contact"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4245,36 +4037,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                first_name: string | null;
-                                last_name: string | null;
-                                email: string | null;
-                                phone: string | null;
-                                job_title: string | null;
-                                city: string | null;
-                                country: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Contact"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4382,36 +4145,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                first_name: string | null;
-                                last_name: string | null;
-                                email: string | null;
-                                phone: string | null;
-                                job_title: string | null;
-                                city: string | null;
-                                country: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Contact"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4524,36 +4258,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                first_name: string | null;
-                                last_name: string | null;
-                                email: string | null;
-                                phone: string | null;
-                                job_title: string | null;
-                                city: string | null;
-                                country: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Contact"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4654,36 +4359,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                first_name: string | null;
-                                last_name: string | null;
-                                email: string | null;
-                                phone: string | null;
-                                job_title: string | null;
-                                city: string | null;
-                                country: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Contact"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4796,38 +4472,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                domain: string | null;
-                                website: string | null;
-                                industry: string | null;
-                                phone: string | null;
-                                city: string | null;
-                                country: string | null;
-                                employee_count: number | null;
-                                annual_revenue: string | null;
-                                description: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Company"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -4927,38 +4572,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                domain: string | null;
-                                website: string | null;
-                                industry: string | null;
-                                phone: string | null;
-                                city: string | null;
-                                country: string | null;
-                                employee_count: number | null;
-                                annual_revenue: string | null;
-                                description: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Company"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5071,38 +4685,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                domain: string | null;
-                                website: string | null;
-                                industry: string | null;
-                                phone: string | null;
-                                city: string | null;
-                                country: string | null;
-                                employee_count: number | null;
-                                annual_revenue: string | null;
-                                description: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Company"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5220,38 +4803,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                domain: string | null;
-                                website: string | null;
-                                industry: string | null;
-                                phone: string | null;
-                                city: string | null;
-                                country: string | null;
-                                employee_count: number | null;
-                                annual_revenue: string | null;
-                                description: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Company"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5354,38 +4906,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                domain: string | null;
-                                website: string | null;
-                                industry: string | null;
-                                phone: string | null;
-                                city: string | null;
-                                country: string | null;
-                                employee_count: number | null;
-                                annual_revenue: string | null;
-                                description: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Company"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5493,39 +5014,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                amount: string | null;
-                                currency: string;
-                                stage: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                stage_changed_at: string;
-                                close_date: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Deal"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5622,39 +5111,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                amount: string | null;
-                                currency: string;
-                                stage: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                stage_changed_at: string;
-                                close_date: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Deal"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5762,39 +5219,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                amount: string | null;
-                                currency: string;
-                                stage: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                stage_changed_at: string;
-                                close_date: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Deal"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -5907,39 +5332,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                amount: string | null;
-                                currency: string;
-                                stage: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                stage_changed_at: string;
-                                close_date: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Deal"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -6039,39 +5432,7 @@ export interface operations {
                             index: number;
                             /** @description What the single-record route would answer (201, 200, 204, 404, 409, 412, 422, 403) */
                             status: number;
-                            data?: {
-                                /** Format: uuid */
-                                id: string;
-                                name: string;
-                                amount: string | null;
-                                currency: string;
-                                stage: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                stage_changed_at: string;
-                                close_date: string | null;
-                                company_id: string | null;
-                                /** Format: uuid */
-                                owner_id: string;
-                                /** @description At most 50 keys matching ^[a-z][a-z0-9_]{0,62}$; values are strings, numbers, booleans or null */
-                                custom_fields: {
-                                    [key: string]: string | number | boolean | null;
-                                };
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                created_at: string;
-                                /**
-                                 * Format: date-time
-                                 * @description RFC 3339, UTC, milliseconds
-                                 */
-                                updated_at: string;
-                                created_by: string | null;
-                                updated_by: string | null;
-                            };
+                            data?: components["schemas"]["Deal"];
                             /** @description The record's ETag, as the single route sends it */
                             etag?: string;
                             /** @description The problem details the single route would answer */
@@ -6516,13 +5877,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            key: string;
-                            label: string;
-                            position: number;
-                            is_closed: boolean;
-                            is_won: boolean;
-                        }[];
+                        data: components["schemas"]["DealStage"][];
                     };
                 };
             };
@@ -6581,27 +5936,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        }[];
+                        data: components["schemas"]["WebhookSubscription"][];
                         next_cursor: string | null;
                     };
                 };
@@ -6632,12 +5967,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name: string;
-                    /** @description https only; must resolve to public addresses */
-                    url: string;
-                    events: string[];
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionCreate"];
             };
         };
         responses: {
@@ -6753,27 +6083,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -6802,15 +6112,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    /** @description https only; must resolve to public addresses */
-                    url?: string;
-                    events?: string[];
-                    id?: unknown;
-                    created_at?: unknown;
-                    updated_at?: unknown;
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionUpdate"];
             };
         };
         responses: {
@@ -6844,27 +6146,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -6924,15 +6206,7 @@ export interface operations {
                  *       ]
                  *     }
                  */
-                "application/json": {
-                    name?: string;
-                    /** @description https only; must resolve to public addresses */
-                    url?: string;
-                    events?: string[];
-                    id?: unknown;
-                    created_at?: unknown;
-                    updated_at?: unknown;
-                };
+                "application/json": components["schemas"]["WebhookSubscriptionUpdate"];
             };
         };
         responses: {
@@ -6966,27 +6240,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -7045,27 +6299,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -7118,27 +6352,7 @@ export interface operations {
                      *     }
                      */
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            id: string;
-                            name: string;
-                            url: string;
-                            events: string[];
-                            status: "active" | "paused";
-                            paused_reason: ("manual" | "auto") | null;
-                            paused_at: string | null;
-                            secret_last4: string;
-                            /** Format: date-time */
-                            created_at: string;
-                            /** Format: date-time */
-                            updated_at: string;
-                            stats: {
-                                success_rate: number | null;
-                                /** @description Deliveries created in the last 24 hours */
-                                deliveries_24h: number;
-                                last_delivery_at: string | null;
-                            };
-                        };
+                        data: components["schemas"]["WebhookSubscription"];
                     };
                 };
             };
@@ -7237,42 +6451,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        }[];
+                        data: components["schemas"]["WebhookDelivery"][];
                         next_cursor: string | null;
                     };
                 };
@@ -7304,42 +6483,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -7369,42 +6513,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -7450,42 +6559,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        data: {
-                            /** Format: uuid */
-                            delivery_id: string;
-                            /** Format: uuid */
-                            subscription_id: string;
-                            event: string;
-                            /** Format: uuid */
-                            event_id: string;
-                            record_type: string;
-                            /** Format: uuid */
-                            record_id: string;
-                            /** @enum {string} */
-                            status: "pending" | "retrying" | "delivered" | "dead" | "held";
-                            attempt_count: number;
-                            next_attempt_at: string | null;
-                            /** Format: date-time */
-                            created_at: string;
-                            completed_at: string | null;
-                            /** @description A test event (POST .../test): not counted in the stats or auto-pause, never recovered */
-                            test: boolean;
-                            attempts?: {
-                                attempt: number;
-                                /** Format: date-time */
-                                started_at: string;
-                                duration_ms: number;
-                                response_status: number | null;
-                                error: string | null;
-                                response_body_excerpt: string | null;
-                                signature: string | null;
-                            }[];
-                            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
-                            request_headers?: {
-                                [key: string]: string;
-                            };
-                            body?: string | null;
-                        };
+                        data: components["schemas"]["WebhookDelivery"];
                     };
                 };
             };
@@ -7684,14 +6758,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7720,7 +6806,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7751,18 +6841,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -7771,7 +6850,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7802,7 +6885,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7819,14 +6904,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7855,7 +6952,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7886,18 +6987,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -7906,7 +6996,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7937,7 +7031,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7954,14 +7050,26 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description The file: a multipart/form-data part named "file", or the whole body */
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    file: string;
+                };
+                "text/csv": string;
+            };
+        };
         responses: {
             /** @description Created */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportUpload"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -7990,7 +7098,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -8021,18 +7133,7 @@ export interface operations {
                  *       "dry_run": false
                  *     }
                  */
-                "application/json": {
-                    /** @description column → field, custom_fields.<key> or null (default: the suggested mapping) */
-                    mapping?: {
-                        [key: string]: string | null;
-                    };
-                    /** @description create (default) or upsert */
-                    mode?: "create" | "upsert";
-                    /** @description upsert key: contacts email or id, companies domain or id, deals id */
-                    match_on?: "email" | "domain" | "id";
-                    /** @description check everything and write nothing */
-                    dry_run?: boolean;
-                };
+                "application/json": components["schemas"]["ImportStart"];
             };
         };
         responses: {
@@ -8041,7 +7142,11 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ImportJob"];
+                    };
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -8072,7 +7177,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                };
             };
             401: components["responses"]["Problem401"];
             403: components["responses"]["Problem403"];
@@ -8101,18 +7208,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -8121,7 +7217,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -8154,18 +7253,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -8174,7 +7262,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -8207,18 +7298,7 @@ export interface operations {
                  *       "sort": "-created_at"
                  *     }
                  */
-                "application/json": {
-                    /** @description csv (default, with a header row) or ndjson */
-                    format?: "csv" | "ndjson";
-                    /** @description The fields to export, in order (default: every field) */
-                    fields?: string[];
-                    /** @description The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null} */
-                    filter?: {
-                        [key: string]: unknown;
-                    };
-                    /** @description As in lists: -amount,name (id is the last tie-breaker; default created_at,id) */
-                    sort?: string;
-                };
+                "application/json": components["schemas"]["ExportRequest"];
             };
         };
         responses: {
@@ -8227,7 +7307,10 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "text/csv": string;
+                    "application/x-ndjson": string;
+                };
             };
             400: components["responses"]["Problem400"];
             401: components["responses"]["Problem401"];
@@ -9997,6 +9080,402 @@ export interface operations {
                 };
             };
             500: components["responses"]["Problem500"];
+        };
+    };
+    webhook_contact_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_contact_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_contact_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_company_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_created: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_updated: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_deal_deleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The event name */
+                "X-Service-Event": string;
+                /** @description The delivery: the same on every retry; deduplicate on it */
+                "X-Service-Delivery-Id": string;
+                /** @description The subscription */
+                "X-Service-Webhook-Id": string;
+                /** @description t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation */
+                "X-Service-Signature": string;
+                /** @description Standard Webhooks: the delivery id */
+                "webhook-id": string;
+                /** @description Standard Webhooks: the same t */
+                "webhook-timestamp": string;
+                /** @description Standard Webhooks: v1,<base64>, one entry per live secret */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Received: any 2xx answered within 10 seconds counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Refused (a bad signature, say): retried 7 times, then dead */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
         };
     };
 }

@@ -3,6 +3,8 @@
 import { readFileSync } from 'node:fs'
 import type { TSchema } from 'typebox'
 import { SCOPE_DESCRIPTIONS, satisfyingScopes, type TokenScope } from '../auth/scopes.ts'
+import { COMPONENT_NAME } from '../schema-names.ts'
+import { EVENT_NAMES, WebhookEvent } from '../webhooks/subscription-schemas.ts'
 import type { RouteDefinition } from './route.ts'
 
 type JsonObject = Record<string, unknown>
@@ -53,9 +55,43 @@ const PROBLEM_SCHEMA = {
   },
 }
 
+/** What each tag's routes are for, as the reference shows it above them. */
+const TAG_DESCRIPTIONS: Record<string, string> = {
+  associations: 'Links between contacts, companies and deals (docs/api.md section 5)',
+  auth: 'Tokens, sign-in, two-factor, the caller and their workspaces (section 3)',
+  companies: 'Company records: CRUD, lists with filters and sorts, import and export (sections 5 and 6)',
+  contacts: 'Contact records: CRUD, lists with filters and sorts, import and export (sections 5 and 6)',
+  deals: 'Deal records and their pipeline stages: CRUD, lists, import and export (sections 5 and 6)',
+  oauth: 'The OAuth 2.0 authorization server for third-party apps (section 4a)',
+  'oauth apps': "Registering OAuth apps and managing a workspace's connections to them (section 4a)",
+  operations: 'Health, readiness and this document (section 10)',
+  search: 'Full-text search across record types (section 5)',
+  webhooks: 'Webhook subscriptions, their deliveries, and the requests an endpoint receives (sections 7 and 8)',
+  'workspace administration': 'Members, invitations, roles and teams (section 4)',
+}
+
 /** A typebox schema as plain JSON Schema (typebox keeps its own markers in symbol keys). */
 export function plainSchema(schema: TSchema): JsonObject {
   return JSON.parse(JSON.stringify(schema)) as JsonObject
+}
+
+/**
+ * Moves every schema marked with a name (src/schema-names.ts) into `components`, innermost first,
+ * and leaves a $ref where it was: the document names each shape once, whichever routes use it.
+ * Two different shapes under one name are a bug in the route definitions, refused here.
+ */
+export function hoistNamedSchemas(value: unknown, components: Record<string, JsonObject>): unknown {
+  if (Array.isArray(value)) return value.map((item) => hoistNamedSchemas(item, components))
+  if (typeof value !== 'object' || value === null) return value
+  const inner = Object.fromEntries(
+    Object.entries(value).flatMap(([key, item]) => (key === COMPONENT_NAME ? [] : [[key, hoistNamedSchemas(item, components)]])),
+  )
+  const name = (value as JsonObject)[COMPONENT_NAME]
+  if (typeof name !== 'string') return inner
+  const known = components[name]
+  if (known !== undefined && JSON.stringify(known) !== JSON.stringify(inner)) throw new Error(`two different schemas are named ${name}`)
+  components[name] = inner
+  return { $ref: `#/components/schemas/${name}` }
 }
 
 function operationId(route: RouteDefinition): string {
@@ -168,6 +204,11 @@ function operation(route: RouteDefinition): JsonObject {
       },
     }
   }
+  if (status !== 204 && route.responseMedia) {
+    success.content = Object.fromEntries(
+      Object.entries(route.responseMedia).map(([mediaType, description]) => [mediaType, { schema: { type: 'string', description } }]),
+    )
+  }
   const headers = responseHeaders(route, status)
   if (headers) success.headers = headers
   const responses: JsonObject = { [String(status)]: success }
@@ -206,6 +247,18 @@ function operation(route: RouteDefinition): JsonObject {
   if (route.auth === 'required') result['x-required-scope'] = route.scope === 'none' || route.scope === undefined ? null : route.scope
   // Which credentials may call a route that touches credentials (docs/decisions.md, "Credentials never widen").
   if (route.credentials) result['x-credentials'] = route.credentials
+  if (route.bodyKind === 'file') {
+    result.requestBody = {
+      required: true,
+      description: 'The file: a multipart/form-data part named "file", or the whole body',
+      content: {
+        'multipart/form-data': {
+          schema: { type: 'object', required: ['file'], properties: { file: { type: 'string', contentMediaType: 'text/csv' } } },
+        },
+        'text/csv': { schema: { type: 'string' } },
+      },
+    }
+  }
   if (route.body && route.bodyKind !== 'file') {
     result.requestBody = {
       required: true,
@@ -218,6 +271,45 @@ function operation(route: RouteDefinition): JsonObject {
     }
   }
   return result
+}
+
+/** The requests a subscription's endpoint receives, one per event (docs/api.md section 8). */
+function webhooks(): JsonObject {
+  const header = (name: string, description: string) => ({ name, in: 'header', required: true, description, schema: { type: 'string' } })
+  const parameters = [
+    header('X-Service-Event', 'The event name'),
+    header('X-Service-Delivery-Id', 'The delivery: the same on every retry; deduplicate on it'),
+    header('X-Service-Webhook-Id', 'The subscription'),
+    header('X-Service-Signature', 't=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">; a second v1 during a rotation'),
+    header('webhook-id', 'Standard Webhooks: the delivery id'),
+    header('webhook-timestamp', 'Standard Webhooks: the same t'),
+    header('webhook-signature', 'Standard Webhooks: v1,<base64>, one entry per live secret'),
+  ]
+  return Object.fromEntries(
+    EVENT_NAMES.map((event) => {
+      const [type, action] = event.split('.')
+      return [
+        event,
+        {
+          post: {
+            operationId: `webhook_${type}_${action}`,
+            summary: `A ${type} was ${action}`,
+            tags: ['webhooks'],
+            parameters,
+            requestBody: {
+              required: true,
+              content: { 'application/json': { schema: { $ref: '#/components/schemas/WebhookEvent' } } },
+            },
+            responses: {
+              '200': { description: 'Received: any 2xx answered within 10 seconds counts' },
+              '400': { description: 'Refused (a bad signature, say): retried 7 times, then dead' },
+            },
+            security: [],
+          },
+        },
+      ]
+    }),
+  )
 }
 
 export function buildOpenApiDocument(routes: RouteDefinition[], options: { serverUrl?: string } = {}): JsonObject {
@@ -242,7 +334,13 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
       },
     ]),
   )
-  const tags = [...new Set(routes.filter(documented).map((route) => route.tag))].sort().map((name) => ({ name }))
+  const tags = [...new Set(routes.filter(documented).map((route) => route.tag))].sort().map((name) => ({
+    name,
+    description: TAG_DESCRIPTIONS[name] ?? `The ${name} routes (docs/api.md)`,
+  }))
+  const schemas: Record<string, JsonObject> = { Problem: PROBLEM_SCHEMA }
+  const namedPaths = hoistNamedSchemas(paths, schemas)
+  hoistNamedSchemas(plainSchema(WebhookEvent), schemas)
   return {
     openapi: '3.1.0',
     info: {
@@ -253,7 +351,8 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
     },
     servers: [{ url: options.serverUrl ?? '/' }],
     tags,
-    paths,
+    paths: namedPaths,
+    webhooks: webhooks(),
     components: {
       securitySchemes: {
         bearerAuth: { type: 'http', scheme: 'bearer', description: 'crm_... API token from POST /api/token' },
@@ -271,7 +370,7 @@ export function buildOpenApiDocument(routes: RouteDefinition[], options: { serve
           },
         },
       },
-      schemas: { Problem: PROBLEM_SCHEMA },
+      schemas: Object.fromEntries(Object.entries(schemas).sort(([a], [b]) => a.localeCompare(b))),
       responses: problemResponses,
     },
   }

@@ -175,6 +175,8 @@ export type RouteDefinition = {
   /** Success status and schema for the OpenAPI document. */
   status?: number
   response?: TSchema
+  /** A success answer that is not JSON (a CSV file, say): media type and what it holds, for the OpenAPI document. */
+  responseMedia?: Record<string, string>
   /** Extra documented query parameters, by name. */
   queryParameters?: Record<string, { description: string; schema: Record<string, unknown> }>
   /** Statuses this route may answer besides success, for the OpenAPI document. */

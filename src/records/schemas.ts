@@ -3,6 +3,7 @@
 // /api/openapi.json. The database repeats every rule as a constraint (sql/migrations/000003_records.sql), so
 // imports and psql obey them too.
 import Type, { type TSchema } from 'typebox'
+import { named } from '../schema-names.ts'
 import { Uuid } from '../uuid.ts'
 import { COMPANY, CONTACT, DEAL, type FieldSpec, type RecordType, requiredOnCreate } from './fields.ts'
 
@@ -102,9 +103,9 @@ function recordSchema(type: RecordType): TSchema {
   return Type.Object(Object.fromEntries(type.fields.map((field) => [field.name, outputSchema(field)])))
 }
 
-export const CompanySchema = recordSchema(COMPANY)
-export const ContactSchema = recordSchema(CONTACT)
-export const DealSchema = recordSchema(DEAL)
+export const CompanySchema = named('Company', recordSchema(COMPANY))
+export const ContactSchema = named('Contact', recordSchema(CONTACT))
+export const DealSchema = named('Deal', recordSchema(DEAL))
 
 export type RecordSchemas = {
   create: TSchema
@@ -127,8 +128,8 @@ const EXAMPLE_AUDIT = {
 
 export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
   company: {
-    create: bodySchema(COMPANY, 'create', 'A new company: name is required'),
-    update: bodySchema(COMPANY, 'update', UPDATE_DESCRIPTION),
+    create: named('CompanyCreate', bodySchema(COMPANY, 'create', 'A new company: name is required')),
+    update: named('CompanyUpdate', bodySchema(COMPANY, 'update', UPDATE_DESCRIPTION)),
     record: CompanySchema,
     example: { name: 'Globex', domain: 'globex.com', employee_count: 120, annual_revenue: '2500000.00', custom_fields: { tier: 'gold' } },
     exampleRecord: {
@@ -147,8 +148,8 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     },
   },
   contact: {
-    create: bodySchema(CONTACT, 'create', 'A new contact: at least one of first_name, last_name or email'),
-    update: bodySchema(CONTACT, 'update', UPDATE_DESCRIPTION),
+    create: named('ContactCreate', bodySchema(CONTACT, 'create', 'A new contact: at least one of first_name, last_name or email')),
+    update: named('ContactUpdate', bodySchema(CONTACT, 'update', UPDATE_DESCRIPTION)),
     record: ContactSchema,
     example: { first_name: 'Ann', last_name: 'Lee', email: 'ann@globex.com', job_title: 'CTO' },
     exampleRecord: {
@@ -165,8 +166,8 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
     },
   },
   deal: {
-    create: bodySchema(DEAL, 'create', 'A new deal: name is required'),
-    update: bodySchema(DEAL, 'update', UPDATE_DESCRIPTION),
+    create: named('DealCreate', bodySchema(DEAL, 'create', 'A new deal: name is required')),
+    update: named('DealUpdate', bodySchema(DEAL, 'update', UPDATE_DESCRIPTION)),
     record: DealSchema,
     example: { name: 'Globex renewal', amount: '12500.00', currency: 'USD', stage: 'proposal', close_date: '2026-12-31' },
     exampleRecord: {
@@ -183,13 +184,16 @@ export const SCHEMAS: Record<RecordType['name'], RecordSchemas> = {
   },
 }
 
-export const DealStageSchema = Type.Object({
-  key: Type.String(),
-  label: Type.String(),
-  position: Type.Integer(),
-  is_closed: Type.Boolean(),
-  is_won: Type.Boolean(),
-})
+export const DealStageSchema = named(
+  'DealStage',
+  Type.Object({
+    key: Type.String(),
+    label: Type.String(),
+    position: Type.Integer(),
+    is_closed: Type.Boolean(),
+    is_won: Type.Boolean(),
+  }),
+)
 
 export const one = (schema: TSchema) => Type.Object({ data: schema })
 export const page = (schema: TSchema) =>

@@ -30,6 +30,7 @@ import { createTeam, deleteTeam, renameTeam, showTeams, teamMembership } from '.
 import { recoverDeliveries, redeliverDelivery, sendTestEvent, showDeliveries, showDelivery } from './pages/webhook-deliveries.ts'
 import { showEvents } from './pages/webhook-events.ts'
 import { changeWebhook, createWebhook, showWebhooks } from './pages/webhooks.ts'
+import { registerReference } from './reference.ts'
 import { clearCookie, SESSION_COOKIE, sessionCredential, setCookie, WORKSPACE_COOKIE } from './session.ts'
 
 type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void>
@@ -92,6 +93,7 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
 
   app.get('/ui/style.css', asset('./style.css', 'text/css; charset=utf-8'))
   app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
+  registerReference(app)
 
   app.get('/sign-in', guard(signIn.showPassword))
   app.post('/sign-in', guard(limited(signIn.submitPassword)))

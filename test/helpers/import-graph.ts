@@ -3,7 +3,7 @@
 // and fails past the bounds below; test/foundation/import-graph.test.ts proves it finds both kinds.
 //
 // Layers, lowest first: a file may import its own layer and the ones below it.
-//   0 base     src/config.ts, src/errors.ts, src/log.ts, src/uuid.ts, src/cidr.ts
+//   0 base     src/config.ts, src/errors.ts, src/log.ts, src/uuid.ts, src/cidr.ts, src/schema-names.ts
 //   1 db       src/db/
 //   2 domain   auth, records, members, imports, exports, webhooks, oauth, mail, audit, src/paging.ts,
 //              src/worker-heartbeat.ts
@@ -20,6 +20,7 @@ const ROOT_FILES: Record<string, number> = {
   'src/log.ts': 0,
   'src/uuid.ts': 0,
   'src/cidr.ts': 0,
+  'src/schema-names.ts': 0,
   'src/paging.ts': 2,
   'src/worker-heartbeat.ts': 2,
   'src/service.ts': 4,

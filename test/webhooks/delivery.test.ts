@@ -1,7 +1,9 @@
 // End to end: a subscription, a record change through the API, and what the receiver gets:
 // signature, headers, body shape and escaping; then the delivery log, one delivery and stats.
 import { createHmac } from 'node:crypto'
+import SwaggerParser from '@apidevtools/swagger-parser'
 import t from 'tap'
+import { Compile } from 'typebox/schema'
 import { computeSignature, verifySignature } from '../../src/webhooks/signature.ts'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
@@ -64,6 +66,9 @@ t.test('a contact change reaches the receiver signed, with the documented header
   t.equal(body.data.object.id, contact.body.data.id)
   t.equal(body.data.object.first_name, 'Zoë 😀')
   t.same(body.actor, { type: 'user', id: tenant.members['admin@a.test'].id, via: 'api' })
+  const document = await SwaggerParser.dereference(structuredClone((await server.request('GET', '/api/openapi.json')).body))
+  const webhookEvent = Compile((document as any).components.schemas.WebhookEvent)
+  t.ok(webhookEvent.Check(body), 'the body is what the document names WebhookEvent')
   t.match(body.occurred_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/)
   t.match(body.delivered_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/)
 

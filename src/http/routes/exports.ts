@@ -7,27 +7,31 @@ import { ForbiddenError } from '../../errors.ts'
 import { type ExportRequest, exportQuery } from '../../exports/export-query.ts'
 import { streamExport } from '../../exports/stream-export.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
+import { named } from '../../schema-names.ts'
 import type { RouteDefinition } from '../route.ts'
 
-const ExportBody = Type.Object(
-  {
-    format: Type.Optional(
-      Type.Union([Type.Literal('csv'), Type.Literal('ndjson')], { description: 'csv (default, with a header row) or ndjson' }),
-    ),
-    fields: Type.Optional(
-      Type.Array(Type.String({ maxLength: 80 }), { maxItems: 100, description: 'The fields to export, in order (default: every field)' }),
-    ),
-    filter: Type.Optional(
-      Type.Record(Type.String(), Type.Unknown(), {
-        description:
-          'The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null}',
-      }),
-    ),
-    sort: Type.Optional(
-      Type.String({ maxLength: 200, description: 'As in lists: -amount,name (id is the last tie-breaker; default created_at,id)' }),
-    ),
-  },
-  { additionalProperties: false },
+const ExportBody = named(
+  'ExportRequest',
+  Type.Object(
+    {
+      format: Type.Optional(
+        Type.Union([Type.Literal('csv'), Type.Literal('ndjson')], { description: 'csv (default, with a header row) or ndjson' }),
+      ),
+      fields: Type.Optional(
+        Type.Array(Type.String({ maxLength: 80 }), { maxItems: 100, description: 'The fields to export, in order (default: every field)' }),
+      ),
+      filter: Type.Optional(
+        Type.Record(Type.String(), Type.Unknown(), {
+          description:
+            'The list filters as JSON: {"stage": {"in": ["won"]}, "amount": {"gte": "1000"}}, {"email": "a@b.c"}, {"company_id": null}',
+        }),
+      ),
+      sort: Type.Optional(
+        Type.String({ maxLength: 200, description: 'As in lists: -amount,name (id is the last tie-breaker; default created_at,id)' }),
+      ),
+    },
+    { additionalProperties: false },
+  ),
 )
 
 function routeFor(type: RecordType): RouteDefinition {
@@ -40,6 +44,10 @@ function routeFor(type: RecordType): RouteDefinition {
     scope: readScope(type),
     body: ExportBody,
     streams: true,
+    responseMedia: {
+      'text/csv': 'A header row of the fields asked for, then one row per record',
+      'application/x-ndjson': 'One JSON object per record and line',
+    },
     longRead: true,
     limitedPerWorkspace: 'exports',
     errors: [400, 401, 403, 413, 415, 422, 429, 503],

@@ -13,6 +13,7 @@ import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
 import { UploadError, uploadFromRequest, uploadKindOf } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
+import { named } from '../../schema-names.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { CSV_BODY_LIMIT } from '../body.ts'
 import type { RouteDefinition } from '../route.ts'
@@ -20,22 +21,25 @@ import type { RouteDefinition } from '../route.ts'
 const DEFAULT_MATCH_ON: Record<ImportType, 'email' | 'domain' | 'id'> = { contacts: 'email', companies: 'domain', deals: 'id' }
 const ERRORS_SHOWN = 100
 
-const StartBody = Type.Object(
-  {
-    mapping: Type.Optional(
-      Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()]), {
-        description: 'column → field, custom_fields.<key> or null (default: the suggested mapping)',
-      }),
-    ),
-    mode: Type.Optional(Type.Union([Type.Literal('create'), Type.Literal('upsert')], { description: 'create (default) or upsert' })),
-    match_on: Type.Optional(
-      Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id')], {
-        description: 'upsert key: contacts email or id, companies domain or id, deals id',
-      }),
-    ),
-    dry_run: Type.Optional(Type.Boolean({ description: 'check everything and write nothing' })),
-  },
-  { additionalProperties: false },
+const StartBody = named(
+  'ImportStart',
+  Type.Object(
+    {
+      mapping: Type.Optional(
+        Type.Record(Type.String(), Type.Union([Type.String(), Type.Null()]), {
+          description: 'column → field, custom_fields.<key> or null (default: the suggested mapping)',
+        }),
+      ),
+      mode: Type.Optional(Type.Union([Type.Literal('create'), Type.Literal('upsert')], { description: 'create (default) or upsert' })),
+      match_on: Type.Optional(
+        Type.Union([Type.Literal('email'), Type.Literal('domain'), Type.Literal('id')], {
+          description: 'upsert key: contacts email or id, companies domain or id, deals id',
+        }),
+      ),
+      dry_run: Type.Optional(Type.Boolean({ description: 'check everything and write nothing' })),
+    },
+    { additionalProperties: false },
+  ),
 )
 
 /** An upload's refusal as the error the API answers with. */
@@ -56,7 +60,9 @@ async function assertImportGrant(db: DatabaseTransactionConnection, type: Import
   if (!allowed) throw new ForbiddenError(`Your role does not allow importing ${type}`)
 }
 
-const ImportJobRow = rowType(
+/** An import job as the API answers it (and the row readJob's query renders). */
+const ImportJob = named(
+  'ImportJob',
   Type.Object({
     id: Type.String(),
     status: Type.String(),
@@ -78,6 +84,21 @@ const ImportJobRow = rowType(
     created_at: Type.String(),
     started_at: NullableString,
     finished_at: NullableString,
+  }),
+)
+const ImportJobRow = rowType(ImportJob)
+/** The answer to an upload: what the file holds and how its columns would map. */
+const ImportUpload = named(
+  'ImportUpload',
+  Type.Object({
+    id: Type.String(),
+    status: Type.Literal('uploaded'),
+    file_name: NullableString,
+    row_count: Type.Integer(),
+    columns: Type.Array(Type.String()),
+    sample_rows: Type.Array(Type.Array(Type.String()), { description: 'The first 5 rows, cells in column order' }),
+    suggested_mapping: Type.Record(Type.String(), NullableString, { description: 'column → field, custom_fields.<key> or null' }),
+    created_at: Type.String(),
   }),
 )
 const CreatedImportRow = rowType(Type.Object({ id: Type.String(), created_at: Type.String() }))
@@ -129,6 +150,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       // Checked before the body is received, and again in the handler's own transaction.
       checkCallerBeforeBody: (db) => assertImportGrant(db, type),
       status: 201,
+      response: Type.Object({ data: ImportUpload }),
       errors: [401, 403, 413, 415, 422, 429, 503],
       handler: async ({ req, db, bodyFile }) => {
         await assertImportGrant(db, type)
@@ -179,6 +201,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       scope: writeScope({ path: type }),
       body: StartBody,
       status: 202,
+      response: Type.Object({ data: ImportJob }),
       errors: [401, 403, 404, 409, 413, 415, 422],
       example: {
         request: {
@@ -226,6 +249,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       tag: type,
       auth: 'required',
       scope: writeScope({ path: type }),
+      response: Type.Object({ data: ImportJob }),
       errors: [401, 404],
       handler: async ({ db, params }) => ({ body: { data: await readJob(db, type, importId(params.id)) } }),
     },
@@ -237,6 +261,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       auth: 'required',
       scope: writeScope({ path: type }),
       streams: true,
+      responseMedia: { 'text/csv': "The file's columns, then row (its number in the file) and error" },
       // It holds a connection while the client reads, like an export, and counts as one.
       limitedPerWorkspace: 'exports',
       errors: [401, 404, 429, 503],
