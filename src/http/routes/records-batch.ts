@@ -58,10 +58,13 @@ function bodySchema(type: RecordType, operation: BatchOperation): TSchema {
         {
           inputs: Inputs('Fields of the record, with the value of match_on: an update when a visible record has it, else a create'),
           match_on: Type.Optional(
-            Type.Union(
-              matchFieldsOf(type).map((name) => Type.Literal(name)),
-              { default: 'id', description: 'The unique value that finds the record' },
-            ),
+            // One literal when the type has only `id` (deals): a union of one is not a union.
+            Type.Unsafe<string>({
+              type: 'string',
+              enum: matchFieldsOf(type),
+              default: 'id',
+              description: 'The unique value that finds the record',
+            }),
           ),
           atomic: Atomic,
         },
