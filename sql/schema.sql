@@ -3959,6 +3959,7 @@ create table crm.events (
   occurred_at timestamp with time zone default now() not null,
   data jsonb not null,
   actor jsonb not null,
+  token_id uuid default crm.current_token_id(),
   constraint events_pkey PRIMARY KEY (workspace_id, id),
   constraint events_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint events_actor_shape CHECK (
@@ -3976,6 +3977,9 @@ comment on table crm.events is
 comment on column crm.events.data is
   'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value '
   'of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+comment on column crm.events.token_id is
+  'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
+  'sent to webhooks.';
 alter table crm.events enable row level security;
 alter table crm.events force row level security;
 create policy events_all_owner on crm.events as permissive for all to crm_owner
@@ -3984,10 +3988,44 @@ create policy events_all_owner on crm.events as permissive for all to crm_owner
 comment on policy events_all_owner on crm.events is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
+create policy events_select_record_viewers on crm.events as permissive for select to crm_api
+  using (
+    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+     AND CASE record_type
+              WHEN 'contact'::text THEN ((( SELECT crm.is_admin() AS is_admin)
+                                          AND (( SELECT crm.grant_scope(
+                                                   'contacts'::text, 'view'::text) AS grant_scope) = 'all'::text))
+                                         OR (EXISTS ( SELECT
+                                                      FROM crm.contacts r
+                                                      WHERE ((r.workspace_id = events.workspace_id)
+                                                             AND (r.id = events.record_id)))))
+              WHEN 'company'::text THEN ((( SELECT crm.is_admin() AS is_admin)
+                                          AND (( SELECT crm.grant_scope(
+                                                   'companies'::text, 'view'::text) AS grant_scope) = 'all'::text))
+                                         OR (EXISTS ( SELECT
+                                                      FROM crm.companies r
+                                                      WHERE ((r.workspace_id = events.workspace_id)
+                                                             AND (r.id = events.record_id)))))
+              WHEN 'deal'::text THEN ((( SELECT crm.is_admin() AS is_admin)
+                                       AND (( SELECT crm.grant_scope(
+                                                'deals'::text, 'view'::text) AS grant_scope) = 'all'::text))
+                                      OR (EXISTS ( SELECT
+                                                   FROM crm.deals r
+                                                   WHERE ((r.workspace_id = events.workspace_id)
+                                                          AND (r.id = events.record_id)))))
+              ELSE false
+         END)
+  );
+comment on policy events_select_record_viewers on crm.events is
+  'A record''s events, for its history: to whoever may view the record now (the record table''s own policies decide), '
+  'and to an admin whose role and token view every record of the type, deleted ones included.';
+grant select (workspace_id, id, event, record_type, record_id, occurred_at, data, actor, token_id)
+  on crm.events
+  to crm_api;
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
-comment on index crm.events_record is 'A record''s history, newest last (support and tests).';
+comment on index crm.events_record is 'A record''s history (crm.record_history reads it newest first).';
 CREATE INDEX webhook_events_id ON crm.events USING btree (id);
 comment on index crm.webhook_events_id is
   'fan_out_event looks events up by id alone (the outbox job carries only ids).';
@@ -5169,6 +5207,49 @@ grant execute on function crm.record_webhook_attempts(
   p_retry_delays interval[]
 )
   to crm_worker;
+
+-- Record history
+
+create view crm.record_history with (security_invoker=true) as
+ SELECT workspace_id,
+    record_type,
+    record_id,
+    id,
+    occurred_at,
+    split_part(event, '.'::text, 2) AS action,
+    jsonb_build_object('user_id', actor -> 'id'::text, 'name', to_jsonb(( SELECT u.name
+           FROM crm.users u
+          WHERE u.id = ((e.actor ->> 'id'::text)::uuid))), 'via', actor -> 'via'::text) || jsonb_strip_nulls(jsonb_build_object('token_id', token_id, 'app_id', actor -> 'app_id'::text)) AS actor,
+    ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb) AS "coalesce"
+           FROM ( SELECT
+                        CASE
+                            WHEN e.event ~~ '%.created'::text THEN '{}'::jsonb
+                            ELSE (e.data -> 'object'::text) || COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
+                        END AS before,
+                        CASE
+                            WHEN e.event ~~ '%.deleted'::text THEN '{}'::jsonb
+                            ELSE e.data -> 'object'::text
+                        END AS after) s
+             CROSS JOIN LATERAL ( SELECT f.key AS field,
+                    jsonb_build_object('from', COALESCE(s.before -> f.key, 'null'::jsonb), 'to', COALESCE(s.after -> f.key, 'null'::jsonb)) AS change
+                   FROM jsonb_object_keys(s.before || s.after) f(key)
+                  WHERE (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text])) AND COALESCE(s.before -> f.key, 'null'::jsonb) <> COALESCE(s.after -> f.key, 'null'::jsonb)
+                UNION ALL
+                 SELECT 'custom_fields.'::text || f.key,
+                    jsonb_build_object('from', COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb), 'to', COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)) AS jsonb_build_object
+                   FROM jsonb_object_keys(COALESCE(s.before -> 'custom_fields'::text, '{}'::jsonb) || COALESCE(s.after -> 'custom_fields'::text, '{}'::jsonb)) f(key)
+                  WHERE COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb) <> COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)
+                UNION ALL
+                 SELECT 'associations.'::text || a.key,
+                    a.value
+                   FROM jsonb_each(COALESCE(e.data -> 'associations_changed'::text, '{}'::jsonb)) a(key, value)) c) AS changes
+   FROM crm.events e;
+comment on view crm.record_history is
+  'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
+  '{user_id, name, via, token_id?, app_id?} (name while the user is a member of the workspace); changes {field: '
+  '{from, to}} with custom_fields.<key> per key and associations.<type>: {added, removed}; created lists the fields '
+  'set, deleted the fields the record had. Runs with the caller''s rights: crm.act_as shows what each user sees.';
+grant select on crm.record_history to crm_api;
 
 -- Test events and recovery
 

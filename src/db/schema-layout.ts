@@ -180,6 +180,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'record_webhook_attempts',
         ],
       },
+      { title: 'Record history', objects: ['record_history'] },
       {
         title: 'Test events and recovery',
         objects: [

@@ -8,6 +8,7 @@ import auth from './auth.ts'
 import dealStages from './deal-stages.ts'
 import exports from './exports.ts'
 import health from './health.ts'
+import history from './history.ts'
 import imports from './imports.ts'
 import workspaceAdministration from './members.ts'
 import oauth from './oauth.ts'
@@ -22,6 +23,7 @@ export function allRoutes(): RouteDefinition[] {
     ...auth,
     ...records,
     ...associations,
+    ...history,
     ...search,
     ...dealStages,
     ...webhookSubscriptions,
