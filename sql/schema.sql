@@ -3995,24 +3995,24 @@ create policy events_select_record_viewers on crm.events as permissive for selec
               WHEN 'contact'::text THEN ((( SELECT crm.is_admin() AS is_admin)
                                           AND (( SELECT crm.grant_scope(
                                                    'contacts'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                         OR (EXISTS ( SELECT
-                                                      FROM crm.contacts r
-                                                      WHERE ((r.workspace_id = events.workspace_id)
-                                                             AND (r.id = events.record_id)))))
+                                         OR (( SELECT r.id
+                                               FROM crm.contacts r
+                                               WHERE ((r.workspace_id = events.workspace_id)
+                                                      AND (r.id = events.record_id))) IS NOT NULL))
               WHEN 'company'::text THEN ((( SELECT crm.is_admin() AS is_admin)
                                           AND (( SELECT crm.grant_scope(
                                                    'companies'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                         OR (EXISTS ( SELECT
-                                                      FROM crm.companies r
-                                                      WHERE ((r.workspace_id = events.workspace_id)
-                                                             AND (r.id = events.record_id)))))
+                                         OR (( SELECT r.id
+                                               FROM crm.companies r
+                                               WHERE ((r.workspace_id = events.workspace_id)
+                                                      AND (r.id = events.record_id))) IS NOT NULL))
               WHEN 'deal'::text THEN ((( SELECT crm.is_admin() AS is_admin)
                                        AND (( SELECT crm.grant_scope(
                                                 'deals'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                      OR (EXISTS ( SELECT
-                                                   FROM crm.deals r
-                                                   WHERE ((r.workspace_id = events.workspace_id)
-                                                          AND (r.id = events.record_id)))))
+                                      OR (( SELECT r.id
+                                            FROM crm.deals r
+                                            WHERE ((r.workspace_id = events.workspace_id)
+                                                   AND (r.id = events.record_id))) IS NOT NULL))
               ELSE false
          END)
   );
@@ -5223,21 +5223,30 @@ create view crm.record_history with (security_invoker=true) as
     ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb) AS "coalesce"
            FROM ( SELECT
                         CASE
+                            WHEN e.event ~~ '%.updated'::text THEN COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
+                            ELSE e.data -> 'object'::text
+                        END AS fields,
+                        CASE
                             WHEN e.event ~~ '%.created'::text THEN '{}'::jsonb
                             ELSE (e.data -> 'object'::text) || COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
                         END AS before,
                         CASE
                             WHEN e.event ~~ '%.deleted'::text THEN '{}'::jsonb
                             ELSE e.data -> 'object'::text
-                        END AS after) s
+                        END AS after
+                 OFFSET 0) s
              CROSS JOIN LATERAL ( SELECT f.key AS field,
                     jsonb_build_object('from', COALESCE(s.before -> f.key, 'null'::jsonb), 'to', COALESCE(s.after -> f.key, 'null'::jsonb)) AS change
-                   FROM jsonb_object_keys(s.before || s.after) f(key)
+                   FROM jsonb_object_keys(s.fields) f(key)
                   WHERE (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text])) AND COALESCE(s.before -> f.key, 'null'::jsonb) <> COALESCE(s.after -> f.key, 'null'::jsonb)
                 UNION ALL
                  SELECT 'custom_fields.'::text || f.key,
                     jsonb_build_object('from', COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb), 'to', COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)) AS jsonb_build_object
-                   FROM jsonb_object_keys(COALESCE(s.before -> 'custom_fields'::text, '{}'::jsonb) || COALESCE(s.after -> 'custom_fields'::text, '{}'::jsonb)) f(key)
+                   FROM jsonb_object_keys(
+                        CASE
+                            WHEN s.fields ? 'custom_fields'::text THEN COALESCE(s.before -> 'custom_fields'::text, '{}'::jsonb) || COALESCE(s.after -> 'custom_fields'::text, '{}'::jsonb)
+                            ELSE '{}'::jsonb
+                        END) f(key)
                   WHERE COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb) <> COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)
                 UNION ALL
                  SELECT 'associations.'::text || a.key,

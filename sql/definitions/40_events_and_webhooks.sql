@@ -1268,20 +1268,22 @@ comment on index crm.webhook_events_id is
 -- Record history (docs/api.md section 5b): the outbox read as each record's changes. The policy
 -- asks the record's own table whether the caller may view the record now, so the record's
 -- row-level security decides; an admin whose token covers viewing the type also reads the history
--- of records deleted since. crm_api reads crm.events through this policy only.
+-- of records deleted since. crm_api reads crm.events through this policy only. The record is asked
+-- for by a scalar sub-select, a primary-key probe per event read: an EXISTS may be planned as a hash
+-- of every record the caller sees, a scan of the whole table per statement.
 create policy events_select_record_viewers on crm.events as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND CASE record_type
            WHEN 'contact'::text THEN
              ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('contacts'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (EXISTS ( SELECT FROM crm.contacts r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id)))))
+              OR (( SELECT r.id FROM crm.contacts r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
            WHEN 'company'::text THEN
              ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('companies'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (EXISTS ( SELECT FROM crm.companies r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id)))))
+              OR (( SELECT r.id FROM crm.companies r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
            WHEN 'deal'::text THEN
              ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('deals'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (EXISTS ( SELECT FROM crm.deals r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id)))))
+              OR (( SELECT r.id FROM crm.deals r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
            ELSE false
          END)
   );
@@ -1293,6 +1295,9 @@ comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
 
+-- fields (the keys that may differ: previous_attributes' for an update, every field for a create or
+-- a delete), before and after are made once per event (OFFSET 0 keeps the planner from copying
+-- their expressions into every use, each reading the event's data again).
 create view crm.record_history
  with (security_invoker = true)
 as
@@ -1307,20 +1312,27 @@ as
                         'via', e.actor -> 'via'::text)
      || jsonb_strip_nulls(jsonb_build_object('token_id', e.token_id, 'app_id', e.actor -> 'app_id'::text))) AS actor,
     ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb)
-        FROM ( SELECT CASE WHEN (e.event ~~ '%.created'::text) THEN '{}'::jsonb
+        FROM ( SELECT CASE WHEN (e.event ~~ '%.updated'::text) THEN COALESCE((e.data -> 'previous_attributes'::text), '{}'::jsonb)
+                           ELSE (e.data -> 'object'::text)
+                      END AS fields,
+                      CASE WHEN (e.event ~~ '%.created'::text) THEN '{}'::jsonb
                            ELSE ((e.data -> 'object'::text) || COALESCE((e.data -> 'previous_attributes'::text), '{}'::jsonb))
                       END AS before,
-                      CASE WHEN (e.event ~~ '%.deleted'::text) THEN '{}'::jsonb ELSE (e.data -> 'object'::text) END AS after) s
+                      CASE WHEN (e.event ~~ '%.deleted'::text) THEN '{}'::jsonb ELSE (e.data -> 'object'::text) END AS after
+                OFFSET 0) s
         CROSS JOIN LATERAL ( SELECT f.key AS field,
                     jsonb_build_object('from', COALESCE((s.before -> f.key), 'null'::jsonb), 'to', COALESCE((s.after -> f.key), 'null'::jsonb)) AS change
-                   FROM jsonb_object_keys((s.before || s.after)) f(key)
+                   FROM jsonb_object_keys(s.fields) f(key)
                   WHERE ((f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
                          AND (COALESCE((s.before -> f.key), 'null'::jsonb) <> COALESCE((s.after -> f.key), 'null'::jsonb)))
                 UNION ALL
                  SELECT ('custom_fields.'::text || f.key),
                     jsonb_build_object('from', COALESCE((s.before #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb),
                                        'to', COALESCE((s.after #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb))
-                   FROM jsonb_object_keys((COALESCE((s.before -> 'custom_fields'::text), '{}'::jsonb) || COALESCE((s.after -> 'custom_fields'::text), '{}'::jsonb))) f(key)
+                   FROM jsonb_object_keys(CASE WHEN (s.fields ? 'custom_fields'::text)
+                                               THEN (COALESCE((s.before -> 'custom_fields'::text), '{}'::jsonb) || COALESCE((s.after -> 'custom_fields'::text), '{}'::jsonb))
+                                               ELSE '{}'::jsonb
+                                          END) f(key)
                   WHERE (COALESCE((s.before #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb) <> COALESCE((s.after #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb))
                 UNION ALL
                  SELECT ('associations.'::text || a.key), a.value
