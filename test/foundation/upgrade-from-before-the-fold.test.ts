@@ -146,8 +146,8 @@ t.test('a database of a38c368 upgrades to the schema of a new one, with the same
   const result = await migrate(upgraded)
   t.same(
     result.applied,
-    ['000008_tokens_authenticated_at.sql', '000009_webhook_test_events_validated.sql'],
-    'the ledger of the fold stands for 000001 to 000007; the table change made after it is applied',
+    ['000008_tokens_authenticated_at.sql', '000009_webhook_test_events_validated.sql', '000010_events_token_id.sql'],
+    'the ledger of the fold stands for 000001 to 000007; the table changes made after it are applied',
   )
   t.ok(result.definitions.length > 0, 'every definition is made again from sql/definitions/')
 
