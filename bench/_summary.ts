@@ -116,6 +116,18 @@ function exportRow(results: string): string {
     .join(' / ')} | ≥ 100,000 rows/s: ${rates}; RSS < 200 MiB: ${mark(rssMet)} |`
 }
 
+function feedRow(results: string): string {
+  const body = section(results, 'Events feed long polling')
+  if (body === null)
+    return '| events feed long polling | not in bench/RESULTS.md yet: run `make bench` | — | — | ≤ 2 connections, p99 ≤ 100 ms |'
+  const held = numberIn(row(body, 'connections of the API process while')[1])
+  const latency = row(body, 'event to client with the pool')[1]
+  const p99 = numberIn(latency?.split('/')[1])
+  const bare = numberIn(row(body, 'baseline')[1])
+  const clients = /^([\d,]+) clients/.exec(body.split('\n').find((line) => /^[\d,]+ clients/.test(line)) ?? '')?.[1] ?? '?'
+  return `| events feed long polling, ${clients} clients | ${held} connections waiting; event to client p50 / p99 / max ${latency} | bare LISTEN p50 ${bare} ms | — | ≤ 2 connections ${mark(held <= 2)}, p99 ≤ 100 ms ${mark(p99 <= 100)} |`
+}
+
 /** The summary of RESULTS.md: one row per area, the service against its baseline and its target. */
 export function summaryTable(results: string): string {
   return [
@@ -125,6 +137,7 @@ export function summaryTable(results: string): string {
     webhookRow(results),
     importRow(results),
     exportRow(results),
+    feedRow(results),
   ].join('\n')
 }
 

@@ -24,6 +24,7 @@
 -- sql/definitions/50_imports_and_exports.sql
 -- sql/definitions/60_sign_in_and_ui_sessions.sql
 -- sql/definitions/70_oauth.sql
+-- sql/definitions/80_audit.sql
 
 -- Roles the schema grants to
 
@@ -322,7 +323,7 @@ comment on function crm.disown_superuser_objects() is
   'SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration '
   'run.';
 
-CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
+CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer, events_retention_days integer DEFAULT 30)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -341,11 +342,15 @@ begin
     execute format('select %s($1)', v_function) into removed using log_retention_days;
     return next;
   end loop;
+  step := 'crm.expire_events';
+  removed := crm.expire_events(events_retention_days);
+  return next;
 end
 $function$;
-comment on function crm.housekeeping(log_retention_days integer) is
-  'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step.';
-grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
+comment on function crm.housekeeping(log_retention_days integer, events_retention_days integer) is
+  'Removes expired rows (tokens, idempotency keys, old delivery logs, with log_retention_days; events the feed and '
+  'the webhooks no longer need, with events_retention_days); returns a count per step.';
+grant execute on function crm.housekeeping(log_retention_days integer, events_retention_days integer) to crm_worker;
 
 -- =================================================================================================
 -- TENANCY AND ACCESS
@@ -384,6 +389,9 @@ create policy workspaces_select_member on crm.workspaces as permissive for selec
   using ((id = ANY (( SELECT crm.my_workspace_ids() AS my_workspace_ids)::uuid[])));
 comment on policy workspaces_select_member on crm.workspaces is 'A user sees the workspaces they belong to.';
 grant select on crm.workspaces to crm_api;
+CREATE TRIGGER tg_workspaces__audit AFTER UPDATE OF plan, seat_limit, trial_ends_at ON crm.workspaces
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_workspaces__audit();
 CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
@@ -527,6 +535,9 @@ comment on policy users_update_self on crm.users is
   'A user changes only their own name (a password is set by the owner''s functions).';
 grant select (id, email, name, api_access, suspended_at, created_at) on crm.users to crm_api;
 grant update (name) on crm.users to crm_api;
+CREATE TRIGGER tg_users__audit AFTER UPDATE OF api_access, suspended_at ON crm.users
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_users__audit();
 CREATE TRIGGER tg_users__only_narrow_when_scoped BEFORE UPDATE OF password_hash ON crm.users
   FOR EACH ROW
   WHEN ((old.password_hash IS DISTINCT FROM new.password_hash))
@@ -599,6 +610,9 @@ grant select, insert, delete on crm.memberships to crm_api;
 grant update (role_id, suspended_at) on crm.memberships to crm_api;
 CREATE INDEX memberships_role_idx ON crm.memberships USING btree (workspace_id, role_id);
 CREATE INDEX memberships_user_idx ON crm.memberships USING btree (user_id, joined_at);
+CREATE TRIGGER tg_memberships__audit AFTER INSERT OR DELETE OR UPDATE OF role_id, suspended_at ON crm.memberships
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_memberships__audit();
 CREATE TRIGGER tg_memberships__check_seats BEFORE INSERT OR UPDATE OF suspended_at ON crm.memberships
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_memberships__check_seats();
@@ -747,6 +761,9 @@ comment on policy roles_write_admin on crm.roles is
   'Admins manage custom roles (a scoped token needs workspace:admin).';
 grant select, insert, delete on crm.roles to crm_api;
 grant update (name, is_admin) on crm.roles to crm_api;
+CREATE TRIGGER tg_roles__audit AFTER INSERT OR DELETE OR UPDATE OF name, is_admin ON crm.roles
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_roles__audit();
 CREATE TRIGGER tg_roles__bump_access_versions AFTER UPDATE ON crm.roles
   REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
   FOR EACH STATEMENT
@@ -895,6 +912,18 @@ create policy role_grants_write_admin on crm.role_grants as permissive for all t
 comment on policy role_grants_write_admin on crm.role_grants is
   'Admins change the grants of custom roles (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.role_grants to crm_api;
+CREATE TRIGGER tg_role_grants__audit_delete AFTER DELETE ON crm.role_grants
+  REFERENCING OLD TABLE AS old_table
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__audit();
+CREATE TRIGGER tg_role_grants__audit_insert AFTER INSERT ON crm.role_grants
+  REFERENCING NEW TABLE AS new_table
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__audit();
+CREATE TRIGGER tg_role_grants__audit_update AFTER UPDATE ON crm.role_grants
+  REFERENCING OLD TABLE AS old_table NEW TABLE AS new_table
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_role_grants__audit();
 CREATE TRIGGER tg_role_grants__bump_access_versions_delete AFTER DELETE ON crm.role_grants
   REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT
@@ -1013,6 +1042,9 @@ create policy teams_write_admin on crm.teams as permissive for all to crm_api
   );
 comment on policy teams_write_admin on crm.teams is 'Admins manage teams (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.teams to crm_api;
+CREATE TRIGGER tg_teams__audit AFTER INSERT OR DELETE OR UPDATE OF name ON crm.teams
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_teams__audit();
 
 create table crm.team_members (
   workspace_id uuid not null,
@@ -1047,6 +1079,9 @@ comment on policy team_members_write_admin on crm.team_members is
   'Admins change team membership (a scoped token needs workspace:admin).';
 grant select, insert, update, delete on crm.team_members to crm_api;
 CREATE INDEX team_members_user_idx ON crm.team_members USING btree (workspace_id, user_id);
+CREATE TRIGGER tg_team_members__audit AFTER INSERT OR DELETE ON crm.team_members
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_team_members__audit();
 CREATE TRIGGER tg_team_members__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.team_members
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_team_members__only_narrow_when_scoped();
@@ -1120,6 +1155,9 @@ CREATE UNIQUE INDEX invitations_pending_email_key ON crm.invitations
   USING btree (workspace_id, email)
   WHERE (accepted_at IS NULL);
 CREATE INDEX invitations_role_idx ON crm.invitations USING btree (workspace_id, role_id) WHERE (accepted_at IS NULL);
+CREATE TRIGGER tg_invitations__audit AFTER INSERT OR DELETE OR UPDATE OF accepted_at ON crm.invitations
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_invitations__audit();
 CREATE TRIGGER tg_invitations__only_narrow_when_scoped BEFORE INSERT ON crm.invitations
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_invitations__only_narrow_when_scoped();
@@ -1426,6 +1464,14 @@ CREATE INDEX tokens_oauth_grant_idx ON crm.tokens
   WHERE (oauth_grant_id IS NOT NULL);
 CREATE INDEX tokens_user_idx ON crm.tokens USING btree (user_id, created_at);
 CREATE INDEX tokens_workspace_idx ON crm.tokens USING btree (workspace_id) WHERE (workspace_id IS NOT NULL);
+CREATE TRIGGER tg_tokens__audit_insert AFTER INSERT ON crm.tokens
+  FOR EACH ROW
+  WHEN ((new.kind <> 'oauth'::text))
+  EXECUTE FUNCTION crm.tg_tokens__audit();
+CREATE TRIGGER tg_tokens__audit_revoke AFTER UPDATE OF revoked_at ON crm.tokens
+  FOR EACH ROW
+  WHEN (((new.kind <> 'oauth'::text) AND (old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL)))
+  EXECUTE FUNCTION crm.tg_tokens__audit();
 CREATE TRIGGER tg_tokens__authenticated_at BEFORE INSERT ON crm.tokens
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_tokens__authenticated_at();
@@ -3959,6 +4005,7 @@ create table crm.events (
   occurred_at timestamp with time zone default now() not null,
   data jsonb not null,
   actor jsonb not null,
+  xid xid8 default pg_current_xact_id(),
   token_id uuid default crm.current_token_id(),
   constraint events_pkey PRIMARY KEY (workspace_id, id),
   constraint events_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
@@ -3977,6 +4024,10 @@ comment on table crm.events is
 comment on column crm.events.data is
   'object: the record after the change (before it for .deleted) as the API shows it; previous_attributes: old value '
   'of each changed field; associations_changed: {contacts: {added, removed}, ...}.';
+comment on column crm.events.xid is
+  'The writing transaction (pg_current_xact_id()); the events feed orders by (xid, id) and reads only below the '
+  'oldest running transaction, so nothing appears behind a cursor (docs/decisions.md). 0 for events written before '
+  'the column.';
 comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
@@ -3988,40 +4039,35 @@ create policy events_all_owner on crm.events as permissive for all to crm_owner
 comment on policy events_all_owner on crm.events is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
-create policy events_select_record_viewers on crm.events as permissive for select to crm_api
+create policy events_select_viewable on crm.events as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
      AND CASE record_type
-              WHEN 'contact'::text THEN ((( SELECT crm.is_admin() AS is_admin)
-                                          AND (( SELECT crm.grant_scope(
-                                                   'contacts'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                         OR (( SELECT r.id
-                                               FROM crm.contacts r
-                                               WHERE ((r.workspace_id = events.workspace_id)
-                                                      AND (r.id = events.record_id))) IS NOT NULL))
-              WHEN 'company'::text THEN ((( SELECT crm.is_admin() AS is_admin)
-                                          AND (( SELECT crm.grant_scope(
-                                                   'companies'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                         OR (( SELECT r.id
-                                               FROM crm.companies r
-                                               WHERE ((r.workspace_id = events.workspace_id)
-                                                      AND (r.id = events.record_id))) IS NOT NULL))
-              WHEN 'deal'::text THEN ((( SELECT crm.is_admin() AS is_admin)
-                                       AND (( SELECT crm.grant_scope(
-                                                'deals'::text, 'view'::text) AS grant_scope) = 'all'::text))
-                                      OR (( SELECT r.id
-                                            FROM crm.deals r
-                                            WHERE ((r.workspace_id = events.workspace_id)
-                                                   AND (r.id = events.record_id))) IS NOT NULL))
+              WHEN 'contact'::text THEN ((( SELECT crm.grant_scope(
+                                              'contacts'::text, 'view'::text) AS grant_scope) = 'all'::text)
+                                         OR ((((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                                               ( SELECT crm.scope_owner_ids(
+                                                   'contacts'::text, 'view'::text) AS scope_owner_ids)::uuid[])))
+              WHEN 'company'::text THEN ((( SELECT crm.grant_scope(
+                                              'companies'::text, 'view'::text) AS grant_scope) = 'all'::text)
+                                         OR ((((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                                               ( SELECT crm.scope_owner_ids(
+                                                   'companies'::text, 'view'::text) AS scope_owner_ids)::uuid[])))
+              WHEN 'deal'::text THEN ((( SELECT crm.grant_scope(
+                                           'deals'::text, 'view'::text) AS grant_scope) = 'all'::text)
+                                      OR ((((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                                            ( SELECT crm.scope_owner_ids(
+                                                'deals'::text, 'view'::text) AS scope_owner_ids)::uuid[])))
               ELSE false
          END)
   );
-comment on policy events_select_record_viewers on crm.events is
-  'A record''s events, for its history: to whoever may view the record now (the record table''s own policies decide), '
-  'and to an admin whose role and token view every record of the type, deleted ones included.';
-grant select (workspace_id, id, event, record_type, record_id, occurred_at, data, actor, token_id)
-  on crm.events
-  to crm_api;
+comment on policy events_select_viewable on crm.events is
+  'The events feed (docs/api.md section 8a): a caller reads the events of its workspace whose record it may view with '
+  'its role and token scopes, as the record stood in the event (its owner then): all, or the owners the own/team '
+  'scope covers; a token whose scopes do not cover the type reads none.';
+grant select on crm.events to crm_api;
+CREATE INDEX events_feed ON crm.events USING btree (workspace_id, xid, id);
+comment on index crm.events_feed is 'The events feed: a workspace''s events after a cursor, in (xid, id) order.';
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
@@ -4029,6 +4075,10 @@ comment on index crm.events_record is 'A record''s history (crm.record_history r
 CREATE INDEX webhook_events_id ON crm.events USING btree (id);
 comment on index crm.webhook_events_id is
   'fan_out_event looks events up by id alone (the outbox job carries only ids).';
+CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__notify_feed();
 
 CREATE OR REPLACE FUNCTION crm.event_actor()
  RETURNS jsonb
@@ -4152,6 +4202,9 @@ grant insert (name, url, events, secret_encrypted, secret_last4) on crm.webhook_
 grant update (name, url, events, status, paused_reason, paused_at, secret_encrypted, secret_last4, previous_secret_encrypted, previous_secret_expires_at)
   on crm.webhook_subscriptions
   to crm_api;
+CREATE TRIGGER tg_webhook_subscriptions__audit AFTER INSERT OR DELETE OR UPDATE ON crm.webhook_subscriptions
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_webhook_subscriptions__audit();
 CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
@@ -4548,9 +4601,7 @@ CREATE OR REPLACE FUNCTION crm.webhook_body_head(p_event_id uuid, p_event text, 
  LANGUAGE sql
  STABLE PARALLEL SAFE
 AS $function$
-  select '{"id":"' || p_event_id || '","event":"' || p_event
-         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-         || '","delivered_at":"'
+  select crm.event_body_start(p_event_id, p_event, p_occurred_at) || ',"delivered_at":"'
 $function$;
 comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
   'A delivery body up to the value of delivered_at, which each attempt writes.';
@@ -4568,8 +4619,7 @@ CREATE OR REPLACE FUNCTION crm.webhook_body_tail(
  LANGUAGE sql
  STABLE PARALLEL SAFE
 AS $function$
-  select '","delivery_id":"' || p_delivery_id || '","workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
-         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+  select '","delivery_id":"' || p_delivery_id || '",' || crm.event_body_rest(p_workspace_id, p_workspace_slug, p_data, p_actor)
 $function$;
 comment on function crm.webhook_body_tail(
   p_delivery_id uuid,
@@ -5210,7 +5260,35 @@ grant execute on function crm.record_webhook_attempts(
 
 -- Record history
 
-create view crm.record_history with (security_invoker=true) as
+CREATE OR REPLACE FUNCTION crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+begin
+  if p_workspace_id is distinct from crm.current_workspace_id() then
+    return false;
+  end if;
+  -- Run as the caller: the record table's own policies decide what exists.
+  return case p_record_type
+    when 'contact' then (crm.is_admin() and crm.grant_scope('contacts', 'view') = 'all')
+                        or exists (select from crm.contacts r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'company' then (crm.is_admin() and crm.grant_scope('companies', 'view') = 'all')
+                        or exists (select from crm.companies r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'deal' then (crm.is_admin() and crm.grant_scope('deals', 'view') = 'all')
+                     or exists (select from crm.deals r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    else false
+  end;
+end
+$function$;
+comment on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid) is
+  'Whether the caller may read the history of a record (docs/api.md section 5b): it may view the record now, under '
+  'the record table''s own policies, or it is an admin whose role and token view every record of the type (deleted '
+  'ones included). False outside the caller''s workspace and without a request context.';
+grant execute on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+  to crm_api;
+
+create view crm.record_history as
  SELECT workspace_id,
     record_type,
     record_id,
@@ -5252,12 +5330,14 @@ create view crm.record_history with (security_invoker=true) as
                  SELECT 'associations.'::text || a.key,
                     a.value
                    FROM jsonb_each(COALESCE(e.data -> 'associations_changed'::text, '{}'::jsonb)) a(key, value)) c) AS changes
-   FROM crm.events e;
+   FROM crm.events e
+  WHERE workspace_id = (( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.may_read_record_history(record_type, workspace_id, record_id);
 comment on view crm.record_history is
   'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
-  '{user_id, name, via, token_id?, app_id?} (name while the user is a member of the workspace); changes {field: '
-  '{from, to}} with custom_fields.<key> per key and associations.<type>: {added, removed}; created lists the fields '
-  'set, deleted the fields the record had. Runs with the caller''s rights: crm.act_as shows what each user sees.';
+  '{user_id, name, via, token_id?, app_id?} (the user''s current name); changes {field: {from, to}} with '
+  'custom_fields.<key> per key and associations.<type>: {added, removed}; created lists the fields set, deleted the '
+  'fields the record had. Rows of the caller''s workspace that crm.may_read_record_history allows: crm.act_as shows '
+  'what each user sees; without a request context, none.';
 grant select on crm.record_history to crm_api;
 
 -- Test events and recovery
@@ -5581,6 +5661,87 @@ grant execute on function crm.recover_webhook_deliveries(
   p_until timestamp with time zone
 )
   to crm_api;
+
+-- The events feed
+
+CREATE OR REPLACE FUNCTION crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select '{"id":"' || p_event_id || '","event":"' || p_event
+         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
+$function$;
+comment on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
+  'An event''s envelope up to occurred_at: the start of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+  to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select '"workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
+         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+$function$;
+comment on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+  'An event''s envelope from workspace to its end: the end of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+  to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.event_feed_entry(e crm.events, p_workspace_slug text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select crm.event_body_start(e.id, e.event, e.occurred_at) || ','
+         || crm.event_body_rest(e.workspace_id, p_workspace_slug, e.data, e.actor)
+$function$;
+comment on function crm.event_feed_entry(e crm.events, p_workspace_slug text) is
+  'An event as the events feed answers it (docs/api.md section 8a): the webhook body without delivery_id and '
+  'delivered_at, built by the functions that build that body.';
+grant execute on function crm.event_feed_entry(e crm.events, p_workspace_slug text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_events__notify_feed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  perform pg_notify('crm_events', w.workspace_id::text) from (select distinct n.workspace_id from new_rows n) w;
+  return null;
+end
+$function$;
+comment on function crm.tg_events__notify_feed() is
+  'Wakes the events feed''s long polls: one notification per workspace a statement wrote events for, delivered at '
+  'commit (PostgreSQL folds repeats within a transaction), on the channel crm_events that each API process listens to.';
+grant execute on function crm.tg_events__notify_feed() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.expire_events(events_retention_days integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_removed bigint;
+begin
+  delete from crm.events e
+   where e.occurred_at < now() - make_interval(days => events_retention_days)
+     and not exists (
+       select from crm.webhook_deliveries d
+        where d.workspace_id = e.workspace_id
+          and d.subscription_id = any (array(select s.id from crm.webhook_subscriptions s where s.workspace_id = e.workspace_id))
+          and d.event_id = e.id);
+  get diagnostics v_removed = row_count;
+  return v_removed;
+end
+$function$;
+comment on function crm.expire_events(events_retention_days integer) is
+  'Removes events older than EVENTS_RETENTION_DAYS (the events feed, docs/api.md section 8a) that no delivery still '
+  'names: a kept delivery (its log lasts WEBHOOK_LOG_RETENTION_DAYS) is redelivered and recovered from its event, so '
+  'the event stays as long as the delivery. Called by crm.housekeeping with its own retention.';
 
 -- =================================================================================================
 -- IMPORTS AND EXPORTS
@@ -6483,14 +6644,18 @@ begin
      or sha256(convert_to(substring(v_user.password_hash from '\$([A-Za-z0-9_-]+)$'), 'UTF8'))
         is distinct from sha256(convert_to(p_password_key, 'UTF8')) then
     failure := 'invalid_credentials';
+    -- An unknown email has no workspace to tell; a known one's admins see the failure.
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
     return next;
     return;
   end if;
   perform crm.release_attempt('sign_in', v_ticket.email, v_ticket.window_id);
   if v_user.suspended then
     failure := 'user_suspended';
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
   elsif p_kind = 'token' and not v_user.api_access then
     failure := 'api_access_disabled';
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
   elsif v_user.two_factor then
     two_factor := true;
     insert into crm.two_factor_challenges as c (user_id, device_name, expires_at)
@@ -6555,6 +6720,9 @@ create policy user_totp_all_owner on crm.user_totp as permissive for all to crm_
 comment on policy user_totp_all_owner on crm.user_totp is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
+CREATE TRIGGER tg_user_totp__audit AFTER INSERT OR DELETE OR UPDATE OF confirmed_at ON crm.user_totp
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_user_totp__audit();
 CREATE TRIGGER tg_user_totp__recent_sign_in BEFORE UPDATE OF confirmed_at ON crm.user_totp
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_user_totp__recent_sign_in();
@@ -6937,6 +7105,9 @@ grant insert (name, client_id, client_secret_hash, client_secret_last4, redirect
   to crm_api;
 grant update (name, redirect_uris) on crm.oauth_apps to crm_api;
 CREATE INDEX oauth_apps_client_id_idx ON crm.oauth_apps USING btree (client_id);
+CREATE TRIGGER tg_oauth_apps__audit AFTER INSERT OR DELETE OR UPDATE ON crm.oauth_apps
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_oauth_apps__audit();
 CREATE TRIGGER tg_oauth_apps__only_narrow_when_scoped BEFORE INSERT OR UPDATE ON crm.oauth_apps
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_oauth_apps__only_narrow_when_scoped();
@@ -7122,6 +7293,9 @@ grant select on crm.oauth_grants to crm_api;
 grant update (revoked_at) on crm.oauth_grants to crm_api;
 CREATE INDEX oauth_grants_app_idx ON crm.oauth_grants USING btree (workspace_id, app_id);
 CREATE INDEX oauth_grants_user_idx ON crm.oauth_grants USING btree (user_id);
+CREATE TRIGGER tg_oauth_grants__audit AFTER INSERT OR UPDATE OF revoked_at, scopes ON crm.oauth_grants
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_oauth_grants__audit();
 CREATE TRIGGER tg_oauth_grants__only_narrow_when_scoped BEFORE INSERT OR UPDATE OF workspace_id, app_id, user_id, scopes, expires_at ON crm.oauth_grants
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_oauth_grants__only_narrow_when_scoped();
@@ -7568,3 +7742,674 @@ AS $function$
 $function$;
 comment on function crm.prune_oauth(log_retention_days integer) is
   'Removes spent authorization codes, refresh tokens and grants a while after they stopped working.';
+
+-- =================================================================================================
+-- AUDIT LOG
+-- who changed who may do what: the entries, their chain per workspace, the triggers that write
+-- them, retention and verification
+-- =================================================================================================
+
+create table crm.audit_log (
+  workspace_id uuid not null,
+  seq bigint not null,
+  id uuid default crm.uuid_v7() not null,
+  occurred_at timestamp with time zone default now() not null,
+  action text not null,
+  actor_user_id uuid,
+  actor_via text not null,
+  actor_token_id uuid,
+  actor_app_id uuid,
+  actor_ip inet,
+  target_type text not null,
+  target_id uuid,
+  details jsonb default '{}'::jsonb not null,
+  prev_hash bytea not null,
+  hash bytea not null,
+  constraint audit_log_pkey PRIMARY KEY (workspace_id, seq),
+  constraint audit_log_id_key UNIQUE (workspace_id, id),
+  constraint audit_log_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
+  constraint audit_log_action_format CHECK ((action ~ '^[a-z_]+\.[a-z_]+$'::text)),
+  constraint audit_log_details_object CHECK ((jsonb_typeof(details) = 'object'::text)),
+  constraint audit_log_hash_length CHECK (((length(hash) = 32) AND (length(prev_hash) = 32)))
+);
+comment on table crm.audit_log is
+  'The access audit log (docs/api.md section 11): who changed who may do what, written by triggers in the change''s '
+  'transaction, append-only, chained per workspace (hash = SHA-256(prev_hash || crm.audit_canonical(entry))).';
+alter table crm.audit_log enable row level security;
+alter table crm.audit_log force row level security;
+create policy audit_log_all_owner on crm.audit_log as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy audit_log_all_owner on crm.audit_log is
+  'The tables'' owner reaches every row (the audit triggers still refuse its updates and deletes).';
+create policy audit_log_select_admin on crm.audit_log as permissive for select to crm_api
+  using (
+    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+     AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
+  );
+comment on policy audit_log_select_admin on crm.audit_log is
+  'The workspace''s admins read its audit log (a scoped token needs workspace:admin).';
+grant select on crm.audit_log to crm_api;
+CREATE INDEX audit_log_occurred_idx ON crm.audit_log USING btree (workspace_id, occurred_at);
+CREATE TRIGGER tg_audit_log__append_only BEFORE DELETE OR UPDATE ON crm.audit_log
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_audit_log__append_only();
+CREATE TRIGGER tg_audit_log__no_truncate BEFORE TRUNCATE ON crm.audit_log
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_audit_log__append_only();
+
+create table crm.audit_chain_heads (
+  workspace_id uuid not null,
+  last_seq bigint default 0 not null,
+  last_id uuid,
+  last_hash bytea not null,
+  anchor_seq bigint default 0 not null,
+  anchor_hash bytea not null,
+  constraint audit_chain_heads_pkey PRIMARY KEY (workspace_id),
+  constraint audit_chain_heads_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
+  constraint audit_chain_heads_anchor_behind CHECK ((anchor_seq <= last_seq))
+);
+comment on table crm.audit_chain_heads is
+  'Per workspace: the audit chain''s last entry (seq, id, hash; its row lock orders the workspace''s writers) and the '
+  'anchor, the hash of the last entry retention removed.';
+alter table crm.audit_chain_heads enable row level security;
+alter table crm.audit_chain_heads force row level security;
+create policy audit_chain_heads_all_owner on crm.audit_chain_heads as permissive for all to crm_owner
+  using (true)
+  with check (true);
+comment on policy audit_chain_heads_all_owner on crm.audit_chain_heads is
+  'The tables'' owner reaches every row (the guard trigger still keeps the chain moving forward).';
+create policy audit_chain_heads_select_admin on crm.audit_chain_heads as permissive for select to crm_api
+  using (
+    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+     AND ( SELECT crm.is_admin_for('workspace:admin'::text) AS is_admin_for))
+  );
+comment on policy audit_chain_heads_select_admin on crm.audit_chain_heads is
+  'The workspace''s admins read its chain head, so that they can verify the chain.';
+grant select on crm.audit_chain_heads to crm_api;
+CREATE TRIGGER tg_audit_chain_heads__guard BEFORE DELETE OR UPDATE ON crm.audit_chain_heads
+  FOR EACH ROW
+  EXECUTE FUNCTION crm.tg_audit_chain_heads__guard();
+CREATE TRIGGER tg_audit_chain_heads__no_truncate BEFORE TRUNCATE ON crm.audit_chain_heads
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_audit_log__append_only();
+
+CREATE OR REPLACE FUNCTION crm.audit_canonical(e crm.audit_log)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select e.id::text || E'\n' || e.workspace_id::text || E'\n' || e.seq::text || E'\n'
+         || to_char(e.occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || E'\n'
+         || e.action || E'\n'
+         || coalesce(e.actor_user_id::text, '') || E'\n' || e.actor_via || E'\n'
+         || coalesce(e.actor_token_id::text, '') || E'\n' || coalesce(e.actor_app_id::text, '') || E'\n'
+         || coalesce(host(e.actor_ip), '') || E'\n'
+         || e.target_type || E'\n' || coalesce(e.target_id::text, '') || E'\n'
+         || e.details::text
+$function$;
+comment on function crm.audit_canonical(e crm.audit_log) is
+  'An audit entry''s canonical content, what its hash covers: id, workspace_id, seq, occurred_at (RFC 3339, UTC, '
+  'milliseconds), action, actor user, via, token, app, ip, target type, target id (absent ones empty) and details as '
+  'PostgreSQL prints jsonb, joined by line feeds (docs/api.md section 11).';
+grant execute on function crm.audit_canonical(e crm.audit_log) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.audit_hash(e crm.audit_log)
+ RETURNS bytea
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select sha256(e.prev_hash || convert_to(crm.audit_canonical(e), 'UTF8'))
+$function$;
+comment on function crm.audit_hash(e crm.audit_log) is
+  'SHA-256 over the previous entry''s hash (32 bytes) followed by the entry''s canonical content in UTF-8.';
+grant execute on function crm.audit_hash(e crm.audit_log) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.audit_write(
+  p_workspace_id uuid,
+  p_action text,
+  p_target_type text,
+  p_target_id uuid,
+  p_details jsonb
+)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_entry crm.audit_log;
+  v_genesis constant bytea := decode(repeat('00', 32), 'hex');
+begin
+  -- A workspace being deleted takes its log with it; its members' and roles' cascades write nothing.
+  if p_workspace_id is null or not exists (select 1 from crm.workspaces w where w.id = p_workspace_id) then
+    return;
+  end if;
+  -- The workspace's head row is the chain's lock: held to the end of this transaction, it orders the
+  -- workspace's writers one after the other and never touches another workspace's writers.
+  update crm.audit_chain_heads h set last_seq = h.last_seq + 1
+   where h.workspace_id = p_workspace_id
+  returning h.last_seq, h.last_hash into v_entry.seq, v_entry.prev_hash;
+  if not found then
+    insert into crm.audit_chain_heads as h (workspace_id, last_seq, last_hash, anchor_hash)
+    values (p_workspace_id, 1, v_genesis, v_genesis)
+    on conflict (workspace_id) do update set last_seq = h.last_seq + 1
+    returning h.last_seq, h.last_hash into v_entry.seq, v_entry.prev_hash;
+  end if;
+  v_entry.workspace_id := p_workspace_id;
+  v_entry.id := crm.uuid_v7();
+  v_entry.occurred_at := date_trunc('milliseconds', now());
+  v_entry.action := p_action;
+  v_entry.actor_user_id := crm.current_user_id();
+  v_entry.actor_via := crm.event_actor() ->> 'via';
+  v_entry.actor_token_id := crm.current_token_id();
+  v_entry.actor_app_id := crm.current_oauth_app_id();
+  v_entry.actor_ip := nullif(current_setting('crm.client_address', true), '')::inet;
+  v_entry.target_type := p_target_type;
+  v_entry.target_id := p_target_id;
+  v_entry.details := coalesce(jsonb_strip_nulls(p_details), '{}');
+  v_entry.hash := crm.audit_hash(v_entry);
+  insert into crm.audit_log select v_entry.*;
+  update crm.audit_chain_heads h set last_hash = v_entry.hash, last_id = v_entry.id where h.workspace_id = p_workspace_id;
+end
+$function$;
+comment on function crm.audit_write(
+  p_workspace_id uuid,
+  p_action text,
+  p_target_type text,
+  p_target_id uuid,
+  p_details jsonb
+) is
+  'Appends an entry to a workspace''s audit log, chained to the one before, with the actor of the request context '
+  '(and the client address the service put in crm.client_address). Only the owner''s triggers call it.';
+
+CREATE OR REPLACE FUNCTION crm.audit_write_for_user(p_user_id uuid, p_action text, p_details jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_workspace_id uuid;
+begin
+  -- A user's own access (sign-in, suspension, API access, two-factor, personal tokens) holds in every
+  -- workspace of theirs: each workspace's admins see it. In workspace order, so two such writers
+  -- take the heads in the same order and never deadlock.
+  for v_workspace_id in select m.workspace_id from crm.memberships m where m.user_id = p_user_id order by m.workspace_id loop
+    perform crm.audit_write(v_workspace_id, p_action, 'user', p_user_id, p_details);
+  end loop;
+end
+$function$;
+comment on function crm.audit_write_for_user(p_user_id uuid, p_action text, p_details jsonb) is
+  'Appends an entry about a user''s own access to the audit log of every workspace the user is a member of.';
+
+CREATE OR REPLACE FUNCTION crm.tg_audit_log__append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'DELETE' then
+    if not exists (select 1 from crm.workspaces w where w.id = old.workspace_id)
+       or current_setting('crm.audit_retention', true) = txid_current()::text
+          and old.seq <= (select h.anchor_seq from crm.audit_chain_heads h where h.workspace_id = old.workspace_id) then
+      return old;
+    end if;
+  end if;
+  raise exception 'crm.% is append-only: no role may % it', tg_table_name, lower(tg_op)
+    using errcode = 'CR403', hint = 'forbidden',
+          detail = 'Entries older than AUDIT_RETENTION_DAYS are removed by crm.retire_audit_log only.';
+end
+$function$;
+comment on function crm.tg_audit_log__append_only() is
+  'Refuses every UPDATE, DELETE and TRUNCATE of crm.audit_log and crm.audit_chain_heads, the owner''s included, but '
+  'the cascade of a deleted workspace and crm.retire_audit_log''s removal of entries up to the anchor it has just '
+  'moved (a flag it sets for its own transaction).';
+
+CREATE OR REPLACE FUNCTION crm.tg_audit_chain_heads__guard()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'UPDATE' then
+    if (old.anchor_seq, old.anchor_hash) is not distinct from (new.anchor_seq, new.anchor_hash)
+       and new.last_seq >= old.last_seq and old.workspace_id = new.workspace_id
+       or current_setting('crm.audit_retention', true) = txid_current()::text then
+      return new;
+    end if;
+  elsif not exists (select 1 from crm.workspaces w where w.id = old.workspace_id) then
+    return old;
+  end if;
+  raise exception 'crm.audit_chain_heads moves forward only: its anchor moves by crm.retire_audit_log only'
+    using errcode = 'CR403', hint = 'forbidden';
+end
+$function$;
+comment on function crm.tg_audit_chain_heads__guard() is
+  'A chain head''s sequence only grows, its anchor moves only in crm.retire_audit_log''s transaction, and it is '
+  'deleted only with its workspace.';
+
+CREATE OR REPLACE FUNCTION crm.retire_audit_log(p_retention_days integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_removed bigint := 0;
+  v_count bigint;
+  v_head record;
+begin
+  perform set_config('crm.audit_retention', txid_current()::text, true);
+  for v_head in
+    select h.workspace_id,
+           (select l.seq from crm.audit_log l
+             where l.workspace_id = h.workspace_id and l.occurred_at < now() - make_interval(days => p_retention_days)
+             order by l.seq desc limit 1) as last_old_seq
+      from crm.audit_chain_heads h
+     order by h.workspace_id
+  loop
+    continue when v_head.last_old_seq is null;
+    -- The last removed entry's hash becomes the anchor the first kept entry chains to.
+    update crm.audit_chain_heads h
+       set anchor_seq = l.seq, anchor_hash = l.hash
+      from crm.audit_log l
+     where h.workspace_id = v_head.workspace_id and l.workspace_id = v_head.workspace_id and l.seq = v_head.last_old_seq;
+    delete from crm.audit_log l where l.workspace_id = v_head.workspace_id and l.seq <= v_head.last_old_seq;
+    get diagnostics v_count = row_count;
+    v_removed := v_removed + v_count;
+    perform crm.audit_write(v_head.workspace_id, 'audit_log.retention_ran', 'workspace', v_head.workspace_id,
+                            jsonb_build_object('removed', v_count, 'retention_days', p_retention_days,
+                                               'anchor_seq', v_head.last_old_seq));
+  end loop;
+  perform set_config('crm.audit_retention', '', true);
+  return v_removed;
+end
+$function$;
+comment on function crm.retire_audit_log(p_retention_days integer) is
+  'Worker only (housekeeping): removes each workspace''s audit entries older than p_retention_days '
+  '(AUDIT_RETENTION_DAYS), keeps the last removed entry''s hash as the chain''s anchor, and records '
+  'audit_log.retention_ran in each workspace it removed entries from; answers the entries removed.';
+grant execute on function crm.retire_audit_log(p_retention_days integer) to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.verify_audit_log(p_workspace_id uuid)
+ RETURNS TABLE(intact boolean, entries bigint, first_bad_id uuid)
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_head crm.audit_chain_heads;
+  v_seq bigint;
+  v_hash bytea;
+  v_entry crm.audit_log;
+begin
+  entries := 0;
+  select h.* into v_head from crm.audit_chain_heads h where h.workspace_id = p_workspace_id;
+  v_seq := coalesce(v_head.anchor_seq, 0);
+  v_hash := coalesce(v_head.anchor_hash, decode(repeat('00', 32), 'hex'));
+  for v_entry in select l.* from crm.audit_log l where l.workspace_id = p_workspace_id order by l.seq loop
+    if v_entry.seq <> v_seq + 1 or v_entry.prev_hash <> v_hash or v_entry.hash <> crm.audit_hash(v_entry) then
+      intact := false;
+      first_bad_id := v_entry.id;
+      return next;
+      return;
+    end if;
+    v_seq := v_entry.seq;
+    v_hash := v_entry.hash;
+    entries := entries + 1;
+  end loop;
+  -- The newest entries removed: the head still names the last one written.
+  if v_seq <> coalesce(v_head.last_seq, 0) or v_hash <> coalesce(v_head.last_hash, v_hash) then
+    intact := false;
+    first_bad_id := v_head.last_id;
+    return next;
+    return;
+  end if;
+  intact := true;
+  return next;
+end
+$function$;
+comment on function crm.verify_audit_log(p_workspace_id uuid) is
+  'Walks a workspace''s audit chain from its anchor: intact and the entries checked, or the first entry whose '
+  'sequence, previous hash or own hash is wrong (the head''s last entry when the newest were removed). Invoker''s '
+  'rights: as crm_api, what the admin''s row-level security shows.';
+grant execute on function crm.verify_audit_log(p_workspace_id uuid) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_memberships__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'member.added', 'user', new.user_id, jsonb_build_object('role_id', new.role_id));
+  elsif tg_op = 'DELETE' then
+    perform crm.audit_write(old.workspace_id, 'member.removed', 'user', old.user_id, jsonb_build_object('role_id', old.role_id));
+  else
+    if old.role_id is distinct from new.role_id then
+      perform crm.audit_write(new.workspace_id, 'member.role_changed', 'user', new.user_id,
+                              jsonb_build_object('role_id', new.role_id, 'previous_role_id', old.role_id));
+    end if;
+    if (old.suspended_at is null) <> (new.suspended_at is null) then
+      perform crm.audit_write(new.workspace_id, case when new.suspended_at is null then 'member.unsuspended' else 'member.suspended' end,
+                              'user', new.user_id, '{}');
+    end if;
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_memberships__audit() is
+  'Audit: member.added, member.removed, member.role_changed, member.suspended, member.unsuspended.';
+
+CREATE OR REPLACE FUNCTION crm.tg_roles__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'role.created', 'role', new.id, jsonb_build_object('name', new.name, 'is_admin', new.is_admin));
+  elsif tg_op = 'DELETE' then
+    perform crm.audit_write(old.workspace_id, 'role.deleted', 'role', old.id, jsonb_build_object('name', old.name));
+  elsif old.name is distinct from new.name or old.is_admin is distinct from new.is_admin then
+    perform crm.audit_write(new.workspace_id, 'role.changed', 'role', new.id,
+                            jsonb_build_object('name', new.name, 'is_admin', new.is_admin,
+                                               'previous', jsonb_build_object('name', old.name, 'is_admin', old.is_admin)));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_roles__audit() is 'Audit: role.created, role.changed (name, is_admin), role.deleted.';
+
+CREATE OR REPLACE FUNCTION crm.tg_role_grants__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_before jsonb := '[]';
+  v_after jsonb := '[]';
+  v_change record;
+begin
+  -- One entry per role and statement, however many grants it wrote: what was added and removed as
+  -- resource:action:scope (a changed scope is one removed and one added). A transition table exists
+  -- only for its own events, so each is read under its own branch.
+  if tg_op in ('UPDATE', 'DELETE') then
+    select coalesce(jsonb_agg(jsonb_build_object('w', o.workspace_id, 'r', o.role_id, 'g', o.resource || ':' || o.action || ':' || o.scope)), '[]')
+      into v_before from old_table o;
+  end if;
+  if tg_op in ('UPDATE', 'INSERT') then
+    select coalesce(jsonb_agg(jsonb_build_object('w', n.workspace_id, 'r', n.role_id, 'g', n.resource || ':' || n.action || ':' || n.scope)), '[]')
+      into v_after from new_table n;
+  end if;
+  for v_change in
+    with before as (
+      select * from jsonb_to_recordset(v_before) as b(w uuid, r uuid, g text)
+    ), after as (
+      select * from jsonb_to_recordset(v_after) as a(w uuid, r uuid, g text)
+    ), changes as (
+      select a.w, a.r, a.g, 'added' as how from after a
+       where not exists (select 1 from before b where b.w = a.w and b.r = a.r and b.g = a.g)
+      union all
+      select b.w, b.r, b.g, 'removed' from before b
+       where not exists (select 1 from after a where a.w = b.w and a.r = b.r and a.g = b.g)
+    )
+    select c.w as workspace_id, c.r as role_id,
+           coalesce(jsonb_agg(c.g order by c.g) filter (where c.how = 'added'), '[]') as added,
+           coalesce(jsonb_agg(c.g order by c.g) filter (where c.how = 'removed'), '[]') as removed
+      from changes c
+     where exists (select 1 from crm.roles r where r.workspace_id = c.w and r.id = c.r)
+     group by c.w, c.r
+     order by c.w, c.r
+  loop
+    perform crm.audit_write(v_change.workspace_id, 'role.grants_changed', 'role', v_change.role_id,
+                            jsonb_build_object('added', v_change.added, 'removed', v_change.removed));
+  end loop;
+  return null;
+end
+$function$;
+comment on function crm.tg_role_grants__audit() is
+  'Audit: role.grants_changed, one entry per role and statement with the grants added and removed (none when the role '
+  'itself is deleted: role.deleted says it).';
+
+CREATE OR REPLACE FUNCTION crm.tg_teams__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'team.created', 'team', new.id, jsonb_build_object('name', new.name));
+  elsif tg_op = 'DELETE' then
+    perform crm.audit_write(old.workspace_id, 'team.deleted', 'team', old.id, jsonb_build_object('name', old.name));
+  elsif old.name is distinct from new.name then
+    perform crm.audit_write(new.workspace_id, 'team.renamed', 'team', new.id, jsonb_build_object('name', new.name, 'previous_name', old.name));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_teams__audit() is 'Audit: team.created, team.renamed, team.deleted.';
+
+CREATE OR REPLACE FUNCTION crm.tg_team_members__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'team.member_added', 'user', new.user_id, jsonb_build_object('team_id', new.team_id));
+  elsif exists (select 1 from crm.teams t where t.workspace_id = old.workspace_id and t.id = old.team_id) then
+    perform crm.audit_write(old.workspace_id, 'team.member_removed', 'user', old.user_id, jsonb_build_object('team_id', old.team_id));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_team_members__audit() is
+  'Audit: team.member_added, team.member_removed (none when the team itself is deleted: team.deleted says it).';
+
+CREATE OR REPLACE FUNCTION crm.tg_invitations__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'invitation.sent', 'invitation', new.id,
+                            jsonb_build_object('email', new.email, 'role_id', new.role_id, 'expires_at', crm.api_time(new.expires_at)));
+  elsif tg_op = 'UPDATE' then
+    if old.accepted_at is null and new.accepted_at is not null then
+      perform crm.audit_write(new.workspace_id, 'invitation.accepted', 'invitation', new.id,
+                              jsonb_build_object('email', new.email, 'role_id', new.role_id, 'user_id', new.accepted_by));
+    end if;
+  elsif old.accepted_at is null and old.expires_at > now() then
+    -- Housekeeping's removal of long-expired or accepted invitations revokes nothing.
+    perform crm.audit_write(old.workspace_id, 'invitation.revoked', 'invitation', old.id, jsonb_build_object('email', old.email));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_invitations__audit() is
+  'Audit: invitation.sent, invitation.accepted, invitation.revoked (a pending invitation deleted). Never the '
+  'invitation''s token or its hash.';
+
+CREATE OR REPLACE FUNCTION crm.tg_tokens__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- An OAuth app's access tokens come and go with its grant, whose entries say so (oauth_grant.*).
+  if tg_op = 'INSERT' then
+    if crm.current_user_id() is null then
+      -- Issued without a request context: a sign-in (password, two-factor) or a sign-up.
+      perform crm.audit_write_for_user(new.user_id, 'user.signed_in', jsonb_build_object('kind', new.kind, 'token_id', new.id));
+    else
+      perform crm.audit_write_for_user(new.user_id, 'token.created',
+                                       jsonb_build_object('token_id', new.id, 'kind', new.kind, 'name', new.name,
+                                                          'scopes', to_jsonb(new.scopes), 'expires_at', crm.api_time(new.expires_at)));
+    end if;
+  else
+    perform crm.audit_write_for_user(new.user_id, 'token.revoked', jsonb_build_object('token_id', new.id, 'kind', new.kind, 'name', new.name));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_tokens__audit() is
+  'Audit: user.signed_in (a token or session issued without a request context), token.created (kind, name, scopes, '
+  'expiry), token.revoked; never the token or its hash.';
+
+CREATE OR REPLACE FUNCTION crm.tg_oauth_apps__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'oauth_app.registered', 'oauth_app', new.id,
+                            jsonb_build_object('name', new.name, 'client_id', new.client_id, 'redirect_uris', to_jsonb(new.redirect_uris),
+                                               'confidential', new.confidential));
+  elsif tg_op = 'DELETE' then
+    perform crm.audit_write(old.workspace_id, 'oauth_app.deleted', 'oauth_app', old.id, jsonb_build_object('name', old.name, 'client_id', old.client_id));
+  elsif (old.name, old.redirect_uris, old.confidential, old.client_secret_hash) is distinct from
+        (new.name, new.redirect_uris, new.confidential, new.client_secret_hash) then
+    perform crm.audit_write(new.workspace_id, 'oauth_app.changed', 'oauth_app', new.id,
+                            jsonb_build_object('name', new.name, 'redirect_uris', to_jsonb(new.redirect_uris), 'confidential', new.confidential,
+                                               'secret_rotated', old.client_secret_hash is distinct from new.client_secret_hash));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_oauth_apps__audit() is
+  'Audit: oauth_app.registered, oauth_app.changed (secret_rotated says whether the client secret changed, never the '
+  'secret), oauth_app.deleted.';
+
+CREATE OR REPLACE FUNCTION crm.tg_oauth_grants__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'oauth_grant.given', 'oauth_grant', new.id,
+                            jsonb_build_object('app_id', new.app_id, 'user_id', new.user_id, 'scopes', to_jsonb(new.scopes)));
+  elsif old.revoked_at is null and new.revoked_at is not null then
+    perform crm.audit_write(new.workspace_id, 'oauth_grant.revoked', 'oauth_grant', new.id,
+                            jsonb_build_object('app_id', new.app_id, 'user_id', new.user_id));
+  elsif old.scopes is distinct from new.scopes then
+    perform crm.audit_write(new.workspace_id, 'oauth_grant.changed', 'oauth_grant', new.id,
+                            jsonb_build_object('app_id', new.app_id, 'user_id', new.user_id, 'scopes', to_jsonb(new.scopes),
+                                               'previous_scopes', to_jsonb(old.scopes)));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_oauth_grants__audit() is
+  'Audit: oauth_grant.given, oauth_grant.changed (scopes), oauth_grant.revoked.';
+
+CREATE OR REPLACE FUNCTION crm.tg_user_totp__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if tg_op = 'INSERT' or tg_op = 'UPDATE' then
+    -- Enrolled by the operator (confirmed at once) or confirmed by the user.
+    if new.confirmed_at is not null and (tg_op = 'INSERT' or old.confirmed_at is null) then
+      perform crm.audit_write_for_user(new.user_id, 'two_factor.enabled', '{}');
+    end if;
+  elsif old.confirmed_at is not null then
+    perform crm.audit_write_for_user(old.user_id, 'two_factor.disabled', '{}');
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_user_totp__audit() is
+  'Audit: two_factor.enabled (an enrollment confirmed), two_factor.disabled; never the TOTP secret.';
+
+CREATE OR REPLACE FUNCTION crm.tg_users__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if old.api_access is distinct from new.api_access then
+    perform crm.audit_write_for_user(new.id, 'user.api_access_changed', jsonb_build_object('api_access', new.api_access));
+  end if;
+  if (old.suspended_at is null) <> (new.suspended_at is null) then
+    perform crm.audit_write_for_user(new.id, case when new.suspended_at is null then 'user.unsuspended' else 'user.suspended' end, '{}');
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_users__audit() is
+  'Audit (the operator''s changes): user.api_access_changed, user.suspended, user.unsuspended, in each of the user''s '
+  'workspaces.';
+
+CREATE OR REPLACE FUNCTION crm.tg_workspaces__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if (old.plan, old.seat_limit, old.trial_ends_at) is distinct from (new.plan, new.seat_limit, new.trial_ends_at) then
+    perform crm.audit_write(new.id, 'workspace.plan_changed', 'workspace', new.id,
+                            jsonb_build_object('plan', new.plan, 'seat_limit', new.seat_limit, 'trial_ends_at', crm.api_time(new.trial_ends_at),
+                                               'previous', jsonb_build_object('plan', old.plan, 'seat_limit', old.seat_limit,
+                                                                              'trial_ends_at', crm.api_time(old.trial_ends_at))));
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_workspaces__audit() is
+  'Audit (the operator''s changes): workspace.plan_changed (plan, seat limit, trial end).';
+
+CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__audit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_row crm.webhook_subscriptions := case when tg_op = 'DELETE' then old else new end;
+  -- The receiver's host only: a URL's path, query or user part may carry the receiver's own secret.
+  v_about jsonb := jsonb_build_object('name', v_row.name, 'host', substring(v_row.url from '^[a-z]+://(?:[^@/?#]*@)?([^/:?#]+)'),
+                                      'events', to_jsonb(v_row.events));
+begin
+  if tg_op = 'INSERT' then
+    perform crm.audit_write(new.workspace_id, 'webhook.created', 'webhook', new.id, v_about);
+  elsif tg_op = 'DELETE' then
+    perform crm.audit_write(old.workspace_id, 'webhook.deleted', 'webhook', old.id, v_about);
+  else
+    if (old.name, old.url, old.events) is distinct from (new.name, new.url, new.events) then
+      perform crm.audit_write(new.workspace_id, 'webhook.changed', 'webhook', new.id, v_about);
+    end if;
+    if old.status = 'active' and new.status = 'paused' then
+      perform crm.audit_write(new.workspace_id, 'webhook.paused', 'webhook', new.id, v_about || jsonb_build_object('reason', new.paused_reason));
+    elsif old.status = 'paused' and new.status = 'active' then
+      perform crm.audit_write(new.workspace_id, 'webhook.resumed', 'webhook', new.id, v_about);
+    end if;
+    if old.secret_encrypted is distinct from new.secret_encrypted then
+      perform crm.audit_write(new.workspace_id, 'webhook.secret_rotated', 'webhook', new.id, v_about);
+    end if;
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_subscriptions__audit() is
+  'Audit: webhook.created, webhook.changed, webhook.deleted, webhook.paused (manual or auto), webhook.resumed, '
+  'webhook.secret_rotated; the receiver''s host, never its URL''s path or the signing secret.';

@@ -80,6 +80,8 @@ export type Config = {
   statementTimeoutMs: number
   /** The longest an export may stream, slow readers included (its cursor is one statement). */
   exportTimeoutMs: number
+  /** AUDIT_RETENTION_DAYS: audit entries older than this are removed by housekeeping (crm.retire_audit_log), 400 by default. */
+  auditRetentionDays: number
   /** A stream (export, errors.csv) whose client takes no chunk of it for this long is cut and rolled back. */
   streamStallMs: number
   /** Bounds on the file bodies this process receives at once (src/http/upload-receipts.ts). */
@@ -96,6 +98,17 @@ export type Config = {
    * for as long as its client reads: at most half the pool, so slow readers never take the rest.
    */
   streamsPerProcess: number
+  /**
+   * EVENTS_RETENTION_DAYS: how long the events feed keeps events (docs/api.md section 8a); a cursor
+   * older than that is 410 cursor_expired, and housekeeping removes the events no delivery names.
+   */
+  eventsRetentionDays: number
+  /**
+   * FEED_WAITS_PER_PROCESS: long polls of the events feed waiting at once in this process (503
+   * past it). A wait holds no database connection, only a socket and a timer, so the bound is far
+   * above STREAMS_PER_PROCESS.
+   */
+  feedWaitsPerProcess: number
   /**
    * CONTEXT_CARRIER: auto (the request context in a parameter only the owner's code can set, when
    * the owner may set it) or keyed_proof (always the slower keyed proof; src/db/request-context.ts).
@@ -268,6 +281,7 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     bodyIdleTimeoutMs: integer('BODY_IDLE_TIMEOUT_MS', DEFAULT_BODY_IDLE_TIMEOUT_MS, 100, 600_000),
     statementTimeoutMs: integer('STATEMENT_TIMEOUT_MS', 30_000, 100, 3_600_000),
     exportTimeoutMs: integer('EXPORT_TIMEOUT_MS', 30 * 60_000, 1000, 24 * 3_600_000),
+    auditRetentionDays: integer('AUDIT_RETENTION_DAYS', 400, 1, 36_500),
     streamStallMs: integer('STREAM_STALL_MS', 60_000, 100, 3_600_000),
     uploads: {
       perAddress: integer('UPLOADS_PER_ADDRESS', 8, 1, 100_000),
@@ -281,6 +295,8 @@ export function loadConfig(env: Env = process.env, options: { dataDir?: string }
     streamsPerProcess: integer('STREAMS_PER_PROCESS', defaultStreamsPerProcess(dbPoolSize), 1, maxStreamsPerProcess(dbPoolSize)),
     contextCarrier: contextCarrier as ContextCarrierMode,
     writesInOneStatement: boolean('WRITES_IN_ONE_STATEMENT', true),
+    eventsRetentionDays: integer('EVENTS_RETENTION_DAYS', 30, 1, 3650),
+    feedWaitsPerProcess: integer('FEED_WAITS_PER_PROCESS', 2000, 1, 1_000_000),
   }
   if (problems.length > 0) throw new ConfigError(problems)
   return config

@@ -20,6 +20,16 @@ export class CrmError extends Error {
   }
 }
 
+/** 410 cursor_expired: an events feed cursor issued longer ago than events are kept (EVENTS_RETENTION_DAYS). */
+export class CursorExpiredError extends CrmError {
+  constructor(retentionDays: number) {
+    super(
+      'cursor_expired',
+      `This cursor is older than the ${retentionDays} days events are kept: events after it may be gone; start again without after`,
+    )
+  }
+}
+
 /** The body is not JSON. */
 export class InvalidJsonError extends CrmError {
   constructor(detail: string) {

@@ -23,6 +23,7 @@ import { allRoutes } from './http/routes/index.ts'
 import { createBodyReceiptSets } from './http/upload-receipts.ts'
 import type { Logger } from './log.ts'
 import { registerPages } from './ui/routes.ts'
+import { createFeedListener, type FeedListener } from './webhooks/feed-listener.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
 
 export type RunningService = {
@@ -32,6 +33,8 @@ export type RunningService = {
   worker: WorkerHandle | null
   /** The standbys' routing when READ_REPLICA_URLS is set. */
   readRouting: ReadRouting | null
+  /** The events feed's listener (null without the API). */
+  feedListener: FeedListener | null
   stop: () => Promise<void>
 }
 
@@ -102,6 +105,7 @@ export async function startService(options: {
   let closeServer = async () => {}
   let rateLimit: RequestRateLimit | null = null
   let settlePool: DatabasePool | null = null
+  let feedListener: FeedListener | null = null
   if (options.api !== false) {
     const services = {
       config,
@@ -131,6 +135,8 @@ export async function startService(options: {
         }),
     })
     const authentication = { identities: new IdentityCache(), rateLimit }
+    // The events feed's one listening connection, opened by the first wait (src/webhooks/feed-listener.ts).
+    feedListener = createFeedListener(runtimeUrl, logger)
     const app = createApp(services, routes, createAuthenticator(config, undefined, authentication), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
       statements: {
@@ -139,6 +145,7 @@ export async function startService(options: {
       },
       checkCredential: createCredentialCheck(),
       knownCredential: createKnownCredentialCheck(config, bearerCredential, authentication),
+      feedListener,
     })
     await new Promise<void>((resolve, reject) => {
       app.server.once('error', reject)
@@ -164,7 +171,8 @@ export async function startService(options: {
   let stopping: Promise<void> | null = null
   const stop = () =>
     (stopping ??= (async () => {
-      await closeServer()
+      // Waiting feed clients get their empty answers now, so the server closes without them.
+      await Promise.all([closeServer(), feedListener?.stop()])
       // The counts of the last requests reach the database before the pool closes.
       rateLimit?.stop()
       await rateLimit
@@ -178,5 +186,5 @@ export async function startService(options: {
       await database.stop()
     })())
 
-  return { url, databaseUrl: database.url, pool, worker, readRouting, stop }
+  return { url, databaseUrl: database.url, pool, worker, readRouting, feedListener, stop }
 }

@@ -583,6 +583,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The workspace's events the caller may view, in commit order, with long polling (wait) */
+        get: operations["get_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/contacts/import/upload": {
         parameters: {
             query?: never;
@@ -1062,6 +1079,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/audit-log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The workspace's access audit log, newest first (admins) */
+        get: operations["get_audit_log"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/audit-log/verify": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Checks the workspace's audit chain: intact with the entries checked, or the first bad entry (admins) */
+        get: operations["get_audit_log_verify"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/audit-log/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** The workspace's audit log, oldest first, streamed as CSV or NDJSON (admins) */
+        post: operations["post_audit_log_export"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/oauth/token": {
         parameters: {
             query?: never;
@@ -1208,6 +1276,15 @@ export interface components {
         };
         /** @description A unique value is taken (duplicate), or an Idempotency-Key was reused with a different request */
         Problem409: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The events feed cursor is older than the events kept (cursor_expired) */
+        Problem410: {
             headers: {
                 [name: string]: unknown;
             };
@@ -5549,6 +5626,71 @@ export interface operations {
             503: components["responses"]["Problem503"];
         };
     };
+    get_events: {
+        parameters: {
+            query?: {
+                /** @description The next_cursor of an earlier answer; without it the feed starts at the oldest event kept */
+                after?: string;
+                /** @description Comma-separated event names or patterns: deal.*,contact.created (default: every event) */
+                types?: string;
+                /** @description Events per page, 1 to 500 (default 100) */
+                limit?: number;
+                /** @description Seconds (0 to 30) to hold an empty answer open until an event arrives */
+                wait?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /** @description contact.created, deal.updated, ... */
+                            event: string;
+                            /** Format: date-time */
+                            occurred_at: string;
+                            workspace: {
+                                /** Format: uuid */
+                                id: string;
+                                slug: string;
+                            };
+                            data: {
+                                object: {
+                                    [key: string]: unknown;
+                                };
+                                previous_attributes?: {
+                                    [key: string]: unknown;
+                                };
+                                associations_changed?: {
+                                    [key: string]: unknown;
+                                };
+                            };
+                            /** @description {"type", "id", "via"} as in webhook bodies */
+                            actor: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                        next_cursor: string;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            410: components["responses"]["Problem410"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
+        };
+    };
     post_contacts_import_upload: {
         parameters: {
             query?: never;
@@ -7511,6 +7653,171 @@ export interface operations {
             403: components["responses"]["Problem403"];
             404: components["responses"]["Problem404"];
             500: components["responses"]["Problem500"];
+        };
+    };
+    get_audit_log: {
+        parameters: {
+            query?: {
+                /** @description Only entries of this action (e.g. member.role_changed) */
+                action?: string;
+                /** @description Only entries made by this user */
+                actor_id?: string;
+                /** @description Only entries about this kind of target (user, role, team, invitation, token, oauth_app, oauth_grant, webhook, workspace) */
+                target_type?: string;
+                /** @description Only entries about this target */
+                target_id?: string;
+                /** @description Only entries at or after this time (RFC 3339) */
+                since?: string;
+                /** @description Only entries before this time (RFC 3339) */
+                until?: string;
+                /** @description Page size, 1 to 200 (default 50) */
+                limit?: number;
+                /** @description The next_cursor of the previous page (opaque) */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description <url>; rel="next" when there is a next page */
+                    Link?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /** @description The entry's place in its workspace's chain, from 1 */
+                            seq: number;
+                            /** Format: date-time */
+                            occurred_at: string;
+                            /** @description e.g. member.role_changed (docs/api.md section 11 lists them) */
+                            action: string;
+                            actor: {
+                                user_id: string | null;
+                                name: string | null;
+                                /** @description api, ui, oauth, import or system */
+                                via: string;
+                                /** Format: uuid */
+                                token_id?: string;
+                                /** Format: uuid */
+                                app_id?: string;
+                                ip?: string;
+                            };
+                            target: {
+                                type: string;
+                                id: string | null;
+                            };
+                            details: {
+                                [key: string]: unknown;
+                            };
+                            /** @description The previous entry's hash (hex); 64 zeros for a chain's first */
+                            prev_hash: string;
+                            /** @description SHA-256 (hex) over prev_hash and the canonical content */
+                            hash: string;
+                        }[];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            500: components["responses"]["Problem500"];
+        };
+    };
+    get_audit_log_verify: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        intact: true;
+                        entries: number;
+                    } | {
+                        /** @constant */
+                        intact: false;
+                        first_bad_id: string | null;
+                    };
+                };
+            };
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            500: components["responses"]["Problem500"];
+        };
+    };
+    post_audit_log_export: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "format": "ndjson",
+                 *       "filter": {
+                 *         "action": "member.role_changed",
+                 *         "since": "2026-11-01T00:00:00Z"
+                 *       }
+                 *     }
+                 */
+                "application/json": {
+                    /** @description csv (default, with a header row) or ndjson */
+                    format?: "csv" | "ndjson";
+                    filter?: {
+                        /** @description Only entries of this action (e.g. member.role_changed) */
+                        action?: string;
+                        /** @description Only entries made by this user */
+                        actor_id?: string;
+                        /** @description Only entries about this kind of target (user, role, team, invitation, token, oauth_app, oauth_grant, webhook, workspace) */
+                        target_type?: string;
+                        /** @description Only entries about this target */
+                        target_id?: string;
+                        /** @description Only entries at or after this time (RFC 3339) */
+                        since?: string;
+                        /** @description Only entries before this time (RFC 3339) */
+                        until?: string;
+                    };
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            408: components["responses"]["Problem408"];
+            413: components["responses"]["Problem413"];
+            415: components["responses"]["Problem415"];
+            422: components["responses"]["Problem422"];
+            429: components["responses"]["Problem429"];
+            500: components["responses"]["Problem500"];
+            503: components["responses"]["Problem503"];
         };
     };
     post_oauth_token: {

@@ -332,14 +332,51 @@ comment on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id u
   'a crash carries the id the receiver already saw.';
 grant execute on function crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid) to crm_api;
 
-create or replace function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+create or replace function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
  returns text
  language sql
  stable parallel safe
 as $function$
   select '{"id":"' || p_event_id || '","event":"' || p_event
-         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-         || '","delivered_at":"'
+         || '","occurred_at":"' || to_char(p_occurred_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"'
+$function$;
+comment on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
+  'An event''s envelope up to occurred_at: the start of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_start(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+  to crm_api;
+
+create or replace function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select '"workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
+         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+$function$;
+comment on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb) is
+  'An event''s envelope from workspace to its end: the end of a webhook body and of an events feed entry.';
+grant execute on function crm.event_body_rest(p_workspace_id uuid, p_workspace_slug text, p_data jsonb, p_actor jsonb)
+  to crm_api;
+
+create or replace function crm.event_feed_entry(e crm.events, p_workspace_slug text)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select crm.event_body_start(e.id, e.event, e.occurred_at) || ','
+         || crm.event_body_rest(e.workspace_id, p_workspace_slug, e.data, e.actor)
+$function$;
+comment on function crm.event_feed_entry(e crm.events, p_workspace_slug text) is
+  'An event as the events feed answers it (docs/api.md section 8a): the webhook body without delivery_id and '
+  'delivered_at, built by the functions that build that body.';
+grant execute on function crm.event_feed_entry(e crm.events, p_workspace_slug text) to crm_api;
+
+create or replace function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone)
+ returns text
+ language sql
+ stable parallel safe
+as $function$
+  select crm.event_body_start(p_event_id, p_event, p_occurred_at) || ',"delivered_at":"'
 $function$;
 comment on function crm.webhook_body_head(p_event_id uuid, p_event text, p_occurred_at timestamp with time zone) is
   'A delivery body up to the value of delivered_at, which each attempt writes.';
@@ -357,8 +394,7 @@ create or replace function crm.webhook_body_tail(
  language sql
  stable parallel safe
 as $function$
-  select '","delivery_id":"' || p_delivery_id || '","workspace":{"id":"' || p_workspace_id || '","slug":' || to_json(p_workspace_slug)::text
-         || '},"data":' || p_data::text || ',"actor":' || p_actor::text || '}'
+  select '","delivery_id":"' || p_delivery_id || '",' || crm.event_body_rest(p_workspace_id, p_workspace_slug, p_data, p_actor)
 $function$;
 comment on function crm.webhook_body_tail(
   p_delivery_id uuid,
@@ -712,6 +748,30 @@ $function$;
 comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
   'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by '
   'subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
+
+create or replace function crm.expire_events(events_retention_days integer)
+ returns bigint
+ language plpgsql
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_removed bigint;
+begin
+  delete from crm.events e
+   where e.occurred_at < now() - make_interval(days => events_retention_days)
+     and not exists (
+       select from crm.webhook_deliveries d
+        where d.workspace_id = e.workspace_id
+          and d.subscription_id = any (array(select s.id from crm.webhook_subscriptions s where s.workspace_id = e.workspace_id))
+          and d.event_id = e.id);
+  get diagnostics v_removed = row_count;
+  return v_removed;
+end
+$function$;
+comment on function crm.expire_events(events_retention_days integer) is
+  'Removes events older than EVENTS_RETENTION_DAYS (the events feed, docs/api.md section 8a) that no delivery '
+  'still names: a kept delivery (its log lasts WEBHOOK_LOG_RETENTION_DAYS) is redelivered and recovered from its '
+  'event, so the event stays as long as the delivery. Called by crm.housekeeping with its own retention.';
 
 create or replace function crm.tg_webhook_attempts__append_only()
  returns trigger
@@ -1260,37 +1320,93 @@ create policy events_all_owner on crm.events as permissive for all to crm_owner
 comment on policy events_all_owner on crm.events is
   'The tables'' owner (migrations, the crm CLI, SECURITY DEFINER functions) reaches every row; no login role of '
   'requests or jobs is a member of crm_owner.';
+create or replace function crm.tg_events__notify_feed()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  perform pg_notify('crm_events', w.workspace_id::text) from (select distinct n.workspace_id from new_rows n) w;
+  return null;
+end
+$function$;
+comment on function crm.tg_events__notify_feed() is
+  'Wakes the events feed''s long polls: one notification per workspace a statement wrote events for, delivered at '
+  'commit (PostgreSQL folds repeats within a transaction), on the channel crm_events that each API process listens to.';
+grant execute on function crm.tg_events__notify_feed() to crm_api;
+CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__notify_feed();
+create policy events_select_viewable on crm.events as permissive for select to crm_api
+  using (
+    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+     AND (CASE record_type
+            WHEN 'contact'::text THEN
+              ((( SELECT crm.grant_scope('contacts'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('contacts'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            WHEN 'company'::text THEN
+              ((( SELECT crm.grant_scope('companies'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('companies'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            WHEN 'deal'::text THEN
+              ((( SELECT crm.grant_scope('deals'::text, 'view'::text) AS grant_scope) = 'all'::text)
+               OR (((data -> 'object'::text) ->> 'owner_id'::text))::uuid = ANY (
+                    ( SELECT crm.scope_owner_ids('deals'::text, 'view'::text) AS scope_owner_ids)::uuid[]))
+            ELSE false
+          END))
+  );
+comment on policy events_select_viewable on crm.events is
+  'The events feed (docs/api.md section 8a): a caller reads the events of its workspace whose record it may view '
+  'with its role and token scopes, as the record stood in the event (its owner then): all, or the owners the own/team '
+  'scope covers; a token whose scopes do not cover the type reads none.';
+grant select on crm.events to crm_api;
+comment on column crm.events.xid is
+  'The writing transaction (pg_current_xact_id()); the events feed orders by (xid, id) and reads only below the '
+  'oldest running transaction, so nothing appears behind a cursor (docs/decisions.md). 0 for events written before '
+  'the column.';
+comment on index crm.events_feed is 'The events feed: a workspace''s events after a cursor, in (xid, id) order.';
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 comment on index crm.events_record is 'A record''s history (crm.record_history reads it newest first).';
 comment on index crm.webhook_events_id is
   'fan_out_event looks events up by id alone (the outbox job carries only ids).';
 
--- Record history (docs/api.md section 5b): the outbox read as each record's changes. The policy
--- asks the record's own table whether the caller may view the record now, so the record's
--- row-level security decides; an admin whose token covers viewing the type also reads the history
--- of records deleted since. crm_api reads crm.events through this policy only. The record is asked
--- for by a scalar sub-select, a primary-key probe per event read: an EXISTS may be planned as a hash
--- of every record the caller sees, a scan of the whole table per statement.
-create policy events_select_record_viewers on crm.events as permissive for select to crm_api
-  using (
-    ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
-     AND CASE record_type
-           WHEN 'contact'::text THEN
-             ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('contacts'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (( SELECT r.id FROM crm.contacts r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
-           WHEN 'company'::text THEN
-             ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('companies'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (( SELECT r.id FROM crm.companies r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
-           WHEN 'deal'::text THEN
-             ((( SELECT crm.is_admin() AS is_admin) AND (( SELECT crm.grant_scope('deals'::text, 'view'::text) AS grant_scope) = 'all'::text))
-              OR (( SELECT r.id FROM crm.deals r WHERE ((r.workspace_id = events.workspace_id) AND (r.id = events.record_id))) IS NOT NULL))
-           ELSE false
-         END)
-  );
-comment on policy events_select_record_viewers on crm.events is
-  'A record''s events, for its history: to whoever may view the record now (the record table''s own policies '
-  'decide), and to an admin whose role and token view every record of the type, deleted ones included.';
-grant select (workspace_id, id, event, record_type, record_id, occurred_at, data, actor, token_id) on crm.events to crm_api;
+-- Record history (docs/api.md section 5b): the outbox read as each record's changes. Who may read a
+-- record's history is decided in crm.may_read_record_history, run as the caller: the record's own
+-- table is asked whether the caller may view the record now (its row-level security decides), and
+-- an admin whose token covers viewing the type also reads the history of records deleted since.
+-- The view reads crm.events with its owner's rights and keeps only the rows that function allows,
+-- so the events feed's policy (events_select_viewable, by the owner in the event) neither widens
+-- nor narrows a history.
+create or replace function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+ returns boolean
+ language plpgsql
+ stable
+as $function$
+begin
+  if p_workspace_id is distinct from crm.current_workspace_id() then
+    return false;
+  end if;
+  -- Run as the caller: the record table's own policies decide what exists.
+  return case p_record_type
+    when 'contact' then (crm.is_admin() and crm.grant_scope('contacts', 'view') = 'all')
+                        or exists (select from crm.contacts r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'company' then (crm.is_admin() and crm.grant_scope('companies', 'view') = 'all')
+                        or exists (select from crm.companies r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'deal' then (crm.is_admin() and crm.grant_scope('deals', 'view') = 'all')
+                     or exists (select from crm.deals r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    else false
+  end;
+end
+$function$;
+comment on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid) is
+  'Whether the caller may read the history of a record (docs/api.md section 5b): it may view the record now, under the '
+  'record table''s own policies, or it is an admin whose role and token view every record of the type (deleted '
+  'ones included). False outside the caller''s workspace and without a request context.';
+grant execute on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+  to crm_api;
 comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
@@ -1298,9 +1414,7 @@ comment on column crm.events.token_id is
 -- fields (the keys that may differ: previous_attributes' for an update, every field for a create or
 -- a delete), before and after are made once per event (OFFSET 0 keeps the planner from copying
 -- their expressions into every use, each reading the event's data again).
-create view crm.record_history
- with (security_invoker = true)
-as
+create view crm.record_history as
  SELECT e.workspace_id,
     e.record_type,
     e.record_id,
@@ -1337,12 +1451,15 @@ as
                 UNION ALL
                  SELECT ('associations.'::text || a.key), a.value
                    FROM jsonb_each(COALESCE((e.data -> 'associations_changed'::text), '{}'::jsonb)) a(key, value)) c) AS changes
-   FROM crm.events e;
+   FROM crm.events e
+  WHERE ((e.workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
+         AND crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id));
 comment on view crm.record_history is
   'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
-  '{user_id, name, via, token_id?, app_id?} (name while the user is a member of the workspace); changes {field: {from, '
+  '{user_id, name, via, token_id?, app_id?} (the user''s current name); changes {field: {from, '
   'to}} with custom_fields.<key> per key and associations.<type>: {added, removed}; created lists the fields set, '
-  'deleted the fields the record had. Runs with the caller''s rights: crm.act_as shows what each user sees.';
+  'deleted the fields the record had. Rows of the caller''s workspace that crm.may_read_record_history allows: '
+  'crm.act_as shows what each user sees; without a request context, none.';
 grant select on crm.record_history to crm_api;
 
 comment on table crm.webhook_subscriptions is

@@ -135,14 +135,18 @@ begin
      or sha256(convert_to(substring(v_user.password_hash from '\$([A-Za-z0-9_-]+)$'), 'UTF8'))
         is distinct from sha256(convert_to(p_password_key, 'UTF8')) then
     failure := 'invalid_credentials';
+    -- An unknown email has no workspace to tell; a known one's admins see the failure.
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
     return next;
     return;
   end if;
   perform crm.release_attempt('sign_in', v_ticket.email, v_ticket.window_id);
   if v_user.suspended then
     failure := 'user_suspended';
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
   elsif p_kind = 'token' and not v_user.api_access then
     failure := 'api_access_disabled';
+    perform crm.audit_write_for_user(v_user.id, 'user.sign_in_failed', jsonb_build_object('reason', failure));
   elsif v_user.two_factor then
     two_factor := true;
     insert into crm.two_factor_challenges as c (user_id, device_name, expires_at)

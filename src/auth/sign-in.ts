@@ -3,6 +3,7 @@
 // sql/definitions/60_sign_in_and_ui_sessions.sql: the database hands out no password key and issues a token
 // only for a password it has compared itself, once per claimed attempt.
 
+import { isIP } from 'node:net'
 import Type from 'typebox'
 import type { Config } from '../config.ts'
 import { type CommonQueryMethods, sql } from '../db/pool.ts'
@@ -58,6 +59,23 @@ export function tokenBody(token: string, row: { id: string | null; expires_at: s
   return { token, token_type: 'Bearer', token_id: row.id, expires_at: row.expires_at }
 }
 
+/**
+ * Runs `query` in a transaction that first tells the audit log where the request came from
+ * (crm.client_address, read by crm.audit_write for user.signed_in and user.sign_in_failed); without
+ * a well-formed address, as one statement.
+ */
+function atClientAddress<T>(
+  db: CommonQueryMethods,
+  address: string | undefined,
+  query: (db: CommonQueryMethods) => Promise<T>,
+): Promise<T> {
+  if (address === undefined || isIP(address) === 0) return query(db)
+  return db.transaction(async (transaction) => {
+    await transaction.query(sql.unsafe`select set_config('crm.client_address', ${address}, true)`)
+    return query(transaction)
+  })
+}
+
 const invalidCredentials = () => new AuthenticationError('invalid_credentials', 'The email or password is wrong')
 
 /**
@@ -68,7 +86,7 @@ const invalidCredentials = () => new AuthenticationError('invalid_credentials', 
 export async function signInWithPassword(
   db: CommonQueryMethods,
   config: Config,
-  input: { email: string; password: string; device_name: string },
+  input: { email: string; password: string; device_name: string; client_address?: string },
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody | ChallengeBody> {
   const email = input.email.trim().toLowerCase()
@@ -78,11 +96,13 @@ export async function signInWithPassword(
   if (!claim.allowed) throw new AttemptLimitError('sign_in', claim.retry_after_seconds, REFUSALS.sign_in)
   const key = await passwordKey(input.password, claim.password_params)
   const issued = newIssuedToken()
-  const result = await db.one(sql.type(SignedIn)`
-    select failure, two_factor, id, expires_at
-      from crm.sign_in(${claim.ticket}, ${key}, ${kind}, ${input.device_name}, ${sql.binary(issued.hash)},
-                       make_interval(days => ${config.tokenTtlDays}), make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
-  `)
+  const result = await atClientAddress(db, input.client_address, (connection) =>
+    connection.one(sql.type(SignedIn)`
+      select failure, two_factor, id, expires_at
+        from crm.sign_in(${claim.ticket}, ${key}, ${kind}, ${input.device_name}, ${sql.binary(issued.hash)},
+                         make_interval(days => ${config.tokenTtlDays}), make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
+    `),
+  )
   switch (result.failure) {
     case null:
       break
@@ -113,7 +133,7 @@ export async function signInWithPassword(
 export async function completeTwoFactor(
   db: CommonQueryMethods,
   config: Config,
-  input: { challenge_token: string; code?: string; recovery_code?: string },
+  input: { challenge_token: string; code?: string; recovery_code?: string; client_address?: string },
   kind: 'token' | 'session' = 'token',
 ): Promise<TokenBody> {
   const expired = () => new AuthenticationError('challenge_expired', 'The sign-in challenge has expired or was already used; sign in again')
@@ -134,11 +154,13 @@ export async function completeTwoFactor(
   const recoveryHash = input.code === undefined && input.recovery_code !== undefined ? hashRecoveryCode(input.recovery_code) : null
   if (step === null && recoveryHash === null) throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
   const issued = newIssuedToken()
-  const result = await db.one(sql.type(IssuedRow)`
-    select failure, id, expires_at
-      from crm.complete_two_factor(${challengeId}, ${claim.window_id}, ${step}, ${recoveryHash === null ? null : sql.binary(recoveryHash)},
-                                   ${kind}, ${sql.binary(issued.hash)}, make_interval(days => ${config.tokenTtlDays}))
-  `)
+  const result = await atClientAddress(db, input.client_address, (connection) =>
+    connection.one(sql.type(IssuedRow)`
+      select failure, id, expires_at
+        from crm.complete_two_factor(${challengeId}, ${claim.window_id}, ${step}, ${recoveryHash === null ? null : sql.binary(recoveryHash)},
+                                     ${kind}, ${sql.binary(issued.hash)}, make_interval(days => ${config.tokenTtlDays}))
+    `),
+  )
   if (result.failure === 'invalid_2fa_code') throw new AuthenticationError('invalid_2fa_code', 'The code is wrong or was already used')
   if (result.failure !== null) throw expired()
   return tokenBody(issued.token, result)

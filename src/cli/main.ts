@@ -4,6 +4,7 @@ import { parseArgs } from 'node:util'
 import { ConfigError, loadConfig } from '../config.ts'
 import { createLogger } from '../log.ts'
 import type { CliContext, Command } from './command.ts'
+import { commands as listenCommands } from './listen.ts'
 import { commands as operatorCommands } from './operator.ts'
 
 export class CliError extends Error {}
@@ -91,7 +92,7 @@ async function runService(context: CliContext, parts: { api: boolean; worker: bo
   })
 }
 
-const allCommands: Record<string, Command> = { ...serviceCommands, ...operatorCommands }
+const allCommands: Record<string, Command> = { ...serviceCommands, ...operatorCommands, ...listenCommands }
 
 function usage(): string {
   const lines = Object.values(allCommands).map((command) => `  crm ${command.usage.padEnd(58)} ${command.summary}`)

@@ -1,6 +1,7 @@
 // Platform operator commands (docs/api.md section 10). They run as the owner role, directly in SQL:
 // the same tables, triggers and constraints the API obeys (seats, built-in roles, last admin).
 import pg from 'pg'
+import { auditChainVerdict } from '../audit/audit-log.ts'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
@@ -257,6 +258,26 @@ export const commands: Record<string, Command> = {
         return { ...rows[0], workspace: values.workspace, grants }
       })
       context.print(`created role ${row.name} (${row.id}) with ${grants.length} grant(s)`, row)
+    },
+  },
+  'audit verify': {
+    usage: 'audit verify --workspace S',
+    summary: "check a workspace's audit chain; exits 1 naming the first bad entry",
+    options: { workspace: { type: 'string' } },
+    run: async (context, values) => {
+      required(values, 'workspace')
+      const result = await withDatabase(context, async (client) =>
+        auditChainVerdict(
+          (await client.query('select * from crm.verify_audit_log($1)', [await workspaceId(client, values.workspace)])).rows[0],
+        ),
+      )
+      context.print(
+        result.intact
+          ? `the audit log of ${values.workspace} is intact: ${result.entries} entries`
+          : `the audit log of ${values.workspace} is broken at entry ${result.first_bad_id}`,
+        result,
+      )
+      return result.intact ? 0 : 1
     },
   },
 }

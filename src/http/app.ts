@@ -10,8 +10,9 @@ import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
 import { type DatabaseRequest, RequestDatabase } from '../db/request/request-database.ts'
 import type { StatementPool } from '../db/request/statement-pool.ts'
-import { ClientWentAwayError, CrmError, NotFoundError } from '../errors.ts'
+import { ClientWentAwayError, CrmError, NotFoundError, UnavailableError } from '../errors.ts'
 import type { Logger } from '../log.ts'
+import type { FeedListener } from '../webhooks/feed-listener.ts'
 import { bodyDeadlineMs, CSV_BODY_LIMIT } from './body.ts'
 import { identifyClient } from './client-address.ts'
 import { answerClientError } from './client-error.ts'
@@ -48,6 +49,8 @@ export function createApp(
     checkCredential?: (req: IncomingMessage) => void
     /** Whether the process has proven the request's credential before (see createRouteBodies). */
     knownCredential?: (req: IncomingMessage) => boolean
+    /** The events feed's notifications; without it a long-polling route answers at once. */
+    feedListener?: FeedListener
   } = {},
 ): App {
   const { logger, config } = services
@@ -63,6 +66,8 @@ export function createApp(
   })
   const workspaceSlots = createWorkspaceSlots()
   const streamSlots = createStreamSlots(config.streamsPerProcess)
+  const feedWaits = createStreamSlots(config.feedWaitsPerProcess, 'waits of the events feed')
+  const sharedRuns = new Map<string, Promise<SharedRun>>()
   const bodies = createRouteBodies({ config, services, database, workspaceSlots, knownCredential: extra.knownCredential })
   const onError = errorAnswerer(logger)
 
@@ -88,7 +93,7 @@ export function createApp(
     const base = { req, res, requestId: req.requestId, params: req.params, query: req.query, body, bodyFile: upload?.file, services }
     let result: RouteResult
     try {
-      result = await runHandler(definition, req, res, base)
+      result = definition.longPoll ? await runLongPoll(definition, req, res, base) : await runHandler(definition, req, res, base)
     } finally {
       // Removed before the answer goes out, so a client that has its answer finds nothing left.
       await upload?.file.remove()
@@ -97,6 +102,84 @@ export function createApp(
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200
     sendJson(res, status, status === 204 ? undefined : result?.body, result?.headers)
+  }
+
+  /**
+   * A long-polling route: runs, and while its answer is empty and may wait, waits for its
+   * workspace's next notification without a connection, then runs again. The process's listener
+   * is listening before the first run, and the epoch read before each run catches a notification
+   * that arrives between the run and the wait.
+   */
+  async function runLongPoll(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    base: Omit<RouteContext, 'db' | 'caller'>,
+  ): Promise<RouteResult> {
+    const listener = extra.feedListener
+    if (!listener) return runShared(definition, req, res, base)
+    const ready = () =>
+      listener.ready().catch((error: unknown) => {
+        throw new UnavailableError(error)
+      })
+    await ready()
+    const started = performance.now()
+    let epoch = listener.epoch()
+    let result = await runShared(definition, req, res, base)
+    if (!result?.wait) return result
+    const release = feedWaits.take()
+    const gone = new AbortController()
+    const onClose = () => gone.abort()
+    res.on('close', onClose)
+    try {
+      // Something committed but not yet readable is asked for again after 50 ms, then less often.
+      let pendingPause = 50
+      while (result?.wait) {
+        const { ms, workspaceId, pending } = result.wait
+        const left = started + ms - performance.now()
+        if (left <= 0) break
+        const outcome = await listener.wait(workspaceId, epoch, pending ? Math.min(left, pendingPause) : left, gone.signal)
+        if (gone.signal.aborted) throw new ClientWentAwayError('the client closed the connection during a wait')
+        if (outcome === 'closed' || (outcome === 'timeout' && !pending)) break
+        if (pending) pendingPause = Math.min(pendingPause * 2, 1000)
+        await ready()
+        epoch = listener.epoch()
+        result = await runShared(definition, req, res, base)
+      }
+    } finally {
+      res.off('close', onClose)
+      release()
+    }
+    return result
+  }
+
+  /**
+   * Runs a long-polling route once; requests that come with the same bearer token, workspace and
+   * URL while it runs share its answer instead of a connection each (a thousand clients of one
+   * integration woken by one commit ask the database once). Each request still gets the
+   * rate-limit headers the run answered.
+   */
+  async function runShared(
+    definition: RouteDefinition,
+    req: Request,
+    res: ServerResponse,
+    base: Omit<RouteContext, 'db' | 'caller'>,
+  ): Promise<RouteResult> {
+    const authorization = req.headers.authorization
+    if (!authorization) return runHandler(definition, req, res, base)
+    const key = `${authorization}\n${req.headers['x-tenant-slug'] ?? ''}\n${req.url}`
+    let run = sharedRuns.get(key)
+    if (!run) {
+      run = runHandler(definition, req, res, base)
+        .then((result) => ({ result, rateHeaders: rateLimitHeaders(res), callerId: req.callerId }))
+        .finally(() => sharedRuns.delete(key))
+      sharedRuns.set(key, run)
+      return (await run).result
+    }
+    const shared = await run
+    for (const [name, value] of Object.entries(shared.rateHeaders)) res.setHeader(name, value)
+    req.callerId = shared.callerId
+    return shared.result
   }
 
   async function runHandler(
@@ -167,6 +250,15 @@ export function createApp(
 
   const handler = (req: IncomingMessage, res: ServerResponse) => app.handler(req as never, res, undefined as never)
   return { server: createHttpServer(handler, config.bodyIdleTimeoutMs), handler }
+}
+
+type SharedRun = { result: RouteResult; rateHeaders: Record<string, string>; callerId: string | undefined }
+
+/** The RateLimit-* headers a run set on its response, for the requests that shared it. */
+function rateLimitHeaders(res: ServerResponse): Record<string, string> {
+  const headers: Record<string, string> = {}
+  for (const name of res.getHeaderNames()) if (name.startsWith('ratelimit-')) headers[name] = String(res.getHeader(name))
+  return headers
 }
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/

@@ -22,6 +22,7 @@ const STATUS_TEXT: Record<number, string> = {
   404: 'No such record, or not visible to this user',
   408: 'The client stopped sending its body (no byte for 10 s) or sent it too slowly',
   409: 'A unique value is taken (duplicate), or an Idempotency-Key was reused with a different request',
+  410: 'The events feed cursor is older than the events kept (cursor_expired)',
   412: 'If-Match does not match the current ETag',
   413: 'The body is over its limit',
   415: 'Wrong Content-Type',

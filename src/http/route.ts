@@ -84,7 +84,20 @@ export class JsonText {
   }
 }
 
-export type RouteResult = { status?: number; body?: unknown; headers?: Record<string, string | undefined> } | void
+/**
+ * What a long-polling route found nothing for: the request may wait up to `ms` for a notification
+ * of its workspace, then runs again (src/http/app.ts). `pending`: something may become readable
+ * without a notification, so it runs again sooner.
+ */
+export type LongPollWait = { ms: number; workspaceId: string; pending: boolean }
+
+export type RouteResult = {
+  status?: number
+  body?: unknown
+  headers?: Record<string, string | undefined>
+  /** A long-polling route's empty answer, which may wait for more (longPoll routes only). */
+  wait?: LongPollWait
+} | void
 
 export type AuthMode =
   /** bearer token or session cookie; the handler runs as crm_api in the caller's transaction */
@@ -193,6 +206,13 @@ export type RouteDefinition = {
    * (src/db/request/read-replicas.ts). It must send nothing to the client before its query answers.
    */
   longRead?: boolean
+  /**
+   * Long polling (GET /api/events?wait=): when the handler answers `wait`, the request gives its
+   * connection back and waits for a notification of its workspace (src/webhooks/feed-listener.ts),
+   * holding one of the process's FEED_WAITS_PER_PROCESS slots (503 past them), then runs again.
+   * Concurrent requests with the same credential, workspace and URL share one run.
+   */
+  longPoll?: boolean
   handler: (context: RouteContext) => Promise<RouteResult>
 }
 

@@ -70,12 +70,12 @@ export type StreamSlots = {
  * the other requests without a connection. Past it the answer is 503: the service is busy, not
  * the caller over a quota of its own.
  */
-export function createStreamSlots(limit: number): StreamSlots {
+export function createStreamSlots(limit: number, what = 'exports and downloads'): StreamSlots {
   let taken = 0
   return {
     take: () => {
       if (taken >= limit) {
-        throw new UnavailableError(null, `This server already runs ${limit} exports and downloads at once; retry shortly`)
+        throw new UnavailableError(null, `This server already runs ${limit} ${what} at once; retry shortly`)
       }
       taken++
       let released = false

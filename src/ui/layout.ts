@@ -111,6 +111,7 @@ export function appPage(frame: Frame, content: SafeHtml): SafeHtml {
           { href: '/teams', label: 'Teams' },
           { href: '/webhooks', label: 'Webhooks' },
           { href: '/oauth-apps', label: 'OAuth apps' },
+          { href: '/audit-log', label: 'Audit log' },
         ]
       : []),
     { href: '/security', label: 'Security' },

@@ -8,6 +8,7 @@ import { toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
 import { requestPath, SECURITY_HEADERS, safeReturnPath } from './layout.ts'
 import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
+import { showAuditLog } from './pages/audit-log.ts'
 import { authorizationEndpoint, decideConsent, showConsent } from './pages/authorize.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
 import { deleteOAuthApp, registerOAuthApp, revokeOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
@@ -148,6 +149,7 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.post('/roles/:id/delete', page(deleteRole))
 
   app.get('/teams', page(showTeams))
+  app.get('/audit-log', page(showAuditLog))
   app.post('/teams', page(createTeam))
   app.post('/teams/:id/rename', page(renameTeam))
   app.post('/teams/:id/delete', page(deleteTeam))

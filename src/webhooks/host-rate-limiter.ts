@@ -9,14 +9,24 @@
 // sees at most rate × 1.1 (+1) attempts to a host. Why in the process and not in the database: a
 // shared counter would cost a write per attempt on one hot row per host. The price: the cap is per
 // worker process (N worker processes allow N × the rate).
+/** Where the limiter reads the time and waits: the process's clock, or a test's simulated one. */
+export type LimiterClock = { now: () => number; sleep: (ms: number) => Promise<void> }
+
+const PROCESS_CLOCK: LimiterClock = {
+  now: () => performance.now(),
+  sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+}
+
 export class HostRateLimiter {
   readonly ratePerSecond: number
   readonly #capacity: number
   readonly #buckets = new Map<string, { tokens: number; at: number }>()
+  readonly #clock: LimiterClock
 
-  constructor(ratePerSecond: number) {
+  constructor(ratePerSecond: number, clock: LimiterClock = PROCESS_CLOCK) {
     this.ratePerSecond = ratePerSecond
     this.#capacity = Math.max(1, Math.ceil(ratePerSecond / 10))
+    this.#clock = clock
   }
 
   /**
@@ -24,7 +34,7 @@ export class HostRateLimiter {
    * in the order asked); false, and nothing taken, when it would come later.
    */
   async take(host: string, maxWaitMs: number): Promise<boolean> {
-    const now = performance.now()
+    const now = this.#clock.now()
     const bucket = this.#buckets.get(host) ?? { tokens: this.#capacity, at: now }
     bucket.tokens = Math.min(this.#capacity, bucket.tokens + ((now - bucket.at) * this.ratePerSecond) / 1000)
     bucket.at = now
@@ -36,7 +46,7 @@ export class HostRateLimiter {
     // Taken now, even when it arrives later: the debt keeps later callers behind this one.
     bucket.tokens -= 1
     this.#buckets.set(host, bucket)
-    if (waitMs > 0) await new Promise((resolve) => setTimeout(resolve, waitMs))
+    if (waitMs > 0) await this.#clock.sleep(waitMs)
     this.#forgetFull()
     return true
   }
@@ -44,7 +54,7 @@ export class HostRateLimiter {
   /** Buckets that refilled completely say nothing the default does not: dropped, so the map stays small. */
   #forgetFull(): void {
     if (this.#buckets.size < 10_000) return
-    const now = performance.now()
+    const now = this.#clock.now()
     for (const [host, bucket] of this.#buckets) {
       if (bucket.tokens + ((now - bucket.at) * this.ratePerSecond) / 1000 >= this.#capacity) this.#buckets.delete(host)
     }

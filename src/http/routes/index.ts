@@ -4,8 +4,10 @@ import Type from 'typebox'
 import { buildOpenApiDocument } from '../openapi.ts'
 import { defineRoutes, type RouteDefinition } from '../route.ts'
 import associations from './associations.ts'
+import auditLog from './audit-log.ts'
 import auth from './auth.ts'
 import dealStages from './deal-stages.ts'
+import events from './events.ts'
 import exports from './exports.ts'
 import health from './health.ts'
 import history from './history.ts'
@@ -27,10 +29,12 @@ export function allRoutes(): RouteDefinition[] {
     ...search,
     ...dealStages,
     ...webhookSubscriptions,
+    ...events,
     ...imports,
     ...exports,
     ...workspaceAdministration,
     ...oauthApps,
+    ...auditLog,
     ...oauth,
     ...openapi,
   ]

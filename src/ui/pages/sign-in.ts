@@ -3,6 +3,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { completeTwoFactor, signInWithPassword } from '../../auth/sign-in.ts'
 import { AttemptLimitError } from '../../errors.ts'
+import { clientOf } from '../../http/client-address.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { toApiError } from '../../http/problem.ts'
 import type { Services } from '../../http/route.ts'
@@ -150,7 +151,12 @@ export function signInPages(services: Services) {
         const result = await signInWithPassword(
           pool,
           config,
-          { email: email.slice(0, 254), password: password.slice(0, 1024), device_name: deviceName(req) },
+          {
+            email: email.slice(0, 254),
+            password: password.slice(0, 1024),
+            device_name: deviceName(req),
+            client_address: clientOf(req).address,
+          },
           'session',
         )
         if ('two_factor' in result) {
@@ -198,7 +204,11 @@ export function signInPages(services: Services) {
         const result = await completeTwoFactor(
           pool,
           config,
-          recovery ? { challenge_token: challenge, recovery_code: recoveryCode.slice(0, 100) } : { challenge_token: challenge, code },
+          {
+            challenge_token: challenge,
+            ...(recovery ? { recovery_code: recoveryCode.slice(0, 100) } : { code }),
+            client_address: clientOf(req).address,
+          },
           'session',
         )
         startSession(req, res, result.token, result.expires_at)
