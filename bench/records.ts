@@ -1,7 +1,8 @@
 // Records throughput: the real API (bearer auth, one transaction per request, RLS as crm_api)
 // against a baseline in the same run — bare node:http + pg running the same SQL as the owner,
 // without auth or RLS — for GET one deal, list 50 deals with a filter, and create a deal.
-// Then, with BENCH_DEALS deals loaded (default 1,000,000), the list query's plan and latency.
+// Then, with BENCH_DEALS deals loaded (default 1,000,000), the list query's plan and latency, and
+// GET of a history page of a deal with 1,000 changes (docs/api.md section 5b) as an admin and a member.
 //
 //   node bench/records.ts            prints a markdown report (DATABASE_URL, or an embedded PostgreSQL)
 //   BENCH_DEALS=100000 BENCH_SECONDS=5 node bench/records.ts     a quicker run
@@ -32,6 +33,8 @@ const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const CONNECTIONS = 50
 const ROUNDS = 5
+/** Changes given to the deal whose history page is measured. */
+const HISTORY_CHANGES = 1000
 
 /** target: the share of the baseline's throughput the request path aims for (README, Performance). */
 type Scenario = { name: string; method: 'GET' | 'POST'; path: (ids: string[]) => string; body?: string; target: number }
@@ -236,6 +239,35 @@ function percentile(values: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]
 }
 
+/** Gives a deal `changes` updates as the admin (crm.act_as, so the outbox names an actor), each its own event. */
+async function giveHistory(client: pg.Client, email: string, slug: string, dealId: string, changes: number): Promise<void> {
+  await client.query('begin')
+  await client.query('select crm.act_as($1, $2), set_config($3, $4, true)', [email, slug, 'bench.history_deal', dealId])
+  await client.query(`
+    do $$
+    begin
+      for i in 1..${changes} loop
+        update crm.deals set amount = amount + 1, custom_fields = jsonb_build_object('step', i)
+         where id = current_setting('bench.history_deal')::uuid;
+      end loop;
+    end
+    $$`)
+  await client.query('commit')
+}
+
+/** Latencies (ms) of `count` GETs of `path` one after another, after 20 unmeasured ones. */
+async function sequentialGets(url: string, path: string, headers: Record<string, string>, count: number): Promise<number[]> {
+  const timings: number[] = []
+  for (let i = -20; i < count; i++) {
+    const started = performance.now()
+    const response = await fetch(url + path, { headers })
+    if (response.status !== 200) throw new Error(`GET ${path} answered ${response.status}: ${await response.text()}`)
+    await response.arrayBuffer()
+    if (i >= 0) timings.push(performance.now() - started)
+  }
+  return timings
+}
+
 export async function benchRecords(options: { deals?: number; seconds?: number; log?: (line: string) => void } = {}): Promise<string> {
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'))
   const dealCount = options.deals ?? Number(process.env.BENCH_DEALS ?? 1_000_000)
@@ -255,6 +287,8 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       tenant.id,
     ])
     const ids = sample.map((row) => row.id as string)
+    const historyDeal = ids[0]
+    await giveHistory(client, admin.email, slug, historyDeal, HISTORY_CHANGES)
 
     // The list query exactly as the API builds it, run as the admin through crm.act_as (RLS on).
     const { sql, createDatabasePool } = await import('../src/db/pool.ts')
@@ -285,9 +319,19 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
     // BENCH_TOKEN_SCOPES=deals:read,deals:write: the API is called with a token limited to these
     // scopes (the proven context then carries them), instead of the admin's unscoped token.
     const scopes = process.env.BENCH_TOKEN_SCOPES?.split(',')
-    const { mintToken, withOwner } = await import('../test/helpers/fixtures.ts')
+    const { addMember, mintToken, withOwner } = await import('../test/helpers/fixtures.ts')
     const token = scopes ? await withOwner(database.url, (owner) => mintToken(owner, admin.id, { scopes })) : admin.token
     const auth = { authorization: `Bearer ${token}`, 'x-tenant-slug': slug }
+    const member = await withOwner(database.url, (owner) => addMember(owner, tenant.id, `member@${slug}.test`, 'member'))
+    const historyPath = `/api/deals/${historyDeal}/history`
+    const historyAsAdmin = await sequentialGets(api.url, historyPath, auth, 200)
+    const historyAsMember = await sequentialGets(
+      api.url,
+      historyPath,
+      { authorization: `Bearer ${member.token}`, 'x-tenant-slug': slug },
+      200,
+    )
+    const historyP50 = Math.max(percentile(historyAsAdmin, 50), percentile(historyAsMember, 50))
 
     const rows: string[] = []
     const failures: string[] = []
@@ -328,6 +372,8 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       '',
       ...(failures.length > 0 ? [`Failed requests by kind: ${failures.join('; ')}.`, ''] : []),
       `List query (\`filter[stage]=won&limit=50\`, default sort) as the admin through \`crm.act_as\`, 200 runs one after another: p50 ${percentile(timings, 50).toFixed(2)} ms, p99 ${percentile(timings, 99).toFixed(2)} ms (target p50 < 10 ms: ${percentile(timings, 50) < 10 ? '✅' : '❌'}); index used: ${usesIndex ? '✅' : '❌'}.`,
+      '',
+      `History page (\`GET /api/deals/{id}/history\`, 50 of a deal's ${HISTORY_CHANGES.toLocaleString('en')} changes) over HTTP, 200 requests one after another, admin / member (view all, each entry checked against the record): p50 ${percentile(historyAsAdmin, 50).toFixed(2)} / ${percentile(historyAsMember, 50).toFixed(2)} ms, p99 ${percentile(historyAsAdmin, 99).toFixed(2)} / ${percentile(historyAsMember, 99).toFixed(2)} ms (target p50 < 10 ms: ${historyP50 < 10 ? '✅' : '❌'}).`,
       '',
       '```',
       ...plan,

@@ -4006,6 +4006,7 @@ create table crm.events (
   data jsonb not null,
   actor jsonb not null,
   xid xid8 default pg_current_xact_id(),
+  token_id uuid default crm.current_token_id(),
   constraint events_pkey PRIMARY KEY (workspace_id, id),
   constraint events_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint events_actor_shape CHECK (
@@ -4027,6 +4028,9 @@ comment on column crm.events.xid is
   'The writing transaction (pg_current_xact_id()); the events feed orders by (xid, id) and reads only below the '
   'oldest running transaction, so nothing appears behind a cursor (docs/decisions.md). 0 for events written before '
   'the column.';
+comment on column crm.events.token_id is
+  'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
+  'sent to webhooks.';
 alter table crm.events enable row level security;
 alter table crm.events force row level security;
 create policy events_all_owner on crm.events as permissive for all to crm_owner
@@ -4067,7 +4071,7 @@ comment on index crm.events_feed is 'The events feed: a workspace''s events afte
 CREATE INDEX events_occurred_at ON crm.events USING btree (occurred_at);
 comment on index crm.events_occurred_at is 'Housekeeping and replays by time across workspaces.';
 CREATE INDEX events_record ON crm.events USING btree (workspace_id, record_type, record_id, id);
-comment on index crm.events_record is 'A record''s history, newest last (support and tests).';
+comment on index crm.events_record is 'A record''s history (crm.record_history reads it newest first).';
 CREATE INDEX webhook_events_id ON crm.events USING btree (id);
 comment on index crm.webhook_events_id is
   'fan_out_event looks events up by id alone (the outbox job carries only ids).';
@@ -5253,6 +5257,88 @@ grant execute on function crm.record_webhook_attempts(
   p_retry_delays interval[]
 )
   to crm_worker;
+
+-- Record history
+
+CREATE OR REPLACE FUNCTION crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+begin
+  if p_workspace_id is distinct from crm.current_workspace_id() then
+    return false;
+  end if;
+  -- Run as the caller: the record table's own policies decide what exists.
+  return case p_record_type
+    when 'contact' then (crm.is_admin() and crm.grant_scope('contacts', 'view') = 'all')
+                        or exists (select from crm.contacts r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'company' then (crm.is_admin() and crm.grant_scope('companies', 'view') = 'all')
+                        or exists (select from crm.companies r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'deal' then (crm.is_admin() and crm.grant_scope('deals', 'view') = 'all')
+                     or exists (select from crm.deals r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    else false
+  end;
+end
+$function$;
+comment on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid) is
+  'Whether the caller may read the history of a record (docs/api.md section 5b): it may view the record now, under '
+  'the record table''s own policies, or it is an admin whose role and token view every record of the type (deleted '
+  'ones included). False outside the caller''s workspace and without a request context.';
+grant execute on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
+  to crm_api;
+
+create view crm.record_history as
+ SELECT workspace_id,
+    record_type,
+    record_id,
+    id,
+    occurred_at,
+    split_part(event, '.'::text, 2) AS action,
+    jsonb_build_object('user_id', actor -> 'id'::text, 'name', to_jsonb(( SELECT u.name
+           FROM crm.users u
+          WHERE u.id = ((e.actor ->> 'id'::text)::uuid))), 'via', actor -> 'via'::text) || jsonb_strip_nulls(jsonb_build_object('token_id', token_id, 'app_id', actor -> 'app_id'::text)) AS actor,
+    ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb) AS "coalesce"
+           FROM ( SELECT
+                        CASE
+                            WHEN e.event ~~ '%.updated'::text THEN COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
+                            ELSE e.data -> 'object'::text
+                        END AS fields,
+                        CASE
+                            WHEN e.event ~~ '%.created'::text THEN '{}'::jsonb
+                            ELSE (e.data -> 'object'::text) || COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
+                        END AS before,
+                        CASE
+                            WHEN e.event ~~ '%.deleted'::text THEN '{}'::jsonb
+                            ELSE e.data -> 'object'::text
+                        END AS after
+                 OFFSET 0) s
+             CROSS JOIN LATERAL ( SELECT f.key AS field,
+                    jsonb_build_object('from', COALESCE(s.before -> f.key, 'null'::jsonb), 'to', COALESCE(s.after -> f.key, 'null'::jsonb)) AS change
+                   FROM jsonb_object_keys(s.fields) f(key)
+                  WHERE (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text])) AND COALESCE(s.before -> f.key, 'null'::jsonb) <> COALESCE(s.after -> f.key, 'null'::jsonb)
+                UNION ALL
+                 SELECT 'custom_fields.'::text || f.key,
+                    jsonb_build_object('from', COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb), 'to', COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)) AS jsonb_build_object
+                   FROM jsonb_object_keys(
+                        CASE
+                            WHEN s.fields ? 'custom_fields'::text THEN COALESCE(s.before -> 'custom_fields'::text, '{}'::jsonb) || COALESCE(s.after -> 'custom_fields'::text, '{}'::jsonb)
+                            ELSE '{}'::jsonb
+                        END) f(key)
+                  WHERE COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb) <> COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)
+                UNION ALL
+                 SELECT 'associations.'::text || a.key,
+                    a.value
+                   FROM jsonb_each(COALESCE(e.data -> 'associations_changed'::text, '{}'::jsonb)) a(key, value)) c) AS changes
+   FROM crm.events e
+  WHERE workspace_id = (( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.may_read_record_history(record_type, workspace_id, record_id);
+comment on view crm.record_history is
+  'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
+  '{user_id, name, via, token_id?, app_id?} (the user''s current name); changes {field: {from, to}} with '
+  'custom_fields.<key> per key and associations.<type>: {added, removed}; created lists the fields set, deleted the '
+  'fields the record had. Rows of the caller''s workspace that crm.may_read_record_history allows: crm.act_as shows '
+  'what each user sees; without a request context, none.';
+grant select on crm.record_history to crm_api;
 
 -- Test events and recovery
 

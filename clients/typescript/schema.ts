@@ -578,6 +578,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/contacts/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The changes of a contact, newest first (404 unless you may view it now; admins also read a deleted contact's) */
+        get: operations["get_contacts_by_id_history"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/companies/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The changes of a company, newest first (404 unless you may view it now; admins also read a deleted company's) */
+        get: operations["get_companies_by_id_history"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deals/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The changes of a deal, newest first (404 unless you may view it now; admins also read a deleted deal's) */
+        get: operations["get_deals_by_id_history"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/search": {
         parameters: {
             query?: never;
@@ -4202,6 +4253,7 @@ export interface operations {
                     /**
                      * @description The unique value that finds the record
                      * @default id
+                     * @enum {string}
                      */
                     match_on?: "id" | "email";
                     /**
@@ -4745,6 +4797,7 @@ export interface operations {
                     /**
                      * @description The unique value that finds the record
                      * @default id
+                     * @enum {string}
                      */
                     match_on?: "id" | "domain";
                     /**
@@ -5277,6 +5330,7 @@ export interface operations {
                     /**
                      * @description The unique value that finds the record
                      * @default id
+                     * @enum {string}
                      */
                     match_on?: "id";
                     /**
@@ -5776,6 +5830,285 @@ export interface operations {
             429: components["responses"]["Problem429"];
             500: components["responses"]["Problem500"];
             503: components["responses"]["Problem503"];
+        };
+    };
+    get_contacts_by_id_history: {
+        parameters: {
+            query?: {
+                /** @description Page size, 1 to 200 (default 50) */
+                limit?: number;
+                /** @description The next_cursor of the previous page (opaque) */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description <url>; rel="next" when there is a next page */
+                    Link?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "data": [
+                     *         {
+                     *           "id": "01935f3c-9e00-7b22-8e3f-4d5c6b7a8f9e",
+                     *           "occurred_at": "2026-11-22T03:00:21.123Z",
+                     *           "action": "updated",
+                     *           "actor": {
+                     *             "user_id": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *             "name": "Ann Admin",
+                     *             "via": "api",
+                     *             "token_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a"
+                     *           },
+                     *           "changes": {
+                     *             "owner_id": {
+                     *               "from": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *               "to": null
+                     *             },
+                     *             "custom_fields.tier": {
+                     *               "from": null,
+                     *               "to": "gold"
+                     *             }
+                     *           }
+                     *         }
+                     *       ],
+                     *       "next_cursor": null
+                     *     }
+                     */
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339, UTC, milliseconds
+                             */
+                            occurred_at: string;
+                            action: "created" | "updated" | "deleted";
+                            actor: {
+                                user_id: string | null;
+                                name: string | null;
+                                via: "api" | "ui" | "import" | "oauth" | "system";
+                                /** Format: uuid */
+                                token_id?: string;
+                                /** Format: uuid */
+                                app_id?: string;
+                            };
+                            /** @description Each changed field (custom_fields.<key> per custom field, associations.<type> for links) */
+                            changes: {
+                                [key: string]: {
+                                    from: unknown;
+                                    to: unknown;
+                                } | {
+                                    added: string[];
+                                    removed: string[];
+                                };
+                            };
+                        }[];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            404: components["responses"]["Problem404"];
+            500: components["responses"]["Problem500"];
+        };
+    };
+    get_companies_by_id_history: {
+        parameters: {
+            query?: {
+                /** @description Page size, 1 to 200 (default 50) */
+                limit?: number;
+                /** @description The next_cursor of the previous page (opaque) */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description <url>; rel="next" when there is a next page */
+                    Link?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "data": [
+                     *         {
+                     *           "id": "01935f3c-9e00-7b22-8e3f-4d5c6b7a8f9e",
+                     *           "occurred_at": "2026-11-22T03:00:21.123Z",
+                     *           "action": "updated",
+                     *           "actor": {
+                     *             "user_id": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *             "name": "Ann Admin",
+                     *             "via": "api",
+                     *             "token_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a"
+                     *           },
+                     *           "changes": {
+                     *             "owner_id": {
+                     *               "from": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *               "to": null
+                     *             },
+                     *             "custom_fields.tier": {
+                     *               "from": null,
+                     *               "to": "gold"
+                     *             }
+                     *           }
+                     *         }
+                     *       ],
+                     *       "next_cursor": null
+                     *     }
+                     */
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339, UTC, milliseconds
+                             */
+                            occurred_at: string;
+                            action: "created" | "updated" | "deleted";
+                            actor: {
+                                user_id: string | null;
+                                name: string | null;
+                                via: "api" | "ui" | "import" | "oauth" | "system";
+                                /** Format: uuid */
+                                token_id?: string;
+                                /** Format: uuid */
+                                app_id?: string;
+                            };
+                            /** @description Each changed field (custom_fields.<key> per custom field, associations.<type> for links) */
+                            changes: {
+                                [key: string]: {
+                                    from: unknown;
+                                    to: unknown;
+                                } | {
+                                    added: string[];
+                                    removed: string[];
+                                };
+                            };
+                        }[];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            404: components["responses"]["Problem404"];
+            500: components["responses"]["Problem500"];
+        };
+    };
+    get_deals_by_id_history: {
+        parameters: {
+            query?: {
+                /** @description Page size, 1 to 200 (default 50) */
+                limit?: number;
+                /** @description The next_cursor of the previous page (opaque) */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description <url>; rel="next" when there is a next page */
+                    Link?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "data": [
+                     *         {
+                     *           "id": "01935f3c-9e00-7b22-8e3f-4d5c6b7a8f9e",
+                     *           "occurred_at": "2026-11-22T03:00:21.123Z",
+                     *           "action": "updated",
+                     *           "actor": {
+                     *             "user_id": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *             "name": "Ann Admin",
+                     *             "via": "api",
+                     *             "token_id": "01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a"
+                     *           },
+                     *           "changes": {
+                     *             "owner_id": {
+                     *               "from": "01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d",
+                     *               "to": null
+                     *             },
+                     *             "custom_fields.tier": {
+                     *               "from": null,
+                     *               "to": "gold"
+                     *             }
+                     *           }
+                     *         }
+                     *       ],
+                     *       "next_cursor": null
+                     *     }
+                     */
+                    "application/json": {
+                        data: {
+                            /** Format: uuid */
+                            id: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339, UTC, milliseconds
+                             */
+                            occurred_at: string;
+                            action: "created" | "updated" | "deleted";
+                            actor: {
+                                user_id: string | null;
+                                name: string | null;
+                                via: "api" | "ui" | "import" | "oauth" | "system";
+                                /** Format: uuid */
+                                token_id?: string;
+                                /** Format: uuid */
+                                app_id?: string;
+                            };
+                            /** @description Each changed field (custom_fields.<key> per custom field, associations.<type> for links) */
+                            changes: {
+                                [key: string]: {
+                                    from: unknown;
+                                    to: unknown;
+                                } | {
+                                    added: string[];
+                                    removed: string[];
+                                };
+                            };
+                        }[];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Problem400"];
+            401: components["responses"]["Problem401"];
+            403: components["responses"]["Problem403"];
+            404: components["responses"]["Problem404"];
+            500: components["responses"]["Problem500"];
         };
     };
     get_search: {

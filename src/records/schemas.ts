@@ -7,7 +7,7 @@ import { named } from '../schema-names.ts'
 import { Uuid } from '../uuid.ts'
 import { COMPANY, CONTACT, DEAL, type FieldSpec, type RecordType, requiredOnCreate } from './fields.ts'
 
-const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
+export const nullable = (schema: TSchema) => Type.Union([schema, Type.Null()])
 
 export const MONEY_PATTERN = '^\\d{1,16}(\\.\\d{1,2})?$'
 /** The host's first character, then anything but white space: equal to [^\\s/?#]+[^\\s]* without its ambiguity. */
@@ -19,7 +19,7 @@ const Money = (description: string) =>
     description: `${description}: a decimal string with at most two places ("12500.00"); a JSON number is accepted too`,
   })
 const DateOnly = Type.String({ format: 'date', maxLength: 10, pattern: '^\\d{4}-\\d{2}-\\d{2}$' })
-const Time = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, milliseconds' })
+export const Time = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, milliseconds' })
 
 export const CustomFields = Type.Record(
   Type.String({ pattern: '^[a-z][a-z0-9_]{0,62}$' }),

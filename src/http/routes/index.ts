@@ -10,6 +10,7 @@ import dealStages from './deal-stages.ts'
 import events from './events.ts'
 import exports from './exports.ts'
 import health from './health.ts'
+import history from './history.ts'
 import imports from './imports.ts'
 import workspaceAdministration from './members.ts'
 import oauth from './oauth.ts'
@@ -26,6 +27,7 @@ export function allRoutes(): RouteDefinition[] {
     ...records,
     ...recordsBatch,
     ...associations,
+    ...history,
     ...search,
     ...dealStages,
     ...webhookSubscriptions,

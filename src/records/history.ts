@@ -1,0 +1,87 @@
+// A record's history (docs/api.md section 5b): its changes newest first, a page at a time, read from
+// the view crm.record_history over the outbox. The view's policy decides who sees what, so this
+// file filters nothing by permission: it asks for the record's rows and tells 404 apart from an
+// empty page (a cursor past the first change) by whether the caller may see the record or any of
+// its history at all.
+import Type from 'typebox'
+import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
+import { rowType } from '../db/typed-rows.ts'
+import { InvalidParameterError, NotFoundError } from '../errors.ts'
+import { type CursorColumn, decodeCursor, encodeCursor, limitOf } from '../paging.ts'
+import { Uuid } from '../uuid.ts'
+import type { RecordType } from './fields.ts'
+import { nullable, page, Time } from './schemas.ts'
+
+const HISTORY_ORDER = '-id'
+const ID_CURSOR: CursorColumn[] = [{ kind: 'uuid', nullable: false }]
+const PARAMETERS = ['limit', 'cursor']
+
+export const HISTORY_PARAMETERS = {
+  limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
+  cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
+}
+
+const FieldChange = Type.Object({ from: Type.Unknown(), to: Type.Unknown() }, { description: 'A field: its old and new value' })
+const AssociationChange = Type.Object(
+  { added: Type.Array(Uuid), removed: Type.Array(Uuid) },
+  { description: 'associations.<type>: the ids linked and unlinked' },
+)
+
+export const HistoryEntrySchema = Type.Object({
+  id: Uuid,
+  occurred_at: Time,
+  action: Type.Union([Type.Literal('created'), Type.Literal('updated'), Type.Literal('deleted')]),
+  actor: Type.Object({
+    user_id: nullable(Uuid),
+    name: nullable(Type.String({ description: 'The user\u2019s name while they are a member of the workspace' })),
+    via: Type.Union(['api', 'ui', 'import', 'oauth', 'system'].map((via) => Type.Literal(via))),
+    token_id: Type.Optional(Uuid),
+    app_id: Type.Optional(Uuid),
+  }),
+  changes: Type.Record(Type.String(), Type.Union([FieldChange, AssociationChange]), {
+    description: 'Each changed field (custom_fields.<key> per custom field, associations.<type> for links)',
+  }),
+})
+
+export const historyPageSchema = page(HistoryEntrySchema)
+
+type HistoryEntry = { id: string } & Record<string, unknown>
+export type HistoryPage = { data: HistoryEntry[]; next_cursor: string | null }
+
+const HistoryRow = rowType(
+  Type.Object({
+    visible: Type.Boolean(),
+    entries: Type.String(),
+  }),
+)
+
+/**
+ * One page of the record's history, in one statement: the page (one row more than asked, to know
+ * whether another follows) and whether the caller may see the record or its history at all.
+ */
+export async function readHistory(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  id: string,
+  parameters: Map<string, string>,
+): Promise<HistoryPage> {
+  for (const name of parameters.keys()) {
+    if (!PARAMETERS.includes(name)) throw new InvalidParameterError(`Unknown query parameter ${name}`)
+  }
+  const limit = limitOf(parameters.get('limit'))
+  const cursor = parameters.get('cursor')
+  const before = cursor === undefined ? null : decodeCursor(cursor, HISTORY_ORDER, ID_CURSOR).values[0]
+  const row = await db.one(sql.type(HistoryRow)`
+    select (exists (select from ${type.table} t where t.id = ${id}::uuid)
+            or exists (select from crm.record_history v where v.record_type = ${type.name} and v.record_id = ${id}::uuid)) as visible,
+           coalesce((select json_agg(json_build_object('id', p.id, 'occurred_at', crm.api_time(p.occurred_at), 'action', p.action,
+                                                       'actor', p.actor, 'changes', p.changes) order by p.id desc)
+                       from (select h.id, h.occurred_at, h.action, h.actor, h.changes from crm.record_history h
+                              where h.record_type = ${type.name} and h.record_id = ${id}::uuid
+                                ${before === null ? sql.fragment`` : sql.fragment`and h.id < ${before}::uuid`}
+                              order by h.id desc limit ${limit + 1}) p)::text, '[]') as entries`)
+  if (!row.visible) throw new NotFoundError(`No such ${type.label}`)
+  const entries = JSON.parse(row.entries) as HistoryEntry[]
+  const data = entries.slice(0, limit)
+  return { data, next_cursor: entries.length > limit ? encodeCursor(HISTORY_ORDER, [data[data.length - 1].id]) : null }
+}
