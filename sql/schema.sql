@@ -323,7 +323,7 @@ comment on function crm.disown_superuser_objects() is
   'SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration '
   'run.';
 
-CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer, events_retention_days integer DEFAULT 30)
+CREATE OR REPLACE FUNCTION crm.housekeeping(log_retention_days integer)
  RETURNS TABLE(step text, removed bigint)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -342,15 +342,13 @@ begin
     execute format('select %s($1)', v_function) into removed using log_retention_days;
     return next;
   end loop;
-  step := 'crm.expire_events';
-  removed := crm.expire_events(events_retention_days);
-  return next;
 end
 $function$;
-comment on function crm.housekeeping(log_retention_days integer, events_retention_days integer) is
-  'Removes expired rows (tokens, idempotency keys, old delivery logs, with log_retention_days; events the feed and '
-  'the webhooks no longer need, with events_retention_days); returns a count per step.';
-grant execute on function crm.housekeeping(log_retention_days integer, events_retention_days integer) to crm_worker;
+comment on function crm.housekeeping(log_retention_days integer) is
+  'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step. Events are never '
+  'removed: record history (crm.record_history) reads every change from them; the events feed shows the last '
+  'EVENTS_RETENTION_DAYS of them.';
+grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 -- =================================================================================================
 -- TENANCY AND ACCESS
@@ -5718,30 +5716,6 @@ comment on function crm.tg_events__notify_feed() is
   'Wakes the events feed''s long polls: one notification per workspace a statement wrote events for, delivered at '
   'commit (PostgreSQL folds repeats within a transaction), on the channel crm_events that each API process listens to.';
 grant execute on function crm.tg_events__notify_feed() to crm_api;
-
-CREATE OR REPLACE FUNCTION crm.expire_events(events_retention_days integer)
- RETURNS bigint
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
-AS $function$
-declare
-  v_removed bigint;
-begin
-  delete from crm.events e
-   where e.occurred_at < now() - make_interval(days => events_retention_days)
-     and not exists (
-       select from crm.webhook_deliveries d
-        where d.workspace_id = e.workspace_id
-          and d.subscription_id = any (array(select s.id from crm.webhook_subscriptions s where s.workspace_id = e.workspace_id))
-          and d.event_id = e.id);
-  get diagnostics v_removed = row_count;
-  return v_removed;
-end
-$function$;
-comment on function crm.expire_events(events_retention_days integer) is
-  'Removes events older than EVENTS_RETENTION_DAYS (the events feed, docs/api.md section 8a) that no delivery still '
-  'names: a kept delivery (its log lasts WEBHOOK_LOG_RETENTION_DAYS) is redelivered and recovered from its event, so '
-  'the event stays as long as the delivery. Called by crm.housekeeping with its own retention.';
 
 -- =================================================================================================
 -- IMPORTS AND EXPORTS

@@ -4,9 +4,8 @@ import type { Config } from '../src/config.ts'
 
 export function housekeeping(config: Config): Task {
   return async (_payload, helpers) => {
-    const { rows } = await helpers.query<{ step: string; removed: number }>('select step, removed from crm.housekeeping($1, $2)', [
+    const { rows } = await helpers.query<{ step: string; removed: number }>('select step, removed from crm.housekeeping($1)', [
       config.webhook.logRetentionDays,
-      config.eventsRetentionDays,
     ])
     for (const row of rows) if (row.removed > 0) helpers.logger.info(`housekeeping: ${row.step} removed ${row.removed}`)
     // The audit log keeps its own retention, and only this function may remove its entries.

@@ -230,7 +230,7 @@ comment on function crm.disown_superuser_objects() is
   'SECURITY DEFINER function runs as a superuser; answers how many it changed. Run by migrate after every migration '
   'run.';
 
-create or replace function crm.housekeeping(log_retention_days integer, events_retention_days integer default 30)
+create or replace function crm.housekeeping(log_retention_days integer)
  returns table(step text, removed bigint)
  language plpgsql
  security definer
@@ -249,15 +249,13 @@ begin
     execute format('select %s($1)', v_function) into removed using log_retention_days;
     return next;
   end loop;
-  step := 'crm.expire_events';
-  removed := crm.expire_events(events_retention_days);
-  return next;
 end
 $function$;
-comment on function crm.housekeeping(log_retention_days integer, events_retention_days integer) is
-  'Removes expired rows (tokens, idempotency keys, old delivery logs, with log_retention_days; events the feed and '
-  'the webhooks no longer need, with events_retention_days); returns a count per step.';
-grant execute on function crm.housekeeping(log_retention_days integer, events_retention_days integer) to crm_worker;
+comment on function crm.housekeeping(log_retention_days integer) is
+  'Removes expired rows (tokens, idempotency keys, old delivery logs); returns a count per step. Events are never '
+  'removed: record history (crm.record_history) reads every change from them; the events feed shows the last '
+  'EVENTS_RETENTION_DAYS of them.';
+grant execute on function crm.housekeeping(log_retention_days integer) to crm_worker;
 
 grant select (number) on crm.schema_migrations to crm_runtime;
 grant select (name, variant) on crm.schema_definitions to crm_runtime;

@@ -749,30 +749,6 @@ comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
   'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by '
   'subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
-create or replace function crm.expire_events(events_retention_days integer)
- returns bigint
- language plpgsql
- set search_path to 'pg_catalog', 'crm', 'pg_temp'
-as $function$
-declare
-  v_removed bigint;
-begin
-  delete from crm.events e
-   where e.occurred_at < now() - make_interval(days => events_retention_days)
-     and not exists (
-       select from crm.webhook_deliveries d
-        where d.workspace_id = e.workspace_id
-          and d.subscription_id = any (array(select s.id from crm.webhook_subscriptions s where s.workspace_id = e.workspace_id))
-          and d.event_id = e.id);
-  get diagnostics v_removed = row_count;
-  return v_removed;
-end
-$function$;
-comment on function crm.expire_events(events_retention_days integer) is
-  'Removes events older than EVENTS_RETENTION_DAYS (the events feed, docs/api.md section 8a) that no delivery '
-  'still names: a kept delivery (its log lasts WEBHOOK_LOG_RETENTION_DAYS) is redelivered and recovered from its '
-  'event, so the event stays as long as the delivery. Called by crm.housekeeping with its own retention.';
-
 create or replace function crm.tg_webhook_attempts__append_only()
  returns trigger
  language plpgsql

@@ -196,7 +196,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
       },
       {
         title: 'The events feed',
-        objects: ['event_body_start', 'event_body_rest', 'event_feed_entry', 'tg_events__notify_feed', 'expire_events'],
+        objects: ['event_body_start', 'event_body_rest', 'event_feed_entry', 'tg_events__notify_feed'],
       },
     ],
   },

@@ -22,7 +22,8 @@ export type FeedPosition = { xid: string; id: string }
 /** Before every event: where a feed without `after` starts. */
 export const FEED_START: FeedPosition = { xid: '0', id: '00000000-0000-0000-0000-000000000000' }
 
-export type FeedRequest = { after: FeedPosition; types: string[] | null; limit: number; waitMs: number }
+/** `retentionDays`: the feed shows the events of that many last days (EVENTS_RETENTION_DAYS); older ones stay for record history. */
+export type FeedRequest = { after: FeedPosition; types: string[] | null; limit: number; waitMs: number; retentionDays: number }
 
 const TYPE_PATTERN = /^(\*|(contact|company|deal)\.(\*|created|updated|deleted))$/
 const XID_PATTERN = /^\d{1,20}$/
@@ -102,7 +103,7 @@ export function parseFeedRequest(query: Record<string, string | string[]>, secre
     }
     waitMs = Number(waitText) * 1000
   }
-  return { after, types, limit, waitMs }
+  return { after, types, limit, waitMs, retentionDays }
 }
 
 const FeedPageRow = rowType(
@@ -136,7 +137,7 @@ export type FeedPage = {
  * (pg_snapshot_xmin of this statement's snapshot), in (xid, id) order.
  */
 export async function readFeedPage(db: Pick<DatabaseTransactionConnection, 'one'>, request: FeedRequest): Promise<FeedPage> {
-  const { after, types, limit } = request
+  const { after, types, limit, retentionDays } = request
   const row = await db.one(sql.type(FeedPageRow)`
     with gate as materialized (
       select pg_snapshot_xmin(pg_current_snapshot()) as xmin, (select crm.current_workspace_id()) as workspace_id
@@ -148,6 +149,7 @@ export async function readFeedPage(db: Pick<DatabaseTransactionConnection, 'one'
        where e.workspace_id = gate.workspace_id
          and (e.xid, e.id) > (${after.xid}::xid8, ${after.id}::uuid)
          and e.xid < gate.xmin
+         and e.occurred_at >= now() - make_interval(days => ${retentionDays})
          and (${types === null ? null : sql.array(types, 'text')}::text[] is null
               or crm.webhook_event_matches(${types === null ? null : sql.array(types, 'text')}::text[], e.event))
        order by e.xid, e.id
