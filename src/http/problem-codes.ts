@@ -132,6 +132,21 @@ export const PROBLEM_CODES: Record<string, ProblemCode> = {
     means: 'Over the request rate, or a limit on uploads, exports, test events or recoveries.',
     todo: 'Wait Retry-After seconds and send the same request again (same Idempotency-Key).',
   },
+  cursor_expired: {
+    status: 410,
+    means: 'The events feed cursor was issued longer ago than the feed keeps events (EVENTS_RETENTION_DAYS).',
+    todo: 'Read the feed again without after; use GET /api/{type} lists to catch up on the state you missed.',
+  },
+  batch_too_large: {
+    status: 422,
+    means: 'A batch call holds more than 100 inputs or ids.',
+    todo: 'Split it into calls of at most 100.',
+  },
+  batch_failed: {
+    status: 422,
+    means: 'An atomic batch had an item that failed, so nothing was written.',
+    todo: 'Read results[]: the failed items carry their problems (the others 424); fix them and send the batch again.',
+  },
   too_many_attempts: { status: 429, means: 'Too many failed sign-in attempts.', todo: 'Wait Retry-After seconds.' },
   internal_error: {
     status: 500,
