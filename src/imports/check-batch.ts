@@ -24,7 +24,7 @@ const TYPE_MESSAGE: Partial<Record<FieldSpec['kind'], string>> = {
   date: 'must be a date (YYYY-MM-DD)',
 }
 
-const cell = (index: number) => sql.fragment`nullif(btrim(r.cells[${index}::int]), '')`
+const cell = (index: number) => sql.fragment`crm.import_cell(r.cells[${index}::int])`
 
 /** Reports, with one statement, every typed row `where` selects. */
 function reportRows(db: Queryable, field: string | null, message: FragmentSqlToken, where: FragmentSqlToken) {
@@ -36,7 +36,7 @@ function reportRows(db: Queryable, field: string | null, message: FragmentSqlTok
 
 const StagedSummary = rowType(Type.Object({ rows: Type.Integer(), last_row: Type.Integer() }))
 
-/** pg_temp.import_stage: the batch's rows of crm.import_rows, each mapped cell trimmed, empty → null. */
+/** pg_temp.import_stage: the batch's rows of crm.import_rows, each mapped cell read by crm.import_cell (trimmed, empty → null, the export's formula guard taken off). */
 export async function stageRows(db: Queryable, batch: BatchMapping, afterRow: number, limit: number) {
   const { fields, custom, companyName } = batch
   const customObject =
