@@ -6208,6 +6208,23 @@ comment on function crm.import_cell(value text) is
   'off, so an export imports back unchanged.';
 grant execute on function crm.import_cell(value text) to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.import_json_object(value text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- An exception block, not pg_input_is_valid: that needs PostgreSQL 16, and 15 is supported.
+  return case when jsonb_typeof(value::jsonb) = 'object' then value::jsonb end;
+exception when invalid_text_representation then
+  return null;
+end
+$function$;
+comment on function crm.import_json_object(value text) is
+  'An imported custom_fields cell (the export''s JSON object column) as jsonb; null when it is not a JSON object.';
+grant execute on function crm.import_json_object(value text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  RETURNS text
  LANGUAGE sql

@@ -352,6 +352,23 @@ comment on function crm.import_cell(value text) is
   'taken off, so an export imports back unchanged.';
 grant execute on function crm.import_cell(value text) to crm_api;
 
+create or replace function crm.import_json_object(value text)
+ returns jsonb
+ language plpgsql
+ immutable parallel safe
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  -- An exception block, not pg_input_is_valid: that needs PostgreSQL 16, and 15 is supported.
+  return case when jsonb_typeof(value::jsonb) = 'object' then value::jsonb end;
+exception when invalid_text_representation then
+  return null;
+end
+$function$;
+comment on function crm.import_json_object(value text) is
+  'An imported custom_fields cell (the export''s JSON object column) as jsonb; null when it is not a JSON object.';
+grant execute on function crm.import_json_object(value text) to crm_api;
+
 create or replace function crm.import_key(p_kind text, p_value text)
  returns text
  language sql

@@ -217,6 +217,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'prune_imports',
           'import_rows',
           'import_cell',
+          'import_json_object',
           'import_key',
           'mark_import_repeats',
           'clear_import_rows',
