@@ -6189,17 +6189,53 @@ comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged 
 grant select on crm.import_rows to crm_api;
 grant insert on crm.import_rows to crm_worker;
 
+CREATE OR REPLACE FUNCTION crm.import_cell(value text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN NULLIF(
+         CASE WHEN (
+                ("left"(btrim(value), 1) = ''''::text)
+                AND ("left"(ltrim(btrim(value), ''''::text), 1) = ANY (
+                       ARRAY[
+                         '='::text, '+'::text, '-'::text, '@'::text, '	'::text, ''::text]))) THEN substr(btrim(value), 2)
+              ELSE btrim(value)
+         END,
+         ''::text);
+comment on function crm.import_cell(value text) is
+  'An imported cell as the import reads it: trimmed of spaces, empty is null, and the export''s formula guard '
+  '(crm.csv_text_cell: one leading '' before any number of '' and then =, +, -, @, a tab or a carriage return) taken '
+  'off, so an export imports back unchanged.';
+grant execute on function crm.import_cell(value text) to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.import_json_object(value text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  -- An exception block, not pg_input_is_valid: that needs PostgreSQL 16, and 15 is supported.
+  return case when jsonb_typeof(value::jsonb) = 'object' then value::jsonb end;
+exception when invalid_text_representation then
+  return null;
+end
+$function$;
+comment on function crm.import_json_object(value text) is
+  'An imported custom_fields cell (the export''s JSON object column) as jsonb; null when it is not a JSON object.';
+grant execute on function crm.import_json_object(value text) to crm_api;
+
 CREATE OR REPLACE FUNCTION crm.import_key(p_kind text, p_value text)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 RETURN CASE p_kind
-            WHEN 'email'::text THEN lower(NULLIF(btrim(p_value), ''::text))
-            WHEN 'domain'::text THEN rtrim(lower(NULLIF(btrim(p_value), ''::text)), '.'::text)
+            WHEN 'email'::text THEN lower(crm.import_cell(p_value))
+            WHEN 'domain'::text THEN rtrim(lower(crm.import_cell(p_value)), '.'::text)
             WHEN 'id'::text THEN CASE
             WHEN (
-              btrim(
-                p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(btrim(p_value))
+              crm.import_cell(
+                p_value) ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'::text) THEN lower(crm.import_cell(p_value))
             ELSE NULL::text END
             ELSE NULL::text
        END;
@@ -6419,7 +6455,10 @@ AS $function$
   -- strpos, not a regular expression: a plain search is faster per cell.
   select case
     when value is null then ''
-    when left(value, 1) in ('=', '+', '-', '@', E'\t', E'\r') then
+    -- ltrim: a text that already looks guarded ('=...) gets one ' more, so the import, which takes one ' off
+    -- (crm.import_cell), reads every text back exactly.
+    when left(value, 1) in ('=', '+', '-', '@', E'\t', E'\r')
+      or (left(value, 1) = '''' and left(ltrim(value, ''''), 1) in ('=', '+', '-', '@', E'\t', E'\r')) then
       case
         when strpos(value, '"') > 0 or strpos(value, ',') > 0 or strpos(value, E'\n') > 0 or strpos(value, E'\r') > 0
           then '"''' || replace(value, '"', '""') || '"'
@@ -6432,7 +6471,8 @@ AS $function$
 $function$;
 comment on function crm.csv_text_cell(value text) is
   'One CSV text cell: a leading '' before =, +, -, @, a tab or a carriage return (a spreadsheet would run it as a '
-  'formula), then RFC 4180 quoting; null is empty.';
+  'formula) or before a text that already begins with '' and then one of those (so crm.import_cell reads it back '
+  'exactly), then RFC 4180 quoting; null is empty.';
 grant execute on function crm.csv_text_cell(value text) to crm_api;
 
 -- =================================================================================================

@@ -216,6 +216,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'complete_import',
           'prune_imports',
           'import_rows',
+          'import_cell',
+          'import_json_object',
           'import_key',
           'mark_import_repeats',
           'clear_import_rows',

@@ -5,7 +5,9 @@ import { sql } from '../db/pool.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
 
-const FORMULA_START = /^[=+\-@\t\r]/
+// A text that already begins with ' (any number) before one of those gets one ' more, so an import
+// (which takes one ' off, crm.import_cell) reads every text back exactly.
+const FORMULA_START = /^'*[=+\-@\t\r]/
 
 /** A text cell in SQL: crm.csv_text_cell, the formula guard and RFC 4180 quoting in one inlinable function. */
 export function csvTextCellSql(value: Fragment): Fragment {

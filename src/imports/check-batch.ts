@@ -24,7 +24,7 @@ const TYPE_MESSAGE: Partial<Record<FieldSpec['kind'], string>> = {
   date: 'must be a date (YYYY-MM-DD)',
 }
 
-const cell = (index: number) => sql.fragment`nullif(btrim(r.cells[${index}::int]), '')`
+const cell = (index: number) => sql.fragment`crm.import_cell(r.cells[${index}::int])`
 
 /** Reports, with one statement, every typed row `where` selects. */
 function reportRows(db: Queryable, field: string | null, message: FragmentSqlToken, where: FragmentSqlToken) {
@@ -36,13 +36,17 @@ function reportRows(db: Queryable, field: string | null, message: FragmentSqlTok
 
 const StagedSummary = rowType(Type.Object({ rows: Type.Integer(), last_row: Type.Integer() }))
 
-/** pg_temp.import_stage: the batch's rows of crm.import_rows, each mapped cell trimmed, empty → null. */
+/** pg_temp.import_stage: the batch's rows of crm.import_rows, each mapped cell read by crm.import_cell (trimmed, empty → null, the export's formula guard taken off). */
 export async function stageRows(db: Queryable, batch: BatchMapping, afterRow: number, limit: number) {
   const { fields, custom, companyName } = batch
-  const customObject =
+  const keyedObject =
     custom.length === 0
       ? sql.fragment`'{}'::jsonb`
       : sql.fragment`jsonb_build_object(${commaList(custom.map((mapped) => sql.fragment`${mapped.key}::text, ${cell(mapped.index)}`))})`
+  // The whole-object column first, so a custom_fields.<key> column of the same file wins.
+  const customObject = batch.customObject
+    ? sql.fragment`coalesce(crm.import_json_object(${cell(batch.customObject.index)}), '{}'::jsonb) || ${keyedObject}`
+    : keyedObject
   await execute(
     db,
     sql.fragment`
@@ -52,6 +56,7 @@ export async function stageRows(db: Queryable, batch: BatchMapping, afterRow: nu
              ...fields.map((mapped) => sql.fragment`${cell(mapped.index)} as ${ident(mapped.field.name)}`),
              sql.fragment`${customObject} as custom_new`,
              sql.fragment`${companyName ? cell(companyName.index) : sql.fragment`null::text`} as company_name`,
+             sql.fragment`${batch.customObject ? cell(batch.customObject.index) : sql.fragment`null::text`} as custom_object`,
            ])}
       from crm.import_rows r
      where r.workspace_id = ${workspace} and r.import_id = ${batch.plan.importId} and r.row > ${afterRow}
@@ -173,6 +178,15 @@ export async function checkRowRules(db: Queryable, batch: BatchMapping): Promise
       insert into import_problems (row, field, message)
       select s.row, ${field.name}::text, ${message} from import_stage s join import_typed t on t.row = s.row
        where s.${name} is not null and t.${name} is null`,
+    )
+  }
+  if (batch.customObject) {
+    await execute(
+      db,
+      sql.fragment`
+      insert into import_problems (row, field, message)
+      select s.row, 'custom_fields', 'custom_fields must be a JSON object, such as {"tier": "gold"}' from import_stage s
+       where s.custom_object is not null and crm.import_json_object(s.custom_object) is null`,
     )
   }
   if (batch.companyName) {

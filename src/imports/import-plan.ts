@@ -57,6 +57,8 @@ export type BatchMapping = {
   type: RecordType
   fields: MappedField[]
   custom: MappedCustomField[]
+  /** The column holding custom fields as one JSON object (an export's custom_fields column). */
+  customObject: MappedCell | null
   companyName: MappedCell | null
   keyField: string | null
   /** Every column of the target table a typed row carries. */
@@ -71,12 +73,14 @@ export function batchMappingOf(plan: ImportPlan): BatchMapping {
   const fields: MappedField[] = []
   const custom: MappedCustomField[] = []
   let companyName: MappedCell | null = null
+  let customObject: MappedCell | null = null
   for (const [column, target] of Object.entries(plan.mapping)) {
     if (target === null || target === undefined) continue
     const index = plan.columns.indexOf(column) + 1 // PostgreSQL arrays count from 1
     if (index === 0) continue
     if (target.startsWith(CUSTOM_FIELD_PREFIX)) custom.push({ key: target.slice(CUSTOM_FIELD_PREFIX.length), column, index })
     else if (target === 'company_name') companyName = { column, index }
+    else if (target === 'custom_fields') customObject = { column, index }
     else {
       const field = type.byName.get(target)
       if (field) fields.push({ field, column, index })
@@ -84,13 +88,14 @@ export function batchMappingOf(plan: ImportPlan): BatchMapping {
   }
   const mapped = new Set(fields.map((mapped) => mapped.field.name))
   const setColumns = [...mapped].filter((name) => name !== 'id')
-  if (custom.length > 0) setColumns.push('custom_fields')
+  if (custom.length > 0 || customObject) setColumns.push('custom_fields')
   if (companyName && !mapped.has('company_id')) setColumns.push('company_id')
   return {
     plan,
     type,
     fields,
     custom,
+    customObject,
     companyName,
     keyField: keyFieldOf(plan),
     allColumns: ['workspace_id', ...type.fields.map((field) => field.name)],

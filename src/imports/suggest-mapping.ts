@@ -18,9 +18,25 @@ import { UUID_PATTERN } from '../uuid.ts'
 export const IMPORT_TYPES = ['contacts', 'companies', 'deals'] as const
 export type ImportType = (typeof IMPORT_TYPES)[number]
 
-/** Fields a column may map to (besides `custom_fields.<key>`); company_name is a pseudo-field. */
+/**
+ * Fields a column may map to (besides `custom_fields.<key>`); company_name is a pseudo-field;
+ * custom_fields takes a JSON object (the export's column) merged into the record's custom fields.
+ */
 export const IMPORTABLE_FIELDS: Readonly<Record<ImportType, readonly string[]>> = {
-  contacts: ['first_name', 'last_name', 'email', 'phone', 'job_title', 'city', 'country', 'company_id', 'owner_id', 'id', 'company_name'],
+  contacts: [
+    'first_name',
+    'last_name',
+    'email',
+    'phone',
+    'job_title',
+    'city',
+    'country',
+    'company_id',
+    'owner_id',
+    'id',
+    'company_name',
+    'custom_fields',
+  ],
   companies: [
     'name',
     'domain',
@@ -34,8 +50,9 @@ export const IMPORTABLE_FIELDS: Readonly<Record<ImportType, readonly string[]>> 
     'description',
     'owner_id',
     'id',
+    'custom_fields',
   ],
-  deals: ['name', 'amount', 'currency', 'stage', 'close_date', 'company_id', 'owner_id', 'id', 'company_name'],
+  deals: ['name', 'amount', 'currency', 'stage', 'close_date', 'company_id', 'owner_id', 'id', 'company_name', 'custom_fields'],
 }
 
 export const CUSTOM_FIELD_PREFIX = 'custom_fields.'
@@ -54,6 +71,8 @@ const COMPANY_REFERENCE = [
 const PHONE = ['phone', 'phonenumber', 'telephone', 'telephonenumber', 'tel']
 const CITY = ['city', 'town']
 const COUNTRY = ['country', 'countryregion', 'countryname']
+/** The export's column of custom fields, one JSON object a row. */
+const CUSTOM_FIELDS = ['customfields']
 
 // Normalised header → field. Fields holding our UUIDs are not here: see UUID_FIELD_HEADERS.
 const HEADER_ALIASES: Record<ImportType, Record<string, readonly string[]>> = {
@@ -66,6 +85,7 @@ const HEADER_ALIASES: Record<ImportType, Record<string, readonly string[]>> = {
     city: CITY,
     country: COUNTRY,
     company_name: [...COMPANY_REFERENCE, 'employer'],
+    custom_fields: CUSTOM_FIELDS,
   },
   companies: {
     name: [...COMPANY_REFERENCE, 'name', 'businessname'],
@@ -78,6 +98,7 @@ const HEADER_ALIASES: Record<ImportType, Record<string, readonly string[]>> = {
     employee_count: ['numberofemployees', 'noofemployees', 'employees', 'employeecount', 'headcount'],
     annual_revenue: ['annualrevenue', 'revenue', 'yearlyrevenue'],
     description: ['description', 'companydescription', 'about'],
+    custom_fields: CUSTOM_FIELDS,
   },
   deals: {
     name: ['dealname', 'name', 'dealtitle', 'opportunityname', 'opportunity', 'deal'],
@@ -86,6 +107,7 @@ const HEADER_ALIASES: Record<ImportType, Record<string, readonly string[]>> = {
     stage: ['stage', 'dealstage', 'pipelinestage', 'opportunitystage'],
     close_date: ['closedate', 'expectedclosedate', 'closingdate', 'dealclosedate', 'dealexpectedclosedate'],
     company_name: [...COMPANY_REFERENCE, 'dealorganization'],
+    custom_fields: CUSTOM_FIELDS,
   },
 }
 
