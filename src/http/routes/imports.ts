@@ -6,13 +6,23 @@ import Type from 'typebox'
 import { writeScope } from '../../auth/scopes.ts'
 import { type DatabaseTransactionConnection, sql } from '../../db/pool.ts'
 import { GrantedRow, NullableString, rowType } from '../../db/typed-rows.ts'
-import { ForbiddenError, NotFoundError, PayloadTooLargeError, UnsupportedMediaTypeError, ValidationError } from '../../errors.ts'
+import {
+  ForbiddenError,
+  InvalidParameterError,
+  NotFoundError,
+  PayloadTooLargeError,
+  UnsupportedMediaTypeError,
+  ValidationError,
+} from '../../errors.ts'
 import { csvTextCell, csvTextCellSql } from '../../exports/csv-text-cell.ts'
 import { LineRow, streamLines } from '../../exports/stream-lines.ts'
 import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
 import { UploadError, uploadFromRequest, uploadKindOf } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
+import { decodeCursor, encodeCursor, limitOf, pageHeaders } from '../../paging.ts'
+import { parseQueryString } from '../../records/query-string.ts'
+import { page } from '../../records/schemas.ts'
 import { named } from '../../schema-names.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { CSV_BODY_LIMIT } from '../body.ts'
@@ -60,30 +70,36 @@ async function assertImportGrant(db: DatabaseTransactionConnection, type: Import
   if (!allowed) throw new ForbiddenError(`Your role does not allow importing ${type}`)
 }
 
-/** An import job as the API answers it (and the row readJob's query renders). */
+/** An import job's fields in a list of imports (and the row listJobs' query renders). */
+const IMPORT_SUMMARY_FIELDS = {
+  id: Type.String(),
+  status: Type.String(),
+  mode: NullableString,
+  match_on: NullableString,
+  dry_run: Type.Boolean(),
+  file_name: NullableString,
+  counts: Type.Object({
+    total: Type.Integer(),
+    created: Type.Integer(),
+    updated: Type.Integer(),
+    skipped: Type.Integer(),
+    failed: Type.Integer(),
+    companies_created: Type.Integer(),
+  }),
+  failure: NullableString,
+  failure_code: NullableString,
+  created_at: Type.String(),
+  started_at: NullableString,
+  finished_at: NullableString,
+}
+const ImportSummary = named('ImportSummary', Type.Object(IMPORT_SUMMARY_FIELDS))
+const ImportSummaryRow = rowType(ImportSummary)
+/** An import job as the API answers it (and the row readJob's query renders): its summary and the first errors. */
 const ImportJob = named(
   'ImportJob',
   Type.Object({
-    id: Type.String(),
-    status: Type.String(),
-    mode: NullableString,
-    match_on: NullableString,
-    dry_run: Type.Boolean(),
-    file_name: NullableString,
-    counts: Type.Object({
-      total: Type.Integer(),
-      created: Type.Integer(),
-      updated: Type.Integer(),
-      skipped: Type.Integer(),
-      failed: Type.Integer(),
-      companies_created: Type.Integer(),
-    }),
+    ...IMPORT_SUMMARY_FIELDS,
     errors: Type.Array(Type.Object({ row: Type.Integer(), column: NullableString, field: NullableString, message: Type.String() })),
-    failure: NullableString,
-    failure_code: NullableString,
-    created_at: Type.String(),
-    started_at: NullableString,
-    finished_at: NullableString,
   }),
 )
 const ImportJobRow = rowType(ImportJob)
@@ -110,17 +126,44 @@ const UploadToStartRow = rowType(
   }),
 )
 
+/** The summary columns of an import `i`: status, counts, times. */
+const SUMMARY_COLUMNS = sql.fragment`
+    i.id, i.status, i.mode, i.match_on, i.dry_run, i.file_name,
+    json_build_object('total', i.row_count, 'created', i.created, 'updated', i.updated, 'skipped', i.skipped,
+                      'failed', i.failed, 'companies_created', i.companies_created) as counts,
+    i.failure, i.failure_code, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at,
+    crm.api_time(i.finished_at) as finished_at`
+const IMPORTS_ORDER = '-id'
+const IMPORT_CURSOR = [{ kind: 'uuid', nullable: false }]
+
+/**
+ * The imports of a type, newest first, a page at a time: row-level security shows a member the imports
+ * they started and an admin every import of the workspace (imports_select_own_or_admin).
+ */
+async function listJobs(db: DatabaseTransactionConnection, type: ImportType, parameters: Map<string, string>) {
+  for (const name of parameters.keys()) {
+    if (name !== 'limit' && name !== 'cursor') throw new InvalidParameterError(`Unknown query parameter ${name}`)
+  }
+  const limit = limitOf(parameters.get('limit'))
+  const cursor = parameters.get('cursor')
+  const before = cursor === undefined ? null : decodeCursor(cursor, IMPORTS_ORDER, IMPORT_CURSOR).values[0]
+  const rows = await db.any(sql.type(ImportSummaryRow)`
+    select ${SUMMARY_COLUMNS} from crm.imports i
+     where i.workspace_id = (select crm.current_workspace_id()) and i.record_type = ${type}
+       ${before ? sql.fragment`and i.id < ${before}` : sql.fragment``}
+     order by i.id desc limit ${limit + 1}`)
+  const data = rows.slice(0, limit)
+  return { data, next_cursor: rows.length > limit ? encodeCursor(IMPORTS_ORDER, [data[data.length - 1].id]) : null }
+}
+
 /** The job as GET answers it: counts, the first 100 errors, times. */
 async function readJob(db: DatabaseTransactionConnection, type: ImportType, id: string) {
   const job = await db.maybeOne(sql.type(ImportJobRow)`
-    select i.id, i.status, i.mode, i.match_on, i.dry_run, i.file_name,
-           json_build_object('total', i.row_count, 'created', i.created, 'updated', i.updated, 'skipped', i.skipped,
-                             'failed', i.failed, 'companies_created', i.companies_created) as counts,
+    select ${SUMMARY_COLUMNS},
            coalesce((select json_agg(json_build_object('row', e.row, 'column', e.column_name, 'field', e.field, 'message', e.message) order by e.row, e.position)
                        from (select * from crm.import_errors e
                               where e.workspace_id = i.workspace_id and e.import_id = i.id
-                              order by e.row, e.position limit ${ERRORS_SHOWN}) e), '[]'::json) as errors,
-           i.failure, i.failure_code, crm.api_time(i.created_at) as created_at, crm.api_time(i.started_at) as started_at, crm.api_time(i.finished_at) as finished_at
+                              order by e.row, e.position limit ${ERRORS_SHOWN}) e), '[]'::json) as errors
       from crm.imports i
      where i.workspace_id = (select crm.current_workspace_id()) and i.id = ${id} and i.record_type = ${type}`)
   if (!job) throw new NotFoundError('No such import')
@@ -240,6 +283,25 @@ function routesFor(type: ImportType): RouteDefinition[] {
           sql.unsafe`select crm.queue_import(${id}, ${sql.jsonb(mapping)}, ${mode}, ${matchOn}, ${body.dry_run ?? false}, ${caller.tokenId})`,
         )
         return { status: 202, headers: { Location: `${base}/${id}` }, body: { data: await readJob(db, type, id) } }
+      },
+    },
+    {
+      method: 'GET',
+      path: base,
+      summary: `List the imports of ${type} the caller started (admins: every import of the workspace), newest first, paged`,
+      tag: type,
+      auth: 'required',
+      scope: writeScope({ path: type }),
+      response: page(ImportSummary),
+      queryParameters: {
+        limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
+        cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
+      },
+      errors: [400, 401],
+      handler: async ({ db, req }) => {
+        const parameters = parseQueryString(req.url)
+        const result = await listJobs(db, type, parameters)
+        return { body: result, headers: pageHeaders(base, parameters, result.next_cursor) }
       },
     },
     {

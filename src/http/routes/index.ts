@@ -24,6 +24,8 @@ export function allRoutes(): RouteDefinition[] {
   return [
     ...health,
     ...auth,
+    // Before the records: GET /api/{type}/import would otherwise be read as GET /api/{type}/{id}.
+    ...imports,
     ...records,
     ...recordsBatch,
     ...associations,
@@ -32,7 +34,6 @@ export function allRoutes(): RouteDefinition[] {
     ...dealStages,
     ...webhookSubscriptions,
     ...events,
-    ...imports,
     ...exports,
     ...workspaceAdministration,
     ...oauthApps,
