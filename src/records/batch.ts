@@ -141,7 +141,10 @@ export async function upsertAll(
           (
             await db.any(sql.type(MatchRow)`
               select v.value, t.id from unnest(${sql.array(values, 'text')}) as v(value)
-                join ${type.table} as t on t.${sql.identifier([field])} = lower(v.value)`)
+               -- Lateral: one index lookup per value, where a join would scan the table under its policies.
+               cross join lateral (
+                 select t.id from ${type.table} as t where t.${sql.identifier([field])} = lower(v.value)
+               ) as t`)
           ).map((row) => [row.value, row.id]),
         )
   // Two values that PostgreSQL lowers alike find the same record: one by one, as the single requests would.

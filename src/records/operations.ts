@@ -301,6 +301,11 @@ export async function updateRecords(
          set ${set}
         from jsonb_populate_recordset(null::${type.table}, ${sql.jsonb(rows as never)}) as v
        where t.id = v.id
+         -- The ids again as an array: the planner then finds the rows by primary key, not by a scan.
+         and t.id = any(${sql.array(
+           rows.map((row) => row.id as string),
+           'uuid',
+         )})
       returning t.id, ${recordText(db, type)} as record`)
     if (updated.length !== rows.length) throw new ForbiddenError(`Your role does not allow you to update every ${type.label} of the batch`)
     for (const row of updated) records.set(row.id, row.record)
