@@ -172,6 +172,33 @@ export async function upsertAll(
   return answers
 }
 
+/**
+ * Every input of an update at once (the optimistic pass of runBatch): one UPDATE per set of fields
+ * (updateRecords). An id that repeats in the batch runs the items one by one, since each must see
+ * the writes of the ones before it.
+ */
+export async function updateAll(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  inputs: readonly unknown[],
+  validate: Validate,
+): Promise<ItemAnswer[]> {
+  const items = inputs.map(objectInput)
+  const ids = items.map((item) => checkId(typeof item.id === 'string' ? item.id : undefined))
+  if (new Set(ids).size < ids.length) {
+    const answers: ItemAnswer[] = []
+    for (const input of inputs) answers.push(await runItem(db, type, 'update', input, { validate }))
+    return answers
+  }
+  const schemas = SCHEMAS[type.name]
+  const changes = items.map((item, index) => ({
+    id: ids[index],
+    body: validate(schemas.update, patchBody(item)),
+    ifMatch: ifMatchOf(item),
+  }))
+  return (await updateRecords(db, type, changes)).map((record) => ({ status: 200, record }))
+}
+
 /** Every input of a create at once, in one INSERT: the optimistic pass of runBatch. */
 export async function createAll(
   db: DatabaseTransactionConnection,

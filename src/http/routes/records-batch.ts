@@ -12,6 +12,7 @@ import {
   matchFieldsOf,
   runBatch,
   runItem,
+  updateAll,
   upsertAll,
 } from '../../records/batch.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
@@ -135,7 +136,9 @@ function batchRoute(type: RecordType, operation: BatchOperation): RouteDefinitio
                   ? (batch) => createAll(batch, type, list, options.validate)
                   : operation === 'upsert'
                     ? (batch) => upsertAll(batch, type, list, options)
-                    : undefined,
+                    : operation === 'update'
+                      ? (batch) => updateAll(batch, type, list, options.validate)
+                      : undefined,
             },
           ),
           headers: {},
