@@ -9,7 +9,7 @@ import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { NotFoundError, ValidationError } from '../errors.ts'
 import type { RecordType } from './fields.ts'
-import { checkId, createRecord, createRecords, deleteRecord, etagOf, readRecord, updateRecord } from './operations.ts'
+import { checkId, createRecord, createRecords, deleteRecord, etagOf, readRecord, updateRecord, updateRecords } from './operations.ts'
 import { SCHEMAS } from './schemas.ts'
 
 export const BATCH_LIMIT = 100
@@ -94,15 +94,109 @@ function objectInput(input: unknown): Record<string, unknown> {
 
 const IdRow = rowType(Type.Object({ id: Type.String() }))
 
-/** The visible record whose unique `field` equals the input's, or null: the policies decide what is visible. */
-async function matchedId(db: DatabaseTransactionConnection, type: RecordType, field: string, value: unknown): Promise<string | null> {
+/** The value an upsert item matches on: a string (422 without), an id checked as a path id is (404). */
+function matchValue(field: string, value: unknown): string {
   if (typeof value !== 'string') {
     throw new ValidationError(`${field} is required to match on it`, [
       { pointer: `/${field}`, code: 'required', message: `is required with match_on ${field}` },
     ])
   }
-  if (field === 'id') return checkId(value)
-  return db.maybeOneFirst(sql.type(IdRow)`select t.id from ${type.table} as t where t.${sql.identifier([field])} = lower(${value})`)
+  return field === 'id' ? checkId(value) : value
+}
+
+/** The visible record whose unique `field` equals the input's, or null: the policies decide what is visible. */
+async function matchedId(db: DatabaseTransactionConnection, type: RecordType, field: string, value: unknown): Promise<string | null> {
+  const matched = matchValue(field, value)
+  if (field === 'id') return matched
+  return db.maybeOneFirst(sql.type(IdRow)`select t.id from ${type.table} as t where t.${sql.identifier([field])} = lower(${matched})`)
+}
+
+const MatchRow = rowType(Type.Object({ value: Type.String(), id: Type.String() }))
+
+/**
+ * Every input of an upsert at once (the optimistic pass of runBatch): one lookup of all match
+ * values under the caller's policies, one INSERT for the new records (createRecords) and one
+ * UPDATE per set of fields for the matched ones (updateRecords). A value that repeats in the batch
+ * runs the items one by one, since each must see the writes of the ones before it.
+ */
+export async function upsertAll(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  inputs: readonly unknown[],
+  options: { matchOn?: string; validate: Validate },
+): Promise<ItemAnswer[]> {
+  const field = options.matchOn ?? 'id'
+  const items = inputs.map(objectInput)
+  const values = items.map((item) => matchValue(field, item[field]))
+  const oneByOne = async () => {
+    const answers: ItemAnswer[] = []
+    for (const input of inputs) answers.push(await runItem(db, type, 'upsert', input, options))
+    return answers
+  }
+  if (new Set(values.map((value) => value.toLowerCase())).size < values.length) return oneByOne()
+  const ids =
+    field === 'id'
+      ? new Map(values.map((value) => [value, value]))
+      : new Map(
+          (
+            await db.any(sql.type(MatchRow)`
+              select v.value, t.id from unnest(${sql.array(values, 'text')}) as v(value)
+               -- Lateral: one index lookup per value, where a join would scan the table under its policies.
+               cross join lateral (
+                 select t.id from ${type.table} as t where t.${sql.identifier([field])} = lower(v.value)
+               ) as t`)
+          ).map((row) => [row.value, row.id]),
+        )
+  // Two values that PostgreSQL lowers alike find the same record: one by one, as the single requests would.
+  if (new Set(ids.values()).size < ids.size) return oneByOne()
+  const schemas = SCHEMAS[type.name]
+  const created = values.flatMap((value, index) => (ids.has(value) ? [] : [index]))
+  const updated = values.flatMap((value, index) => (ids.has(value) ? [index] : []))
+  const createdRecords = await createRecords(
+    db,
+    type,
+    created.map((index) => options.validate(schemas.create, patchBody(items[index]))),
+  )
+  const updatedRecords = await updateRecords(
+    db,
+    type,
+    updated.map((index) => ({
+      id: ids.get(values[index]) as string,
+      body: options.validate(schemas.update, patchBody(items[index])),
+      ifMatch: ifMatchOf(items[index]),
+    })),
+  )
+  const answers: ItemAnswer[] = []
+  for (const [position, index] of created.entries()) answers[index] = { status: 201, record: createdRecords[position] }
+  for (const [position, index] of updated.entries()) answers[index] = { status: 200, record: updatedRecords[position] }
+  return answers
+}
+
+/**
+ * Every input of an update at once (the optimistic pass of runBatch): one UPDATE per set of fields
+ * (updateRecords). An id that repeats in the batch runs the items one by one, since each must see
+ * the writes of the ones before it.
+ */
+export async function updateAll(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  inputs: readonly unknown[],
+  validate: Validate,
+): Promise<ItemAnswer[]> {
+  const items = inputs.map(objectInput)
+  const ids = items.map((item) => checkId(typeof item.id === 'string' ? item.id : undefined))
+  if (new Set(ids).size < ids.length) {
+    const answers: ItemAnswer[] = []
+    for (const input of inputs) answers.push(await runItem(db, type, 'update', input, { validate }))
+    return answers
+  }
+  const schemas = SCHEMAS[type.name]
+  const changes = items.map((item, index) => ({
+    id: ids[index],
+    body: validate(schemas.update, patchBody(item)),
+    ifMatch: ifMatchOf(item),
+  }))
+  return (await updateRecords(db, type, changes)).map((record) => ({ status: 200, record }))
 }
 
 /** Every input of a create at once, in one INSERT: the optimistic pass of runBatch. */

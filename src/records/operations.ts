@@ -25,6 +25,7 @@ export type RecordJson = Record<string, unknown> & { id: string }
  * hash of it, so the same row gives the same tag whichever route rendered it.
  */
 const RecordRow = rowType(Type.Object({ record: Type.String() }))
+const IdRecordRow = rowType(Type.Object({ id: Type.String(), record: Type.String() }))
 
 /** A strong ETag over the record's JSON text: it changes exactly when the representation does (one-shot hash, no Hash object). */
 export function etagOf(recordText: string): string {
@@ -103,9 +104,9 @@ async function writeOne<T>(
   return refuseWrite(db, type, target.id, target.action)
 }
 
-/** The body's writable fields as column/value pairs; read-only fields are dropped. */
-export function assignments(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
-  const pairs: { column: Fragment; value: Fragment }[] = []
+/** The body's writable fields by name, with the values the columns take (checked and normalised); read-only fields are dropped. */
+export function writableValues(type: RecordType, body: Record<string, unknown>): { name: string; value: unknown; json: boolean }[] {
+  const values: { name: string; value: unknown; json: boolean }[] = []
   for (const [name, raw] of Object.entries(body)) {
     const field = type.byName.get(name)
     // Read-only fields are ignored when sent; the schema already refused unknown fields.
@@ -123,13 +124,17 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
       throw new ValidationError(`${name} must be a date`, [{ pointer: `/${name}`, code: 'format', message: 'must be a date (YYYY-MM-DD)' }])
     }
     if (field.kind === 'uuid' && typeof raw === 'string') value = raw.toLowerCase()
-    const fragment =
-      field.kind === 'json'
-        ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}`
-        : sql.fragment`${value as string | number | null}`
-    pairs.push({ column: sql.fragment`${sql.identifier([name])}`, value: fragment })
+    values.push({ name, value, json: field.kind === 'json' })
   }
-  return pairs
+  return values
+}
+
+/** The body's writable fields as column/value pairs; read-only fields are dropped. */
+export function assignments(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
+  return writableValues(type, body).map(({ name, value, json }) => ({
+    column: sql.fragment`${sql.identifier([name])}`,
+    value: json ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}` : sql.fragment`${value as string | number | null}`,
+  }))
 }
 
 /**
@@ -242,6 +247,70 @@ export async function updateRecord(
        where t.id = ${id} and ${gate}
       returning ${recordText(db, type)} as record`,
   )
+}
+
+/**
+ * Several updates of distinct records (a batch's optimistic pass), each sending what updateRecord
+ * would: one `UPDATE ... FROM` per set of fields changed, the new values typed by the table's own
+ * row type (jsonb_populate_recordset), answered in the order of the changes. A row the policies
+ * keep from the caller is skipped by the UPDATE: then a ForbiddenError fails them all, and the
+ * caller updates them one by one to tell which answer each gets. With `ifMatch`, the rows are
+ * locked first and a stale tag fails them all the same way.
+ */
+export async function updateRecords(
+  db: DatabaseTransactionConnection,
+  type: RecordType,
+  changes: { id: string; body: Record<string, unknown>; ifMatch?: string }[],
+): Promise<string[]> {
+  const guarded = changes.filter((change) => change.ifMatch !== undefined)
+  if (guarded.length > 0) {
+    const current = await db.any(sql.type(IdRecordRow)`
+      select t.id, ${recordText(db, type)} as record from ${type.table} as t
+       where t.id = any(${sql.array(
+         guarded.map((change) => change.id),
+         'uuid',
+       )})
+         for no key update`)
+    const etags = new Map(current.map((row) => [row.id, etagOf(row.record)]))
+    for (const change of guarded) {
+      const etag = etags.get(change.id)
+      if (etag === undefined || !ifMatchAccepts(change.ifMatch as string, etag)) throw new PreconditionFailedError()
+    }
+  }
+  const groups = new Map<string, { names: string[]; rows: Record<string, unknown>[] }>()
+  for (const change of changes) {
+    const values = writableValues(type, change.body)
+    const names = values.map((value) => value.name)
+    const key = names.join(',')
+    const group = groups.get(key) ?? { names, rows: [] }
+    group.rows.push(Object.fromEntries([['id', change.id], ...values.map((value) => [value.name, value.value])]))
+    groups.set(key, group)
+  }
+  const records = new Map<string, string>()
+  for (const { names, rows } of groups.values()) {
+    // Nothing to change: answer with the records as they are, if the caller may update them at all.
+    const set =
+      names.length === 0
+        ? sql.fragment`owner_id = t.owner_id`
+        : sql.join(
+            names.map((name) => sql.fragment`${sql.identifier([name])} = v.${sql.identifier([name])}`),
+            sql.fragment`, `,
+          )
+    const updated = await db.any(sql.type(IdRecordRow)`
+      update ${type.table} as t
+         set ${set}
+        from jsonb_populate_recordset(null::${type.table}, ${sql.jsonb(rows as never)}) as v
+       where t.id = v.id
+         -- The ids again as an array: the planner then finds the rows by primary key, not by a scan.
+         and t.id = any(${sql.array(
+           rows.map((row) => row.id as string),
+           'uuid',
+         )})
+      returning t.id, ${recordText(db, type)} as record`)
+    if (updated.length !== rows.length) throw new ForbiddenError(`Your role does not allow you to update every ${type.label} of the batch`)
+    for (const row of updated) records.set(row.id, row.record)
+  }
+  return changes.map((change) => records.get(change.id) as string)
 }
 
 export async function deleteRecord(db: DatabaseTransactionConnection, type: RecordType, id: string): Promise<void> {

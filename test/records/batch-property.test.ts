@@ -122,3 +122,52 @@ t.test('batch update answers what single PATCHes answer', async (t) => {
     { numRuns: 15 },
   )
 })
+
+/** An upsert on a contact's e-mail: of a contact that exists (ann's, bob's) or not, now and then refused. */
+const upsertChange = fc.record(
+  {
+    person: fc.integer({ min: 0, max: 3 }),
+    upper: fc.boolean(),
+    noEmail: fc.boolean(),
+    first_name: fc.oneof({ weight: 4, arbitrary: fc.string({ minLength: 1, maxLength: 3 }) }, fc.constant('x'.repeat(101))),
+    job_title: fc.string({ maxLength: 5 }),
+    if_match: fc.constantFrom('"stale"', '*'),
+  },
+  { requiredKeys: ['person', 'upper', 'noEmail'] },
+)
+
+t.test('batch upsert answers what the same upserts one at a time answer', async (t) => {
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(fc.constantFrom('none', 'ann', 'bob'), { minLength: 4, maxLength: 4 }),
+      fc.array(upsertChange, { minLength: 1, maxLength: 8 }),
+      async (owners, changes) => {
+        run += 1
+        const [a, b] = [`a${run}x`, `b${run}x`]
+        const emailOf = (prefix: string, person: number) => `person${person}@${prefix}.test`
+        const inputs = async (prefix: string) => {
+          for (const [person, owner] of owners.entries()) {
+            if (owner !== 'none')
+              await (owner === 'ann' ? ann : bob).post('/api/contacts', { first_name: 'x', email: emailOf(prefix, person) })
+          }
+          return changes.map(({ person, upper, noEmail, ...fields }) => {
+            const email = emailOf(prefix, person)
+            return noEmail ? fields : { ...fields, email: upper ? email.toUpperCase() : email }
+          })
+        }
+        const [inputsA, inputsB] = [await inputs(a), await inputs(b)]
+        const batch = await ann.post('/api/contacts/batch/upsert', { match_on: 'email', inputs: inputsA })
+        t.equal(batch.status, 200, batch.text)
+        const singles: Item[] = []
+        for (const input of inputsB) {
+          const single = await ann.post('/api/contacts/batch/upsert', { match_on: 'email', inputs: [input] })
+          singles.push(single.body.results[0])
+        }
+        const uncased = (items: Item[], prefix: string) =>
+          items.map((item) => comparable(JSON.parse(JSON.stringify(item).replaceAll(prefix.toUpperCase(), prefix)), prefix))
+        t.same(uncased(batch.body.results, a), uncased(singles, b))
+      },
+    ),
+    { numRuns: 15 },
+  )
+})

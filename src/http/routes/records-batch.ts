@@ -12,6 +12,8 @@ import {
   matchFieldsOf,
   runBatch,
   runItem,
+  updateAll,
+  upsertAll,
 } from '../../records/batch.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
@@ -129,7 +131,14 @@ function batchRoute(type: RecordType, operation: BatchOperation): RouteDefinitio
             problemOf,
             {
               fields: request.fields,
-              runAll: operation === 'create' ? (batch) => createAll(batch, type, list, options.validate) : undefined,
+              runAll:
+                operation === 'create'
+                  ? (batch) => createAll(batch, type, list, options.validate)
+                  : operation === 'upsert'
+                    ? (batch) => upsertAll(batch, type, list, options)
+                    : operation === 'update'
+                      ? (batch) => updateAll(batch, type, list, options.validate)
+                      : undefined,
             },
           ),
           headers: {},
