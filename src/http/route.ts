@@ -13,6 +13,7 @@ import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
 import type { BodyReceipts } from './upload-receipts.ts'
+import { fieldMessage } from './validation-messages.ts'
 import type { WorkspaceWork } from './workspace-slots.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
@@ -322,7 +323,10 @@ export function validateBody<T>(schema: TSchema, value: unknown): T {
       }
       continue
     }
-    errors.push({ pointer: error.instancePath || '/', code: error.keyword, message: error.message })
+    // One sentence per field, said from its schema: a union's branches each fail on their own.
+    const pointer = error.instancePath || '/'
+    if (errors.some((known) => known.pointer === pointer)) continue
+    errors.push({ pointer, code: error.keyword === 'anyOf' ? 'invalid' : error.keyword, message: fieldMessage(schema, error.instancePath) })
   }
   const first = errors[0]
   throw new ValidationError(first ? `${first.pointer.slice(1) || 'body'} ${first.message}` : 'The body is invalid', errors.slice(0, 50))

@@ -56,6 +56,16 @@ const PHONE_PATTERN = '^\\+?[ ().\\-/]*[0-9][0-9 ().\\-/]*( ?([xX]|[eE][xX][tT]\
 /** The host's first character, then anything but white space: equal to [^\\s/?#]+[^\\s]* without its ambiguity. */
 const WEBSITE_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]\\S*$'
 const KEY_PATTERN = '^[a-z][a-z0-9_]{0,62}$'
+const CURRENCY_PATTERN = '^[A-Z]{3}$'
+
+/** What a value of each pattern is, in words, for validation messages (docs/api.md section 2). */
+export const PATTERN_NAMES: Record<string, string> = {
+  [EMAIL_PATTERN]: 'an email address',
+  [DOMAIN_PATTERN]: 'a domain name such as example.com',
+  [PHONE_PATTERN]: 'a phone number such as +1 555 0100',
+  [KEY_PATTERN]: 'a key of lower-case letters, digits and _ (at most 63, starting with a letter)',
+  [CURRENCY_PATTERN]: 'a three-letter currency code such as USD',
+}
 
 type FieldOptions = Partial<Omit<FieldSpec, 'name' | 'kind'>>
 
@@ -155,7 +165,7 @@ export const DEAL = recordType(
       nullable: false,
       filledByDatabase: true,
       maxLength: 3,
-      pattern: '^[A-Z]{3}$',
+      pattern: CURRENCY_PATTERN,
       description: 'ISO 4217 code; default USD',
     }),
     field('stage', 'text', {
