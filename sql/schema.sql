@@ -5287,15 +5287,13 @@ grant execute on function crm.may_read_record_history(p_record_type text, p_work
   to crm_api;
 
 create view crm.record_history as
- SELECT workspace_id,
-    record_type,
-    record_id,
-    id,
-    occurred_at,
-    split_part(event, '.'::text, 2) AS action,
-    jsonb_build_object('user_id', actor -> 'id'::text, 'name', to_jsonb(( SELECT u.name
-           FROM crm.users u
-          WHERE u.id = ((e.actor ->> 'id'::text)::uuid))), 'via', actor -> 'via'::text) || jsonb_strip_nulls(jsonb_build_object('token_id', token_id, 'app_id', actor -> 'app_id'::text)) AS actor,
+ SELECT e.workspace_id,
+    e.record_type,
+    e.record_id,
+    e.id,
+    e.occurred_at,
+    split_part(e.event, '.'::text, 2) AS action,
+    jsonb_build_object('user_id', e.actor -> 'id'::text, 'name', to_jsonb(u.name), 'via', e.actor -> 'via'::text) || jsonb_strip_nulls(jsonb_build_object('token_id', e.token_id, 'app_id', e.actor -> 'app_id'::text)) AS actor,
     ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb) AS "coalesce"
            FROM ( SELECT
                         CASE
@@ -5329,7 +5327,8 @@ create view crm.record_history as
                     a.value
                    FROM jsonb_each(COALESCE(e.data -> 'associations_changed'::text, '{}'::jsonb)) a(key, value)) c) AS changes
    FROM crm.events e
-  WHERE workspace_id = (( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.may_read_record_history(record_type, workspace_id, record_id);
+     LEFT JOIN crm.users u ON u.id = ((e.actor ->> 'id'::text)::uuid)
+  WHERE e.workspace_id = (( SELECT crm.current_workspace_id() AS current_workspace_id)) AND crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id);
 comment on view crm.record_history is
   'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
   '{user_id, name, via, token_id?, app_id?} (the user''s current name); changes {field: {from, to}} with '

@@ -1398,7 +1398,7 @@ create view crm.record_history as
     e.occurred_at,
     split_part(e.event, '.'::text, 2) AS action,
     (jsonb_build_object('user_id', e.actor -> 'id'::text,
-                        'name', to_jsonb(( SELECT u.name FROM crm.users u WHERE (u.id = ((e.actor ->> 'id'::text))::uuid))),
+                        'name', to_jsonb(u.name),
                         'via', e.actor -> 'via'::text)
      || jsonb_strip_nulls(jsonb_build_object('token_id', e.token_id, 'app_id', e.actor -> 'app_id'::text))) AS actor,
     ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb)
@@ -1427,7 +1427,11 @@ create view crm.record_history as
                 UNION ALL
                  SELECT ('associations.'::text || a.key), a.value
                    FROM jsonb_each(COALESCE((e.data -> 'associations_changed'::text), '{}'::jsonb)) a(key, value)) c) AS changes
-   FROM crm.events e
+   FROM (crm.events e
+     -- A join, not a subquery, for the actor's name: with two relations in FROM, PostgreSQL 15 and
+     -- 18 print the view alike (with one, 18 leaves the columns unqualified), so sql/schema.sql
+     -- holds for both.
+     LEFT JOIN crm.users u ON ((u.id = ((e.actor ->> 'id'::text))::uuid)))
   WHERE ((e.workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
          AND crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id));
 comment on view crm.record_history is
