@@ -6,6 +6,7 @@
 //   node bench/exports.ts
 //   BENCH_EXPORT_DEALS=200000 node bench/exports.ts
 //   BENCH_LOG_LEVEL=info node bench/exports.ts      (the API's log lines in the output)
+//   BENCH_NODE_FLAGS=--max-semi-space-size=4 node bench/exports.ts   (V8 flags for the API process)
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
@@ -64,20 +65,24 @@ async function main(): Promise<void> {
     const loadSeconds = (performance.now() - loadStarted) / 1000
 
     const port = await freePort()
-    child = spawn(process.execPath, ['bin/crm.js', 'serve', '--no-worker'], {
-      cwd: ROOT,
-      env: {
-        ...process.env,
-        DATABASE_URL: database.url,
-        PORT: String(port),
-        HOST: '127.0.0.1',
-        APP_SECRET: BENCH_APP_SECRET,
-        LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'error',
-        RATE_LIMIT_PER_MINUTE: '1000000',
+    child = spawn(
+      process.execPath,
+      [...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean), 'bin/crm.js', 'serve', '--no-worker'],
+      {
+        cwd: ROOT,
+        env: {
+          ...process.env,
+          DATABASE_URL: database.url,
+          PORT: String(port),
+          HOST: '127.0.0.1',
+          APP_SECRET: BENCH_APP_SECRET,
+          LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'error',
+          RATE_LIMIT_PER_MINUTE: '1000000',
+        },
+        // The API's log (errors only, unless BENCH_LOG_LEVEL says more) shows in the bench's output.
+        stdio: ['ignore', 'inherit', 'inherit'],
       },
-      // The API's log (errors only, unless BENCH_LOG_LEVEL says more) shows in the bench's output.
-      stdio: ['ignore', 'inherit', 'inherit'],
-    })
+    )
     const base = `http://127.0.0.1:${port}`
     for (let waited = 0; ; waited += 100) {
       const ready = await fetch(`${base}/healthz`).then(
