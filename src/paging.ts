@@ -12,6 +12,27 @@ import { UUID_PATTERN } from './uuid.ts'
 export const DEFAULT_LIMIT = 50
 export const MAX_LIMIT = 200
 
+/** The `limit` and `cursor` query parameters of every paged list, as the OpenAPI document describes them. */
+export const PAGING_PARAMETERS = {
+  limit: {
+    description: `Page size, 1 to ${MAX_LIMIT} (default ${DEFAULT_LIMIT})`,
+    schema: { type: 'integer', minimum: 1, maximum: MAX_LIMIT, default: DEFAULT_LIMIT },
+  },
+  cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
+}
+
+/** A page of a list: its rows and the cursor of the next page (null on the last). */
+export type Page<T> = { data: T[]; next_cursor: string | null }
+
+/**
+ * The page of `rows`, fetched with `limit + 1` so that the extra row tells there is more: the first
+ * `limit` rows, and a cursor holding `key` of the last one under `order`.
+ */
+export function pageOf<T>(rows: readonly T[], limit: number, order: string, key: (row: T) => string): Page<T> {
+  const data = rows.slice(0, limit)
+  return { data, next_cursor: rows.length > limit ? encodeCursor(order, [key(data[data.length - 1])]) : null }
+}
+
 /** The `limit` parameter: a whole number from 1 to `max`; absent or empty means `fallback`. */
 export function limitOf(value: string | undefined, fallback = DEFAULT_LIMIT, max = MAX_LIMIT): number {
   if (value === undefined || value === '') return fallback

@@ -10,7 +10,7 @@ import { csvTextCellSql } from '../exports/csv-text-cell.ts'
 import type { ExportFormat } from '../exports/export-query.ts'
 import { LineRow, type LinesQuery } from '../exports/stream-lines.ts'
 import { type Actor, requireAdmin } from '../members/admin-only.ts'
-import { decodeCursor, encodeCursor, limitOf } from '../paging.ts'
+import { decodeCursor, limitOf, pageOf } from '../paging.ts'
 import { UUID_PATTERN, Uuid } from '../uuid.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -115,9 +115,7 @@ export async function listAuditLog(
     select ${ENTRY_JSON} as entry from ${FROM}
      where ${sql.join(conditions, sql.fragment` and `)}
      order by l.seq desc limit ${limit + 1}`)
-  const data = rows.slice(0, limit)
-  const last = data.at(-1)
-  return { data, next_cursor: rows.length > limit && last ? encodeCursor(LIST_ORDER, [String(last.seq)]) : null }
+  return pageOf(rows, limit, LIST_ORDER, (entry) => String(entry.seq))
 }
 
 const VerdictRow = rowType(Type.Object({ intact: Type.Boolean(), entries: Type.Integer(), first_bad_id: nullable(Type.String()) }))

@@ -7,7 +7,7 @@ import Type from 'typebox'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { InvalidParameterError, NotFoundError } from '../errors.ts'
-import { type CursorColumn, decodeCursor, encodeCursor, limitOf } from '../paging.ts'
+import { type CursorColumn, decodeCursor, limitOf, pageOf } from '../paging.ts'
 import { Uuid } from '../uuid.ts'
 import type { RecordType } from './fields.ts'
 import { nullable, page, Time } from './schemas.ts'
@@ -15,11 +15,6 @@ import { nullable, page, Time } from './schemas.ts'
 const HISTORY_ORDER = '-id'
 const ID_CURSOR: CursorColumn[] = [{ kind: 'uuid', nullable: false }]
 const PARAMETERS = ['limit', 'cursor']
-
-export const HISTORY_PARAMETERS = {
-  limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
-  cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
-}
 
 const FieldChange = Type.Object({ from: Type.Unknown(), to: Type.Unknown() }, { description: 'A field: its old and new value' })
 const AssociationChange = Type.Object(
@@ -81,7 +76,5 @@ export async function readHistory(
                                 ${before === null ? sql.fragment`` : sql.fragment`and h.id < ${before}::uuid`}
                               order by h.id desc limit ${limit + 1}) p)::text, '[]') as entries`)
   if (!row.visible) throw new NotFoundError(`No such ${type.label}`)
-  const entries = JSON.parse(row.entries) as HistoryEntry[]
-  const data = entries.slice(0, limit)
-  return { data, next_cursor: entries.length > limit ? encodeCursor(HISTORY_ORDER, [data[data.length - 1].id]) : null }
+  return pageOf(JSON.parse(row.entries) as HistoryEntry[], limit, HISTORY_ORDER, (entry) => entry.id)
 }

@@ -9,7 +9,7 @@ import type { Config } from '../config.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { InvalidParameterError, NotFoundError, ValidationError } from '../errors.ts'
-import { decodeCursor, encodeCursor, limitOf } from '../paging.ts'
+import { decodeCursor, limitOf, type Page, pageOf } from '../paging.ts'
 import { UUID_PATTERN } from '../uuid.ts'
 import { type AddressPolicy, checkWebhookUrl } from './address-guard.ts'
 import { deliveryBody } from './delivery-body.ts'
@@ -20,7 +20,6 @@ import { DEFAULT_TEST_EVENT, DELIVERY_STATUSES, Delivery, EVENT_NAME, RECOVERY_D
 
 export type SubscriptionJson = Static<typeof Subscription>
 export type DeliveryJson = Static<typeof Delivery>
-export type Page<T> = { data: T[]; next_cursor: string | null }
 
 const SubscriptionRow = rowType(Type.Object({ subscription: Subscription }))
 const DeliveryRow = rowType(Delivery)
@@ -166,11 +165,6 @@ export async function rotateSecret(
   const { expires_at } = await db.one(sql.type(ExpiryRow)`
     select crm.rotate_webhook_secret(${id}, ${sql.binary(sealed)}, ${secret.slice(-4)}, ${graceSeconds}) as expires_at`)
   return { id, secret, previous_secret_expires_at: expires_at }
-}
-
-function pageOf<T>(rows: readonly T[], limit: number, order: string, key: (row: T) => string): Page<T> {
-  const data = rows.slice(0, limit)
-  return { data, next_cursor: rows.length > limit ? encodeCursor(order, [key(data[data.length - 1])]) : null }
 }
 
 /** The workspace's subscriptions, oldest first, a page at a time (`limit`, `cursor`). */

@@ -11,7 +11,7 @@ import {
   verifyAuditLog,
 } from '../../audit/audit-log.ts'
 import { streamExport } from '../../exports/stream-export.ts'
-import { pageHeaders } from '../../paging.ts'
+import { PAGING_PARAMETERS, pageHeaders } from '../../paging.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import { defineRoutes } from '../route.ts'
 
@@ -57,8 +57,7 @@ export default defineRoutes(
           { description: FILTER_DESCRIPTIONS[name], schema: { type: 'string', ...(name.endsWith('_id') ? { format: 'uuid' } : {}) } },
         ]),
       ),
-      limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
-      cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
+      ...PAGING_PARAMETERS,
     },
     errors: [400, 401, 403],
     handler: async ({ db, req, caller }) => {

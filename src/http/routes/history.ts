@@ -1,8 +1,8 @@
 // GET /api/{type}/{id}/history: a record's changes, newest first (docs/api.md section 5b).
 import { readScope } from '../../auth/scopes.ts'
-import { pageHeaders } from '../../paging.ts'
+import { PAGING_PARAMETERS, pageHeaders } from '../../paging.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
-import { HISTORY_PARAMETERS, historyPageSchema, readHistory } from '../../records/history.ts'
+import { historyPageSchema, readHistory } from '../../records/history.ts'
 import { checkId } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import type { RouteDefinition } from '../route.ts'
@@ -18,7 +18,7 @@ function routeFor(type: RecordType): RouteDefinition {
     auth: 'required',
     scope: readScope(type),
     response: historyPageSchema,
-    queryParameters: HISTORY_PARAMETERS,
+    queryParameters: PAGING_PARAMETERS,
     errors: [400, 401, 404],
     example: {
       response: {

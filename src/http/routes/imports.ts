@@ -20,7 +20,7 @@ import { CsvFileError, inspectCsvAsync } from '../../imports/csv-file.ts'
 import { keyFieldOf, matchOnAllowed } from '../../imports/import-plan.ts'
 import { UploadError, uploadFromRequest, uploadKindOf } from '../../imports/multipart.ts'
 import { IMPORT_TYPES, type ImportType, suggestMapping, validateMapping } from '../../imports/suggest-mapping.ts'
-import { decodeCursor, encodeCursor, limitOf, pageHeaders } from '../../paging.ts'
+import { decodeCursor, limitOf, PAGING_PARAMETERS, pageHeaders, pageOf } from '../../paging.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import { page } from '../../records/schemas.ts'
 import { named } from '../../schema-names.ts'
@@ -152,8 +152,7 @@ async function listJobs(db: DatabaseTransactionConnection, type: ImportType, par
      where i.workspace_id = (select crm.current_workspace_id()) and i.record_type = ${type}
        ${before ? sql.fragment`and i.id < ${before}` : sql.fragment``}
      order by i.id desc limit ${limit + 1}`)
-  const data = rows.slice(0, limit)
-  return { data, next_cursor: rows.length > limit ? encodeCursor(IMPORTS_ORDER, [data[data.length - 1].id]) : null }
+  return pageOf(rows, limit, IMPORTS_ORDER, (job) => job.id)
 }
 
 /** The job as GET answers it: counts, the first 100 errors, times. */
@@ -293,10 +292,7 @@ function routesFor(type: ImportType): RouteDefinition[] {
       auth: 'required',
       scope: writeScope({ path: type }),
       response: page(ImportSummary),
-      queryParameters: {
-        limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
-        cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
-      },
+      queryParameters: PAGING_PARAMETERS,
       errors: [400, 401],
       handler: async ({ db, req }) => {
         const parameters = parseQueryString(req.url)

@@ -3,7 +3,7 @@
 import type { IncomingMessage } from 'node:http'
 import { readScope, writeScope } from '../../auth/scopes.ts'
 import { NotFoundError } from '../../errors.ts'
-import { pageHeaders } from '../../paging.ts'
+import { PAGING_PARAMETERS, pageHeaders } from '../../paging.ts'
 import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { idempotencyKeyOf, withIdempotency } from '../../records/idempotency.ts'
 import { parseListRequest } from '../../records/list-parameters.ts'
@@ -15,8 +15,7 @@ import { searchPart } from '../../records/search.ts'
 import { JsonText, type RouteDefinition } from '../route.ts'
 
 const LIST_PARAMETERS = {
-  limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
-  cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
+  ...PAGING_PARAMETERS,
   sort: {
     description: 'Comma-separated fields, - for descending (e.g. -amount,name); id is always the last tie-breaker; default created_at,id',
     schema: { type: 'string' },

@@ -1,6 +1,6 @@
 // /api/webhook-subscriptions (docs/api.md section 7): the routes. What they do is in
 // src/webhooks/subscriptions.ts, their shapes in src/webhooks/subscription-schemas.ts.
-import { pageHeaders } from '../../paging.ts'
+import { PAGING_PARAMETERS, pageHeaders } from '../../paging.ts'
 import { parseQueryString } from '../../records/query-string.ts'
 import {
   CreateBody,
@@ -38,10 +38,6 @@ import { defineRoutes, patchAndPut } from '../route.ts'
 
 const BASE = '/api/webhook-subscriptions'
 const TAG = 'webhooks'
-const PAGING = {
-  limit: { description: 'Page size, 1 to 200 (default 50)', schema: { type: 'integer', minimum: 1, maximum: 200, default: 50 } },
-  cursor: { description: 'The next_cursor of the previous page (opaque)', schema: { type: 'string' } },
-}
 
 export default defineRoutes(
   {
@@ -72,7 +68,7 @@ export default defineRoutes(
     auth: 'required',
     scope: 'webhooks:manage',
     response: page(Subscription),
-    queryParameters: PAGING,
+    queryParameters: PAGING_PARAMETERS,
     errors: [400, 401, 402, 403],
     example: { response: { data: [EXAMPLE], next_cursor: null } },
     handler: async ({ db, req }) => {
@@ -172,7 +168,7 @@ export default defineRoutes(
     queryParameters: {
       status: { description: 'Only deliveries in this status', schema: { type: 'string', enum: DELIVERY_STATUSES } },
       event: { description: 'Only deliveries of this event name (e.g. deal.updated)', schema: { type: 'string' } },
-      ...PAGING,
+      ...PAGING_PARAMETERS,
     },
     errors: [400, 401, 402, 403, 404],
     handler: async ({ db, req, params }) => {
