@@ -109,6 +109,9 @@ export function createStatementPool(
     // limits are that role's settings (src/db/runtime-role.ts).
     connectionString: url,
     max: options.maxPoolSize,
+    // One connection outlives the 10 s idle timeout: the first read after a quiet spell (a long
+    // poll's wake, above all) would otherwise pay a new connection, 85-129 ms on a busy machine.
+    min: 1,
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 5000,
     types,
   })
