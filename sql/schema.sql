@@ -3507,6 +3507,8 @@ AS $function$
 begin
   if new.stage is null then
     select s.key into new.stage from crm.deal_stages s where s.workspace_id = new.workspace_id order by s.position limit 1;
+  elsif tg_op = 'INSERT' or new.stage is distinct from old.stage then
+    perform crm.known_deal_stage(new.workspace_id, new.stage);
   end if;
   if tg_op = 'INSERT' then
     new.stage_changed_at := now();
@@ -3522,8 +3524,9 @@ begin
 end
 $function$;
 comment on function crm.tg_deals__before_write() is
-  'Defaults the stage to the workspace''s first; keeps stage_changed_at; records updated_by when something changed '
-  '(the company check is tg__assert_company_visible, per statement).';
+  'Defaults the stage to the workspace''s first and refuses one it does not have (crm.known_deal_stage); keeps '
+  'stage_changed_at; records updated_by when something changed (the company check is tg__assert_company_visible, per '
+  'statement).';
 grant execute on function crm.tg_deals__before_write() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_deals__write_events()
@@ -3639,6 +3642,29 @@ create policy deal_stages_select_member on crm.deal_stages as permissive for sel
   using ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)));
 comment on policy deal_stages_select_member on crm.deal_stages is 'Every member of a workspace sees its pipeline.';
 grant select on crm.deal_stages to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.known_deal_stage(p_workspace_id uuid, p_stage text)
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  if p_stage is null or exists (select from crm.deal_stages s where s.workspace_id = p_workspace_id and s.key = p_stage) then
+    return p_stage;
+  end if;
+  -- The foreign key refuses it too, but its message cannot name the stages the caller may use.
+  raise exception using
+    errcode = 'CR422',
+    message = format('stage must be one of %s',
+      (select string_agg(s.key, ', ' order by s.position) from crm.deal_stages s where s.workspace_id = p_workspace_id)),
+    detail = '/stage';
+end
+$function$;
+comment on function crm.known_deal_stage(p_workspace_id uuid, p_stage text) is
+  'The stage when the workspace has it (or null); else 422 "stage must be one of <its stages>" at /stage. Called by '
+  'tg_deals__before_write and by the API''s inserts, which that trigger skips when a stage is given.';
+grant execute on function crm.known_deal_stage(p_workspace_id uuid, p_stage text) to crm_api;
 
 create table crm.associations (
   workspace_id uuid default crm.current_workspace_id() not null,

@@ -1,7 +1,8 @@
 // The CRM API's client as a package: no dependency beyond Node 20's fetch and crypto, compiled to
 // JavaScript and .d.ts (tsconfig.build.json). Resources per record type, pages and an async
-// iterator over every page, problem details as CrmApiError, retries of 429, 503 and network
-// errors with the same Idempotency-Key, a timeout, and webhook verification (webhooks.ts).
+// iterator over every page, batch calls, the events feed followed by long polling, problem details
+// as CrmApiError, retries of 429, 503 and network errors with the same Idempotency-Key, a timeout,
+// and webhook verification (webhooks.ts).
 import type { components } from './schema.ts'
 
 export { verifyWebhook, WebhookVerificationError } from './webhooks.ts'
@@ -87,7 +88,46 @@ export type Filter<R> = { [F in keyof R]?: R[F] | string | null | Operators<NonN
 export type SortField<R> = Extract<keyof R, string> | `-${Extract<keyof R, string>}`
 export type ListOptions<R> = { filter?: Filter<R>; sort?: SortField<R> | SortField<R>[]; limit?: number; cursor?: string }
 export type Page<T> = { data: T[]; next_cursor: string | null }
-export type CallOptions = { idempotencyKey?: string; ifMatch?: string; signal?: AbortSignal }
+export type CallOptions = {
+  idempotencyKey?: string
+  ifMatch?: string
+  signal?: AbortSignal
+  /** This call's limit per attempt in milliseconds, instead of the client's timeoutMs. */
+  timeoutMs?: number
+}
+
+/**
+ * One input's result (docs/api.md section 5a), in input order: narrow on `status` for `data`
+ * (`200`, `201`; each its own member, so `status === 200 || status === 201` narrows) or `problem` (what the single route would answer; `424` for the items of a failed
+ * atomic batch that did not fail themselves).
+ */
+export type BatchItem<R> =
+  | { index: number; status: 200; data: R; etag?: string }
+  | { index: number; status: 201; data: R; etag?: string }
+  | { index: number; status: 204 }
+  | { index: number; status: 403 | 404 | 409 | 412 | 422 | 424; problem: Problem }
+export type BatchResult<R> = { results: BatchItem<R>[]; counts: { succeeded: number; failed: number } }
+/** Every batch route but read: `atomic: true` writes all or nothing (else 422 batch_failed, thrown). */
+type BatchWrite = { atomic?: boolean }
+
+/** `crm.contacts.batch` and the like: at most 100 inputs a call, one request, one transaction. */
+export type BatchResource<R, C, U, M extends string> = {
+  create(body: { inputs: C[] } & BatchWrite, options?: CallOptions): Promise<BatchResult<R>>
+  /** `fields` keeps those (and `id`) in each item's data, typed so. */
+  read<F extends Extract<keyof R, string> = Extract<keyof R, string>>(
+    body: { ids: string[]; fields?: F[] },
+    options?: CallOptions,
+  ): Promise<BatchResult<Pick<R, Extract<F | 'id', keyof R>>>>
+  update(body: { inputs: (U & { id: string; if_match?: string })[] } & BatchWrite, options?: CallOptions): Promise<BatchResult<R>>
+  /** An update where a visible record has the `match_on` value (default `id`), else a create. */
+  upsert(body: { inputs: (C & { id?: string })[]; match_on?: M } & BatchWrite, options?: CallOptions): Promise<BatchResult<R>>
+  delete(body: { ids: string[] } & BatchWrite, options?: CallOptions): Promise<BatchResult<never>>
+}
+
+export type EventPattern = EventName | `${string}.*` | '*'
+export type EventsListOptions = { after?: string; types?: EventPattern[]; limit?: number; wait?: number }
+/** The events, one at a time, long-polling for more; `cursor`, read after handling an event, resumes after it. */
+export type EventStream = AsyncGenerator<WebhookEvent, void, undefined> & { readonly cursor: string | undefined }
 
 export type ClientOptions = {
   /** The service's origin, e.g. https://crm.example.com. */
@@ -105,7 +145,7 @@ export type ClientOptions = {
   fetch?: typeof fetch
 }
 
-export type RecordResource<R, C, U> = {
+export type RecordResource<R, C, U, M extends string = 'id'> = {
   create(body: C, options?: CallOptions): Promise<R>
   get(id: string, options?: CallOptions): Promise<R>
   update(id: string, body: U, options?: CallOptions): Promise<R>
@@ -113,11 +153,12 @@ export type RecordResource<R, C, U> = {
   list(options?: ListOptions<R>): Promise<Page<R>>
   all(options?: Omit<ListOptions<R>, 'cursor'>): AsyncGenerator<R, void, undefined>
   search(q: string, options?: { limit?: number; cursor?: string }): Promise<Page<R>>
+  batch: BatchResource<R, C, U, M>
 }
 
 export type CrmClient = {
-  contacts: RecordResource<Contact, ContactCreate, ContactUpdate>
-  companies: RecordResource<Company, CompanyCreate, CompanyUpdate>
+  contacts: RecordResource<Contact, ContactCreate, ContactUpdate, 'id' | 'email'>
+  companies: RecordResource<Company, CompanyCreate, CompanyUpdate, 'id' | 'domain'>
   deals: RecordResource<Deal, DealCreate, DealUpdate>
   webhookSubscriptions: {
     create(body: WebhookSubscriptionCreate): Promise<WebhookSubscription & { secret: string }>
@@ -129,7 +170,13 @@ export type CrmClient = {
   }
   events: {
     /** One page of the events feed (docs/api.md section 8a); pass next_cursor back as `after`. */
-    list(options?: { after?: string; types?: (EventName | `${string}.*`)[]; limit?: number; wait?: number }): Promise<Page<WebhookEvent>>
+    list(options?: EventsListOptions, call?: Pick<CallOptions, 'signal'>): Promise<Page<WebhookEvent> & { next_cursor: string }>
+    /**
+     * Every event from `after` (or the oldest kept) on, then each new one as it commits: long polls
+     * with `wait` (default 25 seconds) and never ends by itself; `break` or `signal` stops it. A
+     * `410 cursor_expired` is thrown.
+     */
+    follow(options?: Omit<EventsListOptions, 'wait'> & { wait?: number; signal?: AbortSignal }): EventStream
   }
   /** Any route: the parsed JSON answer. */
   request<T>(method: string, path: string, options?: { query?: Record<string, unknown>; body?: unknown } & CallOptions): Promise<T>
@@ -174,7 +221,8 @@ export function createClient(options: ClientOptions): CrmClient {
     const url = `${base}${path}${queryString(call.query ?? {})}`
     for (let attempt = 0; ; attempt++) {
       let response: Response
-      const signal = call.signal ? AbortSignal.any([call.signal, AbortSignal.timeout(timeoutMs)]) : AbortSignal.timeout(timeoutMs)
+      const limit = AbortSignal.timeout(call.timeoutMs ?? timeoutMs)
+      const signal = call.signal ? AbortSignal.any([call.signal, limit]) : limit
       try {
         response = await send(url, { method, headers, body: call.body === undefined ? undefined : JSON.stringify(call.body), signal })
       } catch (error) {
@@ -208,14 +256,22 @@ export function createClient(options: ClientOptions): CrmClient {
     }
   }
 
-  function records<R, C, U>(path: string): RecordResource<R, C, U> {
+  function batch<R, C, U, M extends string>(path: string): BatchResource<R, C, U, M> {
+    const call =
+      (operation: string) =>
+      (body: unknown, options?: CallOptions): Promise<never> =>
+        request('POST', `${path}/batch/${operation}`, { ...options, body })
+    return { create: call('create'), read: call('read'), update: call('update'), upsert: call('upsert'), delete: call('delete') }
+  }
+
+  function records<R, C, U, M extends string = 'id'>(path: string): RecordResource<R, C, U, M> {
     const listQuery = (list: ListOptions<R> = {}) => ({
       filter: list.filter,
       sort: Array.isArray(list.sort) ? list.sort.join(',') : list.sort,
       limit: list.limit,
       cursor: list.cursor,
     })
-    const resource: RecordResource<R, C, U> = {
+    const resource: RecordResource<R, C, U, M> = {
       create: async (body, call) => (await request<{ data: R }>('POST', path, { ...call, body })).data,
       get: async (id, call) => (await request<{ data: R }>('GET', `${path}/${encodeURIComponent(id)}`, call)).data,
       update: async (id, body, call) => (await request<{ data: R }>('PATCH', `${path}/${encodeURIComponent(id)}`, { ...call, body })).data,
@@ -232,14 +288,42 @@ export function createClient(options: ClientOptions): CrmClient {
         } while (cursor !== undefined)
       },
       search: (q, search = {}) => request<Page<R>>('GET', `${path}/search`, { query: { q, ...search } }),
+      batch: batch<R, C, U, M>(path),
     }
     return resource
   }
 
+  const listEvents: CrmClient['events']['list'] = (feed = {}, call = {}) =>
+    // A long poll may hold the answer `wait` seconds: the attempt's limit covers it.
+    request('GET', '/api/events', { query: feed, signal: call.signal, timeoutMs: timeoutMs + (feed.wait ?? 0) * 1000 })
+
+  function followEvents({ signal, wait = 25, ...feed }: Parameters<CrmClient['events']['follow']>[0] = {}): EventStream {
+    let cursor = feed.after
+    async function* events(): AsyncGenerator<WebhookEvent, void, undefined> {
+      while (!signal?.aborted) {
+        let page: Page<WebhookEvent> & { next_cursor: string }
+        try {
+          page = await listEvents({ ...feed, after: cursor, wait }, { signal })
+        } catch (error) {
+          if (signal?.aborted) return
+          throw error
+        }
+        // The page's cursor from its last event on: read after handling an event, it resumes after
+        // that event (after one earlier in the page, it repeats the page's rest: at least once).
+        if (page.data.length === 0) cursor = page.next_cursor
+        for (const [index, event] of page.data.entries()) {
+          if (index === page.data.length - 1) cursor = page.next_cursor
+          yield event
+        }
+      }
+    }
+    return Object.defineProperty(events(), 'cursor', { get: () => cursor }) as EventStream
+  }
+
   const subscriptions = '/api/webhook-subscriptions'
   return {
-    contacts: records<Contact, ContactCreate, ContactUpdate>('/api/contacts'),
-    companies: records<Company, CompanyCreate, CompanyUpdate>('/api/companies'),
+    contacts: records<Contact, ContactCreate, ContactUpdate, 'id' | 'email'>('/api/contacts'),
+    companies: records<Company, CompanyCreate, CompanyUpdate, 'id' | 'domain'>('/api/companies'),
     deals: records<Deal, DealCreate, DealUpdate>('/api/deals'),
     webhookSubscriptions: {
       create: async (body) => (await request<{ data: WebhookSubscription & { secret: string } }>('POST', subscriptions, { body })).data,
@@ -252,9 +336,7 @@ export function createClient(options: ClientOptions): CrmClient {
       test: async (id, event) =>
         (await request<{ data: WebhookDelivery }>('POST', `${subscriptions}/${id}/test`, { body: event ? { event } : {} })).data,
     },
-    events: {
-      list: (feed = {}) => request<Page<WebhookEvent>>('GET', '/api/events', { query: feed }),
-    },
+    events: { list: listEvents, follow: followEvents },
     request,
   }
 }

@@ -12,7 +12,7 @@ import { asciiJson } from '../webhooks/ascii-json.ts'
 import { deliveryHeaders } from '../webhooks/request-headers.ts'
 import { sendSignedWebhook } from '../webhooks/send.ts'
 import { newWebhookSecret } from '../webhooks/signature.ts'
-import type { CliContext, Command } from './command.ts'
+import { type CliContext, CliError, type Command } from './command.ts'
 
 /** The forwarding target is the developer's own choice on their own machine: any address, http too. */
 const LOCAL_POLICY = { allowHttp: true, allowedCidrs: parseCidrList('0.0.0.0/0,::/0') }
@@ -63,8 +63,9 @@ async function listen(context: CliContext, values: Record<string, unknown>): Pro
   const forwardTo = values['forward-to'] as string | undefined
   const workspace = values.workspace as string | undefined
   const token = (values.token as string | undefined) ?? process.env.CRM_TOKEN
-  if (!forwardTo || !workspace || !token) throw new Error('missing --forward-to, --workspace or --token (or CRM_TOKEN)')
-  if (!/^https?:\/\//.test(forwardTo)) throw new Error('--forward-to must be an http:// or https:// URL')
+  if (!forwardTo || !workspace || !token)
+    throw new CliError('invalid_arguments', 'missing --forward-to, --workspace or --token (or CRM_TOKEN)')
+  if (!/^https?:\/\//.test(forwardTo)) throw new CliError('invalid_arguments', '--forward-to must be an http:// or https:// URL')
   const apiUrl = ((values['api-url'] as string | undefined) ?? `http://localhost:${process.env.PORT || 3000}`).replace(/\/+$/, '')
   const statePath = (values.state as string | undefined) ?? join('.crm-listen', `${workspace}.json`)
   const types = values.types as string | undefined
@@ -101,7 +102,10 @@ async function listen(context: CliContext, values: Record<string, unknown>): Pro
       }
       const text = await response.text()
       if (response.status === 410) {
-        throw new Error(`the kept cursor has expired (410 cursor_expired): remove ${statePath} to start again from the oldest event kept`)
+        throw new CliError(
+          'cursor_expired',
+          `the kept cursor has expired (410 cursor_expired): remove ${statePath} to start again from the oldest event kept`,
+        )
       }
       if (response.status === 429 || response.status >= 500) {
         const retryAfter = Number(response.headers.get('retry-after')) * 1000 || pauseMs

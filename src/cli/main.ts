@@ -1,13 +1,25 @@
-// `crm <command>`: the operator's entry point. Every command accepts --json (then prints exactly
-// one JSON object) and exits non-zero with a one-line reason on error.
+// `crm <command>`: the operator's entry point. Every command accepts --json, and its output then has
+// one shape (docs/api.md, "CLI"): every line on stdout is one JSON object; a command that does one
+// thing prints one line, the object it made or read, a list prints {"data": [...]}, and a stream
+// (`listen`, `serve`, `worker`) prints one object per thing that happens. A failure prints a problem
+// object like the API's ({title, code, detail, exit_code, ...}) and exits non-zero; without --json
+// the reason is one line on stderr.
 import { parseArgs } from 'node:util'
 import { ConfigError, loadConfig } from '../config.ts'
 import { createLogger } from '../log.ts'
-import type { CliContext, Command } from './command.ts'
+import { type CliContext, CliError, type Command } from './command.ts'
 import { commands as listenCommands } from './listen.ts'
 import { commands as operatorCommands } from './operator.ts'
 
-export class CliError extends Error {}
+/** The title of each problem code the CLI prints (the API's codes live in src/http/problem-codes.ts). */
+const PROBLEM_TITLES: Record<string, string> = {
+  unknown_command: 'Unknown command',
+  invalid_arguments: 'Invalid arguments',
+  invalid_configuration: 'Invalid configuration',
+  audit_chain_broken: 'Audit chain broken',
+  cursor_expired: 'Cursor expired',
+  command_failed: 'Command failed',
+}
 
 const serviceCommands: Record<string, Command> = {
   migrate: {
@@ -94,6 +106,11 @@ async function runService(context: CliContext, parts: { api: boolean; worker: bo
 
 const allCommands: Record<string, Command> = { ...serviceCommands, ...operatorCommands, ...listenCommands }
 
+/** Every command, for `crm help --json` and for the test that runs each with --json. */
+export function commandList(): { command: string; usage: string; summary: string }[] {
+  return Object.entries(allCommands).map(([command, { usage, summary }]) => ({ command, usage: `crm ${usage}`, summary }))
+}
+
 function usage(): string {
   const lines = Object.values(allCommands).map((command) => `  crm ${command.usage.padEnd(58)} ${command.summary}`)
   return ['usage: crm <command> [options] [--json]', '', ...lines].join('\n')
@@ -101,14 +118,14 @@ function usage(): string {
 
 export async function main(argv: string[]): Promise<number> {
   const json = argv.includes('--json')
-  const fail = (message: string, code = 1) => {
-    const oneLine = message.replace(/\s*\n\s*/g, '; ')
-    if (json) console.log(JSON.stringify({ error: oneLine }))
-    else console.error(`crm: ${oneLine}`)
-    return code
+  const fail = (code: string, message: string, exitCode: number, extensions: Record<string, unknown> = {}) => {
+    const detail = message.replace(/\s*\n\s*/g, '; ')
+    if (json) console.log(JSON.stringify({ title: PROBLEM_TITLES[code], code, detail, exit_code: exitCode, ...extensions }))
+    else console.error(`crm: ${detail}`)
+    return exitCode
   }
-  if (!argv[0] || argv[0] === 'help' || argv[0] === '--help') {
-    console.log(usage())
+  if (!argv[0] || argv[0] === 'help' || argv[0] === '--help' || argv[0] === '--json') {
+    console.log(json ? JSON.stringify({ data: commandList() }) : usage())
     return 0
   }
   // Commands are one to three words (`migrate`, `user create`, `user totp enable`): longest first.
@@ -117,6 +134,7 @@ export async function main(argv: string[]): Promise<number> {
   )
   if (!words)
     return fail(
+      'unknown_command',
       `unknown command "${argv
         .filter((word) => !word.startsWith('-'))
         .slice(0, 2)
@@ -129,7 +147,7 @@ export async function main(argv: string[]): Promise<number> {
   try {
     parsed = parseArgs({ args: rest, options: { json: { type: 'boolean' }, ...command.options }, allowPositionals: true, strict: true })
   } catch (error) {
-    return fail(`${(error as Error).message}; usage: crm ${command.usage}`, 2)
+    return fail('invalid_arguments', `${(error as Error).message}; usage: crm ${command.usage}`, 2)
   }
   const context: CliContext = {
     args: rest,
@@ -141,9 +159,11 @@ export async function main(argv: string[]): Promise<number> {
     return (await command.run(context, parsed.values, parsed.positionals)) ?? 0
   } catch (error) {
     if (error instanceof ConfigError) {
+      if (json) return fail('invalid_configuration', error.problems.join('; '), 2, { problems: error.problems })
       for (const problem of error.problems) console.error(`crm: configuration: ${problem}`)
       return 2
     }
-    return fail((error as Error).message)
+    if (error instanceof CliError) return fail(error.code, error.message, error.exitCode, error.extensions)
+    return fail('command_failed', (error as Error).message, 1)
   }
 }

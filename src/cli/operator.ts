@@ -6,7 +6,7 @@ import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
 import { databaseErrorOf } from '../db/database-errors.ts'
 import { provisionDatabase } from '../db/provision.ts'
-import type { CliContext, Command } from './command.ts'
+import { type CliContext, CliError, type Command } from './command.ts'
 
 async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => Promise<T>): Promise<T> {
   const config = context.config()
@@ -37,12 +37,12 @@ async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => P
 
 function required(values: Record<string, unknown>, ...names: string[]): void {
   const missing = names.filter((name) => values[name] === undefined || values[name] === '')
-  if (missing.length) throw new Error(`missing ${missing.map((name) => `--${name}`).join(', ')}`)
+  if (missing.length) throw new CliError('invalid_arguments', `missing ${missing.map((name) => `--${name}`).join(', ')}`)
 }
 
 function wholeNumber(value: unknown, name: string): number | undefined {
   if (value === undefined) return undefined
-  if (typeof value !== 'string' || !/^\d+$/.test(value)) throw new Error(`--${name} must be a whole number`)
+  if (typeof value !== 'string' || !/^\d+$/.test(value)) throw new CliError('invalid_arguments', `--${name} must be a whole number`)
   return Number(value)
 }
 
@@ -95,7 +95,7 @@ export const commands: Record<string, Command> = {
     run: async (context, values) => {
       required(values, 'slug', 'name')
       const plan = values.plan ?? 'free'
-      if (plan !== 'free' && plan !== 'pro') throw new Error('--plan must be free or pro')
+      if (plan !== 'free' && plan !== 'pro') throw new CliError('invalid_arguments', '--plan must be free or pro')
       const trialDays = wholeNumber(values['trial-days'], 'trial-days') ?? 14
       const seats = wholeNumber(values.seats, 'seats') ?? null
       const row = await withDatabase(context, async (client) => {
@@ -116,7 +116,7 @@ export const commands: Record<string, Command> = {
     options: { slug: { type: 'string' }, plan: { type: 'string' } },
     run: async (context, values) => {
       required(values, 'slug', 'plan')
-      if (values.plan !== 'free' && values.plan !== 'pro') throw new Error('--plan must be free or pro')
+      if (values.plan !== 'free' && values.plan !== 'pro') throw new CliError('invalid_arguments', '--plan must be free or pro')
       const row = await withDatabase(context, async (client) => {
         const { rows } = await client.query(`update crm.workspaces set plan = $2 where slug = $1 returning id, slug, plan`, [
           values.slug,
@@ -162,7 +162,7 @@ export const commands: Record<string, Command> = {
     options: { email: { type: 'string' }, on: { type: 'boolean' }, off: { type: 'boolean' } },
     run: async (context, values) => {
       required(values, 'email')
-      if (Boolean(values.on) === Boolean(values.off)) throw new Error('give exactly one of --on or --off')
+      if (Boolean(values.on) === Boolean(values.off)) throw new CliError('invalid_arguments', 'give exactly one of --on or --off')
       const row = await withDatabase(context, async (client) => {
         const { rows } = await client.query(
           'update crm.users set api_access = $2 where email = lower($1) returning id, email, api_access',
@@ -236,7 +236,7 @@ export const commands: Record<string, Command> = {
       const grants: string[] = values.grant ?? []
       for (const grant of grants) {
         if (!/^(contacts|companies|deals):(view|create|update|delete|import|export):(own|team|all)$/.test(grant)) {
-          throw new Error(`--grant "${grant}" is not resource:action:scope (e.g. deals:view:own)`)
+          throw new CliError('invalid_arguments', `--grant "${grant}" is not resource:action:scope (e.g. deals:view:own)`)
         }
       }
       const row = await withDatabase(context, async (client) => {
@@ -271,13 +271,11 @@ export const commands: Record<string, Command> = {
           (await client.query('select * from crm.verify_audit_log($1)', [await workspaceId(client, values.workspace)])).rows[0],
         ),
       )
-      context.print(
-        result.intact
-          ? `the audit log of ${values.workspace} is intact: ${result.entries} entries`
-          : `the audit log of ${values.workspace} is broken at entry ${result.first_bad_id}`,
-        result,
-      )
-      return result.intact ? 0 : 1
+      if (!result.intact)
+        throw new CliError('audit_chain_broken', `the audit log of ${values.workspace} is broken at entry ${result.first_bad_id}`, {
+          extensions: result,
+        })
+      context.print(`the audit log of ${values.workspace} is intact: ${result.entries} entries`, result)
     },
   },
 }

@@ -130,6 +130,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'deal_json',
           'deal_jsonb',
           'deal_stages',
+          'known_deal_stage',
           'associations',
           'record_permits',
           'write_associations_changed_event',

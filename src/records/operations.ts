@@ -130,8 +130,9 @@ export function writableValues(type: RecordType, body: Record<string, unknown>):
 }
 
 /** The body's writable fields as column/value pairs; read-only fields are dropped. */
-export function assignments(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
+export function assignments(type: RecordType, body: Record<string, unknown>): { name: string; column: Fragment; value: Fragment }[] {
   return writableValues(type, body).map(({ name, value, json }) => ({
+    name,
     column: sql.fragment`${sql.identifier([name])}`,
     value: json ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}` : sql.fragment`${value as string | number | null}`,
   }))
@@ -144,7 +145,13 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
  */
 function insertPairs(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
   const pairs = [
-    ...assignments(type, body),
+    ...assignments(type, body).map((pair) =>
+      // The deal trigger is skipped on an insert that gives a stage; an unknown one would get only
+      // the foreign key's "refers to a record that does not exist", not the workspace's stages.
+      type.name === 'deal' && pair.name === 'stage'
+        ? { ...pair, value: sql.fragment`crm.known_deal_stage(crm.current_workspace_id(), ${pair.value})` }
+        : pair,
+    ),
     { column: sql.fragment`workspace_id`, value: sql.fragment`crm.current_workspace_id()` },
     { column: sql.fragment`created_by`, value: sql.fragment`crm.current_user_id()` },
     { column: sql.fragment`updated_by`, value: sql.fragment`crm.current_user_id()` },

@@ -18,10 +18,16 @@ const PLAIN_NODE = process.env.PLAIN_NODE ?? '/usr/bin/node'
 const project = mkdtempSync(join(tmpdir(), 'crm-client-project-'))
 t.teardown(() => rmSync(project, { recursive: true, force: true }))
 const quiet = ['--no-audit', '--no-fund', '--loglevel=error']
-execFileSync('npm', ['pack', '--pack-destination', project, ...quiet], { cwd: join(root, 'clients/typescript'), stdio: 'ignore' })
+// npm through env -i: tap wraps this process's spawns with its loaders, which break the tsc of prepack.
+const npm = (args: string[], cwd: string) =>
+  execFileSync('env', ['-i', `PATH=${process.env.PATH ?? ''}`, `HOME=${process.env.HOME ?? project}`, 'npm', ...args, ...quiet], {
+    cwd,
+    stdio: 'ignore',
+  })
+npm(['pack', '--pack-destination', project], join(root, 'clients/typescript'))
 const tarball = readdirSync(project).find((name) => name.endsWith('.tgz'))!
 writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'integrator', private: true, type: 'module' }))
-execFileSync('npm', ['install', '--offline', ...quiet, `./${tarball}`], { cwd: project, stdio: 'ignore' })
+npm(['install', '--offline', `./${tarball}`], project)
 
 const SCRIPT = `
 import { createClient, CrmApiError, verifyWebhook } from '@crm/client'
@@ -32,10 +38,15 @@ await crm.contacts.create({ first_name: 'Ada', email: 'ada@example.com' })
 const page = await crm.contacts.list({ filter: { email: 'grace@example.com' }, sort: '-created_at', limit: 1 })
 const every = []
 for await (const contact of crm.contacts.all({ limit: 1 })) every.push(contact.email)
+const batch = await crm.deals.batch.create({ inputs: [{ name: 'Renewal', amount: '1200.00' }, { name: 'Upsell', amount: 'lots' }] })
+const feed = await crm.events.list({ types: ['deal.*'] })
+const followed = []
+for await (const event of crm.events.follow({ types: ['deal.*'] })) if (followed.push(event.data.object.name) === 1) break
 await crm.contacts.delete(created.id)
 let missing
 try { await crm.contacts.get(created.id) } catch (error) { missing = error instanceof CrmApiError && { status: error.status, code: error.code } }
-console.log(JSON.stringify({ node: process.version, updated: updated.last_name, page: page.data.map((c) => c.email), every: every.sort(), missing, verify: typeof verifyWebhook }))
+console.log(JSON.stringify({ node: process.version, updated: updated.last_name, page: page.data.map((c) => c.email), every: every.sort(), missing, verify: typeof verifyWebhook,
+  batch: batch.results.map((item) => item.status), feed: feed.data.map((event) => event.event), followed }))
 `
 
 t.test('the packed client runs on plain Node from node_modules', async (t) => {
@@ -59,6 +70,9 @@ t.test('the packed client runs on plain Node from node_modules', async (t) => {
     every: ['ada@example.com', 'grace@example.com'],
     missing: { status: 404, code: 'not_found' },
     verify: 'function',
+    batch: [201, 422],
+    feed: ['deal.created'],
+    followed: ['Renewal'],
   })
 })
 
@@ -97,4 +111,15 @@ export const page = await createClient({ baseUrl: 'http://localhost', token: 't'
 `,
   )
   t.not(badSort.status, 0, 'an unknown sort field is refused too')
+  const batchItem = (fields: string) => `import { createClient } from '@crm/client'
+const crm = createClient({ baseUrl: 'http://localhost', token: 't' })
+const answer = await crm.deals.batch.update({ inputs: [{ id: 'x', ${fields} }], atomic: true })
+const first = answer.results[0]
+export const amount = first.status === 200 || first.status === 201 ? first.data.amount : first.status === 204 ? null : first.problem.code
+`
+  const rightBatch = typeCheck('batch.ts', batchItem("amount: '10.00'"))
+  t.equal(rightBatch.status, 0, rightBatch.stdout + rightBatch.stderr)
+  const typoBatch = typeCheck('batch-typo.ts', batchItem("amout: '10.00'"))
+  t.not(typoBatch.status, 0, 'a misspelled batch item field is refused')
+  t.match(typoBatch.stdout, /amout/)
 })

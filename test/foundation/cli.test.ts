@@ -33,5 +33,5 @@ t.test('unknown commands and options fail with one line', async (t) => {
   t.equal(badOption.status, 2)
   t.equal(badOption.stderr.trim().split('\n').length, 1)
   const json = crm(['frobnicate', '--json'])
-  t.same(JSON.parse(json.stdout), { error: 'unknown command "frobnicate"; run crm help' })
+  t.match(JSON.parse(json.stdout), { code: 'unknown_command', detail: 'unknown command "frobnicate"; run crm help', exit_code: 2 })
 })

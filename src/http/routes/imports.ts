@@ -330,12 +330,15 @@ function routesFor(type: ImportType): RouteDefinition[] {
         if (!upload) throw new NotFoundError('No such import')
         const columns = upload.columns
         const header = [...columns, 'row', 'error'].map(csvTextCell).join(',')
-        // Each row's own cells (padded or cut to the header), then its number and its errors.
+        // Each row's own cells (padded or cut to the header), then its number and its errors. A cell
+        // is written as the import read it (crm.import_cell) behind the export's guard, so the file
+        // uploaded again reads each cell as the first import did: a cell that was itself guarded
+        // ('=x, read as =x) is written '=x, not ''=x (docs/api.md section 6, "Round trip").
         await streamLines(
           db,
           sql.type(LineRow)`
           select concat_ws(',',
-                   (select string_agg(${csvTextCellSql(sql.fragment`r.cells[n]`)}, ',' order by n) from generate_series(1, ${columns.length}::int) n),
+                   (select string_agg(${csvTextCellSql(sql.fragment`crm.import_cell(r.cells[n])`)}, ',' order by n) from generate_series(1, ${columns.length}::int) n),
                    e.row::text,
                    ${csvTextCellSql(sql.fragment`e.message`)}) as line
             from (select e.row, string_agg(e.message, '; ' order by e.position) as message
