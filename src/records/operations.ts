@@ -217,7 +217,11 @@ export async function createRecords(
   for (const { names, rows, positions } of groupByFields(type, bodies)) {
     const bookkeeping = bookkeepingPairs(names.includes('owner_id'))
     const columns = [...names.map((name) => sql.fragment`${sql.identifier([name])}`), ...bookkeeping.map((pair) => pair.column)]
-    const values = [...names.map((name) => sql.fragment`v.${sql.identifier([name])}`), ...bookkeeping.map((pair) => pair.value)]
+    // Each context read as a subquery: evaluated once for the statement, not once per row.
+    const values = [
+      ...names.map((name) => sql.fragment`v.${sql.identifier([name])}`),
+      ...bookkeeping.map((pair) => sql.fragment`(select ${pair.value})`),
+    ]
     // PostgreSQL inserts the rows in the order of the ORDER BY and RETURNING answers each as it is inserted.
     const written = await db.manyFirst(sql.type(RecordRow)`
       insert into ${type.table} as t (${sql.join(columns, sql.fragment`, `)})
