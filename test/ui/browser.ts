@@ -1,6 +1,7 @@
 // Real-browser tests drive Debian's Chromium through playwright-core (no browser download). When
 // Chromium or playwright-core is missing, the file is skipped with a plain reason.
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import type { BrowserContext, Page } from 'playwright-core'
@@ -84,4 +85,25 @@ export async function unlabelledFields(page: Page): Promise<string[]> {
       .filter((element) => !(element as HTMLInputElement).labels?.length && !element.getAttribute('aria-label'))
       .map((element) => element.outerHTML),
   )
+}
+
+let axeSource: string | null = null
+
+/** axe-core's violations on the page shown (rule id: the offending elements), none expected. */
+export async function axeViolations(page: Page): Promise<string[]> {
+  axeSource ??= readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
+  // Evaluated through the DevTools protocol, which the pages' Content-Security-Policy does not govern.
+  if (!(await page.evaluate(() => 'axe' in window))) await page.evaluate(`${axeSource};0`)
+  const violations = await page.evaluate(async () => {
+    const result = await (
+      window as unknown as { axe: { run: () => Promise<{ violations: { id: string; nodes: { target: unknown[] }[] }[] }> } }
+    ).axe.run()
+    return result.violations.map((violation) => `${violation.id}: ${violation.nodes.map((node) => String(node.target)).join(' | ')}`)
+  })
+  return violations
+}
+
+/** How much wider than the viewport the page is (0 when nothing scrolls sideways). */
+export async function overflowX(page: Page): Promise<number> {
+  return page.evaluate(() => (document.scrollingElement?.scrollWidth ?? 0) - window.innerWidth)
 }

@@ -52,7 +52,7 @@ if (browser) {
   const rows = () => page.locator('table.deliveries tbody tr')
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-  await page.waitForURL(`${server.url}/webhooks`)
+  await page.waitForURL(`${server.url}/contacts`)
 
   const deadIds = new Set<string>()
   t.test('deliveries die while the receiver is down, and the log shows why', async (t) => {

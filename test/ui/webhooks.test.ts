@@ -45,7 +45,7 @@ if (browser) {
   }
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-  await page.waitForURL(`${server.url}/webhooks`)
+  await page.waitForURL(`${server.url}/contacts`)
 
   let secret = ''
   t.test('creating a webhook shows its card and its secret once', async (t) => {
