@@ -107,3 +107,21 @@ t.test('signed-out visitors are sent to sign-in; /api stays JSON', async (t) => 
   t.equal(expired.headers.get('location'), '/sign-in?notice=session-ended')
   t.match(expired.headers.get('set-cookie'), /^crm_session=; Path=\/; HttpOnly; SameSite=Lax; Max-Age=0$/)
 })
+
+t.test('a browser gets an HTML 404 page for a page or a record it may not see; /api stays JSON', async (t) => {
+  const browser = { accept: 'text/html,application/xhtml+xml,*/*;q=0.8' }
+  for (const path of ['/no-such-page', '/contacts/nope/more/segments']) {
+    const missing = await get(path, { ...browser, cookie: `crm_session=${session}` })
+    t.equal(missing.status, 404, path)
+    t.match(missing.headers.get('content-type'), /^text\/html/, `${path} answers HTML`)
+    t.match(await missing.text(), /<h1>Not found<\/h1>/)
+  }
+  const unseen = await get('/contacts/01935f3c-9e00-7b22-8e3f-4d5c6b7a8f9e', { ...browser, cookie: `crm_session=${session}` })
+  t.equal(unseen.status, 404, 'a record that does not exist or is not visible')
+  t.match(unseen.headers.get('content-type'), /^text\/html/)
+  const api = await get('/api/no-such-route', browser)
+  t.equal(api.status, 404)
+  t.equal(api.headers.get('content-type'), 'application/problem+json', '/api/ keeps problem JSON even for a browser')
+  const client = await get('/no-such-page', { accept: 'application/json' })
+  t.equal(client.headers.get('content-type'), 'application/problem+json', 'a client that does not ask for HTML gets problem JSON')
+})
