@@ -103,7 +103,17 @@ export async function axeViolations(page: Page): Promise<string[]> {
   return violations
 }
 
-/** How much wider than the viewport the page is (0 when nothing scrolls sideways). */
-export async function overflowX(page: Page): Promise<number> {
-  return page.evaluate(() => (document.scrollingElement?.scrollWidth ?? 0) - window.innerWidth)
+/** The elements that reach past the viewport's right edge (none when nothing scrolls sideways), for the message. */
+export async function overflowX(page: Page): Promise<string[]> {
+  return page.evaluate(() => {
+    const width = window.innerWidth
+    if ((document.scrollingElement?.scrollWidth ?? 0) <= width) return []
+    return [...document.querySelectorAll('body *')]
+      .filter((element) => element.getBoundingClientRect().right > width + 0.5)
+      .map(
+        (element) =>
+          `${element.tagName.toLowerCase()}${element.id ? `#${element.id}` : ''}${element.className && typeof element.className === 'string' ? `.${element.className.split(' ').join('.')}` : ''}`,
+      )
+      .slice(0, 8)
+  })
 }

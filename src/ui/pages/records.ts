@@ -2,8 +2,10 @@
 // record's page with its associations and history, the new and edit forms, and delete with a
 // confirmation. Every read and write goes through the API's own route handlers under the signed-in
 // user, so row-level security decides what a page shows: nothing is filtered here.
+
+import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
-import { GrantedRow } from '../../db/typed-rows.ts'
+import { GrantedRow, rowType } from '../../db/typed-rows.ts'
 import { NotFoundError } from '../../errors.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { type FieldSpec, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
@@ -40,6 +42,7 @@ const OPERATORS: { value: string; label: string }[] = [
 
 type Stage = { key: string; label: string }
 type Titles = Map<string, string>
+const TypeGrantsRow = rowType(Type.Object({ create: Type.Boolean(), import: Type.Boolean(), export: Type.Boolean() }))
 type Permissions = { create: boolean; import: boolean; export: boolean }
 
 /** `first_name` -> `First name`, `company_id` -> `Company`. */
@@ -66,12 +69,10 @@ export function recordTitle(type: RecordType, record: Record<string, unknown>): 
 
 /** Whether the caller's role (narrowed by the session's scopes) grants the action on the type at all: the database answers. */
 async function permissions(context: PageContext, type: RecordType): Promise<Permissions> {
-  const [create, importing, exporting] = await Promise.all(
-    ['create', 'import', 'export'].map((action) =>
-      context.db.oneFirst(sql.type(GrantedRow)`select crm.grant_scope(${type.path}, ${action}) is not null as granted`),
-    ),
-  )
-  return { create, import: importing, export: exporting }
+  return context.db.one(sql.type(TypeGrantsRow)`
+    select crm.grant_scope(${type.path}, 'create') is not null as create,
+           crm.grant_scope(${type.path}, 'import') is not null as import,
+           crm.grant_scope(${type.path}, 'export') is not null as export`)
 }
 
 /** Whether the caller may do `action` on this record, as the row-level security policies decide it. */

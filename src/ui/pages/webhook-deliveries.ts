@@ -270,7 +270,7 @@ export const showDelivery: PageHandler = async (context) => {
     <thead><tr><th scope="col">Header</th><th scope="col">Value</th></tr></thead>
     <tbody>${Object.entries(headers).map(([name, value]) => html`<tr><th scope="row"><code>${name}</code></th><td><code class="wrap">${value}</code></td></tr>`)}</tbody>
   </table></div>
-  ${delivery.body ? html`<h3 class="spaced">Body</h3><pre class="body" aria-label="Body as sent">${delivery.body}</pre>` : ''}
+  ${delivery.body ? html`<h3 class="spaced">Body</h3><pre class="body" aria-label="Body as sent" tabindex="0">${delivery.body}</pre>` : ''}
 </section>
 <section aria-labelledby="attempts-heading">
   <h2 id="attempts-heading">Attempts</h2>
