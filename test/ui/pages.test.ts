@@ -125,3 +125,30 @@ t.test('a browser gets an HTML 404 page for a page or a record it may not see; /
   const client = await get('/no-such-page', { accept: 'application/json' })
   t.equal(client.headers.get('content-type'), 'application/problem+json', 'a client that does not ask for HTML gets problem JSON')
 })
+
+t.test('a list filters with the API operators, sorts and pages by cursor', async (t) => {
+  const token = acme.members['ada@acme.test'].token
+  const inputs = Array.from({ length: 55 }, (_, i) => ({ first_name: `Pager${String(i).padStart(2, '0')}`, email: `pager${i}@list.test` }))
+  const created = await fetch(`${server.url}/api/contacts/batch/create`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ inputs }),
+  })
+  t.equal(created.status, 200)
+  const page = async (query: string) => (await get(`/contacts?${query}`, { cookie: `crm_session=${session}` })).text()
+  const names = (text: string) => [...text.matchAll(/<th scope="row"><a href="\/contacts\/[^"]+">([^<]+)<\/a>/g)].map((match) => match[1])
+  const first = await page('field=email&op=starts_with&value=pager')
+  t.match(first, /Showing contacts 1–50\./)
+  const next = /href="([^"]+)">Next</.exec(first)?.[1]?.replaceAll('&amp;', '&')
+  t.ok(next, 'a Next link')
+  const second = (await get(next ?? '', { cookie: `crm_session=${session}` })).text()
+  t.match(await second, /Showing contacts 51–55\./, 'the next page by cursor')
+  t.match(await second, />Previous</)
+  const sorted = names(await page('field=email&op=starts_with&value=pager&sort=-first_name'))
+  t.same(sorted.slice(0, 2), ['Pager54', 'Pager53'], 'sorted by the column, descending')
+  const filtered = names(await page('field=first_name&op=eq&value=Pager07'))
+  t.same(filtered, ['Pager07'], 'filter[first_name][eq]')
+  const refused = await get('/contacts?field=first_name&op=gt&value=x&sort=nonsense', { cookie: `crm_session=${session}` })
+  t.equal(refused.status, 400, 'a sort the API refuses is its 400, shown on the page')
+  t.match(await refused.text(), /role="alert"/)
+})

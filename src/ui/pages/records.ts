@@ -16,6 +16,7 @@ import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
 import { setFlash, takeFlash } from '../session.ts'
 
 const PAGE_SIZE = 50
+const FIRST_PAGE = '.'
 
 /** The columns of each list, after the record's title. */
 const LIST_COLUMNS: Record<RecordType['path'], string[]> = {
@@ -140,7 +141,11 @@ function listState(query: URLSearchParams): ListState {
     value: query.get('value') ?? '',
     stage: query.get('stage') ?? '',
     cursor: query.get('cursor') ?? '',
-    back: (query.get('back') ?? '').split(',').filter((cursor, index, all) => cursor !== '' || index < all.length - 1),
+    // The cursors of the pages before this one, oldest first; `.` (not in a cursor's alphabet) is the first page.
+    back: (query.get('back') ?? '')
+      .split(',')
+      .filter(Boolean)
+      .map((cursor) => (cursor === FIRST_PAGE ? '' : cursor)),
   }
 }
 
@@ -153,7 +158,7 @@ function listHref(type: RecordType, state: ListState, change: Partial<ListState>
     params.delete('op')
     params.delete('value')
   }
-  if (next.back.length) params.set('back', next.back.join(','))
+  if (next.back.length) params.set('back', next.back.map((cursor) => cursor || FIRST_PAGE).join(','))
   const text = params.toString()
   return `/${type.path}${text ? `?${text}` : ''}`
 }
