@@ -32,7 +32,7 @@ if (browser) {
     await browser.screenshot('sign-in')
     await signIn(page, server.url, 'ada@acme.test', PASSWORD)
     await page.waitForURL(`${server.url}/contacts`)
-    t.equal(await page.getByRole('heading', { level: 1 }).textContent(), 'Webhooks')
+    t.equal(await page.getByRole('heading', { level: 1 }).textContent(), 'Contacts', 'admins land on Contacts too')
     const cookie = (await context.cookies()).find((c) => c.name === 'crm_session')
     t.ok(cookie, 'a session cookie')
     t.equal(cookie?.httpOnly, true)
