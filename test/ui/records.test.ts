@@ -123,7 +123,46 @@ if (browser) {
     t.equal((await server.request('GET', `/api/contacts/${id}`, { token: ada })).body.data.city, 'Arlington', 'saving again replaces it')
   })
 
+  t.test('associations are links, linked and unlinked through the API', async (t) => {
+    await page.goto(contactUrl)
+    await page.getByLabel('Link a').selectOption('companies')
+    await page.getByLabel('with id').fill(company.body.data.id)
+    await page.getByRole('button', { name: 'Link', exact: true }).click()
+    await page.waitForURL(contactUrl)
+    const link = page.locator('#links-heading + .two-col').getByRole('link', { name: 'Initech' })
+    t.equal(await link.getAttribute('href'), `/companies/${company.body.data.id}`, 'the company as a link')
+    const id = contactUrl.split('/').at(-1)
+    t.same((await server.request('GET', `/api/associations/contacts/${id}`, { token: ada })).body.data.companies, [company.body.data.id])
+    await page.getByRole('button', { name: 'Unlink Initech' }).click()
+    await page.waitForURL(contactUrl)
+    t.same((await server.request('GET', `/api/associations/contacts/${id}`, { token: ada })).body.data.companies, [], 'unlinked')
+    t.match(
+      await page.locator('table.history').textContent(),
+      /Linked companies\s*removed: —\s*added: [0-9a-f-]{36}/,
+      'the link is in the history',
+    )
+  })
+
+  t.test('keyboard only: from the list to a new contact', async (t) => {
+    await page.goto(`${server.url}/contacts`)
+    const focused = () =>
+      page.evaluate(() => document.activeElement?.textContent?.trim() || (document.activeElement as HTMLInputElement | null)?.name)
+    let steps = 0
+    while ((await focused()) !== 'New contact' && steps++ < 30) await page.keyboard.press('Tab')
+    t.equal(await focused(), 'New contact', 'reached by Tab')
+    await page.keyboard.press('Enter')
+    await page.waitForURL(`${server.url}/contacts/new`)
+    while ((await focused()) !== 'first_name' && steps++ < 60) await page.keyboard.press('Tab')
+    await page.keyboard.type('Katherine')
+    await page.keyboard.press('Tab')
+    await page.keyboard.type('Johnson')
+    await page.keyboard.press('Enter')
+    await page.waitForURL(/\/contacts\/[0-9a-f-]{36}$/)
+    t.ok(await page.getByRole('heading', { name: 'Katherine Johnson', level: 1 }).isVisible(), 'created with the keyboard alone')
+  })
+
   t.test('delete asks first', async (t) => {
+    await page.goto(contactUrl)
     await page.getByRole('link', { name: 'Delete' }).click()
     await page.getByRole('heading', { name: 'Delete Grace Hopper?' }).waitFor()
     await checkPage(t, page, 'contact-delete')

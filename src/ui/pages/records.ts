@@ -338,8 +338,14 @@ type HistoryEntry = {
 
 function changeValue(value: unknown): string {
   if (value === null || value === undefined) return '—'
-  if (Array.isArray(value)) return value.join(', ')
+  if (Array.isArray(value)) return value.length ? value.join(', ') : '—'
   return typeof value === 'object' ? JSON.stringify(value) : String(value)
+}
+
+/** `custom_fields.tier` -> `Tier`, `associations.companies` -> `Linked companies`, `first_name` -> `First name`. */
+function historyFieldLabel(field: string): string {
+  if (field.startsWith('associations.')) return `Linked ${field.slice('associations.'.length)}`
+  return fieldLabel(field.replace(/^custom_fields\./, ''))
 }
 
 function historySection(type: RecordType, id: string, entries: HistoryEntry[], next: string | null, cursor: string): SafeHtml {
@@ -349,7 +355,7 @@ function historySection(type: RecordType, id: string, entries: HistoryEntry[], n
     if (changes.length === 0) return [html`<tr><td>${entry.action}</td><td>—</td><td>—</td>${who}</tr>`]
     return changes.map(
       ([field, change]) =>
-        html`<tr><td>${fieldLabel(field.replace(/^custom_fields\./, ''))}${entry.action === 'updated' ? '' : html` <span class="tag">${entry.action}</span>`}</td>
+        html`<tr><td>${historyFieldLabel(field)}${entry.action === 'updated' ? '' : html` <span class="tag">${entry.action}</span>`}</td>
 <td>${'added' in change || 'removed' in change ? `removed: ${changeValue(change.removed)}` : changeValue(change.from)}</td>
 <td>${'added' in change || 'removed' in change ? `added: ${changeValue(change.added)}` : changeValue(change.to)}</td>${who}</tr>`,
     )
