@@ -19,6 +19,7 @@ import {
   createFromForm,
   deleteFromForm,
   exportList,
+  notFoundInLayout,
   showEditForm,
   showList,
   showNewForm,
@@ -181,10 +182,10 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
     app.post(`${base}/export`, page(exportList(type.path)))
     app.get(`${base}/new`, page(showNewForm(type.path)))
     app.post(`${base}/new`, page(createFromForm(type.path)))
-    app.get(`${base}/:id`, page(showRecord(type.path)))
-    app.get(`${base}/:id/edit`, page(showEditForm(type.path)))
+    app.get(`${base}/:id`, page(notFoundInLayout(showRecord(type.path))))
+    app.get(`${base}/:id/edit`, page(notFoundInLayout(showEditForm(type.path))))
     app.post(`${base}/:id/edit`, page(updateFromForm(type.path)))
-    app.get(`${base}/:id/delete`, page(confirmDelete(type.path)))
+    app.get(`${base}/:id/delete`, page(notFoundInLayout(confirmDelete(type.path))))
     app.post(`${base}/:id/delete`, page(deleteFromForm(type.path)))
     app.post(`${base}/:id/associations`, page(changeAssociation(type.path)))
   }

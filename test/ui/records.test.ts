@@ -229,6 +229,7 @@ if (browser) {
     t.equal(outside?.status(), 404, 'a record outside the scope is a 404')
     t.match(outside?.headers()['content-type'], /^text\/html/, 'in HTML')
     await page.getByRole('heading', { name: 'Not found' }).waitFor()
+    t.ok(await page.getByRole('navigation', { name: 'Main' }).isVisible(), 'in the signed-in layout')
     await checkPage(t, page, 'not-found')
     const edit = await page.goto(`${server.url}/contacts/${veraContact.body.data.id}/edit`)
     t.equal(edit?.status(), 404, 'the edit form of a record it may not change is a 404 too')

@@ -121,6 +121,28 @@ function display(field: string, value: unknown, lookups: Lookups): SafeHtml | st
   return String(value)
 }
 
+/**
+ * A record the caller may not see (or that does not exist) answers the HTML 404 inside the signed-in
+ * layout, navigation included, the same page for both. The refusal comes from code, never from a
+ * failed statement, so the transaction is intact.
+ */
+export function notFoundInLayout(handler: PageHandler): PageHandler {
+  return async (context) => {
+    try {
+      return await handler(context)
+    } catch (error) {
+      if (!(error instanceof NotFoundError)) throw error
+      return {
+        status: 404,
+        title: 'Not found',
+        content: html`<h1>Not found</h1>
+<div class="notice error" role="alert">${error.message}. It may have been deleted, or it is not yours to see.</div>
+<p><a href="/contacts">Back to Contacts</a></p>`,
+      }
+    }
+  }
+}
+
 export function recordTypeOf(path: string): RecordType {
   const type = RECORD_TYPES.find((candidate) => candidate.path === path)
   if (!type) throw new NotFoundError('No such page')
