@@ -152,3 +152,20 @@ t.test('a list filters with the API operators, sorts and pages by cursor', async
   t.equal(refused.status, 400, 'a sort the API refuses is its 400, shown on the page')
   t.match(await refused.text(), /role="alert"/)
 })
+
+t.test('Export posts the list’s filter to the API’s export and offers the CSV file', async (t) => {
+  const cookie = `crm_session=${session}`
+  const csrf = csrfOf(await (await get('/contacts', { cookie })).text())
+  const response = await fetch(`${server.url}/contacts/export`, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ csrf, query: 'field=first_name&op=starts_with&value=Pager0&sort=-first_name' }).toString(),
+  })
+  t.equal(response.status, 200)
+  t.match(response.headers.get('content-type'), /^text\/csv/)
+  t.match(response.headers.get('content-disposition'), /^attachment; filename="contacts-\d{4}-\d{2}-\d{2}\.csv"$/)
+  const lines = (await response.text()).trim().split('\r\n')
+  t.equal(lines.length, 11, 'a header and the 10 contacts the filter keeps')
+  t.match(lines[1], /Pager09/, 'in the list’s sort')
+})
