@@ -2,7 +2,8 @@
 // against a baseline in the same run — bare node:http + pg running the same SQL as the owner,
 // without auth or RLS — for GET one deal, list 50 deals with a filter, and create a deal.
 // Then, with BENCH_DEALS deals loaded (default 1,000,000), the list query's plan and latency, and
-// GET of a history page of a deal with 1,000 changes (docs/api.md section 5b) as an admin and a member.
+// GET of a history page of a deal with 1,000 changes (docs/api.md section 5b) as an admin and a member,
+// and the UI's deals list page (50 deals as HTML) for a member's browser session.
 //
 //   node bench/records.ts            prints a markdown report (DATABASE_URL, or an embedded PostgreSQL)
 //   BENCH_DEALS=100000 BENCH_SECONDS=5 node bench/records.ts     a quicker run
@@ -261,7 +262,7 @@ async function sequentialGets(url: string, path: string, headers: Record<string,
   for (let i = -20; i < count; i++) {
     const started = performance.now()
     const response = await fetch(url + path, { headers })
-    if (response.status !== 200) throw new Error(`GET ${path} answered ${response.status}: ${await response.text()}`)
+    if (response.status !== 200 || response.redirected) throw new Error(`GET ${path} answered ${response.status}: ${await response.text()}`)
     await response.arrayBuffer()
     if (i >= 0) timings.push(performance.now() - started)
   }
@@ -332,6 +333,14 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       200,
     )
     const historyP50 = Math.max(percentile(historyAsAdmin, 50), percentile(historyAsMember, 50))
+    // The deals list page of the UI (docs/api.md section 12): 50 deals rendered as HTML for a member's browser session.
+    const session = await withOwner(database.url, (owner) => mintToken(owner, member.id, { kind: 'session' }))
+    const dealsPage = await sequentialGets(
+      api.url,
+      '/deals',
+      { cookie: `crm_session=${session}; crm_workspace=${slug}`, accept: 'text/html' },
+      200,
+    )
 
     const rows: string[] = []
     const failures: string[] = []
@@ -374,6 +383,8 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
       `List query (\`filter[stage]=won&limit=50\`, default sort) as the admin through \`crm.act_as\`, 200 runs one after another: p50 ${percentile(timings, 50).toFixed(2)} ms, p99 ${percentile(timings, 99).toFixed(2)} ms (target p50 < 10 ms: ${percentile(timings, 50) < 10 ? '✅' : '❌'}); index used: ${usesIndex ? '✅' : '❌'}.`,
       '',
       `History page (\`GET /api/deals/{id}/history\`, 50 of a deal's ${HISTORY_CHANGES.toLocaleString('en')} changes) over HTTP, 200 requests one after another, admin / member (view all, each entry checked against the record): p50 ${percentile(historyAsAdmin, 50).toFixed(2)} / ${percentile(historyAsMember, 50).toFixed(2)} ms, p99 ${percentile(historyAsAdmin, 99).toFixed(2)} / ${percentile(historyAsMember, 99).toFixed(2)} ms (target p50 < 10 ms: ${historyP50 < 10 ? '✅' : '❌'}).`,
+      '',
+      `Deals list page of the UI (\`GET /deals\`: 50 deals as HTML with their companies and owners, a member's session cookie) over HTTP, 200 requests one after another: p50 ${percentile(dealsPage, 50).toFixed(2)} ms, p99 ${percentile(dealsPage, 99).toFixed(2)} ms (target p99 < 50 ms: ${percentile(dealsPage, 99) < 50 ? '✅' : '❌'}).`,
       '',
       '```',
       ...plan,

@@ -22,6 +22,7 @@ import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import { createBodyReceiptSets } from './http/upload-receipts.ts'
 import type { Logger } from './log.ts'
+import { errorPage } from './ui/page-context.ts'
 import { registerPages } from './ui/routes.ts'
 import { createFeedListener, type FeedListener } from './webhooks/feed-listener.ts'
 import { startWorker, type WorkerHandle } from './worker.ts'
@@ -139,6 +140,7 @@ export async function startService(options: {
     feedListener = createFeedListener(runtimeUrl, logger)
     const app = createApp(services, routes, createAuthenticator(config, undefined, authentication), {
       pages: (polkaApp) => registerPages(polkaApp, services, routes),
+      pageNotFound: (_req, res) => errorPage(res, 404, 'There is no page at this address.'),
       statements: {
         authenticate: createStatementAuthenticator(config, undefined, authentication),
         pool: readRouting?.pool ?? statementPool,

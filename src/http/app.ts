@@ -38,6 +38,17 @@ type Request = DatabaseRequest & { params: Record<string, string>; query: Record
 
 export type App = { server: Server; handler: (req: IncomingMessage, res: ServerResponse) => void }
 
+/** A browser's GET or HEAD for a page: outside /api/, asking for HTML. API clients keep problem+json. */
+function wantsPage(req: IncomingMessage): boolean {
+  const path = (req as Request).path ?? req.url ?? ''
+  return (
+    (req.method === 'GET' || req.method === 'HEAD') &&
+    path !== '/api' &&
+    !path.startsWith('/api/') &&
+    /\btext\/html\b/.test(req.headers.accept ?? '')
+  )
+}
+
 export function createApp(
   services: Services,
   definitions: RouteDefinition[],
@@ -51,6 +62,8 @@ export function createApp(
     knownCredential?: (req: IncomingMessage) => boolean
     /** The events feed's notifications; without it a long-polling route answers at once. */
     feedListener?: FeedListener
+    /** Answers a browser's request for a page that does not exist (outside /api/) in HTML. */
+    pageNotFound?: (req: IncomingMessage, res: ServerResponse) => void
   } = {},
 ): App {
   const { logger, config } = services
@@ -73,8 +86,10 @@ export function createApp(
 
   const app = polka({
     onError,
-    onNoMatch: (req: IncomingMessage, res: ServerResponse) =>
-      onError(new NotFoundError(`No route for ${req.method} ${(req as Request).path}`), req, res),
+    onNoMatch: (req: IncomingMessage, res: ServerResponse) => {
+      if (extra.pageNotFound && wantsPage(req)) return extra.pageNotFound(req, res)
+      onError(new NotFoundError(`No route for ${req.method} ${(req as Request).path}`), req, res)
+    },
   })
   app.use(requestLog(logger, config.trustProxy))
   for (const definition of definitions) {

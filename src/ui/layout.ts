@@ -103,7 +103,11 @@ ${content}
 }
 
 export function appPage(frame: Frame, content: SafeHtml): SafeHtml {
+  // Records first: every member works with them; the administration pages follow.
   const links = [
+    { href: '/contacts', label: 'Contacts' },
+    { href: '/companies', label: 'Companies' },
+    { href: '/deals', label: 'Deals' },
     ...(frame.isAdmin
       ? [
           { href: '/members', label: 'Members' },

@@ -33,7 +33,11 @@ export type PageContext = {
   attempt: <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>) => Promise<Attempt<T>>
 }
 
-export type PageResult = { redirect: string } | { status?: number; title: string; content: SafeHtml; headers?: Record<string, string> }
+/** `sent`: the handler wrote the response itself (a streamed export). */
+export type PageResult =
+  | { redirect: string }
+  | { sent: true }
+  | { status?: number; title: string; content: SafeHtml; headers?: Record<string, string> }
 export type PageHandler = (context: PageContext) => Promise<PageResult>
 
 type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
@@ -127,6 +131,7 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
       // A form's write holds the user's API reads to the primary until a standby has it (src/db/request/read-replicas.ts).
       if (req.method === 'POST' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)
+      if ('sent' in result.outcome) return
       result.frame.title = result.outcome.title
       sendHtml(res, result.outcome.status ?? 200, appPage(result.frame, result.outcome.content), result.outcome.headers)
     } catch (error) {

@@ -6,12 +6,26 @@ import type polka from 'polka'
 import { createAuthenticator } from '../auth/authenticate.ts'
 import { toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
+import { RECORD_TYPES } from '../records/fields.ts'
 import { requestPath, SECURITY_HEADERS, safeReturnPath } from './layout.ts'
 import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
 import { showAuditLog } from './pages/audit-log.ts'
 import { authorizationEndpoint, decideConsent, showConsent } from './pages/authorize.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
 import { deleteOAuthApp, registerOAuthApp, revokeOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
+import {
+  changeAssociation,
+  confirmDelete,
+  createFromForm,
+  deleteFromForm,
+  exportList,
+  notFoundInLayout,
+  showEditForm,
+  showList,
+  showNewForm,
+  showRecord,
+  updateFromForm,
+} from './pages/records.ts'
 import { createRole, deleteRole, showRole, showRoles, updateRole } from './pages/roles.ts'
 import {
   confirmTwoFactor,
@@ -46,7 +60,8 @@ function asset(file: string, type: string): Handler {
   }
 }
 
-const home: PageHandler = async ({ caller }) => ({ redirect: caller.isAdmin ? '/webhooks' : '/security' })
+// Everyone, admins too, lands on the records (docs/api.md section 12).
+const home: PageHandler = async () => ({ redirect: '/contacts' })
 
 const switchWorkspace: PageHandler = async ({ form, frame, req, res }) => {
   const slug = form.get('workspace')
@@ -157,4 +172,21 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.post('/teams/:id/delete', page(deleteTeam))
   app.post('/teams/:id/members', page(teamMembership('add')))
   app.post('/teams/:id/members/:user_id/remove', page(teamMembership('remove')))
+
+  // Contacts, companies and deals: after every other UI route. Static paths under a type
+  // (`new`, `export`, and the board's and the import wizard's `board` and `import`) must be
+  // registered before `/:type/:id`, or the record page would take them as an id.
+  for (const type of RECORD_TYPES) {
+    const base = `/${type.path}`
+    app.get(base, page(showList(type.path)))
+    app.post(`${base}/export`, page(exportList(type.path)))
+    app.get(`${base}/new`, page(showNewForm(type.path)))
+    app.post(`${base}/new`, page(createFromForm(type.path)))
+    app.get(`${base}/:id`, page(notFoundInLayout(showRecord(type.path))))
+    app.get(`${base}/:id/edit`, page(notFoundInLayout(showEditForm(type.path))))
+    app.post(`${base}/:id/edit`, page(updateFromForm(type.path)))
+    app.get(`${base}/:id/delete`, page(notFoundInLayout(confirmDelete(type.path))))
+    app.post(`${base}/:id/delete`, page(deleteFromForm(type.path)))
+    app.post(`${base}/:id/associations`, page(changeAssociation(type.path)))
+  }
 }

@@ -125,7 +125,7 @@ if (admin && member) {
     t.equal(await other.getByLabel('Your name').inputValue(), 'Grace Hopper')
     await other.getByLabel('Choose a password').fill(GRACE_PASSWORD)
     await other.getByRole('button', { name: 'Accept invitation' }).click()
-    await other.waitForURL(`${server.url}/security`)
+    await other.waitForURL(`${server.url}/contacts`)
     t.match(await other.locator('header .who').textContent(), /grace@example\.test/)
     t.equal(await nav(other, 'Members').count(), 0, 'no admin links for a member')
 
@@ -220,7 +220,7 @@ if (admin && member) {
     await other.getByLabel('Email').fill('grace@example.test')
     await other.getByLabel('Password').fill(GRACE_PASSWORD)
     await other.getByRole('button', { name: 'Sign in' }).click()
-    await other.waitForURL(`${server.url}/security`)
+    await other.waitForURL(`${server.url}/contacts`)
     const graceToken = await tokenFor('grace@example.test')
     t.equal((await server.request('GET', '/api/deals', { token: graceToken })).status, 200)
 
@@ -270,7 +270,7 @@ if (admin && member) {
     await other.getByLabel('Email').fill('grace@example.test')
     await other.getByLabel('Password').fill(GRACE_PASSWORD)
     await other.getByRole('button', { name: 'Sign in' }).click()
-    await other.waitForURL(`${server.url}/security`)
+    await other.waitForURL(`${server.url}/contacts`)
     for (const path of ['/members', '/roles', '/teams']) {
       const response = await other.goto(`${server.url}${path}`)
       t.equal(response?.status(), 403, path)

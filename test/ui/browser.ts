@@ -1,6 +1,7 @@
 // Real-browser tests drive Debian's Chromium through playwright-core (no browser download). When
 // Chromium or playwright-core is missing, the file is skipped with a plain reason.
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import type { BrowserContext, Page } from 'playwright-core'
@@ -84,4 +85,35 @@ export async function unlabelledFields(page: Page): Promise<string[]> {
       .filter((element) => !(element as HTMLInputElement).labels?.length && !element.getAttribute('aria-label'))
       .map((element) => element.outerHTML),
   )
+}
+
+let axeSource: string | null = null
+
+/** axe-core's violations on the page shown (rule id: the offending elements), none expected. */
+export async function axeViolations(page: Page): Promise<string[]> {
+  axeSource ??= readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
+  // Evaluated through the DevTools protocol, which the pages' Content-Security-Policy does not govern.
+  if (!(await page.evaluate(() => 'axe' in window))) await page.evaluate(`${axeSource};0`)
+  const violations = await page.evaluate(async () => {
+    const result = await (
+      window as unknown as { axe: { run: () => Promise<{ violations: { id: string; nodes: { target: unknown[] }[] }[] }> } }
+    ).axe.run()
+    return result.violations.map((violation) => `${violation.id}: ${violation.nodes.map((node) => String(node.target)).join(' | ')}`)
+  })
+  return violations
+}
+
+/** The elements that reach past the viewport's right edge (none when nothing scrolls sideways), for the message. */
+export async function overflowX(page: Page): Promise<string[]> {
+  return page.evaluate(() => {
+    const width = window.innerWidth
+    if ((document.scrollingElement?.scrollWidth ?? 0) <= width) return []
+    return [...document.querySelectorAll('body *')]
+      .filter((element) => element.getBoundingClientRect().right > width + 0.5)
+      .map(
+        (element) =>
+          `${element.tagName.toLowerCase()}${element.id ? `#${element.id}` : ''}${element.className && typeof element.className === 'string' ? `.${element.className.split(' ').join('.')}` : ''}`,
+      )
+      .slice(0, 8)
+  })
 }

@@ -107,3 +107,65 @@ t.test('signed-out visitors are sent to sign-in; /api stays JSON', async (t) => 
   t.equal(expired.headers.get('location'), '/sign-in?notice=session-ended')
   t.match(expired.headers.get('set-cookie'), /^crm_session=; Path=\/; HttpOnly; SameSite=Lax; Max-Age=0$/)
 })
+
+t.test('a browser gets an HTML 404 page for a page or a record it may not see; /api stays JSON', async (t) => {
+  const browser = { accept: 'text/html,application/xhtml+xml,*/*;q=0.8' }
+  for (const path of ['/no-such-page', '/contacts/nope/more/segments']) {
+    const missing = await get(path, { ...browser, cookie: `crm_session=${session}` })
+    t.equal(missing.status, 404, path)
+    t.match(missing.headers.get('content-type'), /^text\/html/, `${path} answers HTML`)
+    t.match(await missing.text(), /<h1>Not found<\/h1>/)
+  }
+  const unseen = await get('/contacts/01935f3c-9e00-7b22-8e3f-4d5c6b7a8f9e', { ...browser, cookie: `crm_session=${session}` })
+  t.equal(unseen.status, 404, 'a record that does not exist or is not visible')
+  t.match(unseen.headers.get('content-type'), /^text\/html/)
+  const api = await get('/api/no-such-route', browser)
+  t.equal(api.status, 404)
+  t.equal(api.headers.get('content-type'), 'application/problem+json', '/api/ keeps problem JSON even for a browser')
+  const client = await get('/no-such-page', { accept: 'application/json' })
+  t.equal(client.headers.get('content-type'), 'application/problem+json', 'a client that does not ask for HTML gets problem JSON')
+})
+
+t.test('a list filters with the API operators, sorts and pages by cursor', async (t) => {
+  const token = acme.members['ada@acme.test'].token
+  const inputs = Array.from({ length: 55 }, (_, i) => ({ first_name: `Pager${String(i).padStart(2, '0')}`, email: `pager${i}@list.test` }))
+  const created = await fetch(`${server.url}/api/contacts/batch/create`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ inputs }),
+  })
+  t.equal(created.status, 200)
+  const page = async (query: string) => (await get(`/contacts?${query}`, { cookie: `crm_session=${session}` })).text()
+  const names = (text: string) => [...text.matchAll(/<th scope="row"><a href="\/contacts\/[^"]+">([^<]+)<\/a>/g)].map((match) => match[1])
+  const first = await page('field=email&op=starts_with&value=pager')
+  t.match(first, /Showing contacts 1–50\./)
+  const next = /href="([^"]+)">Next</.exec(first)?.[1]?.replaceAll('&amp;', '&')
+  t.ok(next, 'a Next link')
+  const second = (await get(next ?? '', { cookie: `crm_session=${session}` })).text()
+  t.match(await second, /Showing contacts 51–55\./, 'the next page by cursor')
+  t.match(await second, />Previous</)
+  const sorted = names(await page('field=email&op=starts_with&value=pager&sort=-first_name'))
+  t.same(sorted.slice(0, 2), ['Pager54', 'Pager53'], 'sorted by the column, descending')
+  const filtered = names(await page('field=first_name&op=eq&value=Pager07'))
+  t.same(filtered, ['Pager07'], 'filter[first_name][eq]')
+  const refused = await get('/contacts?field=first_name&op=gt&value=x&sort=nonsense', { cookie: `crm_session=${session}` })
+  t.equal(refused.status, 400, 'a sort the API refuses is its 400, shown on the page')
+  t.match(await refused.text(), /role="alert"/)
+})
+
+t.test('Export posts the list’s filter to the API’s export and offers the CSV file', async (t) => {
+  const cookie = `crm_session=${session}`
+  const csrf = csrfOf(await (await get('/contacts', { cookie })).text())
+  const response = await fetch(`${server.url}/contacts/export`, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ csrf, query: 'field=first_name&op=starts_with&value=Pager0&sort=-first_name' }).toString(),
+  })
+  t.equal(response.status, 200)
+  t.match(response.headers.get('content-type'), /^text\/csv/)
+  t.match(response.headers.get('content-disposition'), /^attachment; filename="contacts-\d{4}-\d{2}-\d{2}\.csv"$/)
+  const lines = (await response.text()).trim().split('\r\n')
+  t.equal(lines.length, 11, 'a header and the 10 contacts the filter keeps')
+  t.match(lines[1], /Pager09/, 'in the list’s sort')
+})

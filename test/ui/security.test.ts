@@ -24,7 +24,7 @@ if (browser) {
   const me = (token: string) => server.request('GET', '/api/me', { token })
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-  await page.waitForURL(`${server.url}/webhooks`)
+  await page.waitForURL(`${server.url}/contacts`)
 
   t.test('the session is listed; a new API token is shown once, works, and stops when revoked', async (t) => {
     await page.getByRole('link', { name: 'Security' }).click()
@@ -128,7 +128,7 @@ if (browser) {
       await other.getByRole('link', { name: 'Use a recovery code instead' }).click()
       await other.getByLabel('Recovery code').fill(codes[3])
       await other.getByRole('button', { name: 'Verify' }).click()
-      await other.waitForURL(`${server.url}/webhooks`)
+      await other.waitForURL(`${server.url}/contacts`)
       await other.close()
 
       await page.goto(`${server.url}/security`)

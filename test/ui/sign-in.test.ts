@@ -31,8 +31,8 @@ if (browser) {
     await page.goto(`${server.url}/sign-in`)
     await browser.screenshot('sign-in')
     await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-    await page.waitForURL(`${server.url}/webhooks`)
-    t.equal(await page.getByRole('heading', { level: 1 }).textContent(), 'Webhooks')
+    await page.waitForURL(`${server.url}/contacts`)
+    t.equal(await page.getByRole('heading', { level: 1 }).textContent(), 'Contacts', 'admins land on Contacts too')
     const cookie = (await context.cookies()).find((c) => c.name === 'crm_session')
     t.ok(cookie, 'a session cookie')
     t.equal(cookie?.httpOnly, true)
@@ -76,7 +76,7 @@ if (browser) {
 
       await page.getByLabel('Authentication code').fill(code())
       await page.getByRole('button', { name: 'Verify' }).click()
-      await page.waitForURL(`${server.url}/security`)
+      await page.waitForURL(`${server.url}/contacts`)
       t.ok(
         (await context.cookies()).some((c) => c.name === 'crm_session'),
         'signed in after the right code',
@@ -89,7 +89,7 @@ if (browser) {
       await page.getByRole('link', { name: 'Use a recovery code instead' }).click()
       await page.getByLabel('Recovery code').fill(enabled.json.recovery_codes[0])
       await page.getByRole('button', { name: 'Verify' }).click()
-      await page.waitForURL(`${server.url}/security`)
+      await page.waitForURL(`${server.url}/contacts`)
       t.pass('a recovery code signs in')
     },
   )
@@ -107,7 +107,7 @@ if (browser) {
     await page.keyboard.press('Tab')
     t.equal(await focused(), 'Sign in')
     await page.keyboard.press('Enter')
-    await page.waitForURL(`${server.url}/webhooks`)
+    await page.waitForURL(`${server.url}/contacts`)
     await page.keyboard.press('Tab')
     t.equal(await focused(), 'Skip to content', 'the skip link comes first')
     await page.keyboard.press('Enter')

@@ -52,7 +52,7 @@ if (browser) {
   const rows = () => page.locator('table.deliveries tbody tr')
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-  await page.waitForURL(`${server.url}/webhooks`)
+  await page.waitForURL(`${server.url}/contacts`)
 
   const deadIds = new Set<string>()
   t.test('deliveries die while the receiver is down, and the log shows why', async (t) => {
@@ -89,6 +89,8 @@ if (browser) {
     const headers = page.locator('table.headers')
     t.match(await headers.textContent(), /x-service-signature\s*t=\d+,v1=[0-9a-f]{64}/, 'the request headers, signature included')
     t.match(await headers.textContent(), /x-service-event\s*contact\.created/)
+    const recordLink = page.getByRole('link', { name: /^contact [0-9a-f-]{36}$/ })
+    t.match(await recordLink.getAttribute('href'), /^\/contacts\/[0-9a-f-]{36}$/, 'the delivery links to its record')
     const body = await page.getByLabel('Body as sent').textContent()
     t.match(body, /^\{"id":"[0-9a-f-]{36}","event":"contact.created"/, 'the body as sent')
     t.ok(

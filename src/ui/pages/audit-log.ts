@@ -84,7 +84,7 @@ ${errorNotice(error)}
   <h2 id="entries-heading">Entries, newest first</h2>
   ${
     entries.length
-      ? html`<div class="table-scroll"><table class="audit-log">
+      ? html`<div class="table-scroll" tabindex="0" role="region" aria-label="Audit log entries"><table class="audit-log">
     <thead><tr><th scope="col">When</th><th scope="col">Action</th><th scope="col">Actor</th><th scope="col">Target</th><th scope="col">Details</th></tr></thead>
     <tbody>${entries.map(entryRow)}</tbody>
   </table></div>`

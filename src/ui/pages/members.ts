@@ -185,7 +185,7 @@ async function change(context: PageContext, run: (api: ApiCall, userId: string) 
   const outcome = await attempt((scope) => run(scope.api, userId))
   if (!outcome.ok) {
     const page = await render(context, {}, outcome.error.status)
-    if ('redirect' in page) return page
+    if ('redirect' in page || 'sent' in page) return page
     return { ...page, content: html`${errorNotice(plainRefusal(outcome.error, { role: 'the role', teams: 'the teams' }))}${page.content}` }
   }
   setFlash(services.config.appSecret, req, res, 'members', { kind: 'notice', message: done } satisfies Flash)

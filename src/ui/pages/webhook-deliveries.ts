@@ -5,6 +5,7 @@
 // Forms that change something post with the CSRF token; the log's filter is a GET form, which
 // changes nothing and so carries no token (one in a URL would reach history and logs).
 import { ApiError } from '../../http/problem.ts'
+import { RECORD_TYPES } from '../../records/fields.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { DELIVERY_STATUSES, EVENT_NAMES } from '../../webhooks/subscription-schemas.ts'
 import { html, type SafeHtml } from '../html.ts'
@@ -78,6 +79,13 @@ const statusBadge = (status: string) => html`<span class="badge ${status}">${STA
 const testTag = (delivery: Delivery) => (delivery.test ? html` <span class="tag">test</span>` : '')
 
 /** The event chooser of a card's "Send test event": the subscription's first event name preselected. */
+
+/** The record an event is about, as a link to its page (a type the UI does not know stays text). */
+function recordLink(recordType: string, id: string): SafeHtml {
+  const type = RECORD_TYPES.find((candidate) => candidate.name === recordType)
+  return type ? html`<a href="/${type.path}/${id}">${recordType} <code>${id}</code></a>` : html`${recordType} <code>${id}</code>`
+}
+
 export function testEventField(subscription: { id: string; events: string[] }): SafeHtml {
   const subscribed = EVENT_NAMES.find((event) =>
     subscription.events.some((pattern) => pattern === '*' || pattern === event || pattern === `${event.split('.')[0]}.*`),
@@ -235,7 +243,7 @@ export const showDelivery: PageHandler = async (context) => {
     <dt>Status</dt><dd>${statusBadge(delivery.status)}</dd>
     <dt>Delivery ID</dt><dd><code>${delivery.delivery_id}</code></dd>
     <dt>Event ID</dt><dd><code>${delivery.event_id}</code></dd>
-    <dt>Record</dt><dd>${delivery.record_type} <code>${delivery.record_id}</code></dd>
+    <dt>Record</dt><dd>${recordLink(delivery.record_type, delivery.record_id)}</dd>
     <dt>Created</dt><dd>${when(delivery.created_at)}</dd>
     <dt>Attempts</dt><dd>${delivery.attempt_count}</dd>
     <dt>Next attempt</dt><dd>${when(delivery.next_attempt_at)}</dd>
@@ -262,7 +270,7 @@ export const showDelivery: PageHandler = async (context) => {
     <thead><tr><th scope="col">Header</th><th scope="col">Value</th></tr></thead>
     <tbody>${Object.entries(headers).map(([name, value]) => html`<tr><th scope="row"><code>${name}</code></th><td><code class="wrap">${value}</code></td></tr>`)}</tbody>
   </table></div>
-  ${delivery.body ? html`<h3 class="spaced">Body</h3><pre class="body" aria-label="Body as sent">${delivery.body}</pre>` : ''}
+  ${delivery.body ? html`<h3 class="spaced">Body</h3><pre class="body" aria-label="Body as sent" tabindex="0">${delivery.body}</pre>` : ''}
 </section>
 <section aria-labelledby="attempts-heading">
   <h2 id="attempts-heading">Attempts</h2>

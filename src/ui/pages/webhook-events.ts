@@ -44,7 +44,7 @@ ${samples.map((sample) => {
   return html`<section class="event" aria-labelledby="${sample.event}">
   <h2 id="${sample.event}"><code>${sample.event}</code></h2>
   <p>Sent when a ${type} ${WHEN[action]}.${NOTES[sample.event] ? ` ${NOTES[sample.event]}` : ''}</p>
-  <pre class="body">${body}</pre>
+  <pre class="body" tabindex="0">${body}</pre>
 </section>`
 })}`,
   }
