@@ -21,6 +21,7 @@ import { createAddressRateLimit, createOAuthClientRateLimit } from './http/addre
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
 import { createBodyReceiptSets } from './http/upload-receipts.ts'
+import { createRouteSlots, type RouteSlots } from './http/workspace-slots.ts'
 import type { Logger } from './log.ts'
 import { errorPage } from './ui/page-context.ts'
 import { registerPages } from './ui/routes.ts'
@@ -36,6 +37,8 @@ export type RunningService = {
   readRouting: ReadRouting | null
   /** The events feed's listener (null without the API). */
   feedListener: FeedListener | null
+  /** The export and upload slots of the API's routes and pages (null without the API). */
+  routeSlots: RouteSlots | null
   stop: () => Promise<void>
 }
 
@@ -107,6 +110,7 @@ export async function startService(options: {
   let rateLimit: RequestRateLimit | null = null
   let settlePool: DatabasePool | null = null
   let feedListener: FeedListener | null = null
+  let routeSlots: RouteSlots | null = null
   if (options.api !== false) {
     const services = {
       config,
@@ -118,7 +122,9 @@ export async function startService(options: {
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
       ...createBodyReceiptSets(config.jsonBodies),
+      routeSlots: createRouteSlots(config.streamsPerProcess),
     }
+    routeSlots = services.routeSlots
     const routes = allRoutes()
     // One identity cache and one rate-limit count for the process's API routes (the UI's pages
     // authenticate in full: a person's clicks are not worth a cache).
@@ -188,5 +194,5 @@ export async function startService(options: {
       await database.stop()
     })())
 
-  return { url, databaseUrl: database.url, pool, worker, readRouting, feedListener, stop }
+  return { url, databaseUrl: database.url, pool, worker, readRouting, feedListener, routeSlots, stop }
 }

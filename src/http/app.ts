@@ -30,7 +30,7 @@ import {
 } from './route.ts'
 import { createRouteBodies, type ReceivedBody } from './route-body.ts'
 import { indexRoutes, type Router } from './route-index.ts'
-import { createStreamSlots, createWorkspaceSlots } from './workspace-slots.ts'
+import { createStreamSlots, takeRouteSlots } from './workspace-slots.ts'
 
 const NO_BODY: ReceivedBody = { body: undefined }
 
@@ -77,11 +77,16 @@ export function createApp(
     statementPool: extra.statements?.pool,
     logger,
   })
-  const workspaceSlots = createWorkspaceSlots()
-  const streamSlots = createStreamSlots(config.streamsPerProcess)
+  const { routeSlots } = services
   const feedWaits = createStreamSlots(config.feedWaitsPerProcess, 'waits of the events feed')
   const sharedRuns = new Map<string, Promise<SharedRun>>()
-  const bodies = createRouteBodies({ config, services, database, workspaceSlots, knownCredential: extra.knownCredential })
+  const bodies = createRouteBodies({
+    config,
+    services,
+    database,
+    workspaceSlots: routeSlots.workspace,
+    knownCredential: extra.knownCredential,
+  })
   const onError = errorAnswerer(logger)
 
   const app = polka({
@@ -205,14 +210,9 @@ export function createApp(
   ): Promise<RouteResult> {
     const callerCheck = routeCallerCheck(definition, res)
     const handle = async (db: DatabaseTransactionConnection, caller: Caller) => {
-      // The workspace's own slot first (429: its quota), then the process's stream slot (503).
       // A file route took its workspace slot before its body was received (route-body.ts).
-      const releases: (() => void)[] = []
+      const releases = takeRouteSlots(routeSlots, definition, caller.workspaceId, definition.bodyKind === 'file')
       try {
-        if (definition.limitedPerWorkspace && definition.bodyKind !== 'file') {
-          releases.push(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
-        }
-        if (definition.streams) releases.push(streamSlots.take())
         return await definition.handler({ ...base, db, caller } as RouteContext)
       } finally {
         for (const release of releases) release()

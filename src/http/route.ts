@@ -14,7 +14,7 @@ import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limi
 import type { ReceivedFile } from './body.ts'
 import type { BodyReceipts } from './upload-receipts.ts'
 import { fieldMessage } from './validation-messages.ts'
-import type { WorkspaceWork } from './workspace-slots.ts'
+import type { RouteSlots, WorkspaceWork } from './workspace-slots.ts'
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
 
@@ -53,6 +53,8 @@ export type Services = {
    * their own: bodies without a caller cannot fill them, and an unproven token's body takes none.
    */
   callerBodyReceipts: BodyReceipts
+  /** The slots of exports and uploads, per workspace and per process: taken by the router and by the pages alike. */
+  routeSlots: RouteSlots
   /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */
   readRouting?: ReadRouting | null
   /** Filled by the worker runner when it runs in this process; routes use it to add jobs. */

@@ -88,3 +88,33 @@ export function createStreamSlots(limit: number, what = 'exports and downloads')
     inUse: () => taken,
   }
 }
+
+/** The process's slots that routes doing long work take: per workspace and for streams in all. */
+export type RouteSlots = { workspace: WorkspaceSlots; streams: StreamSlots }
+
+export function createRouteSlots(streamsPerProcess: number): RouteSlots {
+  return { workspace: createWorkspaceSlots(), streams: createStreamSlots(streamsPerProcess) }
+}
+
+/**
+ * The slots a route's work takes, whoever runs it (the API's router or a page calling the route's
+ * handler): the workspace's own slot first (429: its quota), then the process's stream slot (503).
+ * Answers the releases, to call when the work ends. `workspaceSlotTaken`: a file route's router
+ * took it before receiving the body.
+ */
+export function takeRouteSlots(
+  slots: RouteSlots,
+  route: { limitedPerWorkspace?: WorkspaceWork; streams?: boolean },
+  workspaceId: string,
+  workspaceSlotTaken = false,
+): (() => void)[] {
+  const releases: (() => void)[] = []
+  try {
+    if (route.limitedPerWorkspace && !workspaceSlotTaken) releases.push(slots.workspace.take(route.limitedPerWorkspace, workspaceId))
+    if (route.streams) releases.push(slots.streams.take())
+    return releases
+  } catch (error) {
+    for (const release of releases) release()
+    throw error
+  }
+}

@@ -4,6 +4,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
 import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, type Services, validateBody } from '../http/route.ts'
+import { takeRouteSlots } from '../http/workspace-slots.ts'
 
 export type ApiCall = <T = any>(
   method: HttpMethod,
@@ -31,17 +32,13 @@ export function apiCaller(
       url: { value: `${path}${options.query ? `?${options.query}` : ''}` },
       headers: { value: { ...req.headers, ...options.headers } },
     }) as IncomingMessage
-    const result = await definition.handler({
-      req: request,
-      res,
-      requestId,
-      params: options.params ?? {},
-      query: {},
-      body,
-      services,
-      db,
-      caller,
-    })
+    // The route's slots, as its router takes them: an export from a page counts like one from the API.
+    const releases = takeRouteSlots(services.routeSlots, definition, caller.workspaceId)
+    const result = await definition
+      .handler({ req: request, res, requestId, params: options.params ?? {}, query: {}, body, services, db, caller })
+      .finally(() => {
+        for (const release of releases) release()
+      })
     // A body already rendered as JSON text (record lists) is read back for the page's templates.
     const answer = result?.body
     return (answer instanceof JsonText ? JSON.parse(answer.text) : (answer ?? undefined)) as never

@@ -169,3 +169,26 @@ t.test('Export posts the list’s filter to the API’s export and offers the CS
   t.equal(lines.length, 11, 'a header and the 10 contacts the filter keeps')
   t.match(lines[1], /Pager09/, 'in the list’s sort')
 })
+
+t.test('an Export from the page takes the workspace’s export slot like the API’s route: none left is 429 on the page', async (t) => {
+  const cookie = `crm_session=${session}`
+  const exportFromPage = async () =>
+    fetch(`${server.url}/contacts/export`, {
+      method: 'POST',
+      redirect: 'manual',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ csrf: csrfOf(await (await get('/contacts', { cookie })).text()), query: '' }).toString(),
+    })
+  const slots = server.routeSlots
+  if (!slots) throw new Error('the test server runs the API')
+  const held = Array.from({ length: 4 }, () => slots.workspace.take('exports', acme.id))
+  const refused = await exportFromPage()
+  t.equal(refused.status, 429, 'the workspace’s four exports are running')
+  t.match(await refused.text(), /already has 4 exports in progress/)
+  for (const release of held) release()
+  const allowed = await exportFromPage()
+  t.equal(allowed.status, 200)
+  await allowed.text()
+  t.equal(slots.workspace.inUse('exports', acme.id), 0, 'the page gives its slot back when the file is sent')
+  t.equal(slots.streams.inUse(), 0, 'and the process’s stream slot')
+})
