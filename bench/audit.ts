@@ -1,7 +1,7 @@
 // The access audit log's cost (docs/api.md section 11): an audited write (renaming a custom role,
 // `PATCH /api/roles/{id}`, one entry with its hash chained) through the real API with and without
 // the audit trigger, in turns; the same change in SQL, where the trigger's own cost shows; and a
-// page of `GET /api/audit-log` with BENCH_AUDIT_ENTRIES entries (default 100,000) in the workspace,
+// page of `GET /api/audit-log` with BENCH_AUDIT_ENTRIES entries (default 20,000) in the workspace,
 // against the same page read by plain SQL over node-postgres as the owner.
 //
 //   node bench/audit.ts
@@ -9,7 +9,7 @@
 import pg from 'pg'
 import { benchWorkspace, provision, startBenchApi } from './_database.ts'
 
-const ENTRIES = Number(process.env.BENCH_AUDIT_ENTRIES ?? 100_000)
+const ENTRIES = Number(process.env.BENCH_AUDIT_ENTRIES ?? 20_000)
 const WRITES = Number(process.env.BENCH_AUDIT_WRITES ?? 300)
 const ROUNDS = 3
 /** Renames per transaction while seeding (the roles take turns, so no row's version chain grows long). */
