@@ -12,10 +12,13 @@ import { benchWorkspace, provision, startBenchApi } from './_database.ts'
 const ENTRIES = Number(process.env.BENCH_AUDIT_ENTRIES ?? 20_000)
 const WRITES = Number(process.env.BENCH_AUDIT_WRITES ?? 300)
 const ROUNDS = 3
-/** Renames per transaction while seeding (the roles take turns, so no row's version chain grows long). */
-const SEED_BATCH = 10_000
+/**
+ * Renames per transaction while seeding: each entry updates the workspace's chain head, and a row
+ * updated many times in one transaction makes every further update walk its versions.
+ */
+const SEED_BATCH = 200
 const SEED_ROLES = 100
-const SQL_CHANGES = 2_000
+const SQL_CHANGES = 300
 
 function percentile(values: number[], p: number): number {
   const sorted = [...values].sort((a, b) => a - b)
@@ -57,23 +60,22 @@ async function main(): Promise<void> {
     const seedSeconds = (performance.now() - seedStarted) / 1000
     await client.query('vacuum analyze crm.roles, crm.audit_log')
 
-    // The trigger's cost in SQL: the same renames in one transaction each way, as the admin.
+    // The trigger's cost in SQL: the same rename, a transaction each as a request makes it (one
+    // round trip: begin, the admin's context, the update, commit), with the trigger and without.
     const sqlRenames = async (audited: boolean): Promise<number> => {
-      await client.query('begin')
+      const context = `select crm.act_as(${client.escapeLiteral(admin.email)}, ${client.escapeLiteral(slug)})`
       if (!audited) await client.query('alter table crm.roles disable trigger tg_roles__audit')
-      await client.query('select crm.act_as($1, $2)', [admin.email, slug])
-      const started = performance.now()
-      await client.query(
-        `do $$ begin
-           for i in 1..${SQL_CHANGES} loop
-             update crm.roles set name = 'sql_${audited ? 'a' : 'b'}_' || i where id = '${roleIds[0]}';
-           end loop;
-         end $$`,
-      )
-      const micros = ((performance.now() - started) * 1000) / SQL_CHANGES
-      // Rolled back: the trigger comes back on, and the renames leave no entry behind.
-      await client.query('rollback')
-      return micros
+      try {
+        const started = performance.now()
+        for (let i = 0; i < SQL_CHANGES; i++) {
+          await client.query(
+            `begin; ${context}; update crm.roles set name = 'sql_${audited ? 'a' : 'b'}_${i}' where id = '${roleIds[i % SEED_ROLES]}'; commit`,
+          )
+        }
+        return ((performance.now() - started) * 1000) / SQL_CHANGES
+      } finally {
+        if (!audited) await client.query('alter table crm.roles enable trigger tg_roles__audit')
+      }
     }
     const sqlWith: number[] = []
     const sqlWithout: number[] = []
@@ -149,7 +151,7 @@ The real API in this process, ${database.label}; ${count(Number(total[0].n))} en
 |---|---:|---:|---:|
 | audited write over HTTP: role renamed, p50 / p99 | ${ms(median(audited.latencies))} / ${ms(percentile(audited.latencies, 99))} ms | ${ms(median(unaudited.latencies))} / ${ms(percentile(unaudited.latencies, 99))} ms | rate ${(100 * (rateWith / rateWithout - 1)).toFixed(0)} % |
 | audited write over HTTP: requests/s, one client | ${count(rateWith)} | ${count(rateWithout)} | |
-| the same rename in SQL, µs per change (${count(SQL_CHANGES)} in a transaction, median of ${ROUNDS}) | ${median(sqlWith).toFixed(0)} | ${median(sqlWithout).toFixed(0)} | ${(median(sqlWith) - median(sqlWithout)).toFixed(0)} µs an entry |
+| the same rename in SQL, µs per change (${count(SQL_CHANGES)} transactions one after another, median of ${ROUNDS}) | ${median(sqlWith).toFixed(0)} | ${median(sqlWithout).toFixed(0)} | ${(median(sqlWith) - median(sqlWithout)).toFixed(0)} µs an entry |
 
 | measure | p50 ms | p99 ms |
 |---|---:|---:|
