@@ -39,8 +39,14 @@ node_modules/.installed: package.json package-lock.json clients/typescript/packa
 
 setup: node_modules/.installed ## install Node 24 (if needed) and the dependencies
 
+# V8's heap for the service's process (docs/performance.md, "Streaming export"): a young generation
+# of 4 MiB semi-spaces and a 128 MiB old-generation limit keep an export of 1,000,000 rows under 200 MiB of
+# RSS. V8 sizes its heap when the process starts, so they go on the command line (or in
+# NODE_OPTIONS: docs/operations.md); `make bench` hands them to the API processes it starts.
+SERVICE_NODE_FLAGS := --max-semi-space-size=4 --max-old-space-size=128
+
 run: setup ## start PostgreSQL (embedded unless DATABASE_URL is set), migrate, serve API and worker on PORT (3000)
-	$(NODE) bin/crm.js serve
+	$(NODE) $(SERVICE_NODE_FLAGS) bin/crm.js serve
 
 test: setup ## run every test against a real PostgreSQL (embedded unless DATABASE_URL is set)
 	$(NODE) test/run.ts
@@ -84,7 +90,7 @@ audit: setup ## npm audit of every dependency: fails on a high or critical findi
 	fi; exit $$status
 
 bench: setup ## run the benchmarks and write bench/RESULTS.md
-	$(NODE) bench/run.ts
+	SERVICE_NODE_FLAGS='$(SERVICE_NODE_FLAGS)' $(NODE) bench/run.ts
 
 clean: ## remove dependencies, Node 24 and local data (.data/ holds the embedded database)
 	rm -rf node_modules .tools .data .tap coverage

@@ -23,6 +23,16 @@ export async function provision(): Promise<{ url: string; stop: () => Promise<vo
   }
 }
 
+/**
+ * The V8 flags the benchmarks start the API's process with: the service's own (SERVICE_NODE_FLAGS,
+ * which `make bench` passes from the Makefile, where `make run` takes them too), or BENCH_NODE_FLAGS
+ * to try others. Empty when neither is set (a benchmark run directly, not through make).
+ */
+export const API_NODE_FLAGS: string[] = (process.env.BENCH_NODE_FLAGS ?? process.env.SERVICE_NODE_FLAGS ?? '').split(' ').filter(Boolean)
+
+/** How a report names the flags the API ran with. */
+export const apiNodeFlagsLabel = (): string => (API_NODE_FLAGS.length === 0 ? 'no V8 flags' : `\`node ${API_NODE_FLAGS.join(' ')}\``)
+
 /** The app secret every benchmark's service runs with (long enough for the config's check). */
 export const BENCH_APP_SECRET = 'bench-app-secret-that-is-long-enough-0123456789'
 

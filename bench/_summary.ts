@@ -75,10 +75,13 @@ function recordRows(results: string): string[] {
   const history = versions.map(({ body }) => /History page[^\n]*?p50 ([\d.]+) \/ ([\d.]+) ms/.exec(body))
   if (history.every((match) => match !== null)) {
     const historyMet = history.every((match) => Math.max(Number(match![1]), Number(match![2])) < 10)
+    // Its baseline (the same page of events by plain SQL), in results written since bench/records.ts measures it.
+    const bare = versions.map(({ body }) => /History page[^\n]*?baseline[^\n]*?p50 ([\d.]+) ms/.exec(body)?.[1])
+    const baseline = bare.every((p50) => p50 !== undefined) ? `plain SQL page p50 ${bare.join(' / ')} ms` : '—'
     lines.push(
       `| a history page of a deal with 1,000 changes, admin / member, PostgreSQL ${which} | p50 ${history
         .map((match) => `${match![1]} / ${match![2]}`)
-        .join(', ')} ms | — | — | p50 < 10 ms ${mark(historyMet)} |`,
+        .join(', ')} ms | ${baseline} | — | p50 < 10 ms ${mark(historyMet)} |`,
     )
   }
   return lines
@@ -141,6 +144,21 @@ function feedRow(results: string): string {
   return `| events feed long polling, ${clients} clients | ${held} connections waiting; event to client p50 / p99 / max ${latency} | bare LISTEN p50 ${bare} ms | — | ≤ 2 connections ${mark(held <= 2)}, p99 ≤ 100 ms ${mark(p99 <= 100)} |`
 }
 
+/** The audit log's write cost and page, once RESULTS.md has their section (bench/audit.ts). */
+function auditRows(results: string): string[] {
+  const body = section(results, 'Access audit log')
+  if (body === null) return []
+  const rates = row(body, 'audited write over HTTP: requests/s')
+  const inSql = row(body, 'the same rename in SQL')
+  const page = row(body, 'audit-log page')
+  const bare = row(body, 'baseline')
+  const entries = /; ([\d,]+) entries in the workspace/.exec(body)?.[1] ?? '?'
+  return [
+    `| audited write (a role renamed, one entry), one client | ${count(numberIn(rates[1]))} req/s; in SQL ${count(numberIn(inSql[1]))} µs a change | without the trigger ${count(numberIn(rates[2]))} req/s; in SQL ${count(numberIn(inSql[2]))} µs | ${percent(numberIn(rates[1]), numberIn(rates[2]))} | report the cost |`,
+    `| audit-log page of 50, ${entries} entries | p50 ${numberIn(page[1])} ms | plain SQL p50 ${numberIn(bare[1])} ms | — | — |`,
+  ]
+}
+
 /** The summary of RESULTS.md: one row per area, the service against its baseline and its target. */
 export function summaryTable(results: string): string {
   return [
@@ -152,6 +170,7 @@ export function summaryTable(results: string): string {
     importRow(results),
     exportRow(results),
     feedRow(results),
+    ...auditRows(results),
   ].join('\n')
 }
 

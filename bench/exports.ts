@@ -6,14 +6,15 @@
 //   node bench/exports.ts
 //   BENCH_EXPORT_DEALS=200000 node bench/exports.ts
 //   BENCH_LOG_LEVEL=info node bench/exports.ts      (the API's log lines in the output)
-//   BENCH_NODE_FLAGS=--max-semi-space-size=4 node bench/exports.ts   (V8 flags for the API process)
+//   BENCH_NODE_FLAGS=--max-semi-space-size=4 node bench/exports.ts   (other V8 flags for the API process
+//   than the service's own, SERVICE_NODE_FLAGS, which `make bench` passes from the Makefile)
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import QueryStream from 'pg-query-stream'
-import { BENCH_APP_SECRET, benchWorkspace, provision } from './_database.ts'
+import { API_NODE_FLAGS, apiNodeFlagsLabel, BENCH_APP_SECRET, benchWorkspace, provision } from './_database.ts'
 
 const DEALS = Number(process.env.BENCH_EXPORT_DEALS ?? 1_000_000)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -65,24 +66,20 @@ async function main(): Promise<void> {
     const loadSeconds = (performance.now() - loadStarted) / 1000
 
     const port = await freePort()
-    child = spawn(
-      process.execPath,
-      [...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean), 'bin/crm.js', 'serve', '--no-worker'],
-      {
-        cwd: ROOT,
-        env: {
-          ...process.env,
-          DATABASE_URL: database.url,
-          PORT: String(port),
-          HOST: '127.0.0.1',
-          APP_SECRET: BENCH_APP_SECRET,
-          LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'error',
-          RATE_LIMIT_PER_MINUTE: '1000000',
-        },
-        // The API's log (errors only, unless BENCH_LOG_LEVEL says more) shows in the bench's output.
-        stdio: ['ignore', 'inherit', 'inherit'],
+    child = spawn(process.execPath, [...API_NODE_FLAGS, 'bin/crm.js', 'serve', '--no-worker'], {
+      cwd: ROOT,
+      env: {
+        ...process.env,
+        DATABASE_URL: database.url,
+        PORT: String(port),
+        HOST: '127.0.0.1',
+        APP_SECRET: BENCH_APP_SECRET,
+        LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'error',
+        RATE_LIMIT_PER_MINUTE: '1000000',
       },
-    )
+      // The API's log (errors only, unless BENCH_LOG_LEVEL says more) shows in the bench's output.
+      stdio: ['ignore', 'inherit', 'inherit'],
+    })
     const base = `http://127.0.0.1:${port}`
     for (let waited = 0; ; waited += 100) {
       const ready = await fetch(`${base}/healthz`).then(
@@ -139,7 +136,7 @@ async function main(): Promise<void> {
     const mib = (value: number) => value.toFixed(0)
     console.log(`## Streaming export (bench/exports.ts)
 
-${DEALS.toLocaleString('en-US')} deals (loaded in ${loadSeconds.toFixed(0)} s), exported through \`POST /api/deals/export\` by the real API in its own process, ${database.label}. Peak RSS is the API process's VmHWM (it was ${mib(idleRss)} MiB idle).
+${DEALS.toLocaleString('en-US')} deals (loaded in ${loadSeconds.toFixed(0)} s), exported through \`POST /api/deals/export\` by the real API in its own process (${apiNodeFlagsLabel()}), ${database.label}. Peak RSS is the API process's VmHWM (it was ${mib(idleRss)} MiB idle).
 
 | what | seconds | rows/s | first byte | size | API peak RSS |
 |---|---:|---:|---:|---:|---:|

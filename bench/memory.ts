@@ -9,7 +9,7 @@
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { Load } from '../test/faults/load.ts'
-import { benchWorkspace, provision, startBenchApi } from './_database.ts'
+import { API_NODE_FLAGS, apiNodeFlagsLabel, benchWorkspace, provision, startBenchApi } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const SECONDS = Number(process.env.BENCH_MEMORY_SECONDS ?? 120)
@@ -46,7 +46,9 @@ async function main(): Promise<string> {
   const database = await provision()
   try {
     const { admin } = await benchWorkspace(database.url)
-    const child = spawn(process.execPath, ['--expose-gc', SELF, '--serve', database.url], { stdio: ['ignore', 'pipe', 'inherit'] })
+    const child = spawn(process.execPath, ['--expose-gc', ...API_NODE_FLAGS, SELF, '--serve', database.url], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    })
     const samples: Sample[] = []
     const url = await new Promise<string>((resolve, reject) => {
       let buffer = ''
@@ -78,7 +80,7 @@ async function main(): Promise<string> {
     return [
       '## Memory under mixed load (bench/memory.ts)',
       '',
-      `The API in its own process, ${SECONDS} s of the soak's mixed load (4 concurrent clients: reads, creates with Idempotency-Key, updates, a 25-row CSV upload every 2 s): ${summary.requests.toLocaleString('en')} requests. Every ${SAMPLE_SECONDS} s the process runs a full GC and reports its memory.`,
+      `The API in its own process (${apiNodeFlagsLabel()}), ${SECONDS} s of the soak's mixed load (4 concurrent clients: reads, creates with Idempotency-Key, updates, a 25-row CSV upload every 2 s): ${summary.requests.toLocaleString('en')} requests. Every ${SAMPLE_SECONDS} s the process runs a full GC and reports its memory.`,
       '',
       '| seconds | RSS MiB | heap used after GC MiB | heap reserved MiB | external MiB |',
       '|---:|---:|---:|---:|---:|',
