@@ -1,5 +1,5 @@
 // The API behind PgBouncer in transaction mode, configured to drop the startup parameters it
-// cannot pool (options, statement_timeout), set up exactly as README's Operations section says:
+// cannot pool (options, statement_timeout), set up exactly as docs/operations.md's Connection poolers section says:
 // the owner connects to PostgreSQL directly, `crm login-roles` prints the login roles for the
 // pooler's auth_file, and RUNTIME_DATABASE_URL sends requests through the pooler as the runtime
 // login role. The service starts, reads and writes, and one workspace still cannot read another's
