@@ -8,7 +8,7 @@ import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, typ
 export type ApiCall = <T = any>(
   method: HttpMethod,
   path: string,
-  options?: { params?: Record<string, string>; body?: unknown; query?: string },
+  options?: { params?: Record<string, string>; body?: unknown; query?: string; headers?: Record<string, string> },
 ) => Promise<T>
 
 export function apiCaller(
@@ -26,7 +26,11 @@ export function apiCaller(
     requireRouteScope(definition, caller)
     const body = definition.body ? validateBody(definition.body, options.body ?? {}) : undefined
     // Handlers that read the query string parse req.url: give them one of their own.
-    const request = Object.create(req, { url: { value: `${path}${options.query ? `?${options.query}` : ''}` } }) as IncomingMessage
+    // Request headers a form stands for (If-Match with the version the page showed) join the page's own.
+    const request = Object.create(req, {
+      url: { value: `${path}${options.query ? `?${options.query}` : ''}` },
+      headers: { value: { ...req.headers, ...options.headers } },
+    }) as IncomingMessage
     const result = await definition.handler({
       req: request,
       res,
