@@ -3,12 +3,13 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
+import type { ReceivedFile } from '../http/body.ts'
 import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, type Services, validateBody } from '../http/route.ts'
 
 export type ApiCall = <T = any>(
   method: HttpMethod,
   path: string,
-  options?: { params?: Record<string, string>; body?: unknown; query?: string; headers?: Record<string, string> },
+  options?: { params?: Record<string, string>; body?: unknown; query?: string; headers?: Record<string, string>; file?: ReceivedFile },
 ) => Promise<T>
 
 export function apiCaller(
@@ -38,6 +39,7 @@ export function apiCaller(
       params: options.params ?? {},
       query: {},
       body,
+      bodyFile: options.file,
       services,
       db,
       caller,

@@ -11,6 +11,7 @@ import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
 import { showAuditLog } from './pages/audit-log.ts'
 import { authorizationEndpoint, decideConsent, showConsent } from './pages/authorize.ts'
 import { moveDeal, showDealBoard } from './pages/deal-board.ts'
+import { downloadErrors, showImport, showImports, startImport, uploadImport } from './pages/import-wizard.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
 import { deleteOAuthApp, registerOAuthApp, revokeOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import { createRole, deleteRole, showRole, showRoles, updateRole } from './pages/roles.ts'
@@ -115,6 +116,11 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   // records' `/:type/:id` routes, which would otherwise take `board` and `import` for an id.
   app.get('/deals/board', page(showDealBoard))
   app.post('/deals/board/:id/move', page(moveDeal))
+  app.get('/:type/import', page(showImports))
+  app.post('/:type/import', signedInPage(services, definitions, authenticate, uploadImport, { upload: true }))
+  app.get('/:type/import/:id', page(showImport))
+  app.post('/:type/import/:id', page(startImport))
+  app.get('/:type/import/:id/errors.csv', page(downloadErrors))
   app.post('/workspace', page(switchWorkspace))
 
   app.get('/webhooks', page(showWebhooks))
