@@ -3,13 +3,14 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Caller } from '../auth/caller.ts'
 import type { DatabaseTransactionConnection } from '../db/pool.ts'
+import type { ReceivedFile } from '../http/body.ts'
 import { type HttpMethod, JsonText, type RouteDefinition, requireRouteScope, type Services, validateBody } from '../http/route.ts'
 import { takeRouteSlots } from '../http/workspace-slots.ts'
 
 export type ApiCall = <T = any>(
   method: HttpMethod,
   path: string,
-  options?: { params?: Record<string, string>; body?: unknown; query?: string; headers?: Record<string, string> },
+  options?: { params?: Record<string, string>; body?: unknown; query?: string; headers?: Record<string, string>; file?: ReceivedFile },
 ) => Promise<T>
 
 export function apiCaller(
@@ -27,7 +28,7 @@ export function apiCaller(
     requireRouteScope(definition, caller)
     const body = definition.body ? validateBody(definition.body, options.body ?? {}) : undefined
     // Handlers that read the query string parse req.url: give them one of their own.
-    // and a header the page gives (If-Match) takes the place of the browser's.
+    // Request headers a form stands for (If-Match with the version the page showed) join the page's own.
     const request = Object.create(req, {
       url: { value: `${path}${options.query ? `?${options.query}` : ''}` },
       headers: { value: { ...req.headers, ...options.headers } },
@@ -35,7 +36,18 @@ export function apiCaller(
     // The route's slots, as its router takes them: an export from a page counts like one from the API.
     const releases = takeRouteSlots(services.routeSlots, definition, caller.workspaceId)
     const result = await definition
-      .handler({ req: request, res, requestId, params: options.params ?? {}, query: {}, body, services, db, caller })
+      .handler({
+        req: request,
+        res,
+        requestId,
+        params: options.params ?? {},
+        query: {},
+        body,
+        bodyFile: options.file,
+        services,
+        db,
+        caller,
+      })
       .finally(() => {
         for (const release of releases) release()
       })

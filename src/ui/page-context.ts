@@ -6,6 +6,7 @@ import type { Authenticator } from '../auth/authenticate.ts'
 import type { Caller } from '../auth/caller.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
 import { AuthenticationError, RateLimitedError } from '../errors.ts'
+import { CSV_BODY_LIMIT, type ReceivedFile, receiveBodyFile } from '../http/body.ts'
 import { sameClientAs } from '../http/client-address.ts'
 import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
@@ -29,11 +30,13 @@ export type PageContext = {
   form: Form
   params: Record<string, string>
   query: URLSearchParams
+  /** An upload page's body, received whole into a temporary file (signedInPage's `upload` option). */
+  bodyFile?: ReceivedFile
   /** Runs a change in a savepoint (use the db and api it passes): a refusal comes back as a value and the page still renders. */
   attempt: <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>) => Promise<Attempt<T>>
 }
 
-/** `sent`: the handler wrote the response itself (a streamed export). */
+/** `sent`: the handler wrote the response itself (a streamed export, an import's errors.csv). */
 export type PageResult =
   | { redirect: string }
   | { sent: true }
@@ -57,14 +60,30 @@ export function errorPage(res: ServerResponse, status: number, message: string):
   )
 }
 
-export function signedInPage(services: Services, definitions: RouteDefinition[], authenticate: Authenticator, handler: PageHandler) {
+/**
+ * `upload`: the POST is a file (a multipart/form-data form, as the API's upload takes it), not a
+ * form: its CSRF token comes in the query string and is checked before a byte of the body is read.
+ */
+export function signedInPage(
+  services: Services,
+  definitions: RouteDefinition[],
+  authenticate: Authenticator,
+  handler: PageHandler,
+  options: { upload?: boolean } = {},
+) {
   return async (incoming: IncomingMessage, res: ServerResponse): Promise<void> => {
     const req = incoming as Request
     const path = requestPath(req)
     const requestId = req.requestId ?? ''
+    let bodyFile: ReceivedFile | undefined
     try {
       let form = EMPTY_FORM
-      if (req.method === 'POST') {
+      if (req.method === 'POST' && options.upload) {
+        if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
+        if (!csrfValid(services.config.appSecret, req, queryOf(req).get('csrf') ?? undefined))
+          return errorPage(res, 403, 'This form has expired. Reload the page and try again.')
+        bodyFile = await receiveBodyFile(req, CSV_BODY_LIMIT, services.config.bodyIdleTimeoutMs)
+      } else if (req.method === 'POST') {
         // Without a session there is nothing to post to: the form is not read.
         if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
         // Read before the session is checked (the CSRF token is in it), under receipts of their own:
@@ -119,7 +138,20 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
             }
           }
           const query = queryOf(req)
-          const outcome = await handler({ req, res, services, db, caller, api, frame, form, params: req.params ?? {}, query, attempt })
+          const outcome = await handler({
+            req,
+            res,
+            services,
+            db,
+            caller,
+            api,
+            frame,
+            form,
+            params: req.params ?? {},
+            query,
+            attempt,
+            bodyFile,
+          })
           return { outcome, frame }
         })
         .catch(async (error: unknown) => {
@@ -158,6 +190,8 @@ export function signedInPage(services: Services, definitions: RouteDefinition[],
         return errorPage(res, apiError.status, `Something went wrong on our side. Quote this reference if you report it: ${requestId}`)
       }
       return errorPage(res, apiError.status, apiError.message)
+    } finally {
+      await bodyFile?.remove()
     }
   }
 }

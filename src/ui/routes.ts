@@ -11,6 +11,8 @@ import { requestPath, SECURITY_HEADERS, safeReturnPath } from './layout.ts'
 import { errorPage, type PageHandler, signedInPage } from './page-context.ts'
 import { showAuditLog } from './pages/audit-log.ts'
 import { authorizationEndpoint, decideConsent, showConsent } from './pages/authorize.ts'
+import { moveDeal, showDealBoard } from './pages/deal-board.ts'
+import { downloadErrors, showImport, showImports, startImport, uploadImport } from './pages/import-wizard.ts'
 import { changeRole, inviteMember, showMembers, suspension, withdrawInvitation } from './pages/members.ts'
 import { deleteOAuthApp, registerOAuthApp, revokeOAuthApp, showOAuthApps } from './pages/oauth-apps.ts'
 import {
@@ -108,6 +110,9 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
 
   app.get('/ui/style.css', asset('./style.css', 'text/css; charset=utf-8'))
   app.get('/ui/app.js', asset('./app.js', 'text/javascript; charset=utf-8'))
+  // The deal board's drag and drop: SortableJS as published, from our own origin (the CSP allows no other).
+  app.get('/ui/sortable.js', asset(import.meta.resolve('sortablejs'), 'text/javascript; charset=utf-8'))
+  app.get('/ui/board.js', asset('./board.js', 'text/javascript; charset=utf-8'))
   registerReference(app)
 
   app.get('/sign-in', guard(signIn.showPassword))
@@ -121,6 +126,16 @@ export function registerPages(app: ReturnType<typeof polka>, services: Services,
   app.post('/invitations/accept', guard(limited(signUp.submitAccept)))
 
   app.get('/', page(home))
+
+  // The deal board and the import wizard. Static paths: they must be registered before the
+  // records' `/:type/:id` routes, which would otherwise take `board` and `import` for an id.
+  app.get('/deals/board', page(showDealBoard))
+  app.post('/deals/board/:id/move', page(moveDeal))
+  app.get('/:type/import', page(showImports))
+  app.post('/:type/import', signedInPage(services, definitions, authenticate, uploadImport, { upload: true }))
+  app.get('/:type/import/:id', page(showImport))
+  app.post('/:type/import/:id', page(startImport))
+  app.get('/:type/import/:id/errors.csv', page(downloadErrors))
   app.post('/workspace', page(switchWorkspace))
 
   app.get('/webhooks', page(showWebhooks))
