@@ -142,10 +142,10 @@ as $function$
       'created_at', to_char(s.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'updated_at', to_char(s.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'stats', json_build_object(
-        'success_rate', (select round(count(*) filter (where d.status = 'delivered')::numeric / nullif(count(*), 0), 4)::float8
-                           from crm.webhook_deliveries d
-                          where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test),
+        'success_rate', (select round(count(*) filter (where a.error is null)::numeric / nullif(count(*), 0), 4)::float8
+                           from crm.webhook_attempts a
+                          where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
+                            and a.started_at > now() - interval '24 hours'),
         'deliveries_24h', (select count(*) from crm.webhook_deliveries d
                             where d.workspace_id = s.workspace_id and d.subscription_id = s.id
                               and d.id >= crm.uuid_v7_floor(now() - interval '24 hours') and not d.is_test),
@@ -158,7 +158,8 @@ as $function$
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is
   'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = '
-  'delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, '
+  'successful / all attempts started in the last 24 hours (a retrying delivery''s failures included; tests left out; '
+  'through webhook_attempts_health), deliveries_24h created in the last 24 hours, '
   'last_delivery_at; null when the caller cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
@@ -879,8 +880,10 @@ begin
       returning d.*
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
-      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
+                                        subscription_id, is_test)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
+             c.subscription_id, c.is_test
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -910,20 +913,23 @@ begin
   if v_later is not null then
     -- Delivery rows are locked in id order.
     with attempts as materialized (
-      select r.*, d.row_ctid, d.attempt_count,
+      select r.*, d.row_ctid, d.attempt_count, d.subscription_id, d.is_test,
              case when d.generation <> r.generation or d.status not in ('pending', 'retrying') then 'stale' else n.status end as outcome,
              n.cycle_attempts, n.next_attempt_at
         from (select u.* from unnest(v_later) u order by u.delivery_id) r
        cross join lateral (
-         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.is_test from crm.webhook_deliveries d
+         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.subscription_id, d.is_test
+           from crm.webhook_deliveries d
           where d.workspace_id = p_workspace_id and d.id = r.delivery_id
             for update) d
        -- A test delivery is never held: it goes on as if its subscription were active.
        cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts,
                                                          case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
-      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
+                                        subscription_id, is_test)
+      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature,
+             a.subscription_id, a.is_test
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d
@@ -1549,6 +1555,11 @@ comment on table crm.webhook_attempts is
 comment on column crm.webhook_attempts.signature is
   'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the '
   'address was refused).';
+comment on column crm.webhook_attempts.subscription_id is
+  'The delivery''s subscription, copied so that a subscription''s recent attempts (success_rate, health) are read '
+  'through webhook_attempts_health without its deliveries.';
+comment on column crm.webhook_attempts.is_test is
+  'The delivery''s test flag, copied: test attempts never count in the statistics or the health.';
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
   using (true)
   with check (true);

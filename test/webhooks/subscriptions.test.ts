@@ -268,6 +268,7 @@ t.test('a subscription renders as it always has: every field, in order, with its
     body: { name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'] },
   })
   const id = created.body.data.id
+  // success_rate counts attempts: a delivered delivery's one success, a dead one's one failure, none for the pending one.
   for (const [status, completed] of [
     ['delivered', true],
     ['delivered', true],
@@ -275,8 +276,14 @@ t.test('a subscription renders as it always has: every field, in order, with its
     ['pending', false],
   ] as const) {
     await owner.query(
-      `insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at)
-                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'})`,
+      `with d as (
+         insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at, attempt_count)
+         values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'}, ${completed ? 1 : 0})
+         returning workspace_id, id, subscription_id, status, completed_at)
+       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, subscription_id, is_test)
+       select d.workspace_id, d.id, 1, d.completed_at, 5, case d.status when 'delivered' then 200 else 500 end,
+              case d.status when 'dead' then 'http_status' end, d.subscription_id, false
+         from d where d.completed_at is not null`,
       [tenant.id, id, status],
     )
   }
