@@ -2128,6 +2128,8 @@ export interface components {
             status: "active" | "paused";
             paused_reason: ("manual" | "auto") | null;
             paused_at: string | null;
+            /** @description paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy */
+            health: "healthy" | "failing" | "paused";
             secret_last4: string;
             /** Format: date-time */
             created_at: string;
@@ -6957,6 +6959,8 @@ export interface operations {
                             status: "active" | "paused";
                             paused_reason: ("manual" | "auto") | null;
                             paused_at: string | null;
+                            /** @description paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy */
+                            health: "healthy" | "failing" | "paused";
                             secret_last4: string;
                             /** Format: date-time */
                             created_at: string;

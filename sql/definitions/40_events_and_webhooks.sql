@@ -138,6 +138,14 @@ as $function$
       'id', s.id, 'name', s.name, 'url', s.url, 'events', s.events, 'status', s.status,
       'paused_reason', s.paused_reason,
       'paused_at', to_char(s.paused_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+      'health', case
+                  when s.status = 'paused' then 'paused'
+                  when (select count(*) = 3 and bool_and(l.error is not null)
+                          from (select a.error from crm.webhook_attempts a
+                                 where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
+                                 order by a.started_at desc limit 3) l) then 'failing'
+                  else 'healthy'
+                end,
       'secret_last4', s.secret_last4,
       'created_at', to_char(s.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'updated_at', to_char(s.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
@@ -160,7 +168,8 @@ comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid
   'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = '
   'successful / all attempts started in the last 24 hours (a retrying delivery''s failures included; tests left out; '
   'through webhook_attempts_health), deliveries_24h created in the last 24 hours, '
-  'last_delivery_at; null when the caller cannot see it.';
+  'last_delivery_at; health = paused, failing (its last 3 non-test attempts failed) or healthy; null when the caller '
+  'cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
 create or replace function crm.webhook_event_matches(patterns text[], event text)

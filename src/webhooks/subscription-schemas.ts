@@ -40,11 +40,18 @@ export const Subscription = named(
     status: Type.Union([Type.Literal('active'), Type.Literal('paused')]),
     paused_reason: nullable(Type.Union([Type.Literal('manual'), Type.Literal('auto')])),
     paused_at: nullable(Time),
+    health: Type.Union([Type.Literal('healthy'), Type.Literal('failing'), Type.Literal('paused')], {
+      description: 'paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy',
+    }),
     secret_last4: Type.String(),
     created_at: Time,
     updated_at: Time,
     stats: Type.Object({
-      success_rate: nullable(Type.Number({ description: 'delivered / (delivered + dead) over the last 24 hours' })),
+      success_rate: nullable(
+        Type.Number({
+          description: 'Successful / all attempts started in the last 24 hours, retrying deliveries included; null without any',
+        }),
+      ),
       deliveries_24h: Type.Integer({ description: 'Deliveries created in the last 24 hours' }),
       last_delivery_at: nullable(Time),
     }),

@@ -1,6 +1,7 @@
 // Honest webhook statistics (docs/api.md section 7): stats.success_rate counts every attempt of the
 // last 24 hours, a retrying delivery's failures included, so an endpoint refusing connections never
-// shows 100 %; test deliveries never count; the count is read through one index.
+// shows 100 %; health is paused, failing (the last 3 attempts failed) or healthy; test deliveries
+// never count; both are read through one index.
 import fc from 'fast-check'
 import t from 'tap'
 import { ownerClient } from '../helpers/database.ts'
@@ -14,7 +15,8 @@ const BASE = '/api/webhook-subscriptions'
 type DrawnAttempt = { ok: boolean; hoursAgo: number; test: boolean }
 
 const drawnAttempt = fc.record({
-  ok: fc.boolean(),
+  // Failures twice as likely: three in a row (failing) comes up often.
+  ok: fc.constantFrom(true, false, false),
   // Whole hours, never 24: an attempt is clearly inside or outside the window however long the run takes.
   hoursAgo: fc.oneof(fc.integer({ min: 0, max: 23 }), fc.integer({ min: 25, max: 60 })),
   test: fc.boolean(),
@@ -27,14 +29,25 @@ function expectedSuccessRate(attempts: DrawnAttempt[]): number | null {
   return Math.round((counted.filter((a) => a.ok).length / counted.length) * 10_000) / 10_000
 }
 
-t.test('success_rate is every non-test attempt of the last 24 hours, whatever state its delivery is in', async (t) => {
+/** What section 7 says of health; attempt i starts i seconds before the hour it is drawn at, so the order is total. */
+function expectedHealth(attempts: DrawnAttempt[], paused: boolean): string {
+  if (paused) return 'paused'
+  const latest = attempts
+    .map((attempt, i) => ({ ...attempt, i }))
+    .filter((a) => !a.test)
+    .sort((a, b) => a.hoursAgo - b.hoursAgo || a.i - b.i)
+    .slice(0, 3)
+  return latest.length === 3 && latest.every((a) => !a.ok) ? 'failing' : 'healthy'
+}
+
+t.test('success_rate and health follow the rule for any attempts, whatever state their deliveries are in', async (t) => {
   const server = await startTestServer(t, { env: WEBHOOK_TEST_ENV })
   const tenant = await createTenant(server.databaseUrl, { members: { 'admin@a.test': 'admin' }, plan: 'pro' })
   const token = tenant.members['admin@a.test'].token
   const owner = await ownerClient(t, server.databaseUrl)
 
   await fc.assert(
-    fc.asyncProperty(fc.array(drawnAttempt, { maxLength: 12 }), async (attempts) => {
+    fc.asyncProperty(fc.array(drawnAttempt, { maxLength: 12 }), fc.boolean(), async (attempts, paused) => {
       const created = await server.request('POST', BASE, {
         token,
         body: { name: 'p', url: 'http://127.0.0.1:1/', events: ['*'] },
@@ -57,12 +70,14 @@ t.test('success_rate is every non-test attempt of the last 24 hours, whatever st
           [tenant.id, id, attempt.test, attempt.hoursAgo, i, attempt.ok],
         )
       }
+      if (paused) t.equal((await server.request('POST', `${BASE}/${id}/pause`, { token })).status, 200)
       const read = await server.request('GET', `${BASE}/${id}`, { token })
       t.equal(read.status, 200)
-      const expected = expectedSuccessRate(attempts)
-      t.equal(read.body.data.stats.success_rate, expected, JSON.stringify(attempts))
+      const expected = { success_rate: expectedSuccessRate(attempts), health: expectedHealth(attempts, paused) }
+      const got = { success_rate: read.body.data.stats.success_rate, health: read.body.data.health }
+      t.same(got, expected, JSON.stringify({ attempts, paused }))
       t.equal((await server.request('DELETE', `${BASE}/${id}`, { token })).status, 204)
-      return read.body.data.stats.success_rate === expected
+      return got.success_rate === expected.success_rate && got.health === expected.health
     }),
     { numRuns: 40 },
   )
@@ -80,6 +95,7 @@ t.test('an endpoint that starts refusing connections no longer shows 100 %', asy
   const read = async () => (await server.request('GET', `${BASE}/${subscription.id}`, { token })).body.data
   for (const email of ['a@example.com', 'b@example.com']) await server.request('POST', '/api/contacts', { token, body: { email } })
   await waitUntil(async () => (await read()).stats.success_rate === 1, 15_000, 'two delivered')
+  t.equal((await read()).health, 'healthy')
 
   // Port 1 on loopback refuses every connection.
   t.equal((await server.request('PATCH', `${BASE}/${subscription.id}`, { token, body: { url: 'http://127.0.0.1:1/' } })).status, 200)
@@ -97,7 +113,10 @@ t.test('an endpoint that starts refusing connections no longer shows 100 %', asy
     retrying.every((d: { attempt_count: number }) => d.attempt_count === 1),
     'each failed once and waits for its next attempt',
   )
-  t.match((await read()).stats, { success_rate: 0.4, deliveries_24h: 5 }, '2 successes of 5 attempts, not 2 of 2 final deliveries')
+  const after = await read()
+  t.match(after.stats, { success_rate: 0.4, deliveries_24h: 5 }, '2 successes of 5 attempts, not 2 of 2 final deliveries')
+  t.equal(after.health, 'failing', 'the last 3 attempts failed')
+  t.equal((await server.request('POST', `${BASE}/${subscription.id}/pause`, { token })).body.data.health, 'paused')
 })
 
 t.test('the statistics read a subscription’s recent attempts through an index, not its whole log', async (t) => {
@@ -131,7 +150,7 @@ t.test('the statistics read a subscription’s recent attempts through an index,
     `select seq_scan, idx_scan from pg_stat_xact_user_tables where schemaname = 'crm' and relname = 'webhook_attempts'`,
   )
   await owner.query('commit')
-  t.same(scans, [{ seq_scan: '0', idx_scan: '1' }], 'one index scan of the attempts, no sequential scan')
+  t.same(scans, [{ seq_scan: '0', idx_scan: '2' }], 'two index scans of the attempts (rate and health), no sequential scan')
   const read = await server.request('GET', `${BASE}/${ids[0]}`, { token })
   t.equal(read.body.data.stats.success_rate, 0.5)
 })
