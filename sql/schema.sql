@@ -4921,24 +4921,37 @@ AS $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
   v_status text;
+  v_next_attempt_at timestamptz;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
-  select d.status into v_status from crm.webhook_deliveries d
+  -- The row lock orders concurrent calls: the second sees what the first made of the delivery.
+  select d.status, d.next_attempt_at into v_status, v_next_attempt_at from crm.webhook_deliveries d
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      for update;
   if not found then
     raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
   end if;
-  -- Only a finished delivery starts a fresh cycle (docs/api.md section 7): one still pending, retrying
-  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
-  if v_status not in ('dead', 'delivered') then
-    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+  -- A retrying delivery is attempted now, in its cycle (docs/api.md section 7). One already due (its
+  -- job may be running, or it waits its turn in a resume's release) is being attempted: left as it
+  -- is, so no second attempt runs beside it. Clock time, not the transaction's: a job becomes due by
+  -- the clock.
+  if v_status = 'retrying' and v_next_attempt_at <= clock_timestamp() then
+    return;
+  end if;
+  -- Otherwise only a finished delivery starts a fresh cycle: one pending or held has its attempt on
+  -- the way or kept, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered', 'retrying') then
+    raise exception 'only a dead, delivered or retrying delivery can be sent again; this one is %', v_status
       using errcode = 'CR409', hint = 'delivery_not_finished';
   end if;
+  -- Pending until the attempt is recorded: a second call meanwhile is refused (409), and the job the
+  -- retry was scheduled with is stale (its generation has passed) and sends nothing. A retry now
+  -- keeps its cycle, so the schedule after it goes on as after any failed attempt.
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
-         cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+         cycle_attempts = case when v_status = 'retrying' then d.cycle_attempts else 0 end,
+         generation = d.generation + 1, completed_at = null, in_release = false,
          next_attempt_at = case when s.status = 'active' or d.is_test then now() end
     from crm.webhook_subscriptions s
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
@@ -4951,7 +4964,8 @@ end
 $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is
   'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the '
-  'subscription is paused); any other status is CR409 delivery_not_finished.';
+  'subscription is paused); a retrying one attempted now in its cycle (left alone when already due); pending or held '
+  'is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.prune_webhook_deliveries(log_retention_days integer)
