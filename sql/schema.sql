@@ -4992,7 +4992,7 @@ comment on function crm.prune_webhook_deliveries(log_retention_days integer) is
   'Removes delivered and dead deliveries (their attempts cascade) older than the log retention, subscription by '
   'subscription through webhook_deliveries_completed; held and pending ones stay (nothing is dropped).';
 
-create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text);
+create type crm.webhook_attempt_result as (delivery_id uuid, event_id uuid, generation integer, started_at timestamp with time zone, duration_ms integer, response_status integer, error text, response_body_excerpt text, signature text, request_headers jsonb);
 comment on type crm.webhook_attempt_result is
   'One attempt for crm.record_webhook_attempts: a first attempt (generation null, event_id set) or a later one (the '
   'generation its job carried).';
@@ -5010,6 +5010,7 @@ create table crm.webhook_attempts (
   signature text,
   subscription_id uuid not null,
   is_test boolean not null,
+  request_headers jsonb,
   constraint webhook_attempts_pkey PRIMARY KEY (workspace_id, delivery_id, attempt),
   constraint webhook_attempts_delivery_fkey FOREIGN KEY (workspace_id, delivery_id) REFERENCES crm.webhook_deliveries(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_attempts_attempt_positive CHECK ((attempt >= 1)),
@@ -5030,6 +5031,9 @@ comment on column crm.webhook_attempts.subscription_id is
   'through webhook_attempts_health without its deliveries.';
 comment on column crm.webhook_attempts.is_test is
   'The delivery''s test flag, copied: test attempts never count in the statistics or the health.';
+comment on column crm.webhook_attempts.request_headers is
+  'Every header the attempt''s request carried, by lower-case name, secrets left out (src/webhooks/send.ts); null '
+  'when no request was sent, and for attempts logged before it was kept.';
 alter table crm.webhook_attempts enable row level security;
 alter table crm.webhook_attempts force row level security;
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
@@ -5184,9 +5188,9 @@ begin
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
-                                        subscription_id, is_test)
+                                        subscription_id, is_test, request_headers)
       select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
-             c.subscription_id, c.is_test
+             c.subscription_id, c.is_test, r.request_headers
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -5204,7 +5208,8 @@ begin
   if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
                      < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
-      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature)::crm.webhook_attempt_result
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
+                 r.request_headers)::crm.webhook_attempt_result
         from unnest(p_results) r
        cross join lateral (select d.id from crm.webhook_deliveries d
                             where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
@@ -5230,9 +5235,9 @@ begin
                                                          case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
-                                        subscription_id, is_test)
+                                        subscription_id, is_test, request_headers)
       select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature,
-             a.subscription_id, a.is_test
+             a.subscription_id, a.is_test, a.request_headers
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d

@@ -2066,8 +2066,11 @@ export interface components {
                 error: string | null;
                 response_body_excerpt: string | null;
                 signature: string | null;
+                request_headers: {
+                    [key: string]: string;
+                } | null;
             }[];
-            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
+            /** @description The latest attempt's request_headers; before any, the headers every attempt sends, its signatures aside */
             request_headers?: {
                 [key: string]: string;
             };

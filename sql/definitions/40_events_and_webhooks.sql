@@ -904,9 +904,9 @@ begin
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
-                                        subscription_id, is_test)
+                                        subscription_id, is_test, request_headers)
       select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
-             c.subscription_id, c.is_test
+             c.subscription_id, c.is_test, r.request_headers
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -924,7 +924,8 @@ begin
   if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
                      < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
-      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature)::crm.webhook_attempt_result
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
+                 r.request_headers)::crm.webhook_attempt_result
         from unnest(p_results) r
        cross join lateral (select d.id from crm.webhook_deliveries d
                             where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
@@ -950,9 +951,9 @@ begin
                                                          case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
-                                        subscription_id, is_test)
+                                        subscription_id, is_test, request_headers)
       select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature,
-             a.subscription_id, a.is_test
+             a.subscription_id, a.is_test, a.request_headers
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d
@@ -1581,6 +1582,9 @@ comment on column crm.webhook_attempts.signature is
 comment on column crm.webhook_attempts.subscription_id is
   'The delivery''s subscription, copied so that a subscription''s recent attempts (success_rate, health) are read '
   'through webhook_attempts_health without its deliveries.';
+comment on column crm.webhook_attempts.request_headers is
+  'Every header the attempt''s request carried, by lower-case name, secrets left out (src/webhooks/send.ts); null '
+  'when no request was sent, and for attempts logged before it was kept.';
 comment on column crm.webhook_attempts.is_test is
   'The delivery''s test flag, copied: test attempts never count in the statistics or the health.';
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner

@@ -4,12 +4,16 @@
 -- (redeliver, recover), so the deliveries' creation order bounds nothing. Each attempt carries its
 -- delivery's subscription and test flag, both fixed for a delivery's life
 -- (crm.tg_webhook_deliveries__keep_identity); crm.record_webhook_attempts writes them.
+-- Each attempt also keeps the request headers it sent, secrets left out (docs/api.md section 7):
+-- the Standard Webhooks signature and the transport's headers cannot be rebuilt afterwards.
 set local lock_timeout = '5s';
 -- Existing attempts (30 days by default) are filled in one pass.
 set local statement_timeout = '10min';
 
 alter table crm.webhook_attempts add column subscription_id uuid;
 alter table crm.webhook_attempts add column is_test boolean;
+alter table crm.webhook_attempts add column request_headers jsonb;
+alter type crm.webhook_attempt_result add attribute request_headers jsonb;
 -- The append-only trigger refuses every update; this one fills the new columns of existing rows.
 alter table crm.webhook_attempts disable trigger user;
 update crm.webhook_attempts a

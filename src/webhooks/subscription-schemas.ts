@@ -70,6 +70,11 @@ export const Attempt = Type.Object({
   error: nullable(Type.String()),
   response_body_excerpt: nullable(Type.String()),
   signature: nullable(Type.String({ description: 'The X-Service-Signature header this attempt sent (null: no request was sent)' })),
+  request_headers: nullable(
+    Type.Record(Type.String(), Type.String(), {
+      description: 'Every header this attempt sent, secrets left out (null: no request was sent, or logged before headers were kept)',
+    }),
+  ),
 })
 export const Delivery = named(
   'WebhookDelivery',
@@ -89,7 +94,7 @@ export const Delivery = named(
     attempts: Type.Optional(Type.Array(Attempt)),
     request_headers: Type.Optional(
       Type.Record(Type.String(), Type.String(), {
-        description: 'The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh)',
+        description: "The latest attempt's request_headers; before any, the headers every attempt sends, its signatures aside",
       }),
     ),
     body: Type.Optional(
