@@ -2140,6 +2140,8 @@ export interface components {
             updated_at: string;
             stats: {
                 success_rate: number | null;
+                /** @description Attempts started in the last 24 hours, test deliveries aside: what success_rate counts */
+                attempts_24h: number;
                 /** @description Deliveries created in the last 24 hours */
                 deliveries_24h: number;
                 last_delivery_at: string | null;
@@ -6971,6 +6973,8 @@ export interface operations {
                             updated_at: string;
                             stats: {
                                 success_rate: number | null;
+                                /** @description Attempts started in the last 24 hours, test deliveries aside: what success_rate counts */
+                                attempts_24h: number;
                                 /** @description Deliveries created in the last 24 hours */
                                 deliveries_24h: number;
                                 last_delivery_at: string | null;

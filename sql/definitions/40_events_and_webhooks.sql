@@ -150,10 +150,8 @@ as $function$
       'created_at', to_char(s.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'updated_at', to_char(s.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'stats', json_build_object(
-        'success_rate', (select round(count(*) filter (where a.error is null)::numeric / nullif(count(*), 0), 4)::float8
-                           from crm.webhook_attempts a
-                          where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
-                            and a.started_at > now() - interval '24 hours'),
+        'success_rate', round(r.succeeded::numeric / nullif(r.attempts, 0), 4)::float8,
+        'attempts_24h', r.attempts,
         'deliveries_24h', (select count(*) from crm.webhook_deliveries d
                             where d.workspace_id = s.workspace_id and d.subscription_id = s.id
                               and d.id >= crm.uuid_v7_floor(now() - interval '24 hours') and not d.is_test),
@@ -162,12 +160,16 @@ as $function$
                               where d.workspace_id = s.workspace_id and d.subscription_id = s.id and not d.is_test
                               order by d.id desc limit 1)))
     from crm.webhook_subscriptions s
+   cross join lateral (select count(*) as attempts, count(*) filter (where a.error is null) as succeeded
+                         from crm.webhook_attempts a
+                        where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
+                          and a.started_at > now() - interval '24 hours') r
    where s.workspace_id = p_workspace_id and s.id = p_id
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is
   'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = '
   'successful / all attempts started in the last 24 hours (a retrying delivery''s failures included; tests left out; '
-  'through webhook_attempts_health), deliveries_24h created in the last 24 hours, '
+  'through webhook_attempts_health) of attempts_24h, deliveries_24h created in the last 24 hours, '
   'last_delivery_at; health = paused, failing (its last 3 non-test attempts failed) or healthy; null when the caller '
   'cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;

@@ -52,6 +52,7 @@ export const Subscription = named(
           description: 'Successful / all attempts started in the last 24 hours, retrying deliveries included; null without any',
         }),
       ),
+      attempts_24h: Type.Integer({ description: 'Attempts started in the last 24 hours, test deliveries aside: what success_rate counts' }),
       deliveries_24h: Type.Integer({ description: 'Deliveries created in the last 24 hours' }),
       last_delivery_at: nullable(Time),
     }),

@@ -114,7 +114,7 @@ t.test('an endpoint that starts refusing connections no longer shows 100 %', asy
     'each failed once and waits for its next attempt',
   )
   const after = await read()
-  t.match(after.stats, { success_rate: 0.4, deliveries_24h: 5 }, '2 successes of 5 attempts, not 2 of 2 final deliveries')
+  t.match(after.stats, { success_rate: 0.4, attempts_24h: 5, deliveries_24h: 5 }, '2 successes of 5 attempts, not 2 of 2 final deliveries')
   t.equal(after.health, 'failing', 'the last 3 attempts failed')
   t.equal((await server.request('POST', `${BASE}/${subscription.id}/pause`, { token })).body.data.health, 'paused')
 })

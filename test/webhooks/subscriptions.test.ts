@@ -308,7 +308,7 @@ t.test('a subscription renders as it always has: every field, in order, with its
     secret_last4: row.secret_last4,
     created_at: time(row.created_at),
     updated_at: time(row.updated_at),
-    stats: { success_rate: 0.6667, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
+    stats: { success_rate: 0.6667, attempts_24h: 3, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
   }
   const one = await server.request('GET', `${BASE}/${id}`, { token })
   t.equal(one.text, JSON.stringify({ data: expected }), 'GET one')
@@ -324,7 +324,7 @@ t.test('a subscription renders as it always has: every field, in order, with its
         paused_at: null,
         health: 'healthy',
         updated_at: created.body.data.updated_at,
-        stats: { success_rate: null, deliveries_24h: 0, last_delivery_at: null },
+        stats: { success_rate: null, attempts_24h: 0, deliveries_24h: 0, last_delivery_at: null },
         secret: created.body.data.secret,
       },
     }),
