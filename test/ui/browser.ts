@@ -85,3 +85,20 @@ export async function unlabelledFields(page: Page): Promise<string[]> {
       .map((element) => element.outerHTML),
   )
 }
+
+/**
+ * axe-core's violations on the current page (WCAG 2.1 A and AA rules), one line each: rule, impact
+ * and the first offending element. Evaluated through the browser's debugging protocol, which the
+ * page's Content-Security-Policy does not govern.
+ */
+export async function axeViolations(page: Page): Promise<string[]> {
+  const { readFileSync } = await import('node:fs')
+  const { createRequire } = await import('node:module')
+  const source = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
+  await page.evaluate(source)
+  return page.evaluate(async () => {
+    const axe = (globalThis as unknown as { axe: { run: (context: unknown, options: unknown) => Promise<any> } }).axe
+    const results = await axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } })
+    return results.violations.map((v: any) => `${v.id} (${v.impact}): ${v.nodes[0]?.html ?? ''}`)
+  })
+}

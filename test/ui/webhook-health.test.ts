@@ -5,7 +5,7 @@ import t from 'tap'
 import { createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
-import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
+import { axeViolations, openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
 const browser = await openBrowser(t)
 if (browser) {
@@ -53,6 +53,7 @@ if (browser) {
     t.equal(await stat('Status'), 'Active')
     t.equal(await stat('Health'), 'Failing (last 3 attempts failed)')
     t.equal(await stat('Success rate'), '0% of 3 attempts')
+    t.same(await axeViolations(page), [], 'axe finds nothing on the webhooks page')
     await browser.screenshot('webhooks-failing')
   })
 
@@ -65,6 +66,7 @@ if (browser) {
     t.equal(await page.getByRole('button', { name: 'Redeliver' }).count(), 0, 'no fresh cycle for a delivery still retrying')
     t.equal(await page.getByRole('button', { name: 'Retry now' }).count(), 1)
     t.same(await unlabelledFields(page), [])
+    t.same(await axeViolations(page), [], 'axe finds nothing on the delivery page')
     await browser.screenshot('webhook-delivery-retry-now')
     down = false
     await page.getByRole('button', { name: 'Retry now' }).click()
