@@ -2066,8 +2066,11 @@ export interface components {
                 error: string | null;
                 response_body_excerpt: string | null;
                 signature: string | null;
+                request_headers: {
+                    [key: string]: string;
+                } | null;
             }[];
-            /** @description The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh) */
+            /** @description The latest attempt's request_headers; before any, the headers every attempt sends, its signatures aside */
             request_headers?: {
                 [key: string]: string;
             };
@@ -2128,6 +2131,8 @@ export interface components {
             status: "active" | "paused";
             paused_reason: ("manual" | "auto") | null;
             paused_at: string | null;
+            /** @description paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy */
+            health: "healthy" | "failing" | "paused";
             secret_last4: string;
             /** Format: date-time */
             created_at: string;
@@ -2135,6 +2140,8 @@ export interface components {
             updated_at: string;
             stats: {
                 success_rate: number | null;
+                /** @description Attempts started in the last 24 hours, test deliveries aside: what success_rate counts */
+                attempts_24h: number;
                 /** @description Deliveries created in the last 24 hours */
                 deliveries_24h: number;
                 last_delivery_at: string | null;
@@ -6957,6 +6964,8 @@ export interface operations {
                             status: "active" | "paused";
                             paused_reason: ("manual" | "auto") | null;
                             paused_at: string | null;
+                            /** @description paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy */
+                            health: "healthy" | "failing" | "paused";
                             secret_last4: string;
                             /** Format: date-time */
                             created_at: string;
@@ -6964,6 +6973,8 @@ export interface operations {
                             updated_at: string;
                             stats: {
                                 success_rate: number | null;
+                                /** @description Attempts started in the last 24 hours, test deliveries aside: what success_rate counts */
+                                attempts_24h: number;
                                 /** @description Deliveries created in the last 24 hours */
                                 deliveries_24h: number;
                                 last_delivery_at: string | null;

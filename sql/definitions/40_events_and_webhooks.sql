@@ -138,14 +138,20 @@ as $function$
       'id', s.id, 'name', s.name, 'url', s.url, 'events', s.events, 'status', s.status,
       'paused_reason', s.paused_reason,
       'paused_at', to_char(s.paused_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+      'health', case
+                  when s.status = 'paused' then 'paused'
+                  when (select count(*) = 3 and bool_and(l.error is not null)
+                          from (select a.error from crm.webhook_attempts a
+                                 where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
+                                 order by a.started_at desc limit 3) l) then 'failing'
+                  else 'healthy'
+                end,
       'secret_last4', s.secret_last4,
       'created_at', to_char(s.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'updated_at', to_char(s.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'stats', json_build_object(
-        'success_rate', (select round(count(*) filter (where d.status = 'delivered')::numeric / nullif(count(*), 0), 4)::float8
-                           from crm.webhook_deliveries d
-                          where d.workspace_id = s.workspace_id and d.subscription_id = s.id
-                            and d.completed_at is not null and d.completed_at > now() - interval '24 hours' and not d.is_test),
+        'success_rate', round(r.succeeded::numeric / nullif(r.attempts, 0), 4)::float8,
+        'attempts_24h', r.attempts,
         'deliveries_24h', (select count(*) from crm.webhook_deliveries d
                             where d.workspace_id = s.workspace_id and d.subscription_id = s.id
                               and d.id >= crm.uuid_v7_floor(now() - interval '24 hours') and not d.is_test),
@@ -154,12 +160,18 @@ as $function$
                               where d.workspace_id = s.workspace_id and d.subscription_id = s.id and not d.is_test
                               order by d.id desc limit 1)))
     from crm.webhook_subscriptions s
+   cross join lateral (select count(*) as attempts, count(*) filter (where a.error is null) as succeeded
+                         from crm.webhook_attempts a
+                        where a.workspace_id = s.workspace_id and a.subscription_id = s.id and not a.is_test
+                          and a.started_at > now() - interval '24 hours') r
    where s.workspace_id = p_workspace_id and s.id = p_id
 $function$;
 comment on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) is
   'A webhook subscription exactly as the API shows it (times as crm.api_time writes them), with stats: success_rate = '
-  'delivered / (delivered + dead) completed in the last 24 hours, deliveries_24h created in the last 24 hours, '
-  'last_delivery_at; null when the caller cannot see it.';
+  'successful / all attempts started in the last 24 hours (a retrying delivery''s failures included; tests left out; '
+  'through webhook_attempts_health) of attempts_24h, deliveries_24h created in the last 24 hours, '
+  'last_delivery_at; health = paused, failing (its last 3 non-test attempts failed) or healthy; null when the caller '
+  'cannot see it.';
 grant execute on function crm.webhook_subscription_json(p_workspace_id uuid, p_id uuid) to crm_api;
 
 create or replace function crm.webhook_event_matches(patterns text[], event text)
@@ -692,24 +704,37 @@ as $function$
 declare
   v_workspace uuid := crm.current_workspace_id();
   v_status text;
+  v_next_attempt_at timestamptz;
   v_delivery crm.webhook_deliveries;
 begin
   perform crm.require_webhook_access();
-  select d.status into v_status from crm.webhook_deliveries d
+  -- The row lock orders concurrent calls: the second sees what the first made of the delivery.
+  select d.status, d.next_attempt_at into v_status, v_next_attempt_at from crm.webhook_deliveries d
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
      for update;
   if not found then
     raise exception 'no such delivery' using errcode = 'CR404', hint = 'not_found';
   end if;
-  -- Only a finished delivery starts a fresh cycle (docs/api.md section 7): one still pending, retrying
-  -- or held has attempts left, and a reset would give it 7 more every time (retries for ever).
-  if v_status not in ('dead', 'delivered') then
-    raise exception 'only a dead or delivered delivery can be sent again; this one is %', v_status
+  -- A retrying delivery is attempted now, in its cycle (docs/api.md section 7). One already due (its
+  -- job may be running, or it waits its turn in a resume's release) is being attempted: left as it
+  -- is, so no second attempt runs beside it. Clock time, not the transaction's: a job becomes due by
+  -- the clock.
+  if v_status = 'retrying' and v_next_attempt_at <= clock_timestamp() then
+    return;
+  end if;
+  -- Otherwise only a finished delivery starts a fresh cycle: one pending or held has its attempt on
+  -- the way or kept, and a reset would give it 7 more every time (retries for ever).
+  if v_status not in ('dead', 'delivered', 'retrying') then
+    raise exception 'only a dead, delivered or retrying delivery can be sent again; this one is %', v_status
       using errcode = 'CR409', hint = 'delivery_not_finished';
   end if;
+  -- Pending until the attempt is recorded: a second call meanwhile is refused (409), and the job the
+  -- retry was scheduled with is stale (its generation has passed) and sends nothing. A retry now
+  -- keeps its cycle, so the schedule after it goes on as after any failed attempt.
   update crm.webhook_deliveries d
      set status = case when s.status = 'active' or d.is_test then 'pending' else 'held' end,
-         cycle_attempts = 0, generation = d.generation + 1, completed_at = null, in_release = false,
+         cycle_attempts = case when v_status = 'retrying' then d.cycle_attempts else 0 end,
+         generation = d.generation + 1, completed_at = null, in_release = false,
          next_attempt_at = case when s.status = 'active' or d.is_test then now() end
     from crm.webhook_subscriptions s
    where d.workspace_id = v_workspace and d.subscription_id = p_subscription_id and d.id = p_delivery_id
@@ -722,7 +747,8 @@ end
 $function$;
 comment on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) is
   'A fresh cycle of 7 attempts for a dead or delivered delivery, same delivery_id, the first at once (held when the '
-  'subscription is paused); any other status is CR409 delivery_not_finished.';
+  'subscription is paused); a retrying one attempted now in its cycle (left alone when already due); pending or held '
+  'is CR409 delivery_not_finished.';
 grant execute on function crm.redeliver_webhook(p_subscription_id uuid, p_delivery_id uuid) to crm_api;
 
 create or replace function crm.prune_webhook_deliveries(log_retention_days integer)
@@ -879,8 +905,10 @@ begin
       returning d.*
     ), logged as (
       -- The foreign-key checks of these rows run at the end of the statement, when the deliveries exist.
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
-      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
+                                        subscription_id, is_test, request_headers)
+      select p_workspace_id, c.id, 1, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
+             c.subscription_id, c.is_test, r.request_headers
         from created c
         join unnest(p_results) r on r.delivery_id = c.id
        where c.attempt_count = 1 and r.generation is null
@@ -898,7 +926,8 @@ begin
   if v_has_first and (select count(*) from unnest(v_created) c where c.attempt_count = 1)
                      < (select count(*) from unnest(p_results) r where r.generation is null and r.started_at is not null) then
     v_later := v_later || array(
-      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature)::crm.webhook_attempt_result
+      select row(d.id, r.event_id, 0, r.started_at, r.duration_ms, r.response_status, r.error, r.response_body_excerpt, r.signature,
+                 r.request_headers)::crm.webhook_attempt_result
         from unnest(p_results) r
        cross join lateral (select d.id from crm.webhook_deliveries d
                             where d.workspace_id = p_workspace_id and d.subscription_id = p_subscription_id and d.event_id = r.event_id
@@ -910,20 +939,23 @@ begin
   if v_later is not null then
     -- Delivery rows are locked in id order.
     with attempts as materialized (
-      select r.*, d.row_ctid, d.attempt_count,
+      select r.*, d.row_ctid, d.attempt_count, d.subscription_id, d.is_test,
              case when d.generation <> r.generation or d.status not in ('pending', 'retrying') then 'stale' else n.status end as outcome,
              n.cycle_attempts, n.next_attempt_at
         from (select u.* from unnest(v_later) u order by u.delivery_id) r
        cross join lateral (
-         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.is_test from crm.webhook_deliveries d
+         select d.ctid as row_ctid, d.generation, d.status, d.attempt_count, d.cycle_attempts, d.subscription_id, d.is_test
+           from crm.webhook_deliveries d
           where d.workspace_id = p_workspace_id and d.id = r.delivery_id
             for update) d
        -- A test delivery is never held: it goes on as if its subscription were active.
        cross join lateral crm.webhook_attempt_next_state(r.started_at, r.error, d.cycle_attempts,
                                                          case when d.is_test then 'active' else v_subscription_status end, v_retry_delays) n
     ), logged as (
-      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature)
-      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature
+      insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, response_body_excerpt, signature,
+                                        subscription_id, is_test, request_headers)
+      select p_workspace_id, a.delivery_id, a.attempt_count + 1, a.started_at, a.duration_ms, a.response_status, a.error, a.response_body_excerpt, a.signature,
+             a.subscription_id, a.is_test, a.request_headers
         from attempts a
     ), moved as (
       update crm.webhook_deliveries d
@@ -1549,6 +1581,14 @@ comment on table crm.webhook_attempts is
 comment on column crm.webhook_attempts.signature is
   'The X-Service-Signature header the attempt carried (t=...,v1=...[,v1=...]); null when no request was sent (the '
   'address was refused).';
+comment on column crm.webhook_attempts.subscription_id is
+  'The delivery''s subscription, copied so that a subscription''s recent attempts (success_rate, health) are read '
+  'through webhook_attempts_health without its deliveries.';
+comment on column crm.webhook_attempts.request_headers is
+  'Every header the attempt''s request carried, by lower-case name, secrets left out (src/webhooks/send.ts); null '
+  'when no request was sent, and for attempts logged before it was kept.';
+comment on column crm.webhook_attempts.is_test is
+  'The delivery''s test flag, copied: test attempts never count in the statistics or the health.';
 create policy webhook_attempts_all_owner on crm.webhook_attempts as permissive for all to crm_owner
   using (true)
   with check (true);

@@ -78,6 +78,8 @@ export type AttemptResult = {
   response_body_excerpt: string | null
   /** The X-Service-Signature header the attempt sent (absent or null: none). */
   signature?: string | null
+  /** The headers the attempt sent, secrets left out, as JSON text (absent or null: none). */
+  request_headers?: string | null
 }
 
 /** The fields of crm.webhook_attempt_result, in the type's order. */
@@ -91,6 +93,7 @@ const ATTEMPT_RESULT_FIELDS = [
   'error',
   'response_body_excerpt',
   'signature',
+  'request_headers',
 ] as const satisfies readonly (keyof AttemptResult)[]
 
 /**
@@ -117,6 +120,7 @@ const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
   error: result.error,
   response_body_excerpt: result.bodyExcerpt,
   signature: result.signature,
+  request_headers: result.requestHeaders === null ? null : JSON.stringify(result.requestHeaders),
 })
 
 const notAttempted = (row: DeliveryToSend): AttemptResult => ({

@@ -29,8 +29,24 @@ export function deliveryHeaders(delivery: DeliveryRequest): Record<string, strin
 }
 
 /**
- * The headers of an attempt's request, as the delivery log shows them (signature last); the
- * Standard Webhooks timestamp is X-Service-Signature's t, and its signature is not kept.
+ * Headers that may carry a credential: never logged, whoever adds them. None is sent today; the
+ * signatures are not among them (derived from the secret, they do not reveal it).
+ */
+const SECRET_HEADERS = new Set(['authorization', 'proxy-authorization', 'cookie', 'x-api-key'])
+
+/**
+ * What an attempt logs: every header of its request, with those the HTTP client adds for the
+ * connection (Host, Connection, Content-Length; test/webhooks/logged-headers.test.ts holds this to
+ * what a receiver gets), secrets left out.
+ */
+export function loggedHeaders(url: URL, sent: Record<string, string>, bodyBytes: number): Record<string, string> {
+  const all: Record<string, string> = { host: url.host, connection: 'keep-alive', ...sent, 'content-length': String(bodyBytes) }
+  return Object.fromEntries(Object.entries(all).filter(([name]) => !SECRET_HEADERS.has(name.toLowerCase())))
+}
+
+/**
+ * The headers every attempt of a delivery sends, for one not attempted yet or attempted before its
+ * attempts kept their headers (signature last); each attempt's own are in its request_headers.
  */
 export function requestHeaders(delivery: DeliveryRequest, signature: string | null): Record<string, string> {
   return {

@@ -7,7 +7,7 @@ import { isIP, type LookupFunction } from 'node:net'
 import type { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import { type AddressPolicy, checkWebhookUrl, type ResolvedAddress, type WebhookUrlCheck } from './address-guard.ts'
-import { CONTENT_TYPE } from './request-headers.ts'
+import { CONTENT_TYPE, loggedHeaders } from './request-headers.ts'
 import { type SigningSecret, signatureHeader, signingSecret, standardSignatureHeader } from './signature.ts'
 
 export type WebhookAttemptError =
@@ -29,6 +29,8 @@ export type WebhookAttempt = {
   detail: string | null
   /** The X-Service-Signature header sent; null when no request went out (the address was refused). */
   signature: string | null
+  /** Every header the request carried, secrets left out (loggedHeaders); null when no request went out. */
+  requestHeaders: Record<string, string> | null
 }
 
 export type SignedWebhookRequest = {
@@ -61,12 +63,13 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
   let status: number | null = null
   let excerpt: ExcerptReader | null = null
   let signature: string | null = null
+  let requestHeaders: Record<string, string> | null = null
   try {
     const pending = checkTarget(request.url, request.policy)
     const check = pending instanceof Promise ? await beforeDeadline(pending, deadline.signal) : pending
     if (!check.ok) {
       const error = check.code === 'dns_failed' ? 'dns_failed' : 'address_refused'
-      return { status: null, error, durationMs: elapsed(), bodyExcerpt: null, detail: check.reason, signature }
+      return { status: null, error, durationMs: elapsed(), bodyExcerpt: null, detail: check.reason, signature, requestHeaders }
     }
 
     const body = typeof request.body === 'string' ? Buffer.from(request.body, 'utf8') : request.body
@@ -79,22 +82,24 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
       timestamp,
       body,
     )
+    const headers = {
+      'content-type': CONTENT_TYPE,
+      ...request.headers,
+      'x-service-signature': signature,
+      'webhook-id': request.id,
+      'webhook-timestamp': String(timestamp),
+      'webhook-signature': standardSignatureHeader(
+        secrets.map((secret) => secret.standard),
+        request.id,
+        timestamp,
+        body,
+      ),
+    }
+    requestHeaders = loggedHeaders(check.url, headers, body.length)
     const response = await pinnedPool(check.url.origin, check.addresses[0]).request({
       method: 'POST',
       path: check.url.pathname + check.url.search,
-      headers: {
-        'content-type': CONTENT_TYPE,
-        ...request.headers,
-        'x-service-signature': signature,
-        'webhook-id': request.id,
-        'webhook-timestamp': String(timestamp),
-        'webhook-signature': standardSignatureHeader(
-          secrets.map((secret) => secret.standard),
-          request.id,
-          timestamp,
-          body,
-        ),
-      },
+      headers,
       body,
       signal: deadline.signal,
       headersTimeout: timeoutMs,
@@ -105,7 +110,8 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
     await excerpt.consume(response.body)
 
     const bodyExcerpt = excerpt.text()
-    if (status >= 200 && status < 300) return { status, error: null, durationMs: elapsed(), bodyExcerpt, detail: null, signature }
+    if (status >= 200 && status < 300)
+      return { status, error: null, durationMs: elapsed(), bodyExcerpt, detail: null, signature, requestHeaders }
     if (status >= 300 && status < 400) {
       const location = String(response.headers.location ?? '(no Location header)').slice(0, 200)
       return {
@@ -115,13 +121,14 @@ export async function sendSignedWebhook(request: SignedWebhookRequest): Promise<
         bodyExcerpt,
         detail: `HTTP ${status} redirect to ${location} was not followed`,
         signature,
+        requestHeaders,
       }
     }
-    return { status, error: 'http_status', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status}`, signature }
+    return { status, error: 'http_status', durationMs: elapsed(), bodyExcerpt, detail: `HTTP ${status}`, signature, requestHeaders }
   } catch (error) {
     const attemptError = deadline.signal.aborted ? 'timeout' : attemptErrorOf(error)
     const detail = deadline.signal.aborted ? (deadline.signal.reason as Error).message : describe(error)
-    return { status, error: attemptError, durationMs: elapsed(), bodyExcerpt: excerpt?.text() ?? null, detail, signature }
+    return { status, error: attemptError, durationMs: elapsed(), bodyExcerpt: excerpt?.text() ?? null, detail, signature, requestHeaders }
   } finally {
     clearTimeout(timer)
   }

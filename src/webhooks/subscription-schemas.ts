@@ -40,11 +40,19 @@ export const Subscription = named(
     status: Type.Union([Type.Literal('active'), Type.Literal('paused')]),
     paused_reason: nullable(Type.Union([Type.Literal('manual'), Type.Literal('auto')])),
     paused_at: nullable(Time),
+    health: Type.Union([Type.Literal('healthy'), Type.Literal('failing'), Type.Literal('paused')], {
+      description: 'paused while paused; failing when the last 3 attempts (test deliveries aside) failed; else healthy',
+    }),
     secret_last4: Type.String(),
     created_at: Time,
     updated_at: Time,
     stats: Type.Object({
-      success_rate: nullable(Type.Number({ description: 'delivered / (delivered + dead) over the last 24 hours' })),
+      success_rate: nullable(
+        Type.Number({
+          description: 'Successful / all attempts started in the last 24 hours, retrying deliveries included; null without any',
+        }),
+      ),
+      attempts_24h: Type.Integer({ description: 'Attempts started in the last 24 hours, test deliveries aside: what success_rate counts' }),
       deliveries_24h: Type.Integer({ description: 'Deliveries created in the last 24 hours' }),
       last_delivery_at: nullable(Time),
     }),
@@ -63,6 +71,11 @@ export const Attempt = Type.Object({
   error: nullable(Type.String()),
   response_body_excerpt: nullable(Type.String()),
   signature: nullable(Type.String({ description: 'The X-Service-Signature header this attempt sent (null: no request was sent)' })),
+  request_headers: nullable(
+    Type.Record(Type.String(), Type.String(), {
+      description: 'Every header this attempt sent, secrets left out (null: no request was sent, or logged before headers were kept)',
+    }),
+  ),
 })
 export const Delivery = named(
   'WebhookDelivery',
@@ -82,7 +95,7 @@ export const Delivery = named(
     attempts: Type.Optional(Type.Array(Attempt)),
     request_headers: Type.Optional(
       Type.Record(Type.String(), Type.String(), {
-        description: 'The headers every attempt sends, its own signatures and webhook-timestamp aside (each attempt signs afresh)',
+        description: "The latest attempt's request_headers; before any, the headers every attempt sends, its signatures aside",
       }),
     ),
     body: Type.Optional(

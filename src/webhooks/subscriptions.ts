@@ -234,14 +234,15 @@ export async function readDelivery(
            coalesce((select json_agg(json_build_object(
                       'attempt', a.attempt, 'started_at', crm.api_time(a.started_at), 'duration_ms', a.duration_ms,
                       'response_status', a.response_status, 'error', a.error, 'response_body_excerpt', a.response_body_excerpt,
-                      'signature', a.signature)
+                      'signature', a.signature, 'request_headers', a.request_headers)
                       order by a.attempt)
                       from crm.webhook_attempts a where a.workspace_id = d.workspace_id and a.delivery_id = d.id), '[]') as attempts
       from crm.webhook_deliveries d
      where d.workspace_id = (select crm.current_workspace_id()) and d.subscription_id = ${id} and d.id = ${deliveryId}`)
   if (delivery === null) throw new NotFoundError('No such delivery')
   const latest = delivery.attempts?.at(-1)
-  const headers = requestHeaders({ event: delivery.event, deliveryId: delivery.delivery_id, subscriptionId: id }, null)
+  const headers =
+    latest?.request_headers ?? requestHeaders({ event: delivery.event, deliveryId: delivery.delivery_id, subscriptionId: id }, null)
   if (latest === undefined) return { ...delivery, request_headers: headers, body: null }
   // The body of the latest attempt: built as the worker built it, around that attempt's start,
   // which is the delivered_at it sent.

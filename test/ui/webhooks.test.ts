@@ -67,7 +67,8 @@ if (browser) {
     t.equal(await stat('Secret'), `…${secret.slice(-4)}`, 'only the last 4 characters afterwards')
     t.equal(await stat('Deliveries (24 h)'), '0')
     t.equal(await stat('Last delivery'), 'Never')
-    t.equal(await stat('Success rate'), 'No finished deliveries')
+    t.equal(await stat('Success rate'), 'No attempts')
+    t.equal(await stat('Health'), 'Healthy')
 
     await page.reload()
     t.equal(await page.getByLabel('Signing secret').count(), 0, 'the secret is not shown again on reload')
@@ -83,7 +84,7 @@ if (browser) {
     await waitFor('delivered', async () => (await deliveries('delivered')) === 1)
     await page.goto(`${server.url}/webhooks`)
     t.equal(await stat('Deliveries (24 h)'), '1')
-    t.equal(await stat('Success rate'), '100%')
+    t.equal(await stat('Success rate'), '100% of 1 attempt')
     t.match(await stat('Last delivery'), /^\d{4}-\d\d-\d\d \d\d:\d\d UTC$/)
     await browser.screenshot('webhooks')
   })
@@ -92,6 +93,7 @@ if (browser) {
     await card().getByRole('button', { name: 'Pause' }).click()
     await page.waitForURL(`${server.url}/webhooks`)
     t.equal(await stat('Status'), 'Paused')
+    t.equal(await stat('Health'), 'Paused')
     t.equal(await card().getByRole('button', { name: 'Resume' }).count(), 1, 'Resume replaces Pause')
     await createContact(t, 'kim@example.com')
     await waitFor('held', async () => (await deliveries('held')) === 1)
@@ -106,7 +108,7 @@ if (browser) {
     t.equal(receiver.received[1].body.data.object.email, 'kim@example.com', 'the held delivery goes out on resume')
     await waitFor('delivered', async () => (await deliveries('delivered')) === 2)
     await page.reload()
-    t.equal(await stat('Success rate'), '100%')
+    t.equal(await stat('Success rate'), '100% of 2 attempts')
   })
 
   t.test('a refused endpoint is explained in plain words and the form keeps its values', async (t) => {

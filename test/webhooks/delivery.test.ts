@@ -25,7 +25,7 @@ t.test('a contact change reaches the receiver signed, with the documented header
   t.match(subscription.secret, /^whsec_[A-Za-z0-9+/]{43}=$/, 'whsec_ and 32 bytes in standard base64')
   t.equal(subscription.secret_last4, subscription.secret.slice(-4))
   t.equal(subscription.status, 'active')
-  t.same(subscription.stats, { success_rate: null, deliveries_24h: 0, last_delivery_at: null })
+  t.same(subscription.stats, { success_rate: null, attempts_24h: 0, deliveries_24h: 0, last_delivery_at: null })
   t.equal(created.headers.get('location'), `/api/webhook-subscriptions/${subscription.id}`)
 
   const read = await server.request('GET', `/api/webhook-subscriptions/${subscription.id}`, { token })

@@ -1,7 +1,8 @@
 // Webhook operations that make the sender work are bounded per subscription: test events (20 a
 // minute) and recoveries (10 an hour) answer 429 with Retry-After past their limit, across
 // processes (counted in the database), without touching another subscription; redeliver sends
-// again only a finished (dead or delivered) delivery, and refuses any other with 409, unchanged.
+// again a finished (dead or delivered) delivery, attempts a retrying one now, and refuses pending
+// and held ones with 409, unchanged.
 import fc from 'fast-check'
 import t from 'tap'
 import { ownerClient } from '../helpers/database.ts'
@@ -61,40 +62,53 @@ t.test('recoveries: 10 an hour per subscription, then 429 with Retry-After', asy
   t.equal((await recover(quiet)).status, 202, 'another subscription is not limited by it')
 })
 
-t.test('redeliver: a dead or delivered delivery gets a fresh cycle; pending, retrying and held ones get 409, unchanged', async (t) => {
-  const subscription = await subscribe()
-  const STATUSES = ['pending', 'retrying', 'held', 'dead', 'delivered'] as const
-  await fc.assert(
-    fc.asyncProperty(fc.constantFrom(...STATUSES), fc.integer({ min: 0, max: 7 }), async (status, cycleAttempts) => {
-      // A fresh delivery of a test event (its limit's window started anew: not what is tested
-      // here), then put in the state under test.
-      await db.query('delete from crm.webhook_operation_counts where subscription_id = $1', [subscription])
-      const sent = await server.request('POST', `${BASE}/${subscription}/test`, { token, body: {} })
-      if (sent.status !== 202) throw new Error(`test answered ${sent.status}: ${sent.text}`)
-      const id = sent.body.data.delivery_id
-      const final = status === 'dead' || status === 'delivered'
-      await db.query(
-        `update crm.webhook_deliveries
+t.test(
+  'redeliver: a dead or delivered delivery gets a fresh cycle, a retrying one its next attempt now; pending and held ones get 409, unchanged',
+  async (t) => {
+    const subscription = await subscribe()
+    const STATUSES = ['pending', 'retrying', 'held', 'dead', 'delivered'] as const
+    await fc.assert(
+      fc.asyncProperty(fc.constantFrom(...STATUSES), fc.integer({ min: 0, max: 7 }), fc.boolean(), async (status, cycleAttempts, due) => {
+        // A fresh delivery of a test event (its limit's window started anew: not what is tested
+        // here), then put in the state under test.
+        await db.query('delete from crm.webhook_operation_counts where subscription_id = $1', [subscription])
+        const sent = await server.request('POST', `${BASE}/${subscription}/test`, { token, body: {} })
+        if (sent.status !== 202) throw new Error(`test answered ${sent.status}: ${sent.text}`)
+        const id = sent.body.data.delivery_id
+        const final = status === 'dead' || status === 'delivered'
+        await db.query(
+          `update crm.webhook_deliveries
             set status = $2, cycle_attempts = $3, attempt_count = $3, completed_at = case when $4 then now() end,
-                next_attempt_at = case when $4 then null else now() + interval '1 hour' end
+                next_attempt_at = case when $4 then null when $5 then now() - interval '1 second' else now() + interval '1 hour' end
           where id = $1`,
-        [id, status, cycleAttempts, final],
-      )
-      const answer = await server.request('POST', `${BASE}/${subscription}/deliveries/${id}/redeliver`, { token })
-      const {
-        rows: [after],
-      } = await db.query('select status, cycle_attempts from crm.webhook_deliveries where id = $1', [id])
-      if (final) {
-        return answer.status === 202 && after.status === 'pending' && after.cycle_attempts === 0
-      }
-      return (
-        answer.status === 409 &&
-        answer.body.code === 'delivery_not_finished' &&
-        after.status === status &&
-        after.cycle_attempts === cycleAttempts
-      )
-    }),
-    { numRuns: 40 },
-  )
-  t.pass('every status answered as its rule says')
-})
+          [id, status, cycleAttempts, final, due],
+        )
+        const answer = await server.request('POST', `${BASE}/${subscription}/deliveries/${id}/redeliver`, { token })
+        const {
+          rows: [after],
+        } = await db.query('select status, cycle_attempts, attempt_count from crm.webhook_deliveries where id = $1', [id])
+        if (final) {
+          return answer.status === 202 && after.status === 'pending' && after.cycle_attempts === 0
+        }
+        if (status === 'retrying') {
+          // Attempted now in its cycle (pending until that attempt is recorded); one already due is
+          // being attempted and stays as it is.
+          return (
+            answer.status === 202 &&
+            after.status === (due ? 'retrying' : 'pending') &&
+            after.cycle_attempts === cycleAttempts &&
+            after.attempt_count === cycleAttempts
+          )
+        }
+        return (
+          answer.status === 409 &&
+          answer.body.code === 'delivery_not_finished' &&
+          after.status === status &&
+          after.cycle_attempts === cycleAttempts
+        )
+      }),
+      { numRuns: 40 },
+    )
+    t.pass('every status answered as its rule says')
+  },
+)

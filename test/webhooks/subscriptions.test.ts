@@ -268,6 +268,7 @@ t.test('a subscription renders as it always has: every field, in order, with its
     body: { name: 'Billing', url: 'http://127.0.0.1:1/', events: ['deal.*', 'contact.created'] },
   })
   const id = created.body.data.id
+  // success_rate counts attempts: a delivered delivery's one success, a dead one's one failure, none for the pending one.
   for (const [status, completed] of [
     ['delivered', true],
     ['delivered', true],
@@ -275,8 +276,14 @@ t.test('a subscription renders as it always has: every field, in order, with its
     ['pending', false],
   ] as const) {
     await owner.query(
-      `insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at)
-                       values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'})`,
+      `with d as (
+         insert into crm.webhook_deliveries (workspace_id, subscription_id, event_id, event, record_type, record_id, status, next_attempt_at, completed_at, attempt_count)
+         values ($1, $2, gen_random_uuid(), 'contact.created', 'contact', gen_random_uuid(), $3, null, ${completed ? `now() - interval '1 minute'` : 'null'}, ${completed ? 1 : 0})
+         returning workspace_id, id, subscription_id, status, completed_at)
+       insert into crm.webhook_attempts (workspace_id, delivery_id, attempt, started_at, duration_ms, response_status, error, subscription_id, is_test)
+       select d.workspace_id, d.id, 1, d.completed_at, 5, case d.status when 'delivered' then 200 else 500 end,
+              case d.status when 'dead' then 'http_status' end, d.subscription_id, false
+         from d where d.completed_at is not null`,
       [tenant.id, id, status],
     )
   }
@@ -297,10 +304,11 @@ t.test('a subscription renders as it always has: every field, in order, with its
     status: 'paused',
     paused_reason: 'manual',
     paused_at: time(row.paused_at),
+    health: 'paused',
     secret_last4: row.secret_last4,
     created_at: time(row.created_at),
     updated_at: time(row.updated_at),
-    stats: { success_rate: 0.6667, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
+    stats: { success_rate: 0.6667, attempts_24h: 3, deliveries_24h: 4, last_delivery_at: time(row.last_delivery_at) },
   }
   const one = await server.request('GET', `${BASE}/${id}`, { token })
   t.equal(one.text, JSON.stringify({ data: expected }), 'GET one')
@@ -314,8 +322,9 @@ t.test('a subscription renders as it always has: every field, in order, with its
         status: 'active',
         paused_reason: null,
         paused_at: null,
+        health: 'healthy',
         updated_at: created.body.data.updated_at,
-        stats: { success_rate: null, deliveries_24h: 0, last_delivery_at: null },
+        stats: { success_rate: null, attempts_24h: 0, deliveries_24h: 0, last_delivery_at: null },
         secret: created.body.data.secret,
       },
     }),

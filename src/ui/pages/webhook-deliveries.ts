@@ -233,6 +233,8 @@ export const showDelivery: PageHandler = async (context) => {
   const latest = attempts.at(-1)
   const headers = { ...delivery.request_headers, ...(latest?.signature ? { 'x-service-signature': latest.signature } : {}) }
   const canRedeliver = delivery.status === 'dead' || delivery.status === 'delivered'
+  // A retrying delivery can be attempted now rather than at its next time, in the same cycle.
+  const canRetryNow = delivery.status === 'retrying'
   return {
     title: `Delivery ${delivery.event} · ${subscription.name}`,
     content: html`${backLinks(subscription, true)}
@@ -256,7 +258,13 @@ export const showDelivery: PageHandler = async (context) => {
     <button type="submit" class="small">Redeliver</button>
     <span class="hint muted">A fresh cycle of 7 attempts with the same delivery ID, the first at once.</span>
   </form>`
-      : ''
+      : canRetryNow
+        ? html`<form class="actions" method="post" action="/webhooks/${id}/deliveries/${delivery.delivery_id}/redeliver">
+    ${hiddenCsrf(frame.csrf)}
+    <button type="submit" class="small">Retry now</button>
+    <span class="hint muted">The next attempt at once instead of at ${when(delivery.next_attempt_at)}; if it fails, the schedule goes on.</span>
+  </form>`
+        : ''
   }
 </section>
 <section aria-labelledby="request-heading">

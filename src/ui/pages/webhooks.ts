@@ -31,17 +31,21 @@ type Subscription = {
   status: 'active' | 'paused'
   paused_reason: 'manual' | 'auto' | null
   paused_at: string | null
+  health: 'healthy' | 'failing' | 'paused'
   secret_last4: string
-  stats: { success_rate: number | null; deliveries_24h: number; last_delivery_at: string | null }
+  stats: { success_rate: number | null; attempts_24h: number; deliveries_24h: number; last_delivery_at: string | null }
 }
 
 type FormState = { values?: { name: string; url: string; event: string }; error?: string; created?: { name: string; secret: string } }
 
-function successRate(rate: number | null): string {
-  if (rate === null) return 'No finished deliveries'
+/** The rate with what it counts, so that "100%" of 1 attempt reads differently from 100% of 5,000. */
+function successRate(rate: number | null, attempts: number): string {
+  if (rate === null) return 'No attempts'
   const percent = rate * 100
-  return `${Number.isInteger(percent) ? percent : percent.toFixed(1)}%`
+  return `${Number.isInteger(percent) ? percent : percent.toFixed(1)}% of ${attempts} ${attempts === 1 ? 'attempt' : 'attempts'}`
 }
+
+const HEALTH_LABELS = { healthy: 'Healthy', failing: 'Failing (last 3 attempts failed)', paused: 'Paused' } as const
 
 function card(subscription: Subscription, csrf: string): SafeHtml {
   const headingId = `webhook-${subscription.id}`
@@ -52,7 +56,8 @@ function card(subscription: Subscription, csrf: string): SafeHtml {
   <dl class="stats">
     <dt>Event</dt><dd><code>${subscription.events.join(', ')}</code></dd>
     <dt>Status</dt><dd><span class="badge ${subscription.status}">${paused ? (subscription.paused_reason === 'auto' ? 'Paused (too many failures)' : 'Paused') : 'Active'}</span></dd>
-    <dt>Success rate</dt><dd>${successRate(subscription.stats.success_rate)}</dd>
+    <dt>Health</dt><dd><span class="badge ${subscription.health}">${HEALTH_LABELS[subscription.health]}</span></dd>
+    <dt>Success rate (24 h)</dt><dd>${successRate(subscription.stats.success_rate, subscription.stats.attempts_24h)}</dd>
     <dt>Deliveries (24 h)</dt><dd>${subscription.stats.deliveries_24h}</dd>
     <dt>Last delivery</dt><dd>${when(subscription.stats.last_delivery_at, 'Never')}</dd>
     <dt>Secret</dt><dd><span class="mono" aria-label="Secret ending in ${subscription.secret_last4}">…${subscription.secret_last4}</span></dd>
