@@ -1,7 +1,7 @@
 // The secret scan every test file's database passes before it is dropped (test/helpers/secrets.ts):
 // a secret planted in an audit entry or an event's actor, as a superuser past the triggers that
 // shape them, is found and named, by its format or by its value, wherever it sits in the text.
-import { randomBytes } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
 import fc from 'fast-check'
 import t from 'tap'
 import { newRecoveryCodes, newTotpSecret } from '../../src/auth/two-factor.ts'
@@ -58,6 +58,7 @@ t.test('any secret a helper issued, anywhere in an entry or an actor, is found',
     ['webhook secret', `whsec_${randomBytes(32).toString('base64')}`],
     ['OAuth client secret', `crmsec_${randomBytes(32).toString('base64url')}`],
     ['password hash', 'scrypt$16384$8$1$c2FsdA$a2V5'],
+    ['SHA-256 digest (a stored token)', createHash('sha256').update(ada.token).digest('hex')],
     ['a secret a test helper issued or saw', newTotpSecret()],
     ['a secret a test helper issued or saw', newRecoveryCodes()[0]],
     ['a secret a test helper issued or saw', TEST_PASSWORD],
