@@ -11,6 +11,7 @@ import type { ExportFormat } from '../exports/export-query.ts'
 import { LineRow, type LinesQuery } from '../exports/stream-lines.ts'
 import { type Actor, requireAdmin } from '../members/admin-only.ts'
 import { decodeCursor, limitOf, pageOf } from '../paging.ts'
+import { isValidDate } from '../records/list-parameters.ts'
 import { UUID_PATTERN, Uuid } from '../uuid.ts'
 
 type Fragment = ReturnType<typeof sql.fragment>
@@ -48,7 +49,18 @@ type AuditFilters = Partial<Record<(typeof AUDIT_FILTERS)[number], string>>
 
 const ACTION = /^[a-z_]{1,40}\.[a-z_]{1,40}$/
 const TARGET_TYPE = /^[a-z_]{1,40}$/
-const TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$/
+const TIME = /^(\d{4}-\d{2}-\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$/
+
+/**
+ * An RFC 3339 time of a real calendar day and clock that PostgreSQL stores as given: February 30th
+ * or hour 24 would be moved to another day by the parser, or refused by the database with no
+ * pointer to the filter.
+ */
+function isAuditTime(value: string): boolean {
+  const match = TIME.exec(value)
+  if (!match || !isValidDate(match[1]) || Number.isNaN(Date.parse(value))) return false
+  return Number(match[2]) <= 23 && Number(match[3]) <= 59 && Number(match[4]) <= 59
+}
 
 /** Each filter checked (a bad one throws `invalid`), as SQL conditions on `l`. */
 function filterConditions(filters: AuditFilters, invalid: (name: string, message: string) => never): Fragment[] {
@@ -75,7 +87,7 @@ function filterConditions(filters: AuditFilters, invalid: (name: string, message
     ['until', until, sql.fragment`<`],
   ] as const) {
     if (value === undefined) continue
-    if (!TIME.test(value) || Number.isNaN(Date.parse(value))) invalid(name, `${name} must be an RFC 3339 time such as 2026-11-22T03:00:00Z`)
+    if (!isAuditTime(value)) invalid(name, `${name} must be an RFC 3339 time such as 2026-11-22T03:00:00Z`)
     conditions.push(sql.fragment`l.occurred_at ${operator} ${value}::timestamptz`)
   }
   return conditions

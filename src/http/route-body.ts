@@ -38,7 +38,9 @@ export function createRouteBodies(options: {
     // Held while the body arrives: slow senders are bounded per address and in all.
     const releaseReceipt = (byCaller ? services.callerBodyReceipts : services.bodyReceipts).take(req)
     try {
-      return validateBody(schema, await readJsonObject(req, config.bodyIdleTimeoutMs))
+      const body = await readJsonObject(req, config.bodyIdleTimeoutMs)
+      definition.checkBodyBeforeSchema?.(body)
+      return validateBody(schema, body)
     } finally {
       releaseReceipt()
     }

@@ -169,6 +169,12 @@ export type RouteDefinition = {
   /** Refuses a body from the request's headers alone, before a byte of it is received (throws). */
   checkBodyHeaders?: (req: IncomingMessage) => void
   /**
+   * A cheap check of the parsed JSON body before its schema's (throws): a count that would make
+   * validating every item costly (a batch of 100,000 tiny items fits the body limit) is refused
+   * without walking the items.
+   */
+  checkBodyBeforeSchema?: (body: Record<string, unknown>) => void
+  /**
    * A 'file' route's check of the caller, run in the transaction that authenticates it before its
    * body is received (throws), so a caller the handler would refuse sends nothing to disk.
    */

@@ -1,6 +1,7 @@
 // Runs the real `crm` command against a test database, as an operator would.
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { rememberSecretsIn } from './secrets.ts'
 import { TEST_APP_SECRET } from './server.ts'
 
 const CRM = fileURLToPath(new URL('../../bin/crm.js', import.meta.url))
@@ -19,5 +20,6 @@ export function crm(databaseUrl: string, args: string[], env: Record<string, str
   } catch {
     json = null
   }
+  rememberSecretsIn(json)
   return { status: result.status, stdout: result.stdout, stderr: result.stderr, json }
 }

@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
 import pg from 'pg'
+import { assertNoSecretsInAudit } from './secrets.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
 
@@ -42,12 +43,23 @@ export async function adminQuery(text: string, values: unknown[] = []): Promise<
   }
 }
 
-/** Clones the template into a fresh database and drops it when the test ends. */
+/**
+ * Clones the template into a fresh database and drops it when the test ends, after scanning its
+ * audit log and event actors for secrets (test/helpers/secrets.ts): the file fails naming each
+ * entry that holds one.
+ */
 export async function createTestDatabase(t: Teardown): Promise<string> {
   const name = `crm_test_${randomBytes(5).toString('hex')}`
   await adminQuery(`create database ${name} template ${process.env.CRM_TEST_TEMPLATE ?? 'crm_test_template'}`)
-  t.teardown(() => adminQuery(`drop database if exists ${name} with (force)`))
-  return databaseUrl(name)
+  const url = databaseUrl(name)
+  t.teardown(async () => {
+    try {
+      await assertNoSecretsInAudit(url)
+    } finally {
+      await adminQuery(`drop database if exists ${name} with (force)`)
+    }
+  })
+  return url
 }
 
 /** A new empty database (no template: for the migrator itself), dropped when the test ends. */

@@ -2,6 +2,7 @@
 // webhook tests start from a known tenant without going through sign-in.
 import pg from 'pg'
 import { hashToken, newToken } from '../../src/auth/tokens.ts'
+import { rememberSecret } from './secrets.ts'
 
 type Teardown = { teardown: (fn: () => unknown) => void }
 
@@ -10,6 +11,7 @@ export type Tenant = { id: string; slug: string; members: Record<string, Member>
 
 /** A cheap fixed scrypt hash of "correct horse battery" (N=1024, for test speed). */
 export const TEST_PASSWORD = 'correct horse battery'
+rememberSecret(TEST_PASSWORD)
 
 export async function withOwner<T>(url: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
   const client = new pg.Client({ connectionString: url })
@@ -96,6 +98,7 @@ export async function mintToken(
   } = {},
 ): Promise<string> {
   const token = newToken()
+  rememberSecret(token)
   // An OAuth access token belongs to a grant (sql/definitions/70_oauth.sql): one is made for it.
   await client.query(
     `with oauth_grant as (
