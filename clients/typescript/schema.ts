@@ -6872,6 +6872,7 @@ export interface operations {
                      *             "contact.created"
                      *           ],
                      *           "status": "active",
+                     *           "health": "healthy",
                      *           "paused_reason": null,
                      *           "paused_at": null,
                      *           "secret_last4": "x9Qa",
@@ -6879,6 +6880,7 @@ export interface operations {
                      *           "updated_at": "2026-11-22T03:00:21.123Z",
                      *           "stats": {
                      *             "success_rate": 0.998,
+                     *             "attempts_24h": 1535,
                      *             "deliveries_24h": 1532,
                      *             "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *           }
@@ -6940,6 +6942,7 @@ export interface operations {
                      *           "contact.created"
                      *         ],
                      *         "status": "active",
+                     *         "health": "healthy",
                      *         "paused_reason": null,
                      *         "paused_at": null,
                      *         "secret_last4": "x9Qa",
@@ -6947,6 +6950,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         },
@@ -7025,6 +7029,7 @@ export interface operations {
                      *           "contact.created"
                      *         ],
                      *         "status": "active",
+                     *         "health": "healthy",
                      *         "paused_reason": null,
                      *         "paused_at": null,
                      *         "secret_last4": "x9Qa",
@@ -7032,6 +7037,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         }
@@ -7088,6 +7094,7 @@ export interface operations {
                      *           "*"
                      *         ],
                      *         "status": "active",
+                     *         "health": "healthy",
                      *         "paused_reason": null,
                      *         "paused_at": null,
                      *         "secret_last4": "x9Qa",
@@ -7095,6 +7102,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         }
@@ -7182,6 +7190,7 @@ export interface operations {
                      *           "*"
                      *         ],
                      *         "status": "active",
+                     *         "health": "healthy",
                      *         "paused_reason": null,
                      *         "paused_at": null,
                      *         "secret_last4": "x9Qa",
@@ -7189,6 +7198,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         }
@@ -7241,6 +7251,7 @@ export interface operations {
                      *           "contact.created"
                      *         ],
                      *         "status": "paused",
+                     *         "health": "healthy",
                      *         "paused_reason": "manual",
                      *         "paused_at": "2026-11-22T03:11:00.000Z",
                      *         "secret_last4": "x9Qa",
@@ -7248,6 +7259,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         }
@@ -7294,6 +7306,7 @@ export interface operations {
                      *           "contact.created"
                      *         ],
                      *         "status": "active",
+                     *         "health": "healthy",
                      *         "paused_reason": null,
                      *         "paused_at": null,
                      *         "secret_last4": "x9Qa",
@@ -7301,6 +7314,7 @@ export interface operations {
                      *         "updated_at": "2026-11-22T03:00:21.123Z",
                      *         "stats": {
                      *           "success_rate": 0.998,
+                     *           "attempts_24h": 1535,
                      *           "deliveries_24h": 1532,
                      *           "last_delivery_at": "2026-11-22T03:10:00.000Z"
                      *         }

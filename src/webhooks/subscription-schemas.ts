@@ -201,10 +201,11 @@ export const EXAMPLE = {
   url: 'https://hooks.example.com/crm',
   events: ['deal.*', 'contact.created'],
   status: 'active',
+  health: 'healthy',
   paused_reason: null,
   paused_at: null,
   secret_last4: 'x9Qa',
   created_at: '2026-11-22T03:00:21.123Z',
   updated_at: '2026-11-22T03:00:21.123Z',
-  stats: { success_rate: 0.998, deliveries_24h: 1532, last_delivery_at: '2026-11-22T03:10:00.000Z' },
+  stats: { success_rate: 0.998, attempts_24h: 1535, deliveries_24h: 1532, last_delivery_at: '2026-11-22T03:10:00.000Z' },
 }
