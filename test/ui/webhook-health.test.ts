@@ -41,7 +41,9 @@ if (browser) {
   }
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
-  await page.waitForURL(`${server.url}/webhooks`)
+  // Everyone lands on the records; the webhooks are behind the navigation.
+  await page.waitForURL(`${server.url}/contacts`)
+  await page.goto(`${server.url}/webhooks`)
 
   t.test('an endpoint failing every attempt shows Failing and 0 % of its attempts', async (t) => {
     for (const email of ['a@example.com', 'b@example.com', 'c@example.com']) {
