@@ -190,7 +190,7 @@ if (browser) {
     await context.clearCookies()
     const adminPage = await context.newPage()
     await signIn(adminPage, server.url, 'ada@acme.test', PASSWORD)
-    await adminPage.waitForURL(`${server.url}/webhooks`)
+    await adminPage.waitForURL(`${server.url}/contacts`)
     await adminPage.goto(`${server.url}/oauth-apps`)
     const card = adminPage.getByRole('article', { name: 'Mail merge' })
     t.match(await card.textContent(), /Connected users \(1\)[\s\S]*bob@acme\.test[\s\S]*deals:read offline_access/)
