@@ -101,6 +101,9 @@ if (browser) {
     t.match(await history.textContent(), /Job title\s*—\s*Rear admiral\s*sam@acme\.test/, 'field, old, new, who')
     t.match(await history.textContent(), /Tier\s*gold\s*platinum/, 'the custom field’s change')
     t.equal(await history.locator('tbody tr').first().locator('td').nth(5).textContent(), 'ui', 'via the UI')
+    const uuid = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/
+    t.match(await history.textContent(), /Owner\s*created\s*—\s*You/, 'the owner by name, like the field above')
+    t.notMatch(await page.locator('main').textContent(), uuid, 'no member is shown by id: authors and owners by name')
     await checkPage(t, page, 'contact-page')
   })
 

@@ -114,7 +114,8 @@ type Lookups = { companies: Titles; owners: Titles; stages: Stage[] }
 function display(field: string, value: unknown, lookups: Lookups): SafeHtml | string {
   if (value === null || value === undefined || value === '') return '—'
   if (field === 'company_id') return html`<a href="/companies/${String(value)}">${lookups.companies.get(String(value)) ?? 'A company'}</a>`
-  if (field === 'owner_id') return lookups.owners.get(String(value)) ?? 'Another member'
+  // Members by name where the caller may list them (ownerNames), never by id.
+  if (field === 'owner_id' || field === 'created_by' || field === 'updated_by') return lookups.owners.get(String(value)) ?? 'Another member'
   if (field === 'stage') return lookups.stages.find((stage) => stage.key === value)?.label ?? String(value)
   if (field.endsWith('_at')) return when(String(value))
   if (typeof value === 'object') return JSON.stringify(value)
@@ -370,7 +371,17 @@ function historyFieldLabel(field: string): string {
   return fieldLabel(field.replace(/^custom_fields\./, ''))
 }
 
-function historySection(type: RecordType, id: string, entries: HistoryEntry[], next: string | null, cursor: string): SafeHtml {
+function historySection(
+  type: RecordType,
+  id: string,
+  entries: HistoryEntry[],
+  next: string | null,
+  cursor: string,
+  lookups: Lookups,
+): SafeHtml {
+  // An old or new value reads like the field on the page: a member's name, a stage's label, a time.
+  const shown = (field: string, value: unknown) =>
+    field.startsWith('custom_fields.') || value === null || value === undefined ? changeValue(value) : display(field, value, lookups)
   const rows = entries.flatMap((entry) => {
     const changes = Object.entries(entry.changes ?? {})
     const who = html`<td>${entry.actor.name ?? 'System'}</td><td>${when(entry.occurred_at)}</td><td>${entry.actor.via}</td>`
@@ -378,8 +389,8 @@ function historySection(type: RecordType, id: string, entries: HistoryEntry[], n
     return changes.map(
       ([field, change]) =>
         html`<tr><td>${historyFieldLabel(field)}${entry.action === 'updated' ? '' : html` <span class="tag">${entry.action}</span>`}</td>
-<td>${'added' in change || 'removed' in change ? `removed: ${changeValue(change.removed)}` : changeValue(change.from)}</td>
-<td>${'added' in change || 'removed' in change ? `added: ${changeValue(change.added)}` : changeValue(change.to)}</td>${who}</tr>`,
+<td>${'added' in change || 'removed' in change ? `removed: ${changeValue(change.removed)}` : shown(field, change.from)}</td>
+<td>${'added' in change || 'removed' in change ? `added: ${changeValue(change.added)}` : shown(field, change.to)}</td>${who}</tr>`,
     )
   })
   return html`<section aria-labelledby="history-heading">
@@ -483,7 +494,7 @@ ${errorNotice(error)}
   }
 </section>
 ${await associationsSection(context, type, id, mayUpdate)}
-${historySection(type, id, history.data, history.next_cursor, cursor)}`,
+${historySection(type, id, history.data, history.next_cursor, cursor, lookups)}`,
   }
 }
 
