@@ -4,7 +4,7 @@
 // violation and the pages do not scroll sideways at 375 px.
 import { readFileSync } from 'node:fs'
 import t from 'tap'
-import { createTenant } from '../helpers/fixtures.ts'
+import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { axeViolations, openBrowser, overflowX, setPassword, signIn, unlabelledFields } from './browser.ts'
 
@@ -13,7 +13,7 @@ if (browser) {
   const { page } = browser
   const PASSWORD = 'correct horse battery'
   const server = await startTestServer(t, { worker: true })
-  const acme = await createTenant(server.databaseUrl, { slug: 'acme', members: { 'mia@acme.test': 'admin' } })
+  const acme = await createTenant(server.databaseUrl, { slug: 'acme', members: { 'mia@acme.test': 'admin', 'sam@acme.test': 'member' } })
   const mia = acme.members['mia@acme.test']
   await setPassword(server.databaseUrl, 'mia@acme.test', PASSWORD)
   const asMia = (path: string) => server.request('GET', path, { token: mia.token, headers: { 'x-tenant-slug': 'acme' } })
@@ -86,6 +86,17 @@ if (browser) {
       t.equal(forged.status(), 403, `refused (${query || 'no token'})`)
     }
     t.equal((await asMia('/api/contacts/import')).body.data.length, before, 'no upload stored')
+  })
+
+  t.test('a member whose role grants no import gets a 403 page saying so, without an upload form', async (t) => {
+    const session = await withOwner(server.databaseUrl, (client) =>
+      mintToken(client, acme.members['sam@acme.test'].id, { kind: 'session' }),
+    )
+    const answer = await fetch(`${server.url}/contacts/import`, { headers: { cookie: `crm_session=${session}` } })
+    t.equal(answer.status, 403)
+    const text = await answer.text()
+    t.match(text, /Your role does not allow importing contacts/)
+    t.notMatch(text, /type="file"/, 'no upload form')
   })
 
   t.test('at 375 px the wizard does not scroll sideways', async (t) => {

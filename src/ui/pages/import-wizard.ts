@@ -12,6 +12,7 @@ import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, when } from '../layout.ts'
 import { describeRefusal, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
+import { recordTypeOf, typeGrants } from './records.ts'
 
 type Job = {
   id: string
@@ -79,6 +80,16 @@ function pastImports(type: ImportType, jobs: Job[]): SafeHtml {
 }
 
 async function renderStart(context: PageContext, type: ImportType, error?: string, status = 200): Promise<PageResult> {
+  // A role without the import grant gets no form whose upload would only be refused (the route still decides).
+  if (!(await typeGrants(context, recordTypeOf(type))).import) {
+    return {
+      status: 403,
+      title: `Import ${LABELS[type].toLowerCase()}`,
+      content: html`<h1>Import ${LABELS[type].toLowerCase()}</h1>
+<p class="lead"><a href="/${type}">Back to ${LABELS[type]}</a></p>
+<p role="alert">Your role does not allow importing ${LABELS[type].toLowerCase()}. An admin of this workspace can grant it.</p>`,
+    }
+  }
   const jobs = ((await context.api('GET', `/api/${type}/import`, { query: 'limit=20' })) as { data: Job[] }).data
   return {
     status,

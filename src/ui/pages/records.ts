@@ -69,7 +69,7 @@ export function recordTitle(type: RecordType, record: Record<string, unknown>): 
 }
 
 /** Whether the caller's role (narrowed by the session's scopes) grants the action on the type at all: the database answers. */
-async function permissions(context: PageContext, type: RecordType): Promise<Permissions> {
+export async function typeGrants(context: PageContext, type: RecordType): Promise<Permissions> {
   return context.db.one(sql.type(TypeGrantsRow)`
     select crm.grant_scope(${type.path}, 'create') is not null as create,
            crm.grant_scope(${type.path}, 'import') is not null as import,
@@ -246,7 +246,7 @@ function listFilters(type: RecordType, state: ListState, stages: Stage[]): SafeH
 async function renderList(context: PageContext, type: RecordType, error?: string, status = 200): Promise<PageResult> {
   const { query, frame, services, req, res } = context
   const state = listState(query)
-  const allowed = await permissions(context, type)
+  const allowed = await typeGrants(context, type)
   const stages = type.name === 'deal' ? await stagesOf(context) : []
   const answer = await context.attempt(({ api }) =>
     api('GET', state.q ? `/api/${type.path}/search` : `/api/${type.path}`, { query: apiQuery(state) }),
