@@ -4,6 +4,7 @@
 import t from 'tap'
 import { createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
+import { until } from '../helpers/until.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
 import { axeViolations, openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
@@ -32,13 +33,6 @@ if (browser) {
     withOwner(server.databaseUrl, async (client) =>
       Number((await client.query('select count(*) from crm.webhook_deliveries where status = $1', [status])).rows[0].count),
     )
-  const waitFor = async (what: string, check: () => Promise<boolean>) => {
-    const deadline = Date.now() + 20_000
-    while (!(await check())) {
-      if (Date.now() > deadline) throw new Error(`${what}: not within 20 s`)
-      await new Promise((resolve) => setTimeout(resolve, 100))
-    }
-  }
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
   // Everyone lands on the records; the webhooks are behind the navigation.
@@ -50,7 +44,7 @@ if (browser) {
       const created = await server.request('POST', '/api/contacts', { token: ada.token, body: { email } })
       t.equal(created.status, 201)
     }
-    await waitFor('three retrying', async () => (await count('retrying')) === 3)
+    await until('three retrying', async () => (await count('retrying')) === 3)
     await page.reload()
     t.equal(await stat('Status'), 'Active')
     t.equal(await stat('Health'), 'Failing (last 3 attempts failed)')
@@ -73,7 +67,7 @@ if (browser) {
     down = false
     await page.getByRole('button', { name: 'Retry now' }).click()
     await page.waitForURL(`${server.url}/webhooks/${subscription.id}/deliveries/${deliveryId}`)
-    await waitFor('delivered', async () => (await count('delivered')) === 1)
+    await until('delivered', async () => (await count('delivered')) === 1)
     t.equal(receiver.received.length, 4, 'one attempt more')
     await page.reload()
     t.equal(await page.getByRole('button', { name: 'Retry now' }).count(), 0, 'delivered: nothing to retry')

@@ -5,6 +5,7 @@ import t, { type Test } from 'tap'
 import { verifySignature } from '../../src/webhooks/signature.ts'
 import { addMember, createTenant, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
+import { until } from '../helpers/until.ts'
 import { startReceiver, WEBHOOK_TEST_ENV } from '../webhooks/receiver.ts'
 import { openBrowser, setPassword, signIn, unlabelledFields } from './browser.ts'
 
@@ -36,13 +37,6 @@ if (browser) {
     withOwner(server.databaseUrl, async (client) =>
       Number((await client.query('select count(*) from crm.webhook_deliveries where status = $1', [status])).rows[0].count),
     )
-  const waitFor = async (what: string, check: () => Promise<boolean>) => {
-    const deadline = Date.now() + 20_000
-    while (!(await check())) {
-      if (Date.now() > deadline) throw new Error(`${what}: not within 20 s`)
-      await new Promise((resolve) => setTimeout(resolve, 100))
-    }
-  }
 
   await signIn(page, server.url, 'ada@acme.test', PASSWORD)
   await page.waitForURL(`${server.url}/contacts`)
@@ -81,7 +75,7 @@ if (browser) {
     t.equal(request.path, '/hooks/crm')
     t.equal(request.headers['x-service-event'], 'contact.created')
     t.ok(verifySignature(String(request.headers['x-service-signature']), request.raw, secret), 'signed with the secret the page showed')
-    await waitFor('delivered', async () => (await deliveries('delivered')) === 1)
+    await until('delivered', async () => (await deliveries('delivered')) === 1)
     await page.goto(`${server.url}/webhooks`)
     t.equal(await stat('Deliveries (24 h)'), '1')
     t.equal(await stat('Success rate'), '100% of 1 attempt')
@@ -96,7 +90,7 @@ if (browser) {
     t.equal(await stat('Health'), 'Paused')
     t.equal(await card().getByRole('button', { name: 'Resume' }).count(), 1, 'Resume replaces Pause')
     await createContact(t, 'kim@example.com')
-    await waitFor('held', async () => (await deliveries('held')) === 1)
+    await until('held', async () => (await deliveries('held')) === 1)
     t.equal(receiver.received.length, 1, 'nothing is sent while paused')
     await page.reload()
     t.equal(await stat('Deliveries (24 h)'), '2')
@@ -106,7 +100,7 @@ if (browser) {
     t.equal(await stat('Status'), 'Active')
     await receiver.waitFor((received) => received.length >= 2)
     t.equal(receiver.received[1].body.data.object.email, 'kim@example.com', 'the held delivery goes out on resume')
-    await waitFor('delivered', async () => (await deliveries('delivered')) === 2)
+    await until('delivered', async () => (await deliveries('delivered')) === 2)
     await page.reload()
     t.equal(await stat('Success rate'), '100% of 2 attempts')
   })
