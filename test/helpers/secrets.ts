@@ -28,7 +28,7 @@ export const SECRET_FORMATS: [string, string][] = [
 const STORED_SECRET_FORMATS: [string, string][] = [['SHA-256 digest (a stored token)', '[0-9a-f]{64}']]
 const AUDIT_FORMATS = [...SECRET_FORMATS, ...STORED_SECRET_FORMATS]
 
-/** Keys under which a request or an answer carries a secret (docs/api.md sections 4, 4b, 8, 10). */
+/** Keys under which a request or an answer carries a secret (docs/api.md sections 3, 4a and 7). */
 const SECRET_KEYS = new Set([
   'token',
   'secret',
