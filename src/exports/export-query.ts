@@ -12,6 +12,7 @@ import { type FieldProblem, InvalidParameterError, ValidationError } from '../er
 import type { FieldSpec, RecordType } from '../records/fields.ts'
 import { parseListRequest } from '../records/list-parameters.ts'
 import { filterCondition, orderByClause, orderKeys } from '../records/list-query.ts'
+import { ownerWithinGrant } from '../records/owner-scope.ts'
 import { csvTextCellSql } from './csv-text-cell.ts'
 import { LineRow, type LinesQuery } from './stream-lines.ts'
 
@@ -93,8 +94,7 @@ export function exportQuery(type: RecordType, request: ExportRequest): { query: 
   }
   const conditions = list.filters.map(filterCondition)
   conditions.push(sql.fragment`t.workspace_id = (select crm.current_workspace_id())`)
-  conditions.push(sql.fragment`((select crm.grant_scope(${type.path}, 'export')) = 'all'
-    or t.owner_id = any ((select crm.scope_owner_ids(${type.path}, 'export'))::uuid[]))`)
+  conditions.push(ownerWithinGrant(type.path, 'export', sql.fragment`t.owner_id`))
   const where = sql.join(conditions, sql.fragment` and `)
   const order = orderByClause(orderKeys(list, null))
   const everyField = fields.length === type.fields.length && fields.every((field, index) => field === type.fields[index])

@@ -10,6 +10,7 @@ import { rowType } from '../../db/typed-rows.ts'
 import { ApiError } from '../../http/problem.ts'
 import { DEAL } from '../../records/fields.ts'
 import { etagOf } from '../../records/operations.ts'
+import { ownerWithinGrant } from '../../records/owner-scope.ts'
 import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf } from '../layout.ts'
@@ -39,8 +40,7 @@ async function cardFacts(context: PageContext, ids: string[]): Promise<Map<strin
   if (ids.length === 0) return new Map()
   const rows = await context.db.any(sql.type(CardFactsRow)`
     select t.id, ${DEAL.jsonFunction}(t)::text as record, c.name as company_name,
-           coalesce((select crm.grant_scope('deals', 'update')) = 'all'
-                    or t.owner_id = any ((select crm.scope_owner_ids('deals', 'update'))::uuid[]), false) as may_update
+           ${ownerWithinGrant('deals', 'update', sql.fragment`t.owner_id`)} as may_update
       from crm.deals t
       left join crm.companies c on c.workspace_id = t.workspace_id and c.id = t.company_id
      where t.id = any (${sql.array(ids, 'uuid')})`)

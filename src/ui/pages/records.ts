@@ -10,6 +10,7 @@ import { NotFoundError } from '../../errors.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { type FieldSpec, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { checkId, etagOf, type RecordJson, readRecord } from '../../records/operations.ts'
+import { ownerWithinGrant } from '../../records/owner-scope.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, when } from '../layout.ts'
 import type { PageContext, PageHandler, PageResult } from '../page-context.ts'
@@ -79,8 +80,7 @@ export async function typeGrants(context: PageContext, type: RecordType): Promis
 /** Whether the caller may do `action` on this record, as the row-level security policies decide it. */
 async function permits(context: PageContext, type: RecordType, record: RecordJson, action: 'update' | 'delete'): Promise<boolean> {
   return context.db.oneFirst(sql.type(GrantedRow)`
-    select coalesce(crm.grant_scope(${type.path}, ${action}) = 'all'
-                    or ${String(record.owner_id)}::uuid = any (crm.scope_owner_ids(${type.path}, ${action})), false) as granted`)
+    select ${ownerWithinGrant(type.path, action, sql.fragment`${String(record.owner_id)}::uuid`)} as granted`)
 }
 
 /** The titles of the records of `type` with these ids that the caller may see (batch read, as the API). */
