@@ -12,7 +12,7 @@ import { UUID_PATTERN } from '../../uuid.ts'
 import { html, type SafeHtml } from '../html.ts'
 import { errorNotice, hiddenCsrf, when } from '../layout.ts'
 import { describeRefusal, type PageContext, type PageHandler, type PageResult } from '../page-context.ts'
-import { recordTypeOf, typeGrants } from './records.ts'
+import { fieldLabel, recordTypeOf, typeGrants } from './records.ts'
 
 type Job = {
   id: string
@@ -34,8 +34,6 @@ const UploadRow = rowType(
     row_count: Type.Integer(),
   }),
 )
-
-const LABELS: Record<ImportType, string> = { contacts: 'Contacts', companies: 'Companies', deals: 'Deals' }
 
 function importType(params: Record<string, string>): ImportType {
   const type = IMPORT_TYPES.find((candidate) => candidate === params.type)
@@ -84,18 +82,18 @@ async function renderStart(context: PageContext, type: ImportType, error?: strin
   if (!(await typeGrants(context, recordTypeOf(type))).import) {
     return {
       status: 403,
-      title: `Import ${LABELS[type].toLowerCase()}`,
-      content: html`<h1>Import ${LABELS[type].toLowerCase()}</h1>
-<p class="lead"><a href="/${type}">Back to ${LABELS[type]}</a></p>
-<p role="alert">Your role does not allow importing ${LABELS[type].toLowerCase()}. An admin of this workspace can grant it.</p>`,
+      title: `Import ${fieldLabel(type).toLowerCase()}`,
+      content: html`<h1>Import ${fieldLabel(type).toLowerCase()}</h1>
+<p class="lead"><a href="/${type}">Back to ${fieldLabel(type)}</a></p>
+<p role="alert">Your role does not allow importing ${fieldLabel(type).toLowerCase()}. An admin of this workspace can grant it.</p>`,
     }
   }
   const jobs = ((await context.api('GET', `/api/${type}/import`, { query: 'limit=20' })) as { data: Job[] }).data
   return {
     status,
-    title: `Import ${LABELS[type].toLowerCase()}`,
-    content: html`<h1>Import ${LABELS[type].toLowerCase()}</h1>
-<p class="lead"><a href="/${type}">Back to ${LABELS[type]}</a></p>
+    title: `Import ${fieldLabel(type).toLowerCase()}`,
+    content: html`<h1>Import ${fieldLabel(type).toLowerCase()}</h1>
+<p class="lead"><a href="/${type}">Back to ${fieldLabel(type)}</a></p>
 ${errorNotice(error)}
 <section class="panel" aria-labelledby="upload-heading">
   <h2 id="upload-heading">1. Upload a CSV file</h2>
@@ -180,8 +178,8 @@ async function renderJob(context: PageContext, type: ImportType, id: string, err
   const mayStart = job.status === 'uploaded' || (!running && job.dry_run)
   return {
     status,
-    title: `Import ${LABELS[type].toLowerCase()}`,
-    content: html`<h1>Import ${LABELS[type].toLowerCase()}: ${job.file_name ?? 'Untitled file'}</h1>
+    title: `Import ${fieldLabel(type).toLowerCase()}`,
+    content: html`<h1>Import ${fieldLabel(type).toLowerCase()}: ${job.file_name ?? 'Untitled file'}</h1>
 <p class="lead"><a href="/${type}/import">All imports</a> · ${upload.row_count} rows</p>
 ${errorNotice(error)}
 ${mayStart ? mappingForm(context, type, id, { columns: upload.columns, mapping: upload.mapping ?? upload.suggested_mapping }) : ''}
