@@ -327,12 +327,16 @@ export async function checkReferencesAndScope(db: Queryable, batch: BatchMapping
   }
 }
 
-/** Every required text field, then every CHECK constraint of the target table (crm.import_check_constraints, one scan). */
-export async function checkRequiredAndConstraints(db: Queryable, batch: BatchMapping): Promise<void> {
+/** Every required text field. */
+export async function checkRequired(db: Queryable, batch: BatchMapping): Promise<void> {
   const required = batch.type.fields.filter(requiredOnCreate)
   for (const field of required) {
     await reportRows(db, field.name, sql.fragment`${`${field.name} is required`}::text`, sql.fragment`t.${ident(field.name)} is null`)
   }
+}
+
+/** Every CHECK constraint of the target table, each broken one reported with its row (crm.import_check_constraints, one scan). */
+export async function checkConstraints(db: Queryable, batch: BatchMapping): Promise<void> {
   await execute(db, sql.fragment`select crm.import_check_constraints(${batch.plan.type})`)
 }
 

@@ -6,14 +6,22 @@
 // missing company_name companies created, then one INSERT and one UPDATE statement, so that the
 // outbox triggers write the events of the whole batch at once. A dry run lands inside a savepoint
 // that it rolls back, so its counts are exactly a real run's.
+//
+// The target table's CHECK constraints are evaluated once per row, by the landing statements
+// themselves: a batch is landed without the import's own pass over them, under a savepoint. Only
+// when a constraint refuses the batch (23514) is the landing rolled back, the pass run to report
+// each broken row with its message, and the clean rows landed again. The caller asks for the pass
+// first (checkConstraintsFirst) once a batch of the run has fallen back, so that a file with bad
+// rows throughout does not pay for a refused landing in every batch.
 import Type from 'typebox'
 import { sql } from '../db/pool.ts'
 import { rowType } from '../db/typed-rows.ts'
 import { commaList, execute, ident, type Queryable, readOne, readRows, rowIsClean, workspace } from './batch-statements.ts'
 import {
   checkCompanyCreation,
+  checkConstraints,
   checkReferencesAndScope,
-  checkRequiredAndConstraints,
+  checkRequired,
   checkRowRules,
   completeRows,
   matchExistingRecords,
@@ -24,29 +32,55 @@ import { type BatchMapping, batchMappingOf, type ImportPlan } from './import-pla
 
 export type RowProblem = { row: number; column_name: string | null; field: string | null; message: string }
 export type BatchCounts = { created: number; updated: number; skipped: number; failed: number; companies_created: number }
-export type BatchOutcome = { rows: number; lastRow: number; counts: BatchCounts; errors: RowProblem[] }
+/** constraintsBroken: a CHECK constraint refused a row of the batch (its landing was repeated after the import's pass). */
+export type BatchOutcome = { rows: number; lastRow: number; counts: BatchCounts; errors: RowProblem[]; constraintsBroken: boolean }
+
+const CHECK_VIOLATION = '23514'
 
 /** Lands one batch: the rows after `afterRow`, at most `limit` of them. */
-export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: number, limit: number): Promise<BatchOutcome> {
+export async function landBatch(
+  db: Queryable,
+  plan: ImportPlan,
+  afterRow: number,
+  limit: number,
+  checkConstraintsFirst = false,
+): Promise<BatchOutcome> {
   const batch = batchMappingOf(plan)
   const staged = await stageRows(db, batch, afterRow, limit)
   if (staged.rows === 0)
-    return { rows: 0, lastRow: afterRow, counts: { created: 0, updated: 0, skipped: 0, failed: 0, companies_created: 0 }, errors: [] }
+    return {
+      rows: 0,
+      lastRow: afterRow,
+      counts: { created: 0, updated: 0, skipped: 0, failed: 0, companies_created: 0 },
+      errors: [],
+      constraintsBroken: false,
+    }
 
   await typeRows(db, batch)
   await checkRowRules(db, batch)
   await matchExistingRecords(db, batch)
   await completeRows(db, batch)
   await checkReferencesAndScope(db, batch)
-  await checkRequiredAndConstraints(db, batch)
-  await checkCompanyCreation(db, batch)
+  await checkRequired(db, batch)
+  if (checkConstraintsFirst) await checkConstraints(db, batch)
 
-  await execute(db, sql.fragment`savepoint import_land`)
-  const companiesCreated = await createNamedCompanies(db, batch)
-  const firstStage = await setFirstStage(db, batch)
-  const inserted = await insertNewRecords(db, batch, firstStage)
-  const updated = await updateMatchedRecords(db, batch)
-  await reportRefusedWrites(db, batch, inserted.conflicts, updated.refused)
+  // What follows is repeated after the constraints' pass when a constraint refuses the landing:
+  // the company checks too, since they judge only the rows found clean so far.
+  await execute(db, sql.fragment`savepoint import_checked`)
+  let constraintsChecked = checkConstraintsFirst
+  let landed: Landed
+  for (;;) {
+    try {
+      landed = await landCheckedRows(db, batch)
+      break
+    } catch (error) {
+      if (constraintsChecked || (error as { code?: string }).code !== CHECK_VIOLATION) throw error
+      await execute(db, sql.fragment`rollback to savepoint import_checked`)
+      await checkConstraints(db, batch)
+      constraintsChecked = true
+    }
+  }
+  const { companiesCreated, inserted, updated } = landed
   const errors = await readProblems(db, plan)
   await execute(db, plan.dryRun ? sql.fragment`rollback to savepoint import_land` : sql.fragment`release savepoint import_land`)
   await execute(db, sql.fragment`drop table import_stage, import_typed, import_problems`)
@@ -58,7 +92,25 @@ export async function landBatch(db: Queryable, plan: ImportPlan, afterRow: numbe
     failed: new Set(errors.map((error) => error.row)).size,
     companies_created: companiesCreated,
   }
-  return { rows: staged.rows, lastRow: staged.lastRow, counts, errors }
+  return { rows: staged.rows, lastRow: staged.lastRow, counts, errors, constraintsBroken: constraintsChecked && !checkConstraintsFirst }
+}
+
+type Landed = {
+  companiesCreated: number
+  inserted: { created: number; conflicts: number[] }
+  updated: { updated: number; skipped: number; refused: number[] }
+}
+
+/** The clean rows written (inside savepoint import_land, which the caller releases or, on a dry run, rolls back). */
+async function landCheckedRows(db: Queryable, batch: BatchMapping): Promise<Landed> {
+  await checkCompanyCreation(db, batch)
+  await execute(db, sql.fragment`savepoint import_land`)
+  const companiesCreated = await createNamedCompanies(db, batch)
+  const firstStage = await setFirstStage(db, batch)
+  const inserted = await insertNewRecords(db, batch, firstStage)
+  const updated = await updateMatchedRecords(db, batch)
+  await reportRefusedWrites(db, batch, inserted.conflicts, updated.refused)
+  return { companiesCreated, inserted, updated }
 }
 
 const CreatedCompany = rowType(Type.Object({ row: Type.Integer(), id: Type.String() }))

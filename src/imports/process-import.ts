@@ -199,6 +199,8 @@ export async function processImport(client: ImportClient, job: ImportJob, option
   if (!row || !['queued', 'processing'].includes(row.status)) return false
   try {
     if (!row.staged) await stage(client, job, row)
+    // Once a CHECK constraint has refused a batch, the rest of the run checks before landing (land-batch.ts).
+    let checkConstraintsFirst = false
     for (let batch = 1; ; batch++) {
       await client.query('begin')
       try {
@@ -233,7 +235,8 @@ export async function processImport(client: ImportClient, job: ImportJob, option
           ])
         }
         await client.query(`select set_config('role', 'crm_api', true)`)
-        const outcome = await landBatch(client, plan, current.last_row_done, batchSize)
+        const outcome = await landBatch(client, plan, current.last_row_done, batchSize, checkConstraintsFirst)
+        checkConstraintsFirst ||= outcome.constraintsBroken
         if (outcome.rows === 0) {
           await client.query('rollback')
           break
