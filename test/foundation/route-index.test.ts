@@ -54,6 +54,9 @@ t.test('the indexed lookup finds what polka finds, for every path tried', async 
   paths.add('/API/DEALS/search')
   paths.add('/api/\u212Aeys') // KELVIN SIGN, lower-cases to k
   paths.add('/api/d\u0131als') // dotless i
+  paths.add('/\u017Fecurity') // LATIN SMALL LETTER LONG S, upper-cases to S
+  paths.add('/MEMBERS')
+  paths.add('/members?')
   t.ok(paths.size > 300, `${paths.size} paths`)
   let compared = 0
   for (const path of paths) {
