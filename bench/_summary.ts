@@ -47,10 +47,15 @@ const count = (value: number) => Math.round(value).toLocaleString('en-US')
 const percent = (part: number, whole: number, digits = 0) => `${((100 * part) / whole).toFixed(digits)} %`
 const mark = (met: boolean) => (met ? '✓' : 'not met')
 
+/**
+ * target: issue 45's share of the baseline, in %, on every PostgreSQL version measured. The
+ * summary checks it against each ratio itself: a RESULTS.md written before the targets rose says
+ * whether its run met the target of its day.
+ */
 const RECORD_SCENARIOS = [
-  { name: 'GET one deal', row: 'GET one deal' },
-  { name: 'list 50 deals', row: 'list 50 deals' },
-  { name: 'create a deal', row: 'create a deal' },
+  { name: 'GET one deal', row: 'GET one deal', target: 85 },
+  { name: 'list 50 deals', row: 'list 50 deals', target: 95 },
+  { name: 'create a deal', row: 'create a deal', target: 85 },
 ]
 
 function recordRows(results: string): string[] {
@@ -61,9 +66,9 @@ function recordRows(results: string): string[] {
   const which = versions.map(({ version }) => version).join(' / ')
   const lines = RECORD_SCENARIOS.map((scenario) => {
     const cells = versions.map(({ body }) => row(body, scenario.row))
-    // The ratio cell reads "79% ✅ ≥ 70%": the ratio, whether the target was met, the target.
-    const target = /≥ *(\d+)%/.exec(cells[0]?.[7] ?? '')?.[1] ?? '?'
-    const met = cells.every((cell) => cell[7]?.includes('✅'))
+    // The ratio cell reads "79% ✅ ≥ 70%": the ratio first.
+    const { target } = scenario
+    const met = cells.every((cell) => numberIn(cell[7]) >= target)
     return `| ${scenario.name}, PostgreSQL ${which} | ${cells.map((cell) => count(numberIn(cell[1]))).join(' / ')} req/s | ${cells
       .map((cell) => count(numberIn(cell[4])))
       .join(' / ')} req/s | ${cells.map((cell) => `${numberIn(cell[7])} %`).join(' / ')} | ≥ ${target} % ${mark(met)} |`

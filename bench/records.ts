@@ -41,14 +41,14 @@ const HISTORY_CHANGES = 1000
 type Scenario = { name: string; method: 'GET' | 'POST'; path: (ids: string[]) => string; body?: string; target: number }
 
 const SCENARIOS: Scenario[] = [
-  { name: 'GET one deal', method: 'GET', path: (ids) => `/api/deals/${ids[Math.floor(Math.random() * ids.length)]}`, target: 0.7 },
-  { name: 'list 50 deals, filter[stage]=won', method: 'GET', path: () => '/api/deals?filter[stage]=won&limit=50', target: 0.85 },
+  { name: 'GET one deal', method: 'GET', path: (ids) => `/api/deals/${ids[Math.floor(Math.random() * ids.length)]}`, target: 0.85 },
+  { name: 'list 50 deals, filter[stage]=won', method: 'GET', path: () => '/api/deals?filter[stage]=won&limit=50', target: 0.95 },
   {
     name: 'create a deal',
     method: 'POST',
     path: () => '/api/deals',
     body: JSON.stringify({ name: 'Bench deal', amount: '1250.00' }),
-    target: 0.65,
+    target: 0.85,
   },
 ]
 

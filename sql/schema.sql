@@ -2111,6 +2111,7 @@ AS $function$
 declare
   v_caller record;
   v_due boolean;
+  v_written text;
 begin
   select t.id as token_id, t.user_id, t.last_used_at, t.scopes, t.oauth_app_id, t.oauth_grant_id, u.last_workspace_id,
          t.context, t.context_key
@@ -2134,8 +2135,10 @@ begin
   -- The context as crm.authenticate kept it for this workspace, access version and via, when the
   -- token holds it; otherwise computed as crm.authenticate does (and not stored: a standby runs
   -- this too, and writes nothing).
+  -- An assignment, not PERFORM: PL/pgSQL evaluates it as a simple expression, where PERFORM runs
+  -- a query through the executor (measured: about 8 us of the call's 50-60 us of backend CPU).
   if v_caller.context_key = crm.context_cache_key(p_workspace_id, p_access_version, p_via) then
-    perform crm.write_context(v_caller.context);
+    v_written := crm.write_context(v_caller.context);
   elsif not crm.put_context(v_caller.user_id, p_workspace_id, p_via, v_caller.scopes, v_caller.oauth_app_id,
                             v_caller.token_id, v_caller.oauth_grant_id) then
     return next;

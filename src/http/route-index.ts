@@ -1,10 +1,11 @@
-// Route lookup by the path's first two segments. polka (trouter) tests every route's pattern against
+// Route lookup by the path's leading segments. polka (trouter) tests every route's pattern against
 // every request, in order: about 150 regular expressions per request (profiled at 3 % of GET one's
-// API process). Routes whose path starts with two plain segments (`/api/deals/...`) can only match a
-// path that starts with the same two segments, so each request tests only those and the routes
-// that could match any path (middleware, patterns starting with a parameter), in the original order;
-// the matching loop itself is trouter's, so the handlers and parameters found are the same.
-// test/foundation/route-index.test.ts compares the two lookups.
+// API process). A route whose path starts with a plain segment (`/members/...`) can only match a path
+// that starts with the same segment, and one that starts with two (`/api/deals/...`) only a path
+// that starts with the same two; so each request tests only the routes of its leading segments and
+// the routes that could match any path (middleware, patterns starting with a parameter), in the
+// original order; the matching loop itself is trouter's, so the handlers and parameters found are
+// the same. test/foundation/route-index.test.ts compares the two lookups.
 
 type Route = { keys: string[] | false; pattern: RegExp; midx: number; handlers: unknown[] }
 type Found = { params: Record<string, string>; handlers: unknown[] }
@@ -25,24 +26,28 @@ const METHOD_INDEX: Record<string, number> = {
 }
 
 /**
- * The two leading plain segments a route's pattern requires, lower-cased (patterns are
- * case-insensitive), or null when it may match other paths. Only patterns regexparam built from a
- * string are read (keys is an array): each plain segment is written into them as it is, and what
- * follows one is always a segment boundary (`\/`, `(?:\/`, `(?=$|\/)`). A segment with anything but
- * letters, digits, `_` and `-` (a `.` is a regex wildcard there) leaves the route unindexed.
+ * The leading plain segments a route's pattern requires, lower-cased (patterns are
+ * case-insensitive): two (`api/deals`), else one (`members`), else null when it may match any path.
+ * Only patterns regexparam built from a string are read (keys is an array): each plain segment is
+ * written into them as it is, and what follows one is always a segment boundary (`\/`, `(?:\/`,
+ * `(?=$|\/)`, or the optional trailing slash `\/?$`). A segment with anything but letters, digits, `_`
+ * and `-` (a `.` is a regex wildcard there) ends the key before it.
  */
-function leadingSegments(route: Route): string | null {
-  if (route.keys === false) return null
-  const match = /^\^\\\/([A-Za-z0-9_-]+)\\\/([A-Za-z0-9_-]+)(\\\/|\(\?:\\\/|\(\?=\$\|\\\/\))/.exec(route.pattern.source)
-  return match && route.pattern.flags === 'i' ? `${match[1].toLowerCase()}/${match[2].toLowerCase()}` : null
+function leadingSegments(route: Route): { two: string } | { one: string } | null {
+  if (route.keys === false || route.pattern.flags !== 'i') return null
+  const two = /^\^\\\/([A-Za-z0-9_-]+)\\\/([A-Za-z0-9_-]+)(\\\/|\(\?:\\\/|\(\?=\$\|\\\/\))/.exec(route.pattern.source)
+  if (two) return { two: `${two[1].toLowerCase()}/${two[2].toLowerCase()}` }
+  const one = /^\^\\\/([A-Za-z0-9_-]+)(\\\/|\(\?:\\\/|\(\?=\$\|\\\/\))/.exec(route.pattern.source)
+  return one ? { one: one[1].toLowerCase() } : null
 }
 
-/** The same key for a request path: its first two segments, lower-cased. */
-function pathKey(url: string): string | null {
+/** A request path's first segment, and its first two (null without a second), lower-cased. */
+function pathKeys(url: string): { one: string; two: string | null } {
   const second = url.indexOf('/', 1)
-  if (second < 0) return null
+  if (second < 0) return { one: url.slice(1).toLowerCase(), two: null }
   const third = url.indexOf('/', second + 1)
-  return url.slice(1, third < 0 ? url.length : third).toLowerCase()
+  const two = url.slice(1, third < 0 ? url.length : third).toLowerCase()
+  return { one: two.slice(0, second - 1), two }
 }
 
 /** trouter's find, over the given routes only. */
@@ -72,22 +77,25 @@ function findIn(routes: Route[], method: string, url: string): Found {
 
 /** Replaces the router's find with the indexed one; call after every route is added. */
 export function indexRoutes(router: Router): void {
-  const keyed = new Map<string, Route[]>()
-  const anywhere: Route[] = []
   const keys = router.routes.map(leadingSegments)
-  for (const key of keys) if (key !== null && !keyed.has(key)) keyed.set(key, [])
-  // Each list keeps the original order: its own routes and those that may match anything.
-  router.routes.forEach((route, index) => {
-    const key = keys[index]
-    if (key === null) {
-      anywhere.push(route)
-      for (const list of keyed.values()) list.push(route)
-    } else {
-      keyed.get(key)!.push(route)
-    }
-  })
+  // Each list keeps the original order: a key's own routes, its first segment's, and those that
+  // may match anything.
+  const listOf = (one: string, two: string | null) =>
+    router.routes.filter((_, index) => {
+      const key = keys[index]
+      return key === null || ('one' in key ? key.one === one : key.two === two)
+    })
+  const byTwo = new Map<string, Route[]>()
+  const byOne = new Map<string, Route[]>()
+  for (const key of keys) {
+    if (key === null) continue
+    const one = 'one' in key ? key.one : key.two.slice(0, key.two.indexOf('/'))
+    if (!byOne.has(one)) byOne.set(one, listOf(one, null))
+    if ('two' in key && !byTwo.has(key.two)) byTwo.set(key.two, listOf(one, key.two))
+  }
+  const anywhere = router.routes.filter((_, index) => keys[index] === null)
   router.find = (method, url) => {
-    const key = pathKey(url)
-    return findIn((key !== null && keyed.get(key)) || anywhere, method, url)
+    const key = pathKeys(url)
+    return findIn((key.two !== null && byTwo.get(key.two)) || byOne.get(key.one) || anywhere, method, url)
   }
 }

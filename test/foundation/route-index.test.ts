@@ -54,6 +54,9 @@ t.test('the indexed lookup finds what polka finds, for every path tried', async 
   paths.add('/API/DEALS/search')
   paths.add('/api/\u212Aeys') // KELVIN SIGN, lower-cases to k
   paths.add('/api/d\u0131als') // dotless i
+  paths.add('/\u017Fecurity') // LATIN SMALL LETTER LONG S, upper-cases to S
+  paths.add('/MEMBERS')
+  paths.add('/members?')
   t.ok(paths.size > 300, `${paths.size} paths`)
   let compared = 0
   for (const path of paths) {
@@ -71,4 +74,30 @@ t.test('the indexed lookup finds what polka finds, for every path tried', async 
     }
   }
   t.ok(compared > 2000, `${compared} lookups compared`)
+})
+
+t.test("a request under /api/ tries none of the UI's one-segment routes", async (t) => {
+  const app = build() as unknown as Router
+  indexRoutes(app)
+  const tried: string[] = []
+  for (const route of app.routes) {
+    const { pattern } = route
+    const exec = pattern.exec.bind(pattern)
+    const test = pattern.test.bind(pattern)
+    pattern.exec = (text) => {
+      tried.push(pattern.source)
+      return exec(text)
+    }
+    pattern.test = (text) => {
+      tried.push(pattern.source)
+      return test(text)
+    }
+  }
+  for (const path of ['/api/deals/01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a', '/api/deals']) {
+    tried.length = 0
+    t.ok(app.find('GET', path).handlers.length > 0, `GET ${path} is found`)
+    // A route whose pattern starts with a plain segment other than api cannot match.
+    const outside = tried.filter((source) => /^\^\\\/[A-Za-z0-9_-]/.test(source) && !source.startsWith('^\\/api\\/'))
+    t.same(outside, [], `GET ${path} tests only /api/ routes and those that may match any path`)
+  }
 })

@@ -282,3 +282,15 @@ t.test("a list statement's frame is kept per type, sort and page size; a search'
     "the second search has none of the first's",
   )
 })
+
+t.test("a list statement kept from an earlier request carries this request's values", async (t) => {
+  const cursor = encodeCursor('-amount,-id', ['10.00', '01935f3c-9b00-7d4e-8c1a-1f2e3d4c5b6a'])
+  const first = listQuery(DEAL, parse('filter[stage]=won&limit=33&sort=-amount'))
+  const second = listQuery(DEAL, parse('filter[stage]=lost&limit=33&sort=-amount'))
+  t.equal(second.sql, first.sql, 'the same text')
+  t.same([first.values, second.values], [['won'], ['lost']], 'each its own value')
+  const paged = listQuery(DEAL, parse(`filter[stage]=lost&limit=33&sort=-amount&cursor=${cursor}`))
+  t.not(paged.sql, first.sql, 'a cursor, another condition text')
+  t.same(paged.values.slice(0, 1), ['lost'], 'the filter value first, then the keyset values')
+  t.ok(paged.values.includes('10.00'), "the cursor's values")
+})
