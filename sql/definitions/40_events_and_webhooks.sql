@@ -1392,19 +1392,23 @@ create or replace function crm.may_read_record_history(p_record_type text, p_wor
  returns boolean
  language plpgsql
  stable
+ cost 5000
 as $function$
 begin
   if p_workspace_id is distinct from crm.current_workspace_id() then
     return false;
   end if;
+  -- From the request context alone (an expression PL/pgSQL evaluates without running a query).
+  if crm.is_admin()
+     and crm.grant_scope(case p_record_type when 'contact' then 'contacts' when 'company' then 'companies'
+                                            when 'deal' then 'deals' end, 'view') = 'all' then
+    return true;
+  end if;
   -- Run as the caller: the record table's own policies decide what exists.
   return case p_record_type
-    when 'contact' then (crm.is_admin() and crm.grant_scope('contacts', 'view') = 'all')
-                        or exists (select from crm.contacts r where r.workspace_id = p_workspace_id and r.id = p_record_id)
-    when 'company' then (crm.is_admin() and crm.grant_scope('companies', 'view') = 'all')
-                        or exists (select from crm.companies r where r.workspace_id = p_workspace_id and r.id = p_record_id)
-    when 'deal' then (crm.is_admin() and crm.grant_scope('deals', 'view') = 'all')
-                     or exists (select from crm.deals r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'contact' then exists (select from crm.contacts r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'company' then exists (select from crm.companies r where r.workspace_id = p_workspace_id and r.id = p_record_id)
+    when 'deal' then exists (select from crm.deals r where r.workspace_id = p_workspace_id and r.id = p_record_id)
     else false
   end;
 end
@@ -1419,9 +1423,12 @@ comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
 
--- fields (the keys that may differ: previous_attributes' for an update, every field for a create or
--- a delete), before and after are made once per event (OFFSET 0 keeps the planner from copying
--- their expressions into every use, each reading the event's data again).
+-- Who may read is asked in a LATERAL subquery of its own (OFFSET 0 keeps it one) so that the planner
+-- may put a Memoize node over it, keyed by the record: then the events of one record ask once, not
+-- once each (docs/performance.md, Record history); without one, each event asks, as before.
+-- Of each event's changed fields (the keys that may differ: previous_attributes' for an update,
+-- every field for a create or a delete), before and after are made once per event (OFFSET 0 keeps
+-- the planner from copying their expressions into every use, each reading the event's data again).
 create view crm.record_history as
  SELECT e.workspace_id,
     e.record_type,
@@ -1459,13 +1466,14 @@ create view crm.record_history as
                 UNION ALL
                  SELECT ('associations.'::text || a.key), a.value
                    FROM jsonb_each(COALESCE((e.data -> 'associations_changed'::text), '{}'::jsonb)) a(key, value)) c) AS changes
-   FROM (crm.events e
-     -- A join, not a subquery, for the actor's name: with two relations in FROM, PostgreSQL 15 and
-     -- 18 print the view alike (with one, 18 leaves the columns unqualified), so sql/schema.sql
-     -- holds for both.
+   FROM ((crm.events e
+     -- A join, not a subquery, for the actor's name: with more than one relation in FROM,
+     -- PostgreSQL 15 and 18 print the view alike (with one, 18 leaves the columns unqualified), so
+     -- sql/schema.sql holds for both.
      LEFT JOIN crm.users u ON ((u.id = ((e.actor ->> 'id'::text))::uuid)))
-  WHERE ((e.workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))
-         AND crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id));
+     CROSS JOIN LATERAL ( SELECT crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id) AS allowed
+            OFFSET 0) m)
+  WHERE ((e.workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id)) AND m.allowed);
 comment on view crm.record_history is
   'Every change of every record, from the outbox (docs/api.md section 5b): action created, updated or deleted; actor '
   '{user_id, name, via, token_id?, app_id?} (the user''s current name); changes {field: {from, '
