@@ -22,9 +22,9 @@ const TEMPLATE = 'crm_test_template'
 
 /**
  * How many test files run at once: TEST_JOBS, or twice the cores. tap's own default leaves a core
- * free, which on a machine of 2 cores is one file at a time; and a test file spends most of its wall
- * time waiting (for its server's answers, a child process, a cluster or a browser to start, a worker
- * to pick up a job), not computing: measured in docs/performance.md ("Test suite").
+ * free, which on a machine of 2 cores is one file at a time; and many test files spend most of their
+ * wall time waiting (for their server's answers, a child process, a cluster or a browser to start, a
+ * worker to pick up a job), not computing: measured in docs/performance.md ("Test suite").
  */
 function testJobs(args: string[]): string[] {
   if (args.some((arg) => /^(-j|--jobs)/.test(arg))) return []
