@@ -5,9 +5,10 @@
 // TEST_POSTGRES_BIN=<a PostgreSQL bin directory> (Debian's /usr/lib/postgresql/15/bin, say) runs the
 // throwaway cluster, and the clusters tests start themselves, from those binaries instead of the
 // embedded ones: CI runs the suite on the oldest supported version that way too.
+// TEST_JOBS=<n> runs n test files at once instead of twice the cores (an explicit --jobs wins).
 import { spawn } from 'node:child_process'
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import { migrate } from '../src/db/migrate.ts'
@@ -18,6 +19,17 @@ import { SECRET_FORMATS } from './helpers/secrets.ts'
 import { TapFailures } from './helpers/tap-failures.ts'
 
 const TEMPLATE = 'crm_test_template'
+
+/**
+ * How many test files run at once: TEST_JOBS, or twice the cores. tap's own default leaves a core
+ * free, which on a machine of 2 cores is one file at a time; and many test files spend most of their
+ * wall time waiting (for their server's answers, a child process, a cluster or a browser to start, a
+ * worker to pick up a job), not computing: measured in docs/performance.md ("Test suite").
+ */
+function testJobs(args: string[]): string[] {
+  if (args.some((arg) => /^(-j|--jobs)/.test(arg))) return []
+  return [`--jobs=${Number(process.env.TEST_JOBS) || 2 * availableParallelism()}`]
+}
 
 async function provision(): Promise<ProvisionedDatabase & { label: string }> {
   if (process.env.DATABASE_URL) {
@@ -101,7 +113,7 @@ async function main(): Promise<number> {
 
     const logDir = mkdtempSync(join(tmpdir(), 'crm-test-logs-'))
     const args = process.argv.slice(2)
-    const tap = spawn('npx', ['tap', ...args], {
+    const tap = spawn('npx', ['tap', ...testJobs(args), ...args], {
       stdio: ['ignore', 'pipe', 'inherit'],
       env: { ...process.env, CRM_TEST_SERVER_URL: server.url, CRM_TEST_TEMPLATE: TEMPLATE, CRM_TEST_LOG_DIR: logDir, DATABASE_URL: '' },
     })

@@ -16,6 +16,13 @@ type Teardown = { teardown: (fn: () => unknown) => void }
 
 export type CrmKind = 'api' | 'worker' | 'serve'
 
+/**
+ * How long a child may take to say it is ready before the test gives up on it: a bound on a
+ * failure, not a wait. Started while other test files run (test/run.ts runs several at once) on a
+ * busy machine, a child took more than 30 s.
+ */
+const READY_WITHIN_MS = 120_000
+
 export type CrmProcess = {
   kind: CrmKind
   /** http://127.0.0.1:<port> for an API (the same port across restarts); '' for a worker. */
@@ -97,7 +104,7 @@ export async function startCrm(
     exited = new Promise<void>((resolve) => spawned.once('exit', () => resolve()))
     pipeLines(spawned.stdout)
     pipeLines(spawned.stderr)
-    const deadline = Date.now() + (options.readyTimeoutMs ?? 30_000)
+    const deadline = Date.now() + (options.readyTimeoutMs ?? READY_WITHIN_MS)
     for (;;) {
       if (spawned.exitCode !== null || spawned.signalCode !== null) {
         throw new Error(
@@ -106,7 +113,9 @@ export async function startCrm(
       }
       if (kind === 'worker' ? readyLines > readyBefore : await healthy(url)) return
       if (Date.now() > deadline)
-        throw new Error(`crm ${args.join(' ')} not ready within ${options.readyTimeoutMs ?? 30_000} ms:\n${lines.slice(-20).join('\n')}`)
+        throw new Error(
+          `crm ${args.join(' ')} not ready within ${options.readyTimeoutMs ?? READY_WITHIN_MS} ms:\n${lines.slice(-20).join('\n')}`,
+        )
       await sleep(50)
     }
   }
