@@ -450,8 +450,8 @@ function wrapStatement(
 
 /**
  * A write's statement (never a read a standby could answer), by the texts of the write and of its
- * visibility check: built by slonik once per pair of texts, then reused as reads' are (profiled on
- * create: building it each time cost more of the API process than the rest of the write path).
+ * visibility check: built by slonik once per pair of texts, then reused as reads' are (measured on
+ * create with its INSERT's text, src/records/operations.ts).
  */
 function wrapWrite(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write: StatementWrite): PlainStatement {
   const visible = write.visibleAfterNoMatch

@@ -189,9 +189,10 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
 /**
  * createRecord's INSERT. Its text depends only on the type, the fields sent (in their order), the
  * answer's form and the gate, so slonik builds it once for each of those and a create puts its
- * values into a copy of that query (profiled: building it on every create was the largest share of
- * the API process's CPU over the baseline's, with the wrapper around it, src/auth/authenticate.ts).
- * The first build checks that the values go in the order slonik numbered them.
+ * values into a copy of that query (measured: building it and its wrapper, src/auth/authenticate.ts,
+ * on every create, and parsing the answer again, cost 28-41 µs of the API process's CPU a create on
+ * the loaded host; see docs/performance.md). The first build checks that the values go in the order
+ * slonik numbered them.
  */
 function insertStatement(db: DatabaseTransactionConnection, type: RecordType, values: WrittenValue[], gate: Fragment) {
   const parameters = values.map(({ value, json }) => (json ? jsonValue(value).values[0] : value))
@@ -213,7 +214,8 @@ function insertStatement(db: DatabaseTransactionConnection, type: RecordType, va
     if (query.values.length !== parameters.length || query.values.some((value, index) => value !== parameters[index])) {
       throw new Error(`a ${type.label} insert's values do not match its text`)
     }
-    if (insertQueries.size < MAX_INSERT_QUERIES) insertQueries.set(key, query)
+    // Kept without this create's values: the process holds no request's data past its answer.
+    if (insertQueries.size < MAX_INSERT_QUERIES) insertQueries.set(key, { ...query, values: [] })
   }
   return { ...query, values: parameters as typeof query.values }
 }
