@@ -455,14 +455,28 @@ function wrapStatement(
 }
 
 /**
- * A write's statement, built by slonik each time (its text depends on the fields sent; the
- * statement is still named by its text, see src/db/request/statement-pool.ts). It is never a read a
- * standby could answer.
+ * A write's statement (never a read a standby could answer), by the texts of the write and of its
+ * visibility check: built by slonik once per pair of texts, then reused as reads' are (measured on
+ * create with its INSERT's text, src/records/operations.ts).
  */
 function wrapWrite(call: AuthenticationCall, query: ReturnType<typeof sql.unsafe>, write: StatementWrite): PlainStatement {
-  const built = wrappedWrite(call, query, write)
-  return { sql: pgQueryText(built.sql), values: built.values }
+  const visible = write.visibleAfterNoMatch
+  const values = [...call.values, ...query.values, ...(visible?.values ?? [])]
+  const texts = call.resumes ? wrappedWriteTexts.resumed : wrappedWriteTexts.full
+  const key = visible ? `${query.sql}\n${visible.sql}` : query.sql
+  let text = texts.get(key)
+  if (text === undefined) {
+    const built = wrappedWrite(call, query, write)
+    // The values go in the order slonik numbered them: authentication's, the write's, its visibility check's.
+    if (built.values.length !== values.length || built.values.some((value, index) => value !== values[index])) {
+      throw new Error("a write's values do not match its wrapped statement")
+    }
+    text = pgQueryText(built.sql)
+    if (texts.size < MAX_WRAPPED_TEXTS) texts.set(key, text)
+  }
+  return { sql: text, values }
 }
+const wrappedWriteTexts = { full: new Map<string, string>(), resumed: new Map<string, string>() }
 
 /** The route's rows of a wrapped statement's answer, and the authentication row of its first row (every row's, for a single row). */
 function unwrapRows(rows: readonly unknown[]): { auth: unknown; rows: Record<string, unknown>[]; visible: boolean | null } {

@@ -126,9 +126,12 @@ async function writeOne<T>(
   return refuseWrite(db, type, target.id, target.action)
 }
 
+/** A writable field sent, with the value its column takes. */
+type WrittenValue = { name: string; value: unknown; json: boolean }
+
 /** The body's writable fields by name, with the values the columns take (checked and normalised); read-only fields are dropped. */
-export function writableValues(type: RecordType, body: Record<string, unknown>): { name: string; value: unknown; json: boolean }[] {
-  const values: { name: string; value: unknown; json: boolean }[] = []
+export function writableValues(type: RecordType, body: Record<string, unknown>): WrittenValue[] {
+  const values: WrittenValue[] = []
   for (const [name, raw] of Object.entries(body)) {
     const field = type.byName.get(name)
     // Read-only fields are ignored when sent; the schema already refused unknown fields.
@@ -153,11 +156,19 @@ export function writableValues(type: RecordType, body: Record<string, unknown>):
 
 /** The body's writable fields as column/value pairs; read-only fields are dropped. */
 export function assignments(type: RecordType, body: Record<string, unknown>): { name: string; column: Fragment; value: Fragment }[] {
-  return writableValues(type, body).map(({ name, value, json }) => ({
+  return pairsOf(writableValues(type, body))
+}
+
+function pairsOf(values: WrittenValue[]): { name: string; column: Fragment; value: Fragment }[] {
+  return values.map(({ name, value, json }) => ({
     name,
     column: sql.fragment`${sql.identifier([name])}`,
-    value: json ? sql.fragment`${sql.jsonb(value as Record<string, unknown>)}` : sql.fragment`${value as string | number | null}`,
+    value: json ? jsonValue(value) : sql.fragment`${value as string | number | null}`,
   }))
+}
+
+function jsonValue(value: unknown): Fragment {
+  return sql.fragment`${sql.jsonb(value as Record<string, unknown>)}`
 }
 
 /**
@@ -165,10 +176,10 @@ export function assignments(type: RecordType, body: Record<string, unknown>): { 
  * (<table>_insert_own_bookkeeping, <table>_insert_scoped) check the same values. With the context
  * carrier those helpers are inlined reads of it, evaluated once for the one row.
  */
-function insertPairs(type: RecordType, body: Record<string, unknown>): { column: Fragment; value: Fragment }[] {
+function insertPairs(type: RecordType, values: WrittenValue[]): { column: Fragment; value: Fragment }[] {
   return [
-    ...assignments(type, body).map((pair) => ({ ...pair, value: insertedValue(type, pair.name, pair.value) })),
-    ...bookkeepingPairs(body.owner_id !== undefined),
+    ...pairsOf(values).map((pair) => ({ ...pair, value: insertedValue(type, pair.name, pair.value) })),
+    ...bookkeepingPairs(values.some((value) => value.name === 'owner_id')),
   ]
 }
 
@@ -193,12 +204,25 @@ function bookkeepingPairs(ownerSent: boolean): { column: Fragment; value: Fragme
 }
 
 export async function createRecord(db: DatabaseTransactionConnection, type: RecordType, body: Record<string, unknown>): Promise<string> {
-  const pairs = insertPairs(type, body)
-  return writeOne<string>(
-    db,
-    type,
-    null,
-    (gate) => sql.type(RecordRow)`
+  const values = writableValues(type, body)
+  return writeOne<string>(db, type, null, (gate) => insertStatement(db, type, values, gate))
+}
+
+/**
+ * createRecord's INSERT. Its text depends only on the type, the fields sent (in their order), the
+ * answer's form and the gate, so slonik builds it once for each of those and a create puts its
+ * values into a copy of that query (measured: building it and its wrapper, src/auth/authenticate.ts,
+ * on every create, and parsing the answer again, cost 28-41 µs of the API process's CPU a create on
+ * the loaded host; see docs/performance.md). The first build checks that the values go in the order
+ * slonik numbered them.
+ */
+function insertStatement(db: DatabaseTransactionConnection, type: RecordType, values: WrittenValue[], gate: Fragment) {
+  const parameters = values.map(({ value, json }) => (json ? jsonValue(value).values[0] : value))
+  const key = `${type.name} ${answersJsonAsText(db)} ${gate.sql} ${values.map((value) => value.name).join(',')}`
+  let query = insertQueries.get(key)
+  if (query === undefined) {
+    const pairs = insertPairs(type, values)
+    query = sql.type(RecordRow)`
       insert into ${type.table} as t (${sql.join(
         pairs.map((pair) => pair.column),
         sql.fragment`, `,
@@ -208,9 +232,28 @@ export async function createRecord(db: DatabaseTransactionConnection, type: Reco
         sql.fragment`, `,
       )}
        where ${gate}
-      returning ${recordText(db, type)} as record`,
-  )
+      returning ${recordText(db, type)} as record`
+    if (query.values.length !== parameters.length || query.values.some((value, index) => value !== parameters[index])) {
+      throw new Error(`a ${type.label} insert's values do not match its text`)
+    }
+    // Kept without this create's values: the process holds no request's data past its answer.
+    if (insertQueries.size < MAX_INSERT_QUERIES) insertQueries.set(key, { ...query, values: [] })
+  }
+  return { ...query, values: parameters as typeof query.values }
 }
+
+/** createRecord's INSERTs by type, fields sent, answer's form and gate; past the bound, built each time. */
+const insertQueries = new Map<string, ReturnType<typeof sql.unsafe>>()
+const MAX_INSERT_QUERIES = 256
+
+/**
+ * The id of a record from its JSON text as crm.<type>_json renders it (the id first), without
+ * parsing the rest; parsed in full when the text does not start that way.
+ */
+export function recordIdOf(recordText: string): string {
+  return RECORD_ID.exec(recordText)?.[1] ?? (JSON.parse(recordText) as RecordJson).id
+}
+const RECORD_ID = /^\{"id" : "([0-9a-f-]{36})",/
 
 /**
  * The bodies' writable values grouped by the set of fields they send, each row keyed by field name
