@@ -4235,6 +4235,10 @@ CREATE TRIGGER tg_webhook_subscriptions__audit AFTER INSERT OR DELETE OR UPDATE 
 CREATE TRIGGER tg_webhook_subscriptions__check_limits BEFORE INSERT ON crm.webhook_subscriptions
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_subscriptions__check_limits();
+CREATE TRIGGER tg_webhook_subscriptions__delete_deliveries AFTER DELETE ON crm.webhook_subscriptions
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_subscriptions__delete_deliveries();
 CREATE TRIGGER tg_webhook_subscriptions__touch_updated_at BEFORE UPDATE ON crm.webhook_subscriptions
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg__touch_updated_at();
@@ -4259,6 +4263,24 @@ $function$;
 comment on function crm.tg_webhook_subscriptions__check_limits() is
   'Refuses a subscription without the plan (402) or beyond 100 per workspace (422).';
 grant execute on function crm.tg_webhook_subscriptions__check_limits() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_webhook_subscriptions__delete_deliveries()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  delete from crm.webhook_deliveries d
+   where d.ctid = any (array(select x.ctid from old_rows o
+                              cross join lateral (select x.ctid from crm.webhook_deliveries x
+                                                   where x.workspace_id = o.workspace_id and x.subscription_id = o.id) x));
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_subscriptions__delete_deliveries() is
+  'The cascade of a deleted subscription to its deliveries (and through them their attempts), once per statement.';
+grant execute on function crm.tg_webhook_subscriptions__delete_deliveries() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_event_patterns_are_valid(patterns text[])
  RETURNS boolean
@@ -4523,7 +4545,6 @@ create table crm.webhook_deliveries (
   is_test boolean default false not null,
   test_event jsonb,
   constraint webhook_deliveries_pkey PRIMARY KEY (workspace_id, id),
-  constraint webhook_deliveries_subscription_fkey FOREIGN KEY (workspace_id, subscription_id) REFERENCES crm.webhook_subscriptions(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_deliveries_attempt_count_check CHECK ((attempt_count >= 0)),
   constraint webhook_deliveries_completed_when_final CHECK (
     ((status = ANY (ARRAY['delivered'::text, 'dead'::text])) = (completed_at IS NOT NULL))
@@ -4592,14 +4613,40 @@ CREATE UNIQUE INDEX webhook_deliveries_subscription_event ON crm.webhook_deliver
   USING btree (workspace_id, subscription_id, event_id);
 comment on index crm.webhook_deliveries_subscription_event is
   'One delivery per subscription and event: a re-run fan-out creates nothing twice.';
+CREATE TRIGGER tg_webhook_deliveries__delete_attempts AFTER DELETE ON crm.webhook_deliveries
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_deliveries__delete_attempts();
 CREATE TRIGGER tg_webhook_deliveries__keep_identity BEFORE UPDATE ON crm.webhook_deliveries
   FOR EACH ROW
   WHEN (((new.id <> old.id) OR (new.workspace_id <> old.workspace_id) OR (new.subscription_id <> old.subscription_id) OR (new.event_id <> old.event_id) OR (new.event <> old.event) OR (new.created_at <> old.created_at) OR (new.attempt_count < old.attempt_count)))
   EXECUTE FUNCTION crm.tg_webhook_deliveries__keep_identity();
+CREATE TRIGGER tg_webhook_deliveries__subscription_exists AFTER INSERT ON crm.webhook_deliveries
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_deliveries__subscription_exists();
 CREATE TRIGGER tg_webhook_deliveries__touch_updated_at BEFORE UPDATE ON crm.webhook_deliveries
   FOR EACH ROW
   WHEN ((NOT (new.updated_at IS DISTINCT FROM old.updated_at)))
   EXECUTE FUNCTION crm.tg__touch_updated_at();
+
+CREATE OR REPLACE FUNCTION crm.tg_webhook_deliveries__delete_attempts()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  delete from crm.webhook_attempts a
+   where a.ctid = any (array(select x.ctid from old_rows o
+                              cross join lateral (select x.ctid from crm.webhook_attempts x
+                                                   where x.workspace_id = o.workspace_id and x.delivery_id = o.id) x));
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_deliveries__delete_attempts() is
+  'The cascade of deleted deliveries to their attempts, once per statement (housekeeping deletes thousands at once).';
+grant execute on function crm.tg_webhook_deliveries__delete_attempts() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_deliveries__keep_identity()
  RETURNS trigger
@@ -4619,6 +4666,40 @@ $function$;
 comment on function crm.tg_webhook_deliveries__keep_identity() is
   'delivery_id (and what it delivers) never changes; receivers deduplicate on it.';
 grant execute on function crm.tg_webhook_deliveries__keep_identity() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_webhook_deliveries__subscription_exists()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_parents bigint;
+  v_found bigint;
+begin
+  select count(*) into v_parents from (select distinct n.workspace_id, n.subscription_id from new_rows n) p;
+  if v_parents = 0 then
+    return null;
+  end if;
+  -- Locked as a foreign key locks its parent: a delete under way waits for this transaction, or has
+  -- removed the row already, which is then not found.
+  -- Probes by primary key, one per parent (lateral: the transition table has no statistics).
+  perform 1 from (select distinct n.workspace_id, n.subscription_id from new_rows n order by 1, 2) p
+   cross join lateral (select s.id from crm.webhook_subscriptions s
+                        where s.workspace_id = p.workspace_id and s.id = p.subscription_id for key share) s;
+  get diagnostics v_found = row_count;
+  if v_found < v_parents then
+    raise exception 'a webhook delivery names a subscription that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'webhook_deliveries',
+            constraint = 'webhook_deliveries_subscription_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_deliveries__subscription_exists() is
+  'The foreign key of a delivery''s subscription, once per inserting statement: each subscription named is locked FOR '
+  'KEY SHARE once (not once per delivery), and a missing one fails the statement with 23503.';
+grant execute on function crm.tg_webhook_deliveries__subscription_exists() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_delivery_id(p_event_id uuid, p_subscription_id uuid)
  RETURNS uuid
@@ -5043,7 +5124,6 @@ create table crm.webhook_attempts (
   is_test boolean not null,
   request_headers jsonb,
   constraint webhook_attempts_pkey PRIMARY KEY (workspace_id, delivery_id, attempt),
-  constraint webhook_attempts_delivery_fkey FOREIGN KEY (workspace_id, delivery_id) REFERENCES crm.webhook_deliveries(workspace_id, id) ON DELETE CASCADE,
   constraint webhook_attempts_attempt_positive CHECK ((attempt >= 1)),
   constraint webhook_attempts_duration_check CHECK ((duration_ms >= 0)),
   constraint webhook_attempts_error_known CHECK (
@@ -5088,6 +5168,10 @@ CREATE INDEX webhook_attempts_health ON crm.webhook_attempts
 CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_attempts
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
+CREATE TRIGGER tg_webhook_attempts__delivery_exists AFTER INSERT ON crm.webhook_attempts
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_attempts__delivery_exists();
 
 CREATE OR REPLACE FUNCTION crm.tg_webhook_attempts__append_only()
  RETURNS trigger
@@ -5100,6 +5184,50 @@ $function$;
 comment on function crm.tg_webhook_attempts__append_only() is
   'An attempt is a fact: never changed (rows leave only with their delivery).';
 grant execute on function crm.tg_webhook_attempts__append_only() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_webhook_attempts__delivery_exists()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_this_transaction xid := pg_current_xact_id()::xid;
+  v_parents bigint;
+  v_written bigint;
+  v_locked bigint := 0;
+begin
+  select count(*) into v_parents from (select distinct n.workspace_id, n.delivery_id from new_rows n) p;
+  if v_parents = 0 then
+    return null;
+  end if;
+  -- A delivery this transaction inserted or moved on (crm.record_webhook_attempts does one or the
+  -- other in the statement that logs the attempt) cannot be deleted by another before it commits:
+  -- it is found, not locked again.
+  -- Probes by primary key, one per parent (lateral: the transition table has no statistics).
+  select count(*) into v_written
+    from (select distinct n.workspace_id, n.delivery_id from new_rows n) p
+   cross join lateral (select 1 from crm.webhook_deliveries d
+                        where d.workspace_id = p.workspace_id and d.id = p.delivery_id and d.xmin = v_this_transaction) d;
+  if v_written < v_parents then
+    perform 1 from (select distinct n.workspace_id, n.delivery_id from new_rows n order by 1, 2) p
+     cross join lateral (select d.id from crm.webhook_deliveries d
+                          where d.workspace_id = p.workspace_id and d.id = p.delivery_id and d.xmin <> v_this_transaction
+                            for key share) d;
+    get diagnostics v_locked = row_count;
+  end if;
+  if v_written + v_locked < v_parents then
+    raise exception 'a webhook attempt names a delivery that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'webhook_attempts',
+            constraint = 'webhook_attempts_delivery_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_attempts__delivery_exists() is
+  'The foreign key of an attempt''s delivery, once per inserting statement: a delivery this transaction wrote is only '
+  'found, any other is locked FOR KEY SHARE as a foreign key would lock it; a missing one fails with 23503.';
+grant execute on function crm.tg_webhook_attempts__delivery_exists() to crm_api;
 
 CREATE OR REPLACE FUNCTION crm.webhook_retry_delays()
  RETURNS interval[]

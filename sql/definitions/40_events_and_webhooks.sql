@@ -1615,6 +1615,140 @@ CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_att
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 
+-- The delivery log's parents, checked once per statement (migration 000017 dropped the two foreign
+-- keys that checked and locked them once per row): a delivery's subscription and an attempt's
+-- delivery exist, and deleting a subscription or a delivery deletes what hangs from it.
+create or replace function crm.tg_webhook_deliveries__subscription_exists()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_parents bigint;
+  v_found bigint;
+begin
+  select count(*) into v_parents from (select distinct n.workspace_id, n.subscription_id from new_rows n) p;
+  if v_parents = 0 then
+    return null;
+  end if;
+  -- Locked as a foreign key locks its parent: a delete under way waits for this transaction, or has
+  -- removed the row already, which is then not found.
+  -- Probes by primary key, one per parent (lateral: the transition table has no statistics).
+  perform 1 from (select distinct n.workspace_id, n.subscription_id from new_rows n order by 1, 2) p
+   cross join lateral (select s.id from crm.webhook_subscriptions s
+                        where s.workspace_id = p.workspace_id and s.id = p.subscription_id for key share) s;
+  get diagnostics v_found = row_count;
+  if v_found < v_parents then
+    raise exception 'a webhook delivery names a subscription that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'webhook_deliveries',
+            constraint = 'webhook_deliveries_subscription_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_deliveries__subscription_exists() is
+  'The foreign key of a delivery''s subscription, once per inserting statement: each subscription named is locked FOR '
+  'KEY SHARE once (not once per delivery), and a missing one fails the statement with 23503.';
+grant execute on function crm.tg_webhook_deliveries__subscription_exists() to crm_api;
+
+create or replace function crm.tg_webhook_attempts__delivery_exists()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_this_transaction xid := pg_current_xact_id()::xid;
+  v_parents bigint;
+  v_written bigint;
+  v_locked bigint := 0;
+begin
+  select count(*) into v_parents from (select distinct n.workspace_id, n.delivery_id from new_rows n) p;
+  if v_parents = 0 then
+    return null;
+  end if;
+  -- A delivery this transaction inserted or moved on (crm.record_webhook_attempts does one or the
+  -- other in the statement that logs the attempt) cannot be deleted by another before it commits:
+  -- it is found, not locked again.
+  -- Probes by primary key, one per parent (lateral: the transition table has no statistics).
+  select count(*) into v_written
+    from (select distinct n.workspace_id, n.delivery_id from new_rows n) p
+   cross join lateral (select 1 from crm.webhook_deliveries d
+                        where d.workspace_id = p.workspace_id and d.id = p.delivery_id and d.xmin = v_this_transaction) d;
+  if v_written < v_parents then
+    perform 1 from (select distinct n.workspace_id, n.delivery_id from new_rows n order by 1, 2) p
+     cross join lateral (select d.id from crm.webhook_deliveries d
+                          where d.workspace_id = p.workspace_id and d.id = p.delivery_id and d.xmin <> v_this_transaction
+                            for key share) d;
+    get diagnostics v_locked = row_count;
+  end if;
+  if v_written + v_locked < v_parents then
+    raise exception 'a webhook attempt names a delivery that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'webhook_attempts',
+            constraint = 'webhook_attempts_delivery_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_attempts__delivery_exists() is
+  'The foreign key of an attempt''s delivery, once per inserting statement: a delivery this transaction wrote is only '
+  'found, any other is locked FOR KEY SHARE as a foreign key would lock it; a missing one fails with 23503.';
+grant execute on function crm.tg_webhook_attempts__delivery_exists() to crm_api;
+
+create or replace function crm.tg_webhook_subscriptions__delete_deliveries()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  delete from crm.webhook_deliveries d
+   where d.ctid = any (array(select x.ctid from old_rows o
+                              cross join lateral (select x.ctid from crm.webhook_deliveries x
+                                                   where x.workspace_id = o.workspace_id and x.subscription_id = o.id) x));
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_subscriptions__delete_deliveries() is
+  'The cascade of a deleted subscription to its deliveries (and through them their attempts), once per statement.';
+grant execute on function crm.tg_webhook_subscriptions__delete_deliveries() to crm_api;
+
+create or replace function crm.tg_webhook_deliveries__delete_attempts()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  delete from crm.webhook_attempts a
+   where a.ctid = any (array(select x.ctid from old_rows o
+                              cross join lateral (select x.ctid from crm.webhook_attempts x
+                                                   where x.workspace_id = o.workspace_id and x.delivery_id = o.id) x));
+  return null;
+end
+$function$;
+comment on function crm.tg_webhook_deliveries__delete_attempts() is
+  'The cascade of deleted deliveries to their attempts, once per statement (housekeeping deletes thousands at once).';
+grant execute on function crm.tg_webhook_deliveries__delete_attempts() to crm_api;
+
+CREATE TRIGGER tg_webhook_deliveries__subscription_exists AFTER INSERT ON crm.webhook_deliveries
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_deliveries__subscription_exists();
+CREATE TRIGGER tg_webhook_attempts__delivery_exists AFTER INSERT ON crm.webhook_attempts
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_attempts__delivery_exists();
+CREATE TRIGGER tg_webhook_subscriptions__delete_deliveries AFTER DELETE ON crm.webhook_subscriptions
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_subscriptions__delete_deliveries();
+CREATE TRIGGER tg_webhook_deliveries__delete_attempts AFTER DELETE ON crm.webhook_deliveries
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_webhook_deliveries__delete_attempts();
+
 comment on table crm.webhook_operation_counts is
   'Test events and recoveries a subscription has had in its current fixed window (crm.claim_webhook_operation); '
   'written only by the SECURITY DEFINER functions of those operations, so no request role has a policy or grant.';

@@ -110,6 +110,28 @@ export function attemptResultRecord(result: AttemptResult): string {
   return `(${fields.join(',')})`
 }
 
+/**
+ * A value as it stands inside a quoted record field inside a quoted array element: its `\` and `"`
+ * escaped once for the record and once more for the array.
+ */
+const escapedTwice = (value: string) => (/["\\]/.test(value) ? value.replace(/\\/g, '\\\\\\\\').replace(/"/g, '\\\\\\"') : value)
+
+/**
+ * The batch as crm.record_webhook_attempts' parameter: the array literal of attemptResultRecord's
+ * records, exactly as pg would quote their array (a test holds the two equal), built in one pass
+ * over each value instead of one for the record and two more over the record for the array.
+ */
+export function attemptResultsParameter(results: readonly AttemptResult[]): string {
+  const elements = results.map((result) => {
+    const fields = ATTEMPT_RESULT_FIELDS.map((name) => {
+      const value = result[name]
+      return value === null || value === undefined ? '' : `\\"${escapedTwice(String(value))}\\"`
+    })
+    return `"(${fields.join(',')})"`
+  })
+  return `{${elements.join(',')}}`
+}
+
 const attemptResult = ({ row, startedAt, result }: Sent): AttemptResult => ({
   delivery_id: row.delivery_id,
   event_id: row.event_id,
@@ -258,7 +280,7 @@ export class WebhookBatchSender {
     await this.query(helpers, 'select crm.record_webhook_attempts($1, $2, $3::crm.webhook_attempt_result[], $4::interval[])', [
       workspaceId,
       subscriptionId,
-      results.map(attemptResultRecord),
+      attemptResultsParameter(results),
       this.#retryDelays,
     ])
   }
