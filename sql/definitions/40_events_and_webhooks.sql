@@ -1615,7 +1615,7 @@ CREATE TRIGGER tg_webhook_attempts__append_only BEFORE UPDATE ON crm.webhook_att
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_webhook_attempts__append_only();
 
--- The delivery log's parents, checked once per statement (migration 000017 dropped the two foreign
+-- The delivery log's parents, checked once per statement (migration 000014 dropped the two foreign
 -- keys that checked and locked them once per row): a delivery's subscription and an attempt's
 -- delivery exist, and deleting a subscription or a delivery deletes what hangs from it.
 create or replace function crm.tg_webhook_deliveries__subscription_exists()

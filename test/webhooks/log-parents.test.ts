@@ -1,4 +1,4 @@
-// The delivery log's parents, kept by statement-level triggers since migration 000017 (two foreign
+// The delivery log's parents, kept by statement-level triggers since migration 000014 (two foreign
 // keys checked and locked them once per row): an attempt's delivery and a delivery's subscription
 // must exist, a concurrent delete of the parent either waits for the insert or makes it fail, and
 // deleting a subscription or a delivery deletes what hangs from it. Also the worker's encoding of a
