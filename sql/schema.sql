@@ -393,6 +393,10 @@ CREATE TRIGGER tg_workspaces__audit AFTER UPDATE OF plan, seat_limit, trial_ends
 CREATE TRIGGER tg_workspaces__create_builtin_roles AFTER INSERT ON crm.workspaces
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_workspaces__create_builtin_roles();
+CREATE TRIGGER tg_workspaces__delete_events AFTER DELETE ON crm.workspaces
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_workspaces__delete_events();
 CREATE TRIGGER tg_workspaces__delete_records BEFORE DELETE ON crm.workspaces
   FOR EACH ROW
   EXECUTE FUNCTION crm.tg_workspaces__delete_records();
@@ -4035,7 +4039,6 @@ create table crm.events (
   xid xid8 default pg_current_xact_id(),
   token_id uuid default crm.current_token_id(),
   constraint events_pkey PRIMARY KEY (workspace_id, id),
-  constraint events_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES crm.workspaces(id) ON DELETE CASCADE,
   constraint events_actor_shape CHECK (
     (((actor ->> 'type'::text) = ANY (ARRAY['user'::text, 'system'::text])) AND (actor ? 'via'::text))
   ),
@@ -4106,6 +4109,54 @@ CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
   REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT
   EXECUTE FUNCTION crm.tg_events__notify_feed();
+CREATE TRIGGER tg_events__workspace_exists_insert AFTER INSERT ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__workspace_exists();
+CREATE TRIGGER tg_events__workspace_exists_update AFTER UPDATE ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__workspace_exists();
+
+CREATE OR REPLACE FUNCTION crm.tg_events__workspace_exists()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_ids uuid[];
+begin
+  select array_agg(distinct n.workspace_id) into v_ids from new_rows n;
+  -- Locked as a foreign key's check locks its referenced row: a workspace being deleted meanwhile is
+  -- waited for and then not found, and one not yet deleted cannot be until this transaction ends.
+  if cardinality(v_ids) > (select count(*) from (select from crm.workspaces w where w.id = any (v_ids) for key share of w) as l) then
+    raise exception 'an event''s workspace must exist'
+      using errcode = 'foreign_key_violation', detail = 'workspaces: ' || array_to_string(v_ids, ', ');
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_events__workspace_exists() is
+  'Statement trigger of crm.events: refuses the statement (23503) when a row it inserted or updated names a workspace '
+  'that does not exist, locking the workspaces it names FOR KEY SHARE, as a foreign key would, once per statement '
+  'rather than once per row.';
+grant execute on function crm.tg_events__workspace_exists() to crm_api;
+
+CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_events()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  delete from crm.events e using old_rows o where e.workspace_id = o.id;
+  return null;
+end
+$function$;
+comment on function crm.tg_workspaces__delete_events() is
+  'Deletes the events of the workspaces a statement deleted (the cascade the foreign key of crm.events gave), the '
+  '*.deleted events tg_workspaces__delete_records had their records write included.';
 
 CREATE OR REPLACE FUNCTION crm.event_actor()
  RETURNS jsonb

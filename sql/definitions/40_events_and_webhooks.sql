@@ -1347,6 +1347,59 @@ CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
   REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT
   EXECUTE FUNCTION crm.tg_events__notify_feed();
+
+-- An event's workspace exists: the foreign key's guarantee, checked once per statement (migration 000019).
+create or replace function crm.tg_events__workspace_exists()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_ids uuid[];
+begin
+  select array_agg(distinct n.workspace_id) into v_ids from new_rows n;
+  -- Locked as a foreign key's check locks its referenced row: a workspace being deleted meanwhile is
+  -- waited for and then not found, and one not yet deleted cannot be until this transaction ends.
+  if cardinality(v_ids) > (select count(*) from (select from crm.workspaces w where w.id = any (v_ids) for key share of w) as l) then
+    raise exception 'an event''s workspace must exist'
+      using errcode = 'foreign_key_violation', detail = 'workspaces: ' || array_to_string(v_ids, ', ');
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_events__workspace_exists() is
+  'Statement trigger of crm.events: refuses the statement (23503) when a row it inserted or updated names a workspace '
+  'that does not exist, locking the workspaces it names FOR KEY SHARE, as a foreign key would, once per statement '
+  'rather than once per row.';
+grant execute on function crm.tg_events__workspace_exists() to crm_api;
+CREATE TRIGGER tg_events__workspace_exists_insert AFTER INSERT ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__workspace_exists();
+CREATE TRIGGER tg_events__workspace_exists_update AFTER UPDATE ON crm.events
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_events__workspace_exists();
+
+create or replace function crm.tg_workspaces__delete_events()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  delete from crm.events e using old_rows o where e.workspace_id = o.id;
+  return null;
+end
+$function$;
+comment on function crm.tg_workspaces__delete_events() is
+  'Deletes the events of the workspaces a statement deleted (the cascade the foreign key of crm.events gave), the '
+  '*.deleted events tg_workspaces__delete_records had their records write included.';
+CREATE TRIGGER tg_workspaces__delete_events AFTER DELETE ON crm.workspaces
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_workspaces__delete_events();
 create policy events_select_viewable on crm.events as permissive for select to crm_api
   using (
     ((workspace_id = ( SELECT crm.current_workspace_id() AS current_workspace_id))

@@ -148,6 +148,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
       {
         objects: [
           'events',
+          'tg_events__workspace_exists',
+          'tg_workspaces__delete_events',
           'event_actor',
           'json_changes',
           'enqueue_event_fan_out',
