@@ -440,7 +440,7 @@ CREATE OR REPLACE FUNCTION crm.tg_workspaces__delete_records()
  SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
 AS $function$
 begin
-  -- Their outbox triggers write *.deleted events, which the workspace's own cascade then removes.
+  -- Their outbox triggers write *.deleted events, which crm.tg_workspaces__delete_events removes after the workspace.
   delete from crm.deals d where d.workspace_id = old.id;
   delete from crm.contacts c where c.workspace_id = old.id;
   delete from crm.companies c where c.workspace_id = old.id;

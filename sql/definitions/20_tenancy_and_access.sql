@@ -41,7 +41,7 @@ create or replace function crm.tg_workspaces__delete_records()
  set search_path to 'pg_catalog', 'crm', 'pg_temp'
 as $function$
 begin
-  -- Their outbox triggers write *.deleted events, which the workspace's own cascade then removes.
+  -- Their outbox triggers write *.deleted events, which crm.tg_workspaces__delete_events removes after the workspace.
   delete from crm.deals d where d.workspace_id = old.id;
   delete from crm.contacts c where c.workspace_id = old.id;
   delete from crm.companies c where c.workspace_id = old.id;

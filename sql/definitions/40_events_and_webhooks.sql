@@ -1348,7 +1348,7 @@ CREATE TRIGGER tg_events__notify_feed AFTER INSERT ON crm.events
   FOR EACH STATEMENT
   EXECUTE FUNCTION crm.tg_events__notify_feed();
 
--- An event's workspace exists: the foreign key's guarantee, checked once per statement (migration 000019).
+-- An event's workspace exists: the foreign key's guarantee, checked once per statement (migration 000015).
 create or replace function crm.tg_events__workspace_exists()
  returns trigger
  language plpgsql

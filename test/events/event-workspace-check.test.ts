@@ -1,4 +1,4 @@
-// Every event's workspace exists (migration 000019): checked once per statement by
+// Every event's workspace exists (migration 000015): checked once per statement by
 // tg_events__workspace_exists_* rather than by a foreign key's check per row, with the key's
 // guarantee: a statement naming a missing workspace writes nothing (23503), deleting a workspace
 // deletes its events, and a delete racing an insert either waits for it and takes its events along
