@@ -71,9 +71,10 @@ export async function benchWorkspace(url: string) {
 
 /**
  * CPU time (user + system, ms) used so far by the PostgreSQL server behind `url`: the postmaster
- * and every process it started. Backends that have exited are not counted, so measure over phases
- * in which the connections stay open (pools). Linux only; null elsewhere or without the rights to
- * read data_directory.
+ * and every process it started, those that have exited included (the postmaster reaps its backends,
+ * so their CPU moves into its children's times, which are added): a backend that closes during a
+ * phase neither vanishes from the sum nor makes it go backwards. Linux only; null elsewhere or
+ * without the rights to read data_directory.
  */
 export async function postgresCpuMeter(
   query: (text: string) => Promise<{ rows: { [key: string]: unknown }[] }>,
@@ -84,7 +85,8 @@ export async function postgresCpuMeter(
     } = await query('show data_directory')
     const postmaster = Number(readFileSync(join(String(row.data_directory), 'postmaster.pid'), 'utf8').split('\n')[0])
     return () => {
-      let ms = processCpuMs(postmaster) ?? 0
+      const own = procStat(postmaster)
+      let ms = own === null ? 0 : own.cpuMs + own.childrenCpuMs
       for (const entry of readdirSync('/proc')) {
         if (!/^\d+$/.test(entry)) continue
         const stat = procStat(Number(entry))
@@ -107,12 +109,18 @@ export function processCpuMs(pid: number): number | null {
 
 const CLOCK_TICKS_PER_SECOND = 100
 
-function procStat(pid: number): { ppid: number; cpuMs: number } | null {
+function procStat(pid: number): { ppid: number; cpuMs: number; childrenCpuMs: number } | null {
   try {
     const text = readFileSync(`/proc/${pid}/stat`, 'utf8')
     // The command name is in parentheses and may hold spaces: count fields after the last ')'.
     const fields = text.slice(text.lastIndexOf(')') + 2).split(' ')
-    return { ppid: Number(fields[1]), cpuMs: ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS_PER_SECOND }
+    const ms = (ticks: number) => (ticks * 1000) / CLOCK_TICKS_PER_SECOND
+    // utime and stime, then cutime and cstime: the children it has waited for.
+    return {
+      ppid: Number(fields[1]),
+      cpuMs: ms(Number(fields[11]) + Number(fields[12])),
+      childrenCpuMs: ms(Number(fields[13]) + Number(fields[14])),
+    }
   } catch {
     return null
   }
