@@ -11,7 +11,7 @@ import { sameClientAs } from '../http/client-address.ts'
 import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
 import { type ApiCall, apiCaller } from './api-calls.ts'
-import { type Form, readForm } from './form.ts'
+import { EMPTY_FORM, type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
 import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
 import { query as queryOf } from './request.ts'
@@ -44,8 +44,6 @@ export type PageResult =
 export type PageHandler = (context: PageContext) => Promise<PageResult>
 
 type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
-
-const EMPTY_FORM: Form = { get: () => '', has: () => false }
 
 export function errorPage(res: ServerResponse, status: number, message: string): void {
   sendHtml(
