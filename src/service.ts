@@ -20,7 +20,7 @@ import { ensureRuntimeRole, ensureWorkerRole, operatorLogins } from './db/runtim
 import { createAddressRateLimit, createOAuthClientRateLimit } from './http/address-rate-limit.ts'
 import { createApp } from './http/app.ts'
 import { allRoutes } from './http/routes/index.ts'
-import { createBodyReceiptSets } from './http/upload-receipts.ts'
+import { createBodyReceiptSets, createUploadReceipts } from './http/upload-receipts.ts'
 import { createRouteSlots, type RouteSlots } from './http/workspace-slots.ts'
 import type { Logger } from './log.ts'
 import { errorPage } from './ui/page-context.ts'
@@ -122,6 +122,7 @@ export async function startService(options: {
       addressRateLimit: createAddressRateLimit(config.unauthenticatedRateLimitPerMinute),
       oauthClientRateLimit: createOAuthClientRateLimit(config.oauthClientRateLimitPerMinute, config.unauthenticatedRateLimitPerMinute),
       ...createBodyReceiptSets(config.jsonBodies),
+      uploadReceipts: createUploadReceipts(config.uploads),
       routeSlots: createRouteSlots(config.streamsPerProcess),
     }
     routeSlots = services.routeSlots

@@ -116,8 +116,7 @@ export function createApp(
       result = definition.longPoll ? await runLongPoll(definition, req, res, base) : await runHandler(definition, req, res, base)
     } finally {
       // Removed before the answer goes out, so a client that has its answer finds nothing left.
-      await upload?.file.remove()
-      upload?.release()
+      await upload?.release()
     }
     if (definition.streams) return
     const status = result?.status ?? definition.status ?? 200

@@ -9,16 +9,16 @@ import type { TSchema } from 'typebox'
 import type { Caller } from '../auth/caller.ts'
 import type { Config } from '../config.ts'
 import type { DatabaseRequest, RequestDatabase } from '../db/request/request-database.ts'
-import { JSON_BODY_LIMIT, type ReceivedFile, readJsonObject, receiveBodyFile } from './body.ts'
+import { JSON_BODY_LIMIT, readJsonObject } from './body.ts'
 import { type RouteDefinition, routeCallerCheck, type Services, validateBody } from './route.ts'
-import { createUploadReceipts } from './upload-receipts.ts'
+import { type ReceivedUpload, receiveUpload } from './upload-receipts.ts'
 import type { WorkspaceSlots } from './workspace-slots.ts'
 
-export type ReceivedBody = { body: unknown; upload?: { file: ReceivedFile; release: () => void } }
+export type ReceivedBody = { body: unknown; upload?: ReceivedUpload }
 
 export function createRouteBodies(options: {
-  config: Pick<Config, 'bodyIdleTimeoutMs' | 'uploads'>
-  services: Pick<Services, 'bodyReceipts' | 'callerBodyReceipts'>
+  config: Pick<Config, 'bodyIdleTimeoutMs'>
+  services: Pick<Services, 'bodyReceipts' | 'callerBodyReceipts' | 'uploadReceipts'>
   database: RequestDatabase<Caller>
   workspaceSlots: WorkspaceSlots
   /**
@@ -29,7 +29,6 @@ export function createRouteBodies(options: {
   knownCredential?: (req: IncomingMessage) => boolean
 }): { receive: (definition: RouteDefinition, req: DatabaseRequest, res: ServerResponse) => Promise<ReceivedBody> } {
   const { config, services, database, workspaceSlots } = options
-  const uploadReceipts = createUploadReceipts(config.uploads)
 
   async function receiveJson(definition: RouteDefinition, schema: TSchema, req: DatabaseRequest, res: ServerResponse): Promise<unknown> {
     // A known token's body is read at once: its request stays one transaction (or one statement).
@@ -56,32 +55,24 @@ export function createRouteBodies(options: {
    * then, without counting the request a second time. The slot and the receipt are held until the
    * answer.
    */
-  async function receiveUpload(definition: RouteDefinition, req: DatabaseRequest, res: ServerResponse): Promise<ReceivedBody['upload']> {
-    const receipt = uploadReceipts.take(req)
-    let releaseSlot: (() => void) | undefined
-    const release = () => {
-      receipt.release()
-      releaseSlot?.()
-    }
-    try {
-      if (definition.auth === 'required') {
+  function receiveRouteUpload(definition: RouteDefinition, req: DatabaseRequest, res: ServerResponse): Promise<ReceivedUpload> {
+    return receiveUpload(
+      services.uploadReceipts,
+      req,
+      { limit: definition.fileLimit ?? JSON_BODY_LIMIT, idleTimeoutMs: config.bodyIdleTimeoutMs },
+      async (hold) => {
+        if (definition.auth !== 'required') return
         await database.authenticateFirst(req, routeCallerCheck(definition, res), async (db, caller) => {
           await definition.checkCallerBeforeBody?.(db)
-          if (definition.limitedPerWorkspace) releaseSlot = workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId)
+          if (definition.limitedPerWorkspace) hold(workspaceSlots.take(definition.limitedPerWorkspace, caller.workspaceId))
         })
-      }
-      receipt.checkDeclaredLength()
-      const file = await receiveBodyFile(req, definition.fileLimit ?? JSON_BODY_LIMIT, config.bodyIdleTimeoutMs, receipt)
-      return { file, release }
-    } catch (error) {
-      release()
-      throw error
-    }
+      },
+    )
   }
 
   return {
     receive: async (definition, req, res) => {
-      if (definition.bodyKind === 'file') return { body: undefined, upload: await receiveUpload(definition, req, res) }
+      if (definition.bodyKind === 'file') return { body: undefined, upload: await receiveRouteUpload(definition, req, res) }
       return { body: definition.body ? await receiveJson(definition, definition.body, req, res) : undefined }
     },
   }

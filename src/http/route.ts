@@ -12,7 +12,7 @@ import { type FieldProblem, ForbiddenError, InsufficientScopeError, ValidationEr
 import type { Logger } from '../log.ts'
 import type { AddressRateLimit, OAuthClientRateLimit } from './address-rate-limit.ts'
 import type { ReceivedFile } from './body.ts'
-import type { BodyReceipts } from './upload-receipts.ts'
+import type { BodyReceipts, UploadReceipts } from './upload-receipts.ts'
 import { fieldMessage } from './validation-messages.ts'
 import type { RouteSlots, WorkspaceWork } from './workspace-slots.ts'
 
@@ -53,6 +53,11 @@ export type Services = {
    * their own: bodies without a caller cannot fill them, and an unproven token's body takes none.
    */
   callerBodyReceipts: BodyReceipts
+  /**
+   * Uploads being received (UPLOADS_PER_ADDRESS, UPLOADS_TOTAL, UPLOAD_TEMP_BYTES), the API's and
+   * the import wizard's alike: one set, so the wizard's page is no way around the bounds.
+   */
+  uploadReceipts: UploadReceipts
   /** The slots of exports and uploads, per workspace and per process: taken by the router and by the pages alike. */
   routeSlots: RouteSlots
   /** The streaming standbys that serve reads (READ_REPLICA_URLS), else null. */

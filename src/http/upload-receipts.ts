@@ -10,6 +10,7 @@ import type { IncomingMessage } from 'node:http'
 import { addressBlock } from '../cidr.ts'
 import type { ReceiptBounds, UploadReceiptLimits } from '../config.ts'
 import { RateLimitedError, UnavailableError } from '../errors.ts'
+import { type ReceivedFile, receiveBodyFile } from './body.ts'
 import { clientOf } from './client-address.ts'
 import { createKeyedCounts } from './workspace-slots.ts'
 
@@ -118,5 +119,45 @@ export function createUploadReceipts(limits: UploadReceiptLimits): UploadReceipt
       }
     },
     inUse: () => ({ receipts: bodies.inUse(), tempBytes }),
+  }
+}
+
+/** An upload received whole: its temporary file, and `release`, which removes the file and gives the receipt back. */
+export type ReceivedUpload = { file: ReceivedFile; release: () => Promise<void> }
+
+/**
+ * Every upload of the process, the API's and the import wizard's, is received here: a receipt of
+ * `receipts` first (429 per address, 503 per process), then `beforeBody` (whatever must pass before
+ * a byte is read: authentication, the workspace's slot, each release it takes given to `hold`),
+ * then the declared length and every chunk are counted against the cap on temporary files.
+ */
+export async function receiveUpload(
+  receipts: UploadReceipts,
+  req: IncomingMessage,
+  limits: { limit: number; idleTimeoutMs: number },
+  beforeBody?: (hold: (release: () => void) => void) => Promise<void>,
+): Promise<ReceivedUpload> {
+  const receipt = receipts.take(req)
+  const held = [receipt.release]
+  const releaseHeld = () => {
+    for (const release of held) release()
+  }
+  try {
+    await beforeBody?.((release) => held.push(release))
+    receipt.checkDeclaredLength()
+    const file = await receiveBodyFile(req, limits.limit, limits.idleTimeoutMs, receipt)
+    return {
+      file,
+      release: async () => {
+        try {
+          await file.remove()
+        } finally {
+          releaseHeld()
+        }
+      },
+    }
+  } catch (error) {
+    releaseHeld()
+    throw error
   }
 }

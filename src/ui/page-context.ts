@@ -5,13 +5,14 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Authenticator } from '../auth/authenticate.ts'
 import type { Caller } from '../auth/caller.ts'
 import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
-import { AuthenticationError, RateLimitedError } from '../errors.ts'
-import { CSV_BODY_LIMIT, type ReceivedFile, receiveBodyFile } from '../http/body.ts'
+import { AuthenticationError, RateLimitedError, UnavailableError } from '../errors.ts'
+import { CSV_BODY_LIMIT, type ReceivedFile } from '../http/body.ts'
 import { sameClientAs } from '../http/client-address.ts'
 import { type ApiError, toApiError } from '../http/problem.ts'
 import type { RouteDefinition, Services } from '../http/route.ts'
+import { type ReceivedUpload, receiveUpload } from '../http/upload-receipts.ts'
 import { type ApiCall, apiCaller } from './api-calls.ts'
-import { type Form, readForm } from './form.ts'
+import { EMPTY_FORM, type Form, readForm } from './form.ts'
 import { html, type SafeHtml } from './html.ts'
 import { appPage, type Frame, redirect, requestPath, sendHtml, signedOutPage, type Workspace } from './layout.ts'
 import { query as queryOf } from './request.ts'
@@ -45,8 +46,6 @@ export type PageHandler = (context: PageContext) => Promise<PageResult>
 
 type Request = IncomingMessage & { params?: Record<string, string>; requestId?: string; callerId?: string }
 
-const EMPTY_FORM: Form = { get: () => '', has: () => false }
-
 export function errorPage(res: ServerResponse, status: number, message: string): void {
   sendHtml(
     res,
@@ -75,14 +74,18 @@ export function signedInPage(
     const req = incoming as Request
     const path = requestPath(req)
     const requestId = req.requestId ?? ''
-    let bodyFile: ReceivedFile | undefined
+    let upload: ReceivedUpload | undefined
     try {
       let form = EMPTY_FORM
       if (req.method === 'POST' && options.upload) {
         if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
         if (!csrfValid(services.config.appSecret, req, queryOf(req).get('csrf') ?? undefined))
           return errorPage(res, 403, 'This form has expired. Reload the page and try again.')
-        bodyFile = await receiveBodyFile(req, CSV_BODY_LIMIT, services.config.bodyIdleTimeoutMs)
+        // Under the receipts of the API's uploads (per address, per process, the temporary files' cap).
+        upload = await receiveUpload(services.uploadReceipts, req, {
+          limit: CSV_BODY_LIMIT,
+          idleTimeoutMs: services.config.bodyIdleTimeoutMs,
+        })
       } else if (req.method === 'POST') {
         // Without a session there is nothing to post to: the form is not read.
         if (!hasSessionCookie(req)) return redirect(res, '/sign-in?notice=session-ended')
@@ -150,7 +153,7 @@ export function signedInPage(
             params: req.params ?? {},
             query,
             attempt,
-            bodyFile,
+            bodyFile: upload?.file,
           })
           return { outcome, frame }
         })
@@ -179,6 +182,11 @@ export function signedInPage(
       if (apiError.status === 429) {
         return errorPage(res, 429, `Too many requests. Wait ${apiError.headers?.['Retry-After'] ?? 'a few'} seconds and try again.`)
       }
+      // A bound of the process reached (uploads being received, their temporary files): busy, not broken.
+      if (error instanceof UnavailableError && !error.cause) {
+        res.setHeader('Retry-After', String(error.retryAfterSeconds))
+        return errorPage(res, 503, `${error.message}.`)
+      }
       if (apiError.status >= 500) {
         const cause = apiError.cause ?? error
         services.logger.error('page failed', {
@@ -191,7 +199,7 @@ export function signedInPage(
       }
       return errorPage(res, apiError.status, apiError.message)
     } finally {
-      await bodyFile?.remove()
+      await upload?.release()
     }
   }
 }

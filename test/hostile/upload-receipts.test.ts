@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { UPLOAD_DIRECTORY_PREFIX } from '../../src/http/body.ts'
-import { createTenant } from '../helpers/fixtures.ts'
+import { createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 
 // The server runs in this process: its temporary files go to a directory of this test alone.
@@ -54,16 +54,28 @@ const csvOf = (bytes: number) => Buffer.from(`Email\n${'a@example.com\n'.repeat(
 
 type Answer = { status: number; headers: Record<string, string | string[] | undefined>; body: any }
 
+/** The import wizard's browser: a session cookie and the CSRF token its upload form carries. */
+const session = await withOwner(server.databaseUrl, (client) =>
+  mintToken(client, tenant.members['ada@receipts.test'].id, { kind: 'session' }),
+)
+const wizard = { cookie: `crm_session=${session}`, csrf: '' }
+wizard.csrf =
+  /name="csrf" value="([^"]+)"/.exec(
+    await (await fetch(`${server.url}/contacts/import`, { headers: { cookie: wizard.cookie } })).text(),
+  )?.[1] ?? ''
+
 /**
  * An upload sent over its own connection: `first` bytes of the body now, the rest on `finish`;
- * without `declared`, the body goes chunked (no Content-Length).
+ * without `declared`, the body goes chunked (no Content-Length). `byWizard`: sent by the import
+ * wizard's form (its page answers HTML) instead of to the API.
  */
-function upload(options: { body: Buffer; first?: number; forwardedFor?: string; bearer?: string; declared?: boolean }) {
-  const { body, first = body.length, forwardedFor = '198.51.100.1', bearer = token, declared = true } = options
-  const req = httpRequest(`${server.url}/api/contacts/import/upload`, {
+function upload(options: { body: Buffer; first?: number; forwardedFor?: string; bearer?: string; declared?: boolean; byWizard?: boolean }) {
+  const { body, first = body.length, forwardedFor = '198.51.100.1', bearer = token, declared = true, byWizard = false } = options
+  const target = byWizard ? `/contacts/import?${new URLSearchParams({ csrf: wizard.csrf })}` : '/api/contacts/import/upload'
+  const req = httpRequest(`${server.url}${target}`, {
     method: 'POST',
     headers: {
-      authorization: `Bearer ${bearer}`,
+      ...(byWizard ? { cookie: wizard.cookie } : { authorization: `Bearer ${bearer}` }),
       'content-type': `multipart/form-data; boundary=${BOUNDARY}`,
       'x-forwarded-for': forwardedFor,
       ...(declared ? { 'content-length': String(body.length) } : {}),
@@ -75,7 +87,8 @@ function upload(options: { body: Buffer; first?: number; forwardedFor?: string; 
       response.on('data', (chunk: Buffer) => chunks.push(chunk))
       response.on('end', () => {
         const text = Buffer.concat(chunks).toString('utf8')
-        resolve({ status: response.statusCode ?? 0, headers: response.headers, body: text ? JSON.parse(text) : null })
+        const json = text && /json/.test(response.headers['content-type'] ?? '')
+        resolve({ status: response.statusCode ?? 0, headers: response.headers, body: json ? JSON.parse(text) : text })
       })
     })
     // A refusal may close the connection while the rest of the body is still being written.
@@ -162,4 +175,28 @@ t.test('an IPv6 client counts by its /64, as for the per-address rate limit', as
   const neighbour = await upload({ body, forwardedFor: '2001:db8:1:2:ffff::9' }).answer
   t.equal(neighbour.status, 429, 'another address of the same /64 shares its bound')
   t.equal((await held.finish()).status, 201)
+})
+
+t.test("the import wizard's upload holds the API's upload receipts: one bound per address and one cap on the files for both", async (t) => {
+  t.ok(wizard.csrf, 'the wizard page carries its CSRF token')
+  const body = multipart(csvOf(1000))
+  const wizardFirst = upload({ body, first: 100, forwardedFor: '203.0.113.7', byWizard: true })
+  await until(() => uploadDirectories().length === 1, "the wizard's upload to be received")
+  const apiBeside = await upload({ body, forwardedFor: '203.0.113.7' }).answer
+  t.equal(apiBeside.status, 429, "an API upload from the address of the wizard's is past the address's bound")
+  t.equal((await wizardFirst.finish()).status, 303, "the wizard's upload lands on its mapping")
+
+  const apiFirst = upload({ body, first: 100, forwardedFor: '203.0.113.8' })
+  await until(() => uploadDirectories().length === 1, "the API's upload to be received")
+  const wizardBeside = await upload({ body, forwardedFor: '203.0.113.8', byWizard: true }).answer
+  t.equal(wizardBeside.status, 429, 'a wizard upload beside an API upload of its address is past the bound')
+  t.match(wizardBeside.body, /Too many requests/, 'said on an HTML page')
+  t.equal((await apiFirst.finish()).status, 201)
+
+  const tooBig = await upload({ body: multipart(csvOf(80 * 1024)), forwardedFor: '203.0.113.9', byWizard: true }).answer
+  t.equal(tooBig.status, 503, "a wizard upload past the temporary files' cap")
+  t.ok(Number(tooBig.headers['retry-after']) > 0, 'with Retry-After')
+  t.match(tooBig.body, /space for them/)
+  t.equal((await upload({ body, forwardedFor: '203.0.113.7', byWizard: true }).answer).status, 303, 'the receipts were given back')
+  await until(() => uploadDirectories().length === 0, 'every temporary file to be removed')
 })

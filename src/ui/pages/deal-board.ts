@@ -123,6 +123,7 @@ export const showDealBoard: PageHandler = (context) => render(context)
 export const moveDeal: PageHandler = async (context) => {
   const { form, params, attempt } = context
   if (!UUID_PATTERN.test(params.id ?? '')) throw new ApiError(404, 'not_found', 'Not found', 'No such deal.')
+  form.expectOnly(['version', 'stage'])
   const version = form.get('version')
   const moved = await attempt((scope) =>
     scope.api('PATCH', '/api/deals/:id', {

@@ -213,9 +213,13 @@ export const startImport: PageHandler = async (context) => {
   const type = importType(context.params)
   const id = importId(context.params)
   const upload = await readUpload(context, type, id)
+  // A menu per column of the file, and the button pressed: nothing else is the wizard's form.
+  context.form.expectOnly([...upload.columns.map((_, index) => `map_${index}`), 'dry_run'])
+  const dryRun = context.form.get('dry_run')
+  if (dryRun !== 'true' && dryRun !== 'false') return renderJob(context, type, id, 'Choose Dry run or Import.', 422)
   const mapping = Object.fromEntries(upload.columns.map((column, index) => [column, context.form.get(`map_${index}`) || null]))
   const started = await context.attempt((scope) =>
-    scope.api('POST', `/api/${type}/import/:id`, { params: { id }, body: { mapping, dry_run: context.form.get('dry_run') === 'true' } }),
+    scope.api('POST', `/api/${type}/import/:id`, { params: { id }, body: { mapping, dry_run: dryRun === 'true' } }),
   )
   if (!started.ok) return renderJob(context, type, id, describeRefusal(started.error, { mapping: 'the mapping' }), started.error.status)
   return { redirect: `/${type}/import/${id}` }

@@ -6,7 +6,7 @@
 import Type from 'typebox'
 import { sql } from '../../db/pool.ts'
 import { GrantedRow, rowType } from '../../db/typed-rows.ts'
-import { NotFoundError } from '../../errors.ts'
+import { NotFoundError, ValidationError } from '../../errors.ts'
 import type { ApiError } from '../../http/problem.ts'
 import { type FieldSpec, RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { checkId, etagOf, type RecordJson, readRecord } from '../../records/operations.ts'
@@ -508,11 +508,15 @@ export function changeAssociation(path: RecordType['path']): PageHandler {
     const id = checkId(context.params.id)
     const other = RECORD_TYPES.find((candidate) => candidate.path === context.form.get('type') && candidate !== type)
     if (!other) return renderRecord(context, type, 'Choose the kind of record to link.', 422)
+    context.form.expectOnly(['type', 'add', 'remove'])
     const add = context.form.get('add').trim().toLowerCase()
     const remove = context.form.get('remove').trim().toLowerCase()
+    // One change a post: the page's forms send either a record to link or one to unlink.
+    if ((add === '') === (remove === '')) return renderRecord(context, type, 'Give the id of one record to link or to unlink.', 422)
     const outcome = await context.attempt(async ({ api }) => {
       const current = ((await api('GET', `/api/associations/${type.path}/:id`, { params: { id } })) as { data: Record<string, string[]> })
         .data[other.path]
+      if (remove && !current.includes(remove)) throw new ValidationError('That record is not linked to this one')
       const ids = add ? [...current.filter((linked) => linked !== add), add] : current.filter((linked) => linked !== remove)
       await api('PUT', `/api/associations/${type.path}/:id`, { params: { id }, body: { [other.path]: ids } })
     })
