@@ -61,8 +61,16 @@ function choicesFor(type: ImportType, column: string): { value: string; label: s
   ]
 }
 
-function pastImports(type: ImportType, jobs: Job[]): SafeHtml {
-  if (jobs.length === 0) return html`<p class="muted">No imports yet.</p>`
+const PAST_IMPORTS_PER_PAGE = 20
+
+/** A page of the past imports, newest first, with links to the older ones and back to the newest. */
+function pastImports(type: ImportType, jobs: Job[], paging: { older: string | null; paged: boolean }): SafeHtml {
+  const links =
+    paging.paged || paging.older
+      ? html`<nav class="pager" aria-label="Past imports pages">${paging.paged ? html`<a href="/${type}/import">Newest imports</a>` : ''}
+  ${paging.older ? html`<a href="/${type}/import?${new URLSearchParams({ cursor: paging.older }).toString()}">Older imports</a>` : ''}</nav>`
+      : ''
+  if (jobs.length === 0) return html`<p class="muted">${paging.paged ? 'No older imports.' : 'No imports yet.'}</p>${links}`
   return html`<div class="table-scroll" tabindex="0" role="region" aria-label="Past imports"><table>
   <thead><tr><th scope="col">File</th><th scope="col">Status</th><th scope="col">Rows</th><th scope="col">Failed</th><th scope="col">Started</th></tr></thead>
   <tbody>${jobs.map(
@@ -74,7 +82,7 @@ function pastImports(type: ImportType, jobs: Job[]): SafeHtml {
     <td>${when(job.created_at)}</td>
   </tr>`,
   )}</tbody>
-</table></div>`
+</table></div>${links}`
 }
 
 async function renderStart(context: PageContext, type: ImportType, error?: string, status = 200): Promise<PageResult> {
@@ -88,13 +96,26 @@ async function renderStart(context: PageContext, type: ImportType, error?: strin
 <p role="alert">Your role does not allow importing ${fieldLabel(type).toLowerCase()}. An admin of this workspace can grant it.</p>`,
     }
   }
-  const jobs = ((await context.api('GET', `/api/${type}/import`, { query: 'limit=20' })) as { data: Job[] }).data
+  // The cursor comes from the page's own "Older imports" link; one the API refuses (edited by hand,
+  // or from another list) is said on the page, with the newest imports in its place.
+  const cursor = context.query.get('cursor') ?? ''
+  const listed = await context.attempt((scope) =>
+    scope.api('GET', `/api/${type}/import`, {
+      query: new URLSearchParams({ limit: String(PAST_IMPORTS_PER_PAGE), ...(cursor && { cursor }) }).toString(),
+    }),
+  )
+  if (!listed.ok && listed.error.status !== 400) throw listed.error
+  const refusal = listed.ok ? undefined : describeRefusal(listed.error, { cursor: 'the link to older imports' })
+  const past = (
+    listed.ok ? listed.value : await context.api('GET', `/api/${type}/import`, { query: `limit=${PAST_IMPORTS_PER_PAGE}` })
+  ) as { data: Job[]; next_cursor: string | null }
+  const paging = { older: past.next_cursor, paged: listed.ok && cursor !== '' }
   return {
-    status,
+    status: refusal && status === 200 ? 400 : status,
     title: `Import ${fieldLabel(type).toLowerCase()}`,
     content: html`<h1>Import ${fieldLabel(type).toLowerCase()}</h1>
 <p class="lead"><a href="/${type}">Back to ${fieldLabel(type)}</a></p>
-${errorNotice(error)}
+${errorNotice(error ?? refusal)}
 <section class="panel" aria-labelledby="upload-heading">
   <h2 id="upload-heading">1. Upload a CSV file</h2>
   <form class="stack" method="post" action="/${type}/import?${new URLSearchParams({ csrf: context.frame.csrf }).toString()}" enctype="multipart/form-data">
@@ -108,7 +129,7 @@ ${errorNotice(error)}
 </section>
 <section aria-labelledby="past-heading">
   <h2 id="past-heading">Past imports</h2>
-  ${pastImports(type, jobs)}
+  ${pastImports(type, past.data, paging)}
 </section>`,
   }
 }
