@@ -77,7 +77,7 @@ async function main(): Promise<string> {
     let heldIdle = Number.NaN
     let cursors = Array.from({ length: CLIENTS }, () => start)
     // ROUNDS rounds with the pool as traffic keeps it, then one more after the clients have waited
-    // past the pool's idle timeout: what the waits hold then, and the wake that must connect again.
+    // past the pool's idle timeout: what the waits hold then, and a wake on the connection the pool keeps.
     const coldLatencies: number[] = []
     for (let round = 0; round <= ROUNDS; round++) {
       const idle = round === ROUNDS
@@ -128,7 +128,7 @@ async function main(): Promise<string> {
       `| connections of the API process as soon as every client waits (max over rounds: the listener, plus the pool's and the rate-limit settling's idle connections until their timeout) | ${Math.max(...atWaitStart)} | — |`,
       `| connections of the API process, peak of all samples (every 20 ms, the waits' first queries and the wakes included) | ${peak} | — |`,
       `| event to client with the pool as traffic keeps it, p50 / p99 / max (${latencies.length.toLocaleString('en-US')} answers) | ${ms(quantile(latencies, 0.5))} / ${ms(p99)} / ${ms(latencies.at(-1) ?? NaN)} ms | p99 ≤ 100 ms ${p99 <= 100 ? '✅' : '❌'} |`,
-      `| event to client after the idle timeout (the wake connects again), p50 / max (${coldLatencies.length.toLocaleString('en-US')} answers) | ${ms(quantile(coldLatencies, 0.5))} / ${ms(coldLatencies.at(-1) ?? NaN)} ms | — |`,
+      `| event to client after the pools' idle timeout (the wake's query on the connection the pool keeps), p50 / max (${coldLatencies.length.toLocaleString('en-US')} answers) | ${ms(quantile(coldLatencies, 0.5))} / ${ms(coldLatencies.at(-1) ?? NaN)} ms | — |`,
       `| baseline: a bare LISTEN client's notification, p50 / max (${bareLatencies.length} commits) | ${ms(quantile(bareLatencies, 0.5))} / ${ms(bareLatencies.at(-1) ?? NaN)} ms | — |`,
       '',
     ].join('\n')

@@ -74,7 +74,14 @@ export async function startService(options: {
   // role, the worker as its own (src/db/runtime-role.ts, sql/migrations/000001_foundation.sql).
   const runtimeUrl = config.runtimeDatabaseUrl ?? (await ensureRuntimeRole(database.url, config.appSecret))
   const workerUrl = options.worker === false ? null : (config.workerDatabaseUrl ?? (await ensureWorkerRole(database.url, config.appSecret)))
-  const pool = await createDatabasePool(runtimeUrl, { maxPoolSize: config.dbPoolSize, onQuery: options.onQuery })
+  // An API process keeps one connection of its pool open when idle: the events feed's waits hold
+  // none, and the query of a wake after a quiet minute would otherwise connect first, the largest
+  // step of a wake's latency (docs/performance.md, "Events feed long polling").
+  const pool = await createDatabasePool(runtimeUrl, {
+    maxPoolSize: config.dbPoolSize,
+    minPoolSize: options.api === false ? 0 : 1,
+    onQuery: options.onQuery,
+  })
   // Single-statement reads run as the runtime role, which has crm_api's privileges and policies
   // and is proven confined by each statement (see createStatementAuthenticator); the admission
   // gate keeps the two pools' sum in bounds.

@@ -41,6 +41,8 @@ export async function createDatabasePool(
   url: string,
   options: {
     maxPoolSize?: number
+    /** Connections kept open when idle (default 0: every idle connection closes after the idle timeout). */
+    minPoolSize?: number
     connectionTimeoutMs?: number
     onQuery?: (text: string) => void
     /** Transactions retried on a serialization failure or deadlock (default 3); 0 where the caller decides. */
@@ -50,6 +52,7 @@ export async function createDatabasePool(
   return createPool(url, {
     driverFactory: createPgDriverFactory(),
     maxPoolSize: options.maxPoolSize ?? 20,
+    minPoolSize: options.minPoolSize ?? 0,
     // A request waits this long for a free connection, then gets 503 (never an unbounded queue).
     connectionTimeout: options.connectionTimeoutMs ?? 5000,
     // Slonik captures a stack trace per query by default: measurable cost on every request.
