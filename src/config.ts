@@ -100,7 +100,7 @@ export type Config = {
   streamsPerProcess: number
   /**
    * EVENTS_RETENTION_DAYS: how long the events feed keeps events (docs/api.md section 8a); a cursor
-   * older than that is 410 cursor_expired, and housekeeping removes the events no delivery names.
+   * older than that is 410 cursor_expired. The events themselves stay (the record history reads them).
    */
   eventsRetentionDays: number
   /**
