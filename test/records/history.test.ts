@@ -5,6 +5,7 @@ import fc from 'fast-check'
 import pg from 'pg'
 import t from 'tap'
 import { hashToken } from '../../src/auth/tokens.ts'
+import { encodeCursor } from '../../src/paging.ts'
 import { addMember, createTenant, mintToken, withOwner } from '../helpers/fixtures.ts'
 import { startTestServer } from '../helpers/server.ts'
 import { importCsv } from '../imports/helpers.ts'
@@ -188,6 +189,14 @@ t.test('an admin reads the history of a deleted record; a member does not', asyn
   t.equal(read.body.data[0].actor.user_id, userId('ann@acme.test'))
   for (const email of ['ann@acme.test', 'bob@acme.test', 'reader@acme.test', 'admin@other.test'])
     t.equal((await history(email, `deals/${id}`)).status, 404, `${email}: not any more`)
+  // A page past the last change is empty, not 404, for whoever may read the history (the first
+  // page says so by its entries; a later one asks for any change of the record).
+  const oldest = read.body.data.at(-1).id as string
+  const past = `?limit=2&cursor=${encodeCursor('-id', [oldest])}`
+  const afterLast = await history('admin@acme.test', `deals/${id}`, past)
+  t.equal(afterLast.status, 200, afterLast.text)
+  t.same(afterLast.body.data, [], 'the admin: an empty page after the last change')
+  t.equal((await history('ann@acme.test', `deals/${id}`, past)).status, 404, 'ann: still no such record with a cursor')
   const adminContactsOnly = await withOwner(url, (client) =>
     mintToken(client, userId('admin@acme.test'), { scopes: ['contacts:read', 'deals:write'] }),
   )
