@@ -4,6 +4,8 @@
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import type pg from 'pg'
+import type { inspectCsv } from '../src/imports/csv-file.ts'
 
 export async function provision(): Promise<{ url: string; stop: () => Promise<void>; label: string }> {
   if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {}, label: 'DATABASE_URL' }
@@ -138,4 +140,34 @@ export function contactsFile(rows: number): string {
     )
   }
   return lines.join('\n') + '\n'
+}
+
+/**
+ * The bench's contacts file as an import queued to run (what the upload and the start of
+ * docs/api.md section 6 leave behind), with the upload's inspection and mapping: created on
+ * email, not a dry run. Returns the import's id.
+ */
+export async function queueContactsImport(
+  client: pg.Client,
+  owner: { workspaceId: string; userId: string },
+  bytes: Buffer,
+  inspection: ReturnType<typeof inspectCsv>,
+  mapping: Record<string, string | null>,
+): Promise<string> {
+  const { rows } = await client.query(
+    `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping,
+                              status, mapping, mode, match_on, dry_run)
+     values ($1, $2, 'contacts', 'contacts.csv', $3, $4, ',', $5, $6, $7, $8, 'queued', $8, 'create', 'email', false) returning id`,
+    [
+      owner.workspaceId,
+      owner.userId,
+      bytes,
+      bytes.length,
+      inspection.columns,
+      inspection.rowCount,
+      JSON.stringify(inspection.sampleRows),
+      JSON.stringify(mapping),
+    ],
+  )
+  return rows[0].id as string
 }

@@ -5,7 +5,7 @@
 // landing disjoint batches of one import could gain (staging runs twice in parallel here too).
 //   ORDER=par,seq,par,seq BENCH_IMPORT_ROWS=30000 node bench/_experiment-two-imports.ts
 import pg from 'pg'
-import { benchWorkspace, contactsFile, postgresCpuMeter, provision } from './_database.ts'
+import { benchWorkspace, contactsFile, postgresCpuMeter, provision, queueContactsImport } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 20_000)
 const database = await provision()
@@ -20,23 +20,8 @@ try {
     const { tenant, admin } = await benchWorkspace(database.url)
     const client = new pg.Client({ connectionString: database.url })
     await client.connect()
-    const {
-      rows: [created],
-    } = await client.query(
-      `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping, status, mapping, mode, match_on, dry_run)
-       values ($1, $2, 'contacts', 'contacts.csv', $3, $4, ',', $5, $6, $7, $8, 'queued', $8, 'create', 'email', false) returning id`,
-      [
-        tenant.id,
-        admin.id,
-        bytes,
-        bytes.length,
-        inspection.columns,
-        inspection.rowCount,
-        JSON.stringify(inspection.sampleRows),
-        JSON.stringify(mapping),
-      ],
-    )
-    return { client, job: { workspace_id: tenant.id, import_id: created.id } }
+    const createdId = await queueContactsImport(client, { workspaceId: tenant.id, userId: admin.id }, bytes, inspection, mapping)
+    return { client, job: { workspace_id: tenant.id, import_id: createdId } }
   }
   const meterClient = new pg.Client({ connectionString: database.url })
   await meterClient.connect()

@@ -7,7 +7,7 @@
 // A COPY's time shows up in the statement queued after it (pg sends it once the COPY completes).
 import { spawn } from 'node:child_process'
 import pg from 'pg'
-import { benchWorkspace, contactsFile, processCpuMs, provision } from './_database.ts'
+import { benchWorkspace, contactsFile, processCpuMs, provision, queueContactsImport } from './_database.ts'
 
 const ROWS = Number(process.env.BENCH_IMPORT_ROWS ?? 100_000)
 const BATCH = process.env.BATCH ? Number(process.env.BATCH) : undefined
@@ -29,23 +29,7 @@ try {
   } = await client.query('select pg_backend_pid() as pid')
   const inspection = inspectCsv(bytes)
   const mapping = suggestMapping('contacts', inspection.columns, inspection.sampleRows)
-  const {
-    rows: [created],
-  } = await client.query(
-    `insert into crm.imports (workspace_id, user_id, record_type, file_name, file_bytes, file_size, delimiter, columns, row_count, sample_rows, suggested_mapping,
-                              status, mapping, mode, match_on, dry_run)
-     values ($1, $2, 'contacts', 'contacts.csv', $3, $4, ',', $5, $6, $7, $8, 'queued', $8, 'create', 'email', false) returning id`,
-    [
-      tenant.id,
-      admin.id,
-      bytes,
-      bytes.length,
-      inspection.columns,
-      inspection.rowCount,
-      JSON.stringify(inspection.sampleRows),
-      JSON.stringify(mapping),
-    ],
-  )
+  const createdId = await queueContactsImport(client, { workspaceId: tenant.id, userId: admin.id }, bytes, inspection, mapping)
   const times = new Map<string, { ms: number; n: number }>()
   let stagedAt = 0
   let stagedCpu = { node: { user: 0, system: 0 }, backend: 0 }
@@ -87,7 +71,7 @@ try {
   const cpu0 = cpu(pid)
   nodeCpu0 = process.cpuUsage()
   const started = performance.now()
-  await processImport(client as any, { workspace_id: tenant.id, import_id: created.id }, BATCH ? { batchSize: BATCH } : {})
+  await processImport(client as any, { workspace_id: tenant.id, import_id: createdId }, BATCH ? { batchSize: BATCH } : {})
   const wall = performance.now() - started
   const cpu1 = cpu(pid)
   if (perf) {
