@@ -99,16 +99,16 @@ async function renderStart(context: PageContext, type: ImportType, error?: strin
   // The cursor comes from the page's own "Older imports" link; one the API refuses (edited by hand,
   // or from another list) is said on the page, with the newest imports in its place.
   const cursor = context.query.get('cursor') ?? ''
-  const listed = await context.attempt((scope) =>
-    scope.api('GET', `/api/${type}/import`, {
-      query: new URLSearchParams({ limit: String(PAST_IMPORTS_PER_PAGE), ...(cursor && { cursor }) }).toString(),
-    }),
-  )
+  const pageOf = (after: string) => ({
+    query: new URLSearchParams({ limit: String(PAST_IMPORTS_PER_PAGE), ...(after && { cursor: after }) }).toString(),
+  })
+  const listed = await context.attempt((scope) => scope.api('GET', `/api/${type}/import`, pageOf(cursor)))
   if (!listed.ok && listed.error.status !== 400) throw listed.error
   const refusal = listed.ok ? undefined : describeRefusal(listed.error, { cursor: 'the link to older imports' })
-  const past = (
-    listed.ok ? listed.value : await context.api('GET', `/api/${type}/import`, { query: `limit=${PAST_IMPORTS_PER_PAGE}` })
-  ) as { data: Job[]; next_cursor: string | null }
+  const past = (listed.ok ? listed.value : await context.api('GET', `/api/${type}/import`, pageOf(''))) as {
+    data: Job[]
+    next_cursor: string | null
+  }
   const paging = { older: past.next_cursor, paged: listed.ok && cursor !== '' }
   return {
     status: refusal && status === 200 ? 400 : status,
