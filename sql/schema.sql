@@ -3001,12 +3001,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.contact_jsonb(n) as object, crm.contact_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'contact.updated', 'contact', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'contact.updated', 'contact', d.id, d.data, v_actor, (select h.changes from crm.event_changes('contact.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -3281,12 +3282,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.company_jsonb(n) as object, crm.company_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'company.updated', 'company', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'company.updated', 'company', d.id, d.data, v_actor, (select h.changes from crm.event_changes('company.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -3557,12 +3559,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.deal_jsonb(n) as object, crm.deal_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'deal.updated', 'deal', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'deal.updated', 'deal', d.id, d.data, v_actor, (select h.changes from crm.event_changes('deal.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -3874,9 +3877,10 @@ begin
     when 'company' then (select crm.company_json(c)::jsonb from crm.companies c where c.workspace_id = v_workspace and c.id = record_id)
     when 'deal' then (select crm.deal_json(d)::jsonb from crm.deals d where d.workspace_id = v_workspace and d.id = record_id)
   end;
-  insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-  values (v_workspace, record_type || '.updated', record_type, record_id,
-          jsonb_build_object('object', v_object, 'associations_changed', v_checked), crm.event_actor())
+  insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+  select v_workspace, record_type || '.updated', record_type, record_id, x.data, crm.event_actor(),
+         (select h.changes from crm.event_changes(record_type || '.updated', x.data) h)
+    from (select jsonb_build_object('object', v_object, 'associations_changed', v_checked) as data offset 0) x
   returning id into v_id;
   perform crm.enqueue_event_fan_out(array[v_id]);
   return v_id;
@@ -4038,6 +4042,7 @@ create table crm.events (
   actor jsonb not null,
   xid xid8 default pg_current_xact_id(),
   token_id uuid default crm.current_token_id(),
+  changes jsonb,
   constraint events_pkey PRIMARY KEY (workspace_id, id),
   constraint events_actor_shape CHECK (
     (((actor ->> 'type'::text) = ANY (ARRAY['user'::text, 'system'::text])) AND (actor ? 'via'::text))
@@ -4061,6 +4066,10 @@ comment on column crm.events.xid is
 comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
+comment on column crm.events.changes is
+  'The history entry''s changes of a .updated event (crm.event_changes of its name and data), stored by the outbox '
+  'triggers as they write it so that crm.record_history reads rather than computes them; null for created and deleted '
+  'events and for events written before the column, whose changes the view computes.';
 alter table crm.events enable row level security;
 alter table crm.events force row level security;
 create policy events_all_owner on crm.events as permissive for all to crm_owner
@@ -5546,6 +5555,48 @@ comment on function crm.may_read_record_history(p_record_type text, p_workspace_
 grant execute on function crm.may_read_record_history(p_record_type text, p_workspace_id uuid, p_record_id uuid)
   to crm_api;
 
+CREATE OR REPLACE FUNCTION crm.event_changes(p_event text, p_data jsonb)
+ RETURNS TABLE(changes jsonb)
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb)
+  FROM ( SELECT f.key AS field,
+                jsonb_build_object('from', f.value, 'to', COALESCE((p_data #> ARRAY['object'::text, f.key]), 'null'::jsonb)) AS change
+           FROM jsonb_each((p_data -> 'previous_attributes'::text)) f(key, value)
+          WHERE ((p_event ~~ '%.updated'::text)
+                 AND (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
+                 AND (f.value <> COALESCE((p_data #> ARRAY['object'::text, f.key]), 'null'::jsonb)))
+        UNION ALL
+         SELECT f.key,
+                CASE WHEN (p_event ~~ '%.created'::text) THEN jsonb_build_object('from', NULL::jsonb, 'to', f.value)
+                     ELSE jsonb_build_object('from', f.value, 'to', NULL::jsonb) END
+           FROM jsonb_each((p_data -> 'object'::text)) f(key, value)
+          WHERE ((p_event !~~ '%.updated'::text)
+                 AND (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
+                 AND (f.value <> 'null'::jsonb))
+        UNION ALL
+         SELECT ('custom_fields.'::text || k.key),
+                jsonb_build_object('from', COALESCE((cf.old -> k.key), 'null'::jsonb), 'to', COALESCE((cf.new -> k.key), 'null'::jsonb))
+           FROM ( SELECT CASE WHEN (p_event ~~ '%.created'::text) THEN '{}'::jsonb
+                              ELSE COALESCE((p_data #> '{previous_attributes,custom_fields}'::text[]), (p_data #> '{object,custom_fields}'::text[]), '{}'::jsonb)
+                         END AS old,
+                         CASE WHEN (p_event ~~ '%.deleted'::text) THEN '{}'::jsonb
+                              ELSE COALESCE((p_data #> '{object,custom_fields}'::text[]), '{}'::jsonb)
+                         END AS new
+                  WHERE ((p_event !~~ '%.updated'::text) OR ((p_data -> 'previous_attributes'::text) ? 'custom_fields'::text))
+                 OFFSET 0) cf
+           CROSS JOIN LATERAL jsonb_object_keys((cf.old || cf.new)) k(key)
+          WHERE (COALESCE((cf.old -> k.key), 'null'::jsonb) <> COALESCE((cf.new -> k.key), 'null'::jsonb))
+        UNION ALL
+         SELECT ('associations.'::text || a.key), a.value
+           FROM jsonb_each((p_data -> 'associations_changed'::text)) a(key, value)) c
+$function$;
+comment on function crm.event_changes(p_event text, p_data jsonb) is
+  'The changes of an event as crm.record_history shows them: {field: {from, to}}, custom_fields.<key> per custom '
+  'field, associations.<type>: {added, removed}. The outbox triggers store an update''s in crm.events.changes.';
+grant execute on function crm.event_changes(p_event text, p_data jsonb) to crm_api;
+
 create view crm.record_history as
  SELECT e.workspace_id,
     e.record_type,
@@ -5554,38 +5605,8 @@ create view crm.record_history as
     e.occurred_at,
     split_part(e.event, '.'::text, 2) AS action,
     jsonb_build_object('user_id', e.actor -> 'id'::text, 'name', to_jsonb(u.name), 'via', e.actor -> 'via'::text) || jsonb_strip_nulls(jsonb_build_object('token_id', e.token_id, 'app_id', e.actor -> 'app_id'::text)) AS actor,
-    ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb) AS "coalesce"
-           FROM ( SELECT
-                        CASE
-                            WHEN e.event ~~ '%.updated'::text THEN COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
-                            ELSE e.data -> 'object'::text
-                        END AS fields,
-                        CASE
-                            WHEN e.event ~~ '%.created'::text THEN '{}'::jsonb
-                            ELSE (e.data -> 'object'::text) || COALESCE(e.data -> 'previous_attributes'::text, '{}'::jsonb)
-                        END AS before,
-                        CASE
-                            WHEN e.event ~~ '%.deleted'::text THEN '{}'::jsonb
-                            ELSE e.data -> 'object'::text
-                        END AS after
-                 OFFSET 0) s
-             CROSS JOIN LATERAL ( SELECT f.key AS field,
-                    jsonb_build_object('from', COALESCE(s.before -> f.key, 'null'::jsonb), 'to', COALESCE(s.after -> f.key, 'null'::jsonb)) AS change
-                   FROM jsonb_object_keys(s.fields) f(key)
-                  WHERE (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text])) AND COALESCE(s.before -> f.key, 'null'::jsonb) <> COALESCE(s.after -> f.key, 'null'::jsonb)
-                UNION ALL
-                 SELECT 'custom_fields.'::text || f.key,
-                    jsonb_build_object('from', COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb), 'to', COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)) AS jsonb_build_object
-                   FROM jsonb_object_keys(
-                        CASE
-                            WHEN s.fields ? 'custom_fields'::text THEN COALESCE(s.before -> 'custom_fields'::text, '{}'::jsonb) || COALESCE(s.after -> 'custom_fields'::text, '{}'::jsonb)
-                            ELSE '{}'::jsonb
-                        END) f(key)
-                  WHERE COALESCE(s.before #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb) <> COALESCE(s.after #> ARRAY['custom_fields'::text, f.key], 'null'::jsonb)
-                UNION ALL
-                 SELECT 'associations.'::text || a.key,
-                    a.value
-                   FROM jsonb_each(COALESCE(e.data -> 'associations_changed'::text, '{}'::jsonb)) a(key, value)) c) AS changes
+    COALESCE(e.changes, ( SELECT c.changes
+           FROM crm.event_changes(e.event, e.data) c(changes))) AS changes
    FROM crm.events e
      LEFT JOIN crm.users u ON u.id = ((e.actor ->> 'id'::text)::uuid)
      CROSS JOIN LATERAL ( SELECT crm.may_read_record_history(e.record_type, e.workspace_id, e.record_id) AS allowed

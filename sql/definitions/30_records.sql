@@ -82,12 +82,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.contact_jsonb(n) as object, crm.contact_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'contact.updated', 'contact', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'contact.updated', 'contact', d.id, d.data, v_actor, (select h.changes from crm.event_changes('contact.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -182,12 +183,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.company_jsonb(n) as object, crm.company_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'company.updated', 'company', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'company.updated', 'company', d.id, d.data, v_actor, (select h.changes from crm.event_changes('company.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -314,12 +316,13 @@ begin
     with changed as (
       select n.workspace_id, n.id, crm.deal_jsonb(n) as object, crm.deal_jsonb(o) as before
         from old_rows o join new_rows n on n.workspace_id = o.workspace_id and n.id = o.id
-    ), diffed as (
-      select c.workspace_id, c.id, c.object, crm.json_changes(c.before, c.object) as previous from changed c
+    ), diffed as materialized ( -- once a row: inlined, the CTE copied json_changes' call into each use
+      select c.workspace_id, c.id, jsonb_build_object('object', c.object, 'previous_attributes', crm.json_changes(c.before, c.object)) as data
+        from changed c
     ), written as (
-      insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-      select d.workspace_id, 'deal.updated', 'deal', d.id, jsonb_build_object('object', d.object, 'previous_attributes', d.previous), v_actor
-        from diffed d where d.previous <> '{}'::jsonb order by d.id
+      insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+      select d.workspace_id, 'deal.updated', 'deal', d.id, d.data, v_actor, (select h.changes from crm.event_changes('deal.updated', d.data) h)
+        from diffed d where d.data -> 'previous_attributes' <> '{}'::jsonb order by d.id
       returning id)
     select array_agg(id) into v_ids from written;
   else
@@ -484,9 +487,10 @@ begin
     when 'company' then (select crm.company_json(c)::jsonb from crm.companies c where c.workspace_id = v_workspace and c.id = record_id)
     when 'deal' then (select crm.deal_json(d)::jsonb from crm.deals d where d.workspace_id = v_workspace and d.id = record_id)
   end;
-  insert into crm.events (workspace_id, event, record_type, record_id, data, actor)
-  values (v_workspace, record_type || '.updated', record_type, record_id,
-          jsonb_build_object('object', v_object, 'associations_changed', v_checked), crm.event_actor())
+  insert into crm.events (workspace_id, event, record_type, record_id, data, actor, changes)
+  select v_workspace, record_type || '.updated', record_type, record_id, x.data, crm.event_actor(),
+         (select h.changes from crm.event_changes(record_type || '.updated', x.data) h)
+    from (select jsonb_build_object('object', v_object, 'associations_changed', v_checked) as data offset 0) x
   returning id into v_id;
   perform crm.enqueue_event_fan_out(array[v_id]);
   return v_id;

@@ -1479,12 +1479,65 @@ comment on column crm.events.token_id is
   'The token the change was made with (the request context''s, by default), or null: for crm.record_history, never '
   'sent to webhooks.';
 
+comment on column crm.events.changes is
+  'The history entry''s changes of a .updated event (crm.event_changes of its name and data), stored by the outbox '
+  'triggers as they write it so that crm.record_history reads rather than computes them; null for created and deleted '
+  'events and for events written before the column, whose changes the view computes.';
+
+-- A change of a record as its history shows it (docs/api.md section 5b), from an event's name and data:
+-- an update's fields are previous_attributes' keys (each from its old value to the object's), a create
+-- lists every field set and a delete every field the record had; custom fields by key, and the links
+-- of associations_changed. A set-returning SQL function of one SELECT, so that the planner inlines it
+-- wherever it is called (a scalar SQL function would run as a call of its own, about 50 µs each) and
+-- folds its branches when the event is a constant, as in the outbox triggers.
+create or replace function crm.event_changes(p_event text, p_data jsonb)
+ returns table (changes jsonb)
+ language sql
+ immutable parallel safe
+as $function$
+  SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb)
+  FROM ( SELECT f.key AS field,
+                jsonb_build_object('from', f.value, 'to', COALESCE((p_data #> ARRAY['object'::text, f.key]), 'null'::jsonb)) AS change
+           FROM jsonb_each((p_data -> 'previous_attributes'::text)) f(key, value)
+          WHERE ((p_event ~~ '%.updated'::text)
+                 AND (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
+                 AND (f.value <> COALESCE((p_data #> ARRAY['object'::text, f.key]), 'null'::jsonb)))
+        UNION ALL
+         SELECT f.key,
+                CASE WHEN (p_event ~~ '%.created'::text) THEN jsonb_build_object('from', NULL::jsonb, 'to', f.value)
+                     ELSE jsonb_build_object('from', f.value, 'to', NULL::jsonb) END
+           FROM jsonb_each((p_data -> 'object'::text)) f(key, value)
+          WHERE ((p_event !~~ '%.updated'::text)
+                 AND (f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
+                 AND (f.value <> 'null'::jsonb))
+        UNION ALL
+         SELECT ('custom_fields.'::text || k.key),
+                jsonb_build_object('from', COALESCE((cf.old -> k.key), 'null'::jsonb), 'to', COALESCE((cf.new -> k.key), 'null'::jsonb))
+           FROM ( SELECT CASE WHEN (p_event ~~ '%.created'::text) THEN '{}'::jsonb
+                              ELSE COALESCE((p_data #> '{previous_attributes,custom_fields}'::text[]), (p_data #> '{object,custom_fields}'::text[]), '{}'::jsonb)
+                         END AS old,
+                         CASE WHEN (p_event ~~ '%.deleted'::text) THEN '{}'::jsonb
+                              ELSE COALESCE((p_data #> '{object,custom_fields}'::text[]), '{}'::jsonb)
+                         END AS new
+                  WHERE ((p_event !~~ '%.updated'::text) OR ((p_data -> 'previous_attributes'::text) ? 'custom_fields'::text))
+                 OFFSET 0) cf
+           CROSS JOIN LATERAL jsonb_object_keys((cf.old || cf.new)) k(key)
+          WHERE (COALESCE((cf.old -> k.key), 'null'::jsonb) <> COALESCE((cf.new -> k.key), 'null'::jsonb))
+        UNION ALL
+         SELECT ('associations.'::text || a.key), a.value
+           FROM jsonb_each((p_data -> 'associations_changed'::text)) a(key, value)) c
+$function$;
+comment on function crm.event_changes(p_event text, p_data jsonb) is
+  'The changes of an event as crm.record_history shows them: {field: {from, to}}, custom_fields.<key> per custom '
+  'field, associations.<type>: {added, removed}. The outbox triggers store an update''s in crm.events.changes.';
+grant execute on function crm.event_changes(p_event text, p_data jsonb) to crm_api;
+
 -- Who may read is asked in a LATERAL subquery of its own (OFFSET 0 keeps it one) so that the planner
 -- may put a Memoize node over it, keyed by the record: then the events of one record ask once, not
 -- once each (docs/performance.md, Record history); without one, each event asks, as before.
--- Of each event's changed fields (the keys that may differ: previous_attributes' for an update,
--- every field for a create or a delete), before and after are made once per event (OFFSET 0 keeps
--- the planner from copying their expressions into every use, each reading the event's data again).
+-- An event's changes are read from crm.events.changes, which the outbox triggers fill for an update;
+-- only the rest (a create, a delete, an association change, an event older than the column) computes
+-- them, by the same function.
 create view crm.record_history as
  SELECT e.workspace_id,
     e.record_type,
@@ -1496,32 +1549,8 @@ create view crm.record_history as
                         'name', to_jsonb(u.name),
                         'via', e.actor -> 'via'::text)
      || jsonb_strip_nulls(jsonb_build_object('token_id', e.token_id, 'app_id', e.actor -> 'app_id'::text))) AS actor,
-    ( SELECT COALESCE(jsonb_object_agg(c.field, c.change), '{}'::jsonb)
-        FROM ( SELECT CASE WHEN (e.event ~~ '%.updated'::text) THEN COALESCE((e.data -> 'previous_attributes'::text), '{}'::jsonb)
-                           ELSE (e.data -> 'object'::text)
-                      END AS fields,
-                      CASE WHEN (e.event ~~ '%.created'::text) THEN '{}'::jsonb
-                           ELSE ((e.data -> 'object'::text) || COALESCE((e.data -> 'previous_attributes'::text), '{}'::jsonb))
-                      END AS before,
-                      CASE WHEN (e.event ~~ '%.deleted'::text) THEN '{}'::jsonb ELSE (e.data -> 'object'::text) END AS after
-                OFFSET 0) s
-        CROSS JOIN LATERAL ( SELECT f.key AS field,
-                    jsonb_build_object('from', COALESCE((s.before -> f.key), 'null'::jsonb), 'to', COALESCE((s.after -> f.key), 'null'::jsonb)) AS change
-                   FROM jsonb_object_keys(s.fields) f(key)
-                  WHERE ((f.key <> ALL (ARRAY['id'::text, 'created_at'::text, 'updated_at'::text, 'created_by'::text, 'updated_by'::text, 'custom_fields'::text]))
-                         AND (COALESCE((s.before -> f.key), 'null'::jsonb) <> COALESCE((s.after -> f.key), 'null'::jsonb)))
-                UNION ALL
-                 SELECT ('custom_fields.'::text || f.key),
-                    jsonb_build_object('from', COALESCE((s.before #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb),
-                                       'to', COALESCE((s.after #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb))
-                   FROM jsonb_object_keys(CASE WHEN (s.fields ? 'custom_fields'::text)
-                                               THEN (COALESCE((s.before -> 'custom_fields'::text), '{}'::jsonb) || COALESCE((s.after -> 'custom_fields'::text), '{}'::jsonb))
-                                               ELSE '{}'::jsonb
-                                          END) f(key)
-                  WHERE (COALESCE((s.before #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb) <> COALESCE((s.after #> ARRAY['custom_fields'::text, f.key]), 'null'::jsonb))
-                UNION ALL
-                 SELECT ('associations.'::text || a.key), a.value
-                   FROM jsonb_each(COALESCE((e.data -> 'associations_changed'::text), '{}'::jsonb)) a(key, value)) c) AS changes
+    COALESCE(e.changes, ( SELECT c.changes
+           FROM crm.event_changes(e.event, e.data) c(changes))) AS changes
    FROM ((crm.events e
      -- A join, not a subquery, for the actor's name: with more than one relation in FROM,
      -- PostgreSQL 15 and 18 print the view alike (with one, 18 leaves the columns unqualified), so

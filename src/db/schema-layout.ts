@@ -183,7 +183,7 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'record_webhook_attempts',
         ],
       },
-      { title: 'Record history', objects: ['may_read_record_history', 'record_history'] },
+      { title: 'Record history', objects: ['may_read_record_history', 'event_changes', 'record_history'] },
       {
         title: 'Test events and recovery',
         objects: [

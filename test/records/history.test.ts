@@ -277,3 +277,59 @@ t.test('in SQL: no context sees nothing; crm.act_as sees what the API answers, f
   t.equal((await inSql('carol@acme.test', records[0])).length, 0, 'own scope: not the admin’s deal')
   t.ok((await inSql('carol@acme.test', records[6])).length > 0, 'own scope: her own deal')
 })
+
+/** The changes a history entry should list between two states of a record as the API shows them. */
+function expectedChanges(before: Record<string, any>, after: Record<string, any>): Record<string, unknown> {
+  const changes: Record<string, unknown> = {}
+  const differ = (a: unknown, b: unknown) => !isDeepStrictEqual(a ?? null, b ?? null)
+  for (const key of new Set([...Object.keys(before), ...Object.keys(after)])) {
+    if (['id', 'created_at', 'updated_at', 'created_by', 'updated_by', 'custom_fields'].includes(key)) continue
+    if (differ(before[key], after[key])) changes[key] = { from: before[key] ?? null, to: after[key] ?? null }
+  }
+  const [oldFields, newFields] = [before.custom_fields ?? {}, after.custom_fields ?? {}]
+  for (const key of new Set([...Object.keys(oldFields), ...Object.keys(newFields)])) {
+    if (differ(oldFields[key], newFields[key]))
+      changes[`custom_fields.${key}`] = { from: oldFields[key] ?? null, to: newFields[key] ?? null }
+  }
+  return changes
+}
+
+t.test('every update lists exactly the fields it changed, stored with its event as the view would compute it', async () => {
+  const value = fc.oneof(fc.string({ maxLength: 6 }), fc.integer({ min: -5, max: 5 }), fc.boolean(), fc.constant(null))
+  const patch = fc.record(
+    {
+      name: fc.string({ minLength: 1, maxLength: 8 }),
+      amount: fc.constantFrom('1.00', '2.50', null),
+      stage: fc.constantFrom('lead', 'qualified', 'won'),
+      custom_fields: fc.dictionary(fc.constantFrom('tier', 'seats', 'note'), value, { maxKeys: 3 }),
+    },
+    { requiredKeys: [] },
+  )
+  await fc.assert(
+    fc.asyncProperty(fc.array(patch, { minLength: 1, maxLength: 4 }), async (patches) => {
+      const id = (await ann.post('/api/deals', { name: 'Property' })).body.data.id
+      const expected: Record<string, unknown>[] = []
+      let state = (await ann.get(`/api/deals/${id}`)).body.data
+      for (const body of patches) {
+        const answer = await ann.patch(`/api/deals/${id}`, body)
+        if (answer.status !== 200) throw new Error(`PATCH answered ${answer.status}: ${answer.text}`)
+        const changes = expectedChanges(state, answer.body.data)
+        if (Object.keys(changes).length > 0) expected.unshift(changes)
+        state = answer.body.data
+      }
+      const entries = (await history('ann@acme.test', `deals/${id}`, '?limit=200')).body.data
+      const updates = entries.filter((entry: any) => entry.action === 'updated').map((entry: any) => entry.changes)
+      const stored = await withOwner(url, async (client) => {
+        const { rows } = await client.query(
+          `select count(*) filter (where e.changes is null)::int as missing,
+                  count(*) filter (where e.changes is distinct from (select c.changes from crm.event_changes(e.event, e.data) c))::int as differing
+             from crm.events e where e.record_id = $1 and e.event = 'deal.updated'`,
+          [id],
+        )
+        return rows[0]
+      })
+      return isDeepStrictEqual(updates, expected) && stored.missing === 0 && stored.differing === 0
+    }),
+    { numRuns: 15, seed: 52 },
+  )
+})

@@ -5,7 +5,7 @@ import { RECORD_TYPES, type RecordType } from '../../records/fields.ts'
 import { historyPageSchema, readHistory } from '../../records/history.ts'
 import { checkId } from '../../records/operations.ts'
 import { parseQueryString } from '../../records/query-string.ts'
-import type { RouteDefinition } from '../route.ts'
+import { JsonText, type RouteDefinition } from '../route.ts'
 
 const EXAMPLE_USER = '01935f3c-9a00-7c11-8d2e-3c4b5a6f7e8d'
 
@@ -39,7 +39,7 @@ function routeFor(type: RecordType): RouteDefinition {
       const id = checkId(params.id)
       const parameters = parseQueryString(req.url)
       const result = await readHistory(db, type, id, parameters)
-      return { body: result, headers: pageHeaders(`/api/${type.path}/${id}/history`, parameters, result.next_cursor) }
+      return { body: new JsonText(result.json), headers: pageHeaders(`/api/${type.path}/${id}/history`, parameters, result.next_cursor) }
     },
   }
 }
