@@ -9,8 +9,6 @@ import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { parseCidrList } from '../cidr.ts'
 import { asciiJson } from '../webhooks/ascii-json.ts'
-import { deliveryHeaders } from '../webhooks/request-headers.ts'
-import { sendSignedWebhook } from '../webhooks/send.ts'
 import { newWebhookSecret } from '../webhooks/signature.ts'
 import { type CliContext, CliError, type Command } from './command.ts'
 
@@ -132,6 +130,12 @@ async function listen(context: CliContext, values: Record<string, unknown>): Pro
 
 /** One event to the local URL, signed like a delivery (its id is the delivery id: stable across restarts); one line printed. */
 async function forward(context: CliContext, url: string, state: ListenState, event: FeedEvent): Promise<void> {
+  // Imported here, not at the top: they load undici and TypeBox, which every other `crm` command
+  // would otherwise pay for at start (Node caches them after the first event).
+  const [{ sendSignedWebhook }, { deliveryHeaders }] = await Promise.all([
+    import('../webhooks/send.ts'),
+    import('../webhooks/request-headers.ts'),
+  ])
   const attempt = await sendSignedWebhook({
     url,
     policy: LOCAL_POLICY,

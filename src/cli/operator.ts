@@ -1,10 +1,11 @@
 // Platform operator commands (docs/api.md section 10). They run as the owner role, directly in SQL:
 // the same tables, triggers and constraints the API obeys (seats, built-in roles, last admin).
+// Modules that load the service's heavier libraries (slonik, TypeBox) are imported by the command
+// or the error path that needs them: every `crm` command, `help` and a mistyped option included,
+// then starts in about a fifth of the time (docs/performance.md, "Test suite").
 import pg from 'pg'
-import { auditChainVerdict } from '../audit/audit-log.ts'
 import { hashPassword, passwordProblem } from '../auth/passwords.ts'
 import { hashRecoveryCode, newRecoveryCodes, newTotpSecret, otpauthUri, sealTotpSecret } from '../auth/two-factor.ts'
-import { databaseErrorOf } from '../db/database-errors.ts'
 import { provisionDatabase } from '../db/provision.ts'
 import { type CliContext, CliError, type Command } from './command.ts'
 
@@ -23,6 +24,7 @@ async function withDatabase<T>(context: CliContext, fn: (client: pg.Client) => P
       return result
     } catch (error) {
       await client.query('rollback').catch(() => {})
+      const { databaseErrorOf } = await import('../db/database-errors.ts')
       const fields = databaseErrorOf(error)
       if (fields?.code === '23505') throw new Error(`already exists: ${fields.detail ?? fields.constraint}`)
       if (fields?.code === '23514') throw new Error(`invalid value (${fields.constraint})`)
@@ -266,6 +268,7 @@ export const commands: Record<string, Command> = {
     options: { workspace: { type: 'string' } },
     run: async (context, values) => {
       required(values, 'workspace')
+      const { auditChainVerdict } = await import('../audit/audit-log.ts')
       const result = await withDatabase(context, async (client) =>
         auditChainVerdict(
           (await client.query('select * from crm.verify_audit_log($1)', [await workspaceId(client, values.workspace)])).rows[0],
