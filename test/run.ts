@@ -31,13 +31,14 @@ function testJobs(args: string[]): string[] {
   return [`--jobs=${Number(process.env.TEST_JOBS) || 2 * availableParallelism()}`]
 }
 
-async function provision(): Promise<ProvisionedDatabase & { label: string }> {
+async function provision(): Promise<ProvisionedDatabase & { label: string; throwaway: boolean }> {
   if (process.env.DATABASE_URL) {
     return {
       url: process.env.DATABASE_URL,
       description: '',
       stop: async () => {},
       label: `DATABASE_URL (${redactUrl(process.env.DATABASE_URL)})`,
+      throwaway: false,
     }
   }
   if (process.env.TEST_DATABASE === 'testcontainers') {
@@ -49,6 +50,7 @@ async function provision(): Promise<ProvisionedDatabase & { label: string }> {
         description: '',
         stop: async () => void (await container.stop()),
         label: 'a PostgreSQL container (testcontainers)',
+        throwaway: true,
       }
     } catch (error) {
       console.log(
@@ -62,6 +64,7 @@ async function provision(): Promise<ProvisionedDatabase & { label: string }> {
   return {
     ...database,
     label: nativeDir ? `a throwaway cluster of ${nativeDir}` : 'the embedded PostgreSQL (throwaway cluster)',
+    throwaway: true,
     stop: async () => {
       await database.stop()
       rmSync(baseDir, { recursive: true, force: true })
@@ -106,6 +109,14 @@ async function main(): Promise<number> {
     const { rows } = await admin.query<{ server_version: string }>('show server_version')
     console.log(`tests use ${server.label}, PostgreSQL ${rows[0].server_version}`)
     if (server.notice) console.log(server.notice)
+    if (server.throwaway) {
+      // Tests that run concurrent batches over the same rows deadlock on purpose; PostgreSQL looks for
+      // the cycle only after deadlock_timeout (1 s by default), each wait of a retried transaction
+      // included. The same deadlocks, found in 0.1 s: test/hostile/batch-bodies.test.ts's concurrent
+      // batches took 9 s instead of 90 s (docs/performance.md, "Test suite").
+      await admin.query(`alter system set deadlock_timeout = '100ms'`)
+      await admin.query('select pg_reload_conf()')
+    }
     await admin.query(`drop database if exists ${TEMPLATE} with (force)`)
     await admin.query(`create database ${TEMPLATE}`)
     await admin.end()

@@ -1,7 +1,7 @@
 // The operator's CLI against a real database: --json output, one-line errors, and the database
 // rules (seats, built-in roles) applying to it as to the API.
 import t from 'tap'
-import { crm } from '../helpers/cli.ts'
+import { crm, crmEach } from '../helpers/cli.ts'
 import { createTestDatabase } from '../helpers/database.ts'
 import { withOwner } from '../helpers/fixtures.ts'
 
@@ -25,13 +25,19 @@ t.test('workspaces', async (t) => {
   )
   t.same(roles, ['admin', 'member', 'read_only'], 'built-in roles come from the database')
   t.match(crm(url, ['workspace', 'set-plan', '--slug', 'acme', '--plan', 'pro', '--json']).json, { slug: 'acme', plan: 'pro' })
-  const taken = crm(url, ['workspace', 'create', '--slug', 'acme', '--name', 'Again'])
+  // Refusals change nothing, so they run a few at once.
+  const [taken, badSlug, noSlug, badPlan] = await crmEach(url, [
+    { args: ['workspace', 'create', '--slug', 'acme', '--name', 'Again'] },
+    { args: ['workspace', 'create', '--slug', 'Bad Slug!', '--name', 'x'] },
+    { args: ['workspace', 'create', '--name', 'x'] },
+    { args: ['workspace', 'set-plan', '--slug', 'acme', '--plan', 'gold'] },
+  ])
   t.equal(taken.status, 1)
   t.match(taken.stderr, /^crm: already exists/)
   t.equal(taken.stderr.trim().split('\n').length, 1)
-  t.match(crm(url, ['workspace', 'create', '--slug', 'Bad Slug!', '--name', 'x']).stderr, /^crm: invalid value/)
-  t.match(crm(url, ['workspace', 'create', '--name', 'x']).stderr, /missing --slug/)
-  t.match(crm(url, ['workspace', 'set-plan', '--slug', 'acme', '--plan', 'gold']).stderr, /--plan must be free or pro/)
+  t.match(badSlug.stderr, /^crm: invalid value/)
+  t.match(noSlug.stderr, /missing --slug/)
+  t.match(badPlan.stderr, /--plan must be free or pro/)
 })
 
 t.test('users, members and seats', async (t) => {
@@ -69,14 +75,12 @@ t.test('users, members and seats', async (t) => {
     '--json',
   ])
   t.match(bob.json, { email: 'bob@acme.test', role: 'member', workspace: 'acme' })
-  t.match(
-    crm(url, ['user', 'create', '--email', 'c@acme.test', '--name', 'C', '--password', 'short']).stderr,
-    /--password must be at least 10 characters/,
-  )
-  t.match(
-    crm(url, ['user', 'create', '--email', 'carol@acme.test', '--name', 'C', '--password', 'carol@acme.test']).stderr,
-    /must not be the email/,
-  )
+  const [shortPassword, emailPassword] = await crmEach(url, [
+    { args: ['user', 'create', '--email', 'c@acme.test', '--name', 'C', '--password', 'short'] },
+    { args: ['user', 'create', '--email', 'carol@acme.test', '--name', 'C', '--password', 'carol@acme.test'] },
+  ])
+  t.match(shortPassword.stderr, /--password must be at least 10 characters/)
+  t.match(emailPassword.stderr, /must not be the email/)
   t.equal(crm(url, ['user', 'create', '--email', 'carol@acme.test', '--name', 'Carol', '--password', PASSWORD, '--json']).status, 0)
 
   const full = crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'carol@acme.test'])
@@ -89,10 +93,14 @@ t.test('users, members and seats', async (t) => {
   t.match(crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'carol@acme.test', '--role', 'read_only', '--json']).json, {
     role: 'read_only',
   })
-  const unsuspend = crm(url, ['member', 'unsuspend', '--workspace', 'acme', '--email', 'bob@acme.test'])
+  const [unsuspend, lastAdmin, nobody] = await crmEach(url, [
+    { args: ['member', 'unsuspend', '--workspace', 'acme', '--email', 'bob@acme.test'] },
+    { args: ['member', 'suspend', '--workspace', 'acme', '--email', 'ada@acme.test'] },
+    { args: ['member', 'add', '--workspace', 'acme', '--email', 'nobody@acme.test'] },
+  ])
   t.match(unsuspend.stderr, /no seat left/, 'unsuspend needs a free seat')
-  t.match(crm(url, ['member', 'suspend', '--workspace', 'acme', '--email', 'ada@acme.test']).stderr, /last admin/, 'the last admin stays')
-  t.match(crm(url, ['member', 'add', '--workspace', 'acme', '--email', 'nobody@acme.test']).stderr, /no user with email/)
+  t.match(lastAdmin.stderr, /last admin/, 'the last admin stays')
+  t.match(nobody.stderr, /no user with email/)
 })
 
 t.test('roles, API access and platform suspension', async (t) => {
@@ -110,13 +118,14 @@ t.test('roles, API access and platform suspension', async (t) => {
     '--json',
   ])
   t.match(role.json, { name: 'erp_sync', is_admin: false, grants: ['deals:view:own', 'deals:update:own'] })
-  t.match(
-    crm(url, ['role', 'create', '--workspace', 'acme', '--name', 'x', '--grant', 'deals:fly:all']).stderr,
-    /is not resource:action:scope/,
-  )
+  const [badGrant, neitherOnNorOff] = await crmEach(url, [
+    { args: ['role', 'create', '--workspace', 'acme', '--name', 'x', '--grant', 'deals:fly:all'] },
+    { args: ['user', 'api-access', '--email', 'ada@acme.test'] },
+  ])
+  t.match(badGrant.stderr, /is not resource:action:scope/)
+  t.match(neitherOnNorOff.stderr, /exactly one of --on or --off/)
   t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test', '--off', '--json']).json, { api_access: false })
   t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test', '--on', '--json']).json, { api_access: true })
-  t.match(crm(url, ['user', 'api-access', '--email', 'ada@acme.test']).stderr, /exactly one of --on or --off/)
   t.match(crm(url, ['user', 'suspend', '--email', 'carol@acme.test', '--json']).json, { suspended_at: /Z$/ })
   t.match(crm(url, ['user', 'unsuspend', '--email', 'carol@acme.test', '--json']).json, { suspended_at: null })
   const built = await withOwner(url, async (client) =>
