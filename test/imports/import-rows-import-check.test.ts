@@ -1,12 +1,14 @@
 // Every staged row's import exists (migration 000017): checked once per statement by
 // tg_import_rows__import_exists_* rather than by a foreign key's check per row, with the key's
 // guarantee: a statement naming a missing import stages nothing (23503), and deleting an import,
-// or its workspace, deletes its staged rows and only those.
+// or its workspace, deletes its staged rows and only those, and a delete racing the staging either
+// waits for it and takes its rows along or makes it fail.
 import fc from 'fast-check'
-import type pg from 'pg'
+import pg from 'pg'
 import t from 'tap'
 import { createTestDatabase } from '../helpers/database.ts'
 import { createTenant, withOwner } from '../helpers/fixtures.ts'
+import { until } from '../helpers/until.ts'
 
 const STAGE_ROWS = `
   insert into crm.import_rows (workspace_id, import_id, row, user_id, cells)
@@ -91,4 +93,49 @@ t.test('deleting an import or its workspace deletes its staged rows and only tho
     t.equal(await stagedCount(client, ofDoomed), 0, "a deleted workspace's imports take their staged rows along")
     t.equal(await stagedCount(client, kept), 1, "another workspace's staged rows stay")
   })
+})
+
+t.test('an import deleted while its rows are staged', async (t) => {
+  const url = await createTestDatabase(t)
+  const tenant = await createTenant(url, { members: { 'ann@stage.test': 'admin' } })
+  const ann = tenant.members['ann@stage.test'].id
+  const connect = async () => {
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    return client
+  }
+  const [writer, deleter, observer] = [await connect(), await connect(), await connect()]
+  t.teardown(() => Promise.all([writer.end(), deleter.end(), observer.end()]))
+  const pidOf = async (client: pg.Client) => (await client.query('select pg_backend_pid() as pid')).rows[0].pid as number
+  const [writerPid, deleterPid] = [await pidOf(writer), await pidOf(deleter)]
+  const waitingForLock = (pid: number) =>
+    until(`backend ${pid} waits for a lock`, async () => {
+      const { rows } = await observer.query(`select 1 from pg_stat_activity where pid = $1 and wait_event_type = 'Lock'`, [pid])
+      return rows.length === 1
+    })
+  const deleteImport = (client: pg.Client, id: string) =>
+    client.query('delete from crm.imports where workspace_id = $1 and id = $2', [tenant.id, id])
+
+  // The rows are staged first: the delete waits for their transaction, then takes them along.
+  const first = await createImport(observer, tenant.id, ann)
+  await writer.query('begin')
+  await writer.query(STAGE_ROWS, [[tenant.id, tenant.id], ann, [first, first]])
+  const deleted = deleteImport(deleter, first)
+  await waitingForLock(deleterPid)
+  await writer.query('commit')
+  t.equal((await deleted).rowCount, 1, 'the delete goes through once the staged rows are committed')
+  t.equal(await stagedCount(observer, first), 0, 'and the rows committed meanwhile are deleted with it')
+
+  // The import is deleted first: the staging statement waits, then finds no import.
+  const second = await createImport(observer, tenant.id, ann)
+  await deleter.query('begin')
+  await deleteImport(deleter, second)
+  const staged = writer.query(STAGE_ROWS, [[tenant.id], ann, [second]]).then(
+    () => null,
+    (caught: { code?: string }) => caught.code,
+  )
+  await waitingForLock(writerPid)
+  await deleter.query('commit')
+  t.equal(await staged, '23503', 'the rows of an import deleted meanwhile are refused')
+  t.equal(await stagedCount(observer, second), 0, 'and none is left')
 })
