@@ -3,7 +3,7 @@
 // summed over batches) and prints the CPU time the PostgreSQL backend used per row (/proc).
 //   node bench/_profile-imports.ts               env: BENCH_IMPORT_ROWS (100,000), BATCH (the job default), TOP (25)
 //   PERF=/tmp/perf.data PERF_ARGS='-F 250 --call-graph dwarf,24000' ...   perf record on the backend
-//   EXPLAIN=20 ...                               auto_explain (analyze, verbose) of statements over 20 ms
+//   EXPLAIN=20 ...                               auto_explain (analyze, verbose, trigger times) of statements over 20 ms
 // A COPY's time shows up in the statement queued after it (pg sends it once the COPY completes).
 import { spawn } from 'node:child_process'
 import pg from 'pg'
@@ -64,7 +64,7 @@ try {
   if (process.env.EXPLAIN) {
     await client.query(`load 'auto_explain'`)
     await client.query(
-      `set auto_explain.log_min_duration = ${Number(process.env.EXPLAIN)}; set auto_explain.log_analyze = on; set auto_explain.log_verbose = on; set auto_explain.log_nested_statements = on; set client_min_messages = log`,
+      `set auto_explain.log_min_duration = ${Number(process.env.EXPLAIN)}; set auto_explain.log_analyze = on; set auto_explain.log_verbose = on; set auto_explain.log_triggers = on; set auto_explain.log_nested_statements = on; set client_min_messages = log`,
     )
     client.on('notice', (notice: any) => console.log(notice.message))
   }

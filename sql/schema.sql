@@ -6102,6 +6102,10 @@ grant insert (record_type, file_name, file_bytes, file_size, delimiter, columns,
   to crm_api;
 CREATE INDEX imports_created_at ON crm.imports USING btree (created_at);
 comment on index crm.imports_created_at is 'crm.prune_imports: files and imports past their retention.';
+CREATE TRIGGER tg_imports__delete_import_rows AFTER DELETE ON crm.imports
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_imports__delete_import_rows();
 
 CREATE OR REPLACE FUNCTION crm.queue_import(
   p_import_id uuid,
@@ -6435,8 +6439,7 @@ create table crm.import_rows (
   user_id uuid not null,
   cells text[] not null,
   repeat_of integer,
-  constraint import_rows_pkey PRIMARY KEY (workspace_id, import_id, "row"),
-  constraint import_rows_workspace_id_import_id_fkey FOREIGN KEY (workspace_id, import_id) REFERENCES crm.imports(workspace_id, id) ON DELETE CASCADE
+  constraint import_rows_pkey PRIMARY KEY (workspace_id, import_id, "row")
 );
 comment on table crm.import_rows is
   'Every data record of an import file as parsed (row = 1-based data record number); kept for failed rows '
@@ -6470,6 +6473,62 @@ create policy import_rows_select_own_or_admin on crm.import_rows as permissive f
 comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged rows are seen like their import.';
 grant select on crm.import_rows to crm_api;
 grant insert on crm.import_rows to crm_worker;
+CREATE TRIGGER tg_import_rows__import_exists_insert AFTER INSERT ON crm.import_rows
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_import_rows__import_exists();
+CREATE TRIGGER tg_import_rows__import_exists_update AFTER UPDATE ON crm.import_rows
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_import_rows__import_exists();
+
+CREATE OR REPLACE FUNCTION crm.tg_import_rows__import_exists()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+declare
+  v_imports bigint;
+  v_found bigint;
+begin
+  select count(*) into v_imports from (select distinct n.workspace_id, n.import_id from new_rows n) p;
+  if v_imports = 0 then
+    return null;
+  end if;
+  -- Locked as a foreign key's check locks its referenced row: an import being deleted meanwhile is
+  -- waited for and then not found, and one not yet deleted cannot be until this transaction ends.
+  perform 1 from (select distinct n.workspace_id, n.import_id from new_rows n order by 1, 2) p
+   cross join lateral (select i.id from crm.imports i
+                        where i.workspace_id = p.workspace_id and i.id = p.import_id for key share) i;
+  get diagnostics v_found = row_count;
+  if v_found < v_imports then
+    raise exception 'a staged import row names an import that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'import_rows',
+            constraint = 'import_rows_import_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_import_rows__import_exists() is
+  'Statement trigger of crm.import_rows: refuses the statement (23503) when a row it inserted or updated names an '
+  'import that does not exist, locking each import named FOR KEY SHARE once, as a foreign key would lock it once per '
+  'row.';
+grant execute on function crm.tg_import_rows__import_exists() to crm_worker;
+
+CREATE OR REPLACE FUNCTION crm.tg_imports__delete_import_rows()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'crm', 'pg_temp'
+AS $function$
+begin
+  delete from crm.import_rows r using old_rows o where r.workspace_id = o.workspace_id and r.import_id = o.id;
+  return null;
+end
+$function$;
+comment on function crm.tg_imports__delete_import_rows() is
+  'Deletes the staged rows of the imports a statement deleted (the cascade the foreign key of crm.import_rows gave).';
 
 CREATE OR REPLACE FUNCTION crm.import_cell(value text)
  RETURNS text

@@ -660,6 +660,68 @@ comment on policy import_rows_select_own_or_admin on crm.import_rows is 'Staged 
 grant select on crm.import_rows to crm_api;
 grant insert on crm.import_rows to crm_worker;
 
+-- A staged row's import exists: the foreign key's guarantee, checked once per statement (migration
+-- 000017): the job stages a whole file in one INSERT, which the key checked and locked row by row.
+create or replace function crm.tg_import_rows__import_exists()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+declare
+  v_imports bigint;
+  v_found bigint;
+begin
+  select count(*) into v_imports from (select distinct n.workspace_id, n.import_id from new_rows n) p;
+  if v_imports = 0 then
+    return null;
+  end if;
+  -- Locked as a foreign key's check locks its referenced row: an import being deleted meanwhile is
+  -- waited for and then not found, and one not yet deleted cannot be until this transaction ends.
+  perform 1 from (select distinct n.workspace_id, n.import_id from new_rows n order by 1, 2) p
+   cross join lateral (select i.id from crm.imports i
+                        where i.workspace_id = p.workspace_id and i.id = p.import_id for key share) i;
+  get diagnostics v_found = row_count;
+  if v_found < v_imports then
+    raise exception 'a staged import row names an import that does not exist'
+      using errcode = 'foreign_key_violation', schema = 'crm', table = 'import_rows',
+            constraint = 'import_rows_import_exists';
+  end if;
+  return null;
+end
+$function$;
+comment on function crm.tg_import_rows__import_exists() is
+  'Statement trigger of crm.import_rows: refuses the statement (23503) when a row it inserted or updated names an '
+  'import that does not exist, locking each import named FOR KEY SHARE once, as a foreign key would lock it once per '
+  'row.';
+grant execute on function crm.tg_import_rows__import_exists() to crm_worker;
+CREATE TRIGGER tg_import_rows__import_exists_insert AFTER INSERT ON crm.import_rows
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_import_rows__import_exists();
+CREATE TRIGGER tg_import_rows__import_exists_update AFTER UPDATE ON crm.import_rows
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_import_rows__import_exists();
+
+create or replace function crm.tg_imports__delete_import_rows()
+ returns trigger
+ language plpgsql
+ security definer
+ set search_path to 'pg_catalog', 'crm', 'pg_temp'
+as $function$
+begin
+  delete from crm.import_rows r using old_rows o where r.workspace_id = o.workspace_id and r.import_id = o.id;
+  return null;
+end
+$function$;
+comment on function crm.tg_imports__delete_import_rows() is
+  'Deletes the staged rows of the imports a statement deleted (the cascade the foreign key of crm.import_rows gave).';
+CREATE TRIGGER tg_imports__delete_import_rows AFTER DELETE ON crm.imports
+  REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION crm.tg_imports__delete_import_rows();
+
 comment on table crm.import_errors is 'Why a row was not imported: one line per problem (a row may have several).';
 create policy import_errors_all_owner on crm.import_errors as permissive for all to crm_owner
   using (true)

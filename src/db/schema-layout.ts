@@ -219,6 +219,8 @@ export const SCHEMA_LAYOUT: SchemaArea[] = [
           'complete_import',
           'prune_imports',
           'import_rows',
+          'tg_import_rows__import_exists',
+          'tg_imports__delete_import_rows',
           'import_cell',
           'import_json_object',
           'import_key',
