@@ -10,6 +10,7 @@ import { InvalidParameterError, NotFoundError } from '../errors.ts'
 import { type CursorColumn, decodeCursor, encodeCursor, limitOf } from '../paging.ts'
 import { Uuid } from '../uuid.ts'
 import type { RecordType } from './fields.ts'
+import { pageJson } from './list-query.ts'
 import { nullable, page, Time } from './schemas.ts'
 
 const HISTORY_ORDER = '-id'
@@ -101,5 +102,5 @@ export async function readHistory(
   const row = await db.one(historyPageQuery(type, id, before, limit))
   if (!row.visible) throw new NotFoundError(`No such ${type.label}`)
   const next_cursor = row.last_id === null ? null : encodeCursor(HISTORY_ORDER, [row.last_id])
-  return { json: `{"data":${row.entries},"next_cursor":${JSON.stringify(next_cursor)}}`, next_cursor }
+  return { json: pageJson({ records: row.entries, next_cursor }), next_cursor }
 }
