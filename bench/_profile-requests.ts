@@ -115,12 +115,14 @@ async function cpuPerRequest(
   pid: number,
   run: () => Promise<number>,
   postgresCpuMs: (() => number) | null = null,
-): Promise<{ process: number; postgres: number; machine: number; idle: number }> {
+): Promise<{ process: number; postgres: number; machine: number; idle: number; reads: number; writes: number }> {
   const before = processCpuMs(pid) ?? 0
+  const ioBefore = systemCalls(pid)
   const postgresBefore = postgresCpuMs?.() ?? Number.NaN
   const machineBefore = machineCpuMs()
   const requests = await run()
   const machineAfter = machineCpuMs()
+  const ioAfter = systemCalls(pid)
   const busy = machineAfter.busy - machineBefore.busy
   const idle = machineAfter.idle - machineBefore.idle
   return {
@@ -128,7 +130,19 @@ async function cpuPerRequest(
     postgres: (((postgresCpuMs?.() ?? Number.NaN) - postgresBefore) * 1000) / requests,
     machine: (busy * 1000) / requests,
     idle: (idle / (busy + idle)) * 100,
+    reads: (ioAfter.reads - ioBefore.reads) / requests,
+    writes: (ioAfter.writes - ioBefore.writes) / requests,
   }
+}
+
+/**
+ * The read and write system calls a process has made (/proc/PID/io: syscr, syscw, sockets
+ * included). On loopback a write to a socket carries the receiver's side of TCP too, so the count
+ * of writes per request is a cost of its own beside the bytes.
+ */
+function systemCalls(pid: number): { reads: number; writes: number } {
+  const io = readFileSync(`/proc/${pid}/io`, 'utf8')
+  return { reads: Number(/syscr: (\d+)/.exec(io)?.[1]), writes: Number(/syscw: (\d+)/.exec(io)?.[1]) }
 }
 
 /** CPU time of every core since boot (/proc/stat, ms): busy (user, system, interrupts, steal) and idle (with iowait). */
@@ -304,6 +318,8 @@ async function main(): Promise<void> {
       const apiPostgresCpu = apis.map(() => [] as number[])
       const apiMachine = apis.map(() => [] as number[])
       const apiIdle = apis.map(() => [] as number[])
+      const apiCalls = apis.map(() => [] as string[])
+      const baselineCalls: string[] = []
       const baselineCpu: number[] = []
       const baselinePostgresCpu: number[] = []
       const baselineMachine: number[] = []
@@ -314,12 +330,14 @@ async function main(): Promise<void> {
         baselinePostgresCpu.push(bare.postgres)
         baselineMachine.push(bare.machine)
         baselineIdle.push(bare.idle)
+        baselineCalls.push(`${bare.reads.toFixed(1)} / ${bare.writes.toFixed(1)}`)
         for (const [index, api] of apis.entries()) {
           const real = await cpuPerRequest(api.child.pid!, () => load(api.url, scenario, ids, seconds, auth), postgresCpuMs)
           apiCpu[index].push(real.process)
           apiPostgresCpu[index].push(real.postgres)
           apiMachine[index].push(real.machine)
           apiIdle[index].push(real.idle)
+          apiCalls[index].push(`${real.reads.toFixed(1)} / ${real.writes.toFixed(1)}`)
         }
       }
       output.push(`## ${scenario.name}`, '', `CPU per request (/proc, user + system), rounds of ${seconds} s in turns:`, '')
@@ -327,10 +345,12 @@ async function main(): Promise<void> {
         output.push(`- API, ${api.label}: ${median(apiCpu[index])} µs (${range(apiCpu[index])})`)
         output.push(`  - its PostgreSQL: ${median(apiPostgresCpu[index])} µs (${range(apiPostgresCpu[index])})`)
         output.push(`  - the machine: ${median(apiMachine[index])} µs (${range(apiMachine[index])}), idle ${range(apiIdle[index])} %`)
+        output.push(`  - its read / write system calls per request: ${apiCalls[index].join(', ')}`)
       }
       output.push(`- baseline: ${median(baselineCpu)} µs (${range(baselineCpu)})`)
       output.push(`  - its PostgreSQL: ${median(baselinePostgresCpu)} µs (${range(baselinePostgresCpu)})`)
-      output.push(`  - the machine: ${median(baselineMachine)} µs (${range(baselineMachine)}), idle ${range(baselineIdle)} %`, '')
+      output.push(`  - the machine: ${median(baselineMachine)} µs (${range(baselineMachine)}), idle ${range(baselineIdle)} %`)
+      output.push(`  - its read / write system calls per request: ${baselineCalls.join(', ')}`, '')
       for (const api of apis) {
         await ask(api.child, { do: 'start' })
         let requests = 0
