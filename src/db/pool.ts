@@ -2,7 +2,7 @@
 // strings (money is never a float), bigint as numbers, timestamps as RFC 3339 UTC with milliseconds.
 
 import { createPgDriverFactory } from '@slonik/pg-driver'
-import { createPool, type DatabasePool, type Interceptor, type QueryResultRow } from 'slonik'
+import { createPool, type DatabasePool, type DatabaseTransactionConnection, type Interceptor, type QueryResultRow } from 'slonik'
 import { checkRow } from './request/rows.ts'
 
 export type { CommonQueryMethods, DatabasePool, DatabaseTransactionConnection } from 'slonik'
@@ -77,4 +77,41 @@ export async function createDatabasePool(
     ],
     typeParsers: Object.entries(API_TYPE_PARSERS).map(([name, parse]) => ({ name, parse })),
   })
+}
+
+/**
+ * `pool.transaction(handler)`, keeping the connection when the handler refused. slonik closes a
+ * connection whenever its handler throws, even after a clean ROLLBACK: every request the service
+ * answered 4xx from inside its transaction (a policy's refusal, a conflict, a record not found) cost
+ * the next request a new connection, a backend to start with its caches and PL/pgSQL functions to
+ * build again. In a test of 2,900 calls, most of them refused, the database saw about 17 new
+ * sessions a second. Here the handler's own error, once slonik has rolled back without error, comes
+ * out after the connection went back to the pool; any other failure (the ROLLBACK's or COMMIT's, a
+ * terminated backend, the socket) still closes it, as slonik decides.
+ */
+export async function transactionKeepingConnection<T>(
+  pool: DatabasePool,
+  handler: (db: DatabaseTransactionConnection) => Promise<T>,
+): Promise<T> {
+  const refused = Symbol('the handler threw')
+  const outcome = await pool.connect(async (connection) => {
+    let thrown: { error: unknown } | undefined
+    try {
+      return {
+        value: await connection.transaction(async (db) => {
+          try {
+            return await handler(db)
+          } catch (error) {
+            thrown = { error }
+            throw error
+          }
+        }),
+      }
+    } catch (error) {
+      if (thrown !== undefined && thrown.error === error) return { [refused]: error }
+      throw error
+    }
+  })
+  if (refused in outcome) throw outcome[refused]
+  return outcome.value
 }

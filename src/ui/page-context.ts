@@ -4,7 +4,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Authenticator } from '../auth/authenticate.ts'
 import type { Caller } from '../auth/caller.ts'
-import { type DatabaseTransactionConnection, sql } from '../db/pool.ts'
+import { type DatabaseTransactionConnection, sql, transactionKeepingConnection } from '../db/pool.ts'
 import { AuthenticationError, RateLimitedError, UnavailableError } from '../errors.ts'
 import { CSV_BODY_LIMIT, type ReceivedFile } from '../http/body.ts'
 import { sameClientAs } from '../http/client-address.ts'
@@ -106,63 +106,59 @@ export function signedInPage(
       } as unknown as IncomingMessage
       // The same client as the page's request: over https its cookies go by their prefixed names.
       sameClientAs(authRequest, req)
-      const result = await services.pool
-        .transaction(async (db) => {
-          const caller = await authenticate(db, authRequest, requestId)
-          // Pages act with the user's whole authority (new tokens, two-factor, consent to an app):
-          // only a session signed in here may. A personal or app token copied into the cookie is not one.
-          if (caller.tokenKind !== 'session') throw new AuthenticationError('token_invalid', 'Sign in to use the pages')
-          req.callerId = caller.userId
-          const api = apiCaller(definitions, services, db, caller, req, res, requestId)
-          const me = (await api('GET', '/api/me')).data as { user: { email: string; name: string }; role: { is_admin: boolean } }
-          const workspaces = (await api('GET', '/api/workspaces')).data as Workspace[]
-          const frame: Frame = {
-            title: '',
-            csrf: csrfToken(services.config.appSecret, req),
-            path,
-            user: me.user,
-            isAdmin: me.role.is_admin,
-            workspaces,
-          }
-          const attempt = async <T>(
-            fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>,
-          ): Promise<Attempt<T>> => {
-            try {
-              return {
-                ok: true,
-                value: await db.transaction(async (savepoint) =>
-                  fn({ db: savepoint, api: apiCaller(definitions, services, savepoint, caller, req, res, requestId) }),
-                ),
-              }
-            } catch (error) {
-              const apiError = toApiError(error)
-              if (apiError.status >= 500) throw error
-              return { ok: false, error: apiError }
+      const result = await transactionKeepingConnection(services.pool, async (db) => {
+        const caller = await authenticate(db, authRequest, requestId)
+        // Pages act with the user's whole authority (new tokens, two-factor, consent to an app):
+        // only a session signed in here may. A personal or app token copied into the cookie is not one.
+        if (caller.tokenKind !== 'session') throw new AuthenticationError('token_invalid', 'Sign in to use the pages')
+        req.callerId = caller.userId
+        const api = apiCaller(definitions, services, db, caller, req, res, requestId)
+        const me = (await api('GET', '/api/me')).data as { user: { email: string; name: string }; role: { is_admin: boolean } }
+        const workspaces = (await api('GET', '/api/workspaces')).data as Workspace[]
+        const frame: Frame = {
+          title: '',
+          csrf: csrfToken(services.config.appSecret, req),
+          path,
+          user: me.user,
+          isAdmin: me.role.is_admin,
+          workspaces,
+        }
+        const attempt = async <T>(fn: (scope: { db: DatabaseTransactionConnection; api: ApiCall }) => Promise<T>): Promise<Attempt<T>> => {
+          try {
+            return {
+              ok: true,
+              value: await db.transaction(async (savepoint) =>
+                fn({ db: savepoint, api: apiCaller(definitions, services, savepoint, caller, req, res, requestId) }),
+              ),
             }
+          } catch (error) {
+            const apiError = toApiError(error)
+            if (apiError.status >= 500) throw error
+            return { ok: false, error: apiError }
           }
-          const query = queryOf(req)
-          const outcome = await handler({
-            req,
-            res,
-            services,
-            db,
-            caller,
-            api,
-            frame,
-            form,
-            params: req.params ?? {},
-            query,
-            attempt,
-            bodyFile: upload?.file,
-          })
-          return { outcome, frame }
+        }
+        const query = queryOf(req)
+        const outcome = await handler({
+          req,
+          res,
+          services,
+          db,
+          caller,
+          api,
+          frame,
+          form,
+          params: req.params ?? {},
+          query,
+          attempt,
+          bodyFile: upload?.file,
         })
-        .catch(async (error: unknown) => {
-          if (req.callerId && !(error instanceof RateLimitedError)) {
-            await services.pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
-          }
-          throw error
-        })
+        return { outcome, frame }
+      }).catch(async (error: unknown) => {
+        if (req.callerId && !(error instanceof RateLimitedError)) {
+          await services.pool.query(sql.unsafe`select crm.count_request(${req.callerId})`).catch(() => {})
+        }
+        throw error
+      })
       // A form's write holds the user's API reads to the primary until a standby has it (src/db/request/read-replicas.ts).
       if (req.method === 'POST' && req.callerId) await services.readRouting?.noteWrite(req.callerId)
       if ('redirect' in result.outcome) return redirect(res, result.outcome.redirect)

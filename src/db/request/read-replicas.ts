@@ -36,7 +36,7 @@
 // it (src/http/app.ts): the primary again before the answer began, a cut response after.
 import pg from 'pg'
 import type { Logger } from '../../log.ts'
-import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection, sql } from '../pool.ts'
+import { createDatabasePool, type DatabasePool, type DatabaseTransactionConnection, sql, transactionKeepingConnection } from '../pool.ts'
 import { redactUrl } from '../provision.ts'
 import { createStatementPool, type StatementPool, type StatementQuery } from './statement-pool.ts'
 
@@ -365,7 +365,7 @@ export function createReadRouting(options: {
             connectionTimeoutMs: Math.min(1000, maxLagMs),
             transactionRetryLimit: 0,
           })
-          return (await replica.transactions).transaction(async (db) => {
+          return transactionKeepingConnection(await replica.transactions, async (db) => {
             await confirmStandby(replica, db)
             return work(db)
           })

@@ -10,7 +10,7 @@ import type { IncomingMessage } from 'node:http'
 import { ClientWentAwayError, CrmError, RateLimitedError, UnavailableError } from '../../errors.ts'
 import type { Logger } from '../../log.ts'
 import { databaseErrorOf } from '../database-errors.ts'
-import { type DatabasePool, type DatabaseTransactionConnection, sql } from '../pool.ts'
+import { type DatabasePool, type DatabaseTransactionConnection, sql, transactionKeepingConnection } from '../pool.ts'
 import { type LongReadStandby, StandbyRefusedError } from './read-replicas.ts'
 import { SingleStatementConnection, type StatementAuthentication } from './statement-connection.ts'
 import type { StatementPool } from './statement-pool.ts'
@@ -100,7 +100,7 @@ export class RequestDatabase<Caller extends RequestCaller> {
    * longer cached or current, IdentityMovedError.
    */
   transaction<T>(req: DatabaseRequest, onCaller: OnCaller<Caller>, work: Work<Caller, T>, readOnly = false): Promise<T> {
-    return this.#pool.transaction(async (db) => {
+    return transactionKeepingConnection(this.#pool, async (db) => {
       if (readOnly) await db.query(sql.unsafe`set transaction read only`)
       const caller = await this.#authenticate(db, req, req.requestId).catch((error: unknown) => {
         // A full authentication cannot write its count in a read-only transaction.
