@@ -195,8 +195,15 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
  * that (it does not own the database): a DBA then does it (docs/operations.md).
  */
 async function admitToDatabase(owner: pg.Client, logins: string[]): Promise<boolean> {
-  const { rows } = await owner.query<{ admitted: boolean }>('select crm.admit_to_database($1::text[]) as admitted', [logins])
-  return rows[0].admitted
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const { rows } = await owner.query<{ admitted: boolean }>('select crm.admit_to_database($1::text[]) as admitted', [logins])
+      return rows[0].admitted
+    } catch (error) {
+      // Its GRANTs wait for each other (an advisory lock), but not for a role altered meanwhile.
+      if (!(attempt < CATALOG_RETRIES && concurrentlyUpdated(error))) throw error
+    }
+  }
 }
 
 /** The login roles an operator named (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL), by the user of each URL. */
@@ -220,14 +227,26 @@ export async function admitOwnLoginRoles(owner: pg.Client, operatorNamed: string
   return admitToDatabase(owner, [...rows.map((row) => row.name), ...operatorNamed])
 }
 
-/** Another process starting at the same moment may alter the role first ("tuple concurrently updated"). */
+/**
+ * Another process starting at the same moment may alter the role first: then the statement fails
+ * with "tuple concurrently updated" (two updates of one catalog row), and either the other did the
+ * same (done) or something else of the role's (a different setting of the same pg_db_role_setting
+ * row, say), in which case the statement goes through once the other has committed.
+ */
 async function alterUnlessDoneMeanwhile(owner: pg.Client, statement: string, done: () => Promise<boolean>): Promise<void> {
-  try {
-    await owner.query(statement)
-  } catch (error) {
-    if (!(await done())) throw error
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await owner.query(statement)
+      return
+    } catch (error) {
+      if (await done()) return
+      if (!(attempt < CATALOG_RETRIES && concurrentlyUpdated(error))) throw error
+    }
   }
 }
+
+const CATALOG_RETRIES = 5
+const concurrentlyUpdated = (error: unknown) => /tuple concurrently updated/.test((error as Error)?.message ?? '')
 
 /** Whether the URL logs in; any failure (through a pooler, a wrong password is 08P01, not 28P01) means no. */
 export async function canLogIn(url: string): Promise<boolean> {
