@@ -79,6 +79,9 @@ export async function createDatabasePool(
   })
 }
 
+/** Marks the handler's own error in transactionKeepingConnection's answer from the connection. */
+const REFUSED = Symbol('the handler threw')
+
 /**
  * `pool.transaction(handler)`, keeping the connection when the handler refused. slonik closes a
  * connection whenever its handler throws, even after a clean ROLLBACK: every request the service
@@ -93,7 +96,6 @@ export async function transactionKeepingConnection<T>(
   pool: DatabasePool,
   handler: (db: DatabaseTransactionConnection) => Promise<T>,
 ): Promise<T> {
-  const refused = Symbol('the handler threw')
   const outcome = await pool.connect(async (connection) => {
     let thrown: { error: unknown } | undefined
     try {
@@ -108,10 +110,10 @@ export async function transactionKeepingConnection<T>(
         }),
       }
     } catch (error) {
-      if (thrown !== undefined && thrown.error === error) return { [refused]: error }
+      if (thrown !== undefined && thrown.error === error) return { [REFUSED]: error }
       throw error
     }
   })
-  if (refused in outcome) throw outcome[refused]
+  if (REFUSED in outcome) throw outcome[REFUSED]
   return outcome.value
 }

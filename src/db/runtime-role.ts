@@ -195,15 +195,11 @@ async function ensureLoginRole(ownerUrl: string, appSecret: string, loginRole: L
  * that (it does not own the database): a DBA then does it (docs/operations.md).
  */
 async function admitToDatabase(owner: pg.Client, logins: string[]): Promise<boolean> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      const { rows } = await owner.query<{ admitted: boolean }>('select crm.admit_to_database($1::text[]) as admitted', [logins])
-      return rows[0].admitted
-    } catch (error) {
-      // Its GRANTs wait for each other (an advisory lock), but not for a role altered meanwhile.
-      if (!(attempt < CATALOG_RETRIES && concurrentlyUpdated(error))) throw error
-    }
-  }
+  // Its GRANTs wait for each other (an advisory lock), but not for a role altered meanwhile.
+  const { rows } = await retryingConcurrentUpdate(() =>
+    owner.query<{ admitted: boolean }>('select crm.admit_to_database($1::text[]) as admitted', [logins]),
+  )
+  return rows[0].admitted
 }
 
 /** The login roles an operator named (RUNTIME_DATABASE_URL, WORKER_DATABASE_URL), by the user of each URL. */
@@ -228,25 +224,34 @@ export async function admitOwnLoginRoles(owner: pg.Client, operatorNamed: string
 }
 
 /**
- * Another process starting at the same moment may alter the role first: then the statement fails
- * with "tuple concurrently updated" (two updates of one catalog row), and either the other did the
- * same (done) or something else of the role's (a different setting of the same pg_db_role_setting
- * row, say), in which case the statement goes through once the other has committed.
+ * Another process starting at the same moment may alter the role first: then the statement fails,
+ * and either the other did the same (done) or, with "tuple concurrently updated", something else of
+ * the role's (a different setting of the same pg_db_role_setting row, say), which
+ * retryingConcurrentUpdate waits out.
  */
 async function alterUnlessDoneMeanwhile(owner: pg.Client, statement: string, done: () => Promise<boolean>): Promise<void> {
+  try {
+    await retryingConcurrentUpdate(() => owner.query(statement))
+  } catch (error) {
+    if (!(await done())) throw error
+  }
+}
+
+/**
+ * Runs a catalog statement again when it failed with "tuple concurrently updated": two updates of
+ * one catalog row at once, the second refused; once the first has committed, it goes through.
+ */
+async function retryingConcurrentUpdate<T>(run: () => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
-      await owner.query(statement)
-      return
+      return await run()
     } catch (error) {
-      if (await done()) return
-      if (!(attempt < CATALOG_RETRIES && concurrentlyUpdated(error))) throw error
+      if (!(attempt < CATALOG_RETRIES && /tuple concurrently updated/.test((error as Error)?.message ?? ''))) throw error
     }
   }
 }
 
 const CATALOG_RETRIES = 5
-const concurrentlyUpdated = (error: unknown) => /tuple concurrently updated/.test((error as Error)?.message ?? '')
 
 /** Whether the URL logs in; any failure (through a pooler, a wrong password is 08P01, not 28P01) means no. */
 export async function canLogIn(url: string): Promise<boolean> {

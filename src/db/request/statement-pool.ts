@@ -77,7 +77,7 @@ export function answersJsonAsText(connection: object): boolean {
 /**
  * The query as a pg Query object: given a config object, pg copies it property by property through
  * their descriptors on every call (profiled at 2-3 % of GET one's API time); from a text it does not.
- * The pool runs a Query object as it is and answers with the same promise.
+ * A client runs a Query object as it is (runStatement hands it one with its callback).
  */
 function submittable(text: string, values: readonly unknown[], name: string | undefined): pg.QueryConfig {
   const query = new pg.Query(text, values as unknown[])
