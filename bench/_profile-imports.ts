@@ -4,6 +4,11 @@
 //   node bench/_profile-imports.ts               env: BENCH_IMPORT_ROWS (100,000), BATCH (the job default), TOP (25)
 //   PERF=/tmp/perf.data PERF_ARGS='-F 250 --call-graph dwarf,24000' ...   perf record on the backend
 //   EXPLAIN=20 ...                               auto_explain (analyze, verbose, trigger times) of statements over 20 ms
+//   FLOOR=all|events|keys|indexes ...            an experiment on this throwaway database, never a change to make:
+//     the contacts table without what the rules put on each landed row: all of it (the outbox
+//     trigger, the two foreign keys and the company visibility check, the search and custom-field
+//     indexes), which leaves the import's own pipeline (read, parse, stage, type, check, land), or
+//     one of those three parts
 // A COPY's time shows up in the statement queued after it (pg sends it once the COPY completes).
 import { spawn } from 'node:child_process'
 import pg from 'pg'
@@ -68,6 +73,14 @@ try {
     )
     client.on('notice', (notice: any) => console.log(notice.message))
   }
+  const floor = process.env.FLOOR ?? ''
+  if (floor === 'all' || floor === 'events') await original('alter table crm.contacts disable trigger tg_contacts__events_insert')
+  if (floor === 'all' || floor === 'keys') {
+    await original(`alter table crm.contacts disable trigger tg_contacts__company_visible_insert;
+      alter table crm.contacts drop constraint contacts_company_fkey, drop constraint contacts_owner_fkey`)
+  }
+  if (floor === 'all' || floor === 'indexes')
+    await original('drop index crm.contacts_search_trigram, crm.contacts_search_words, crm.contacts_custom_fields')
   const cpu0 = cpu(pid)
   nodeCpu0 = process.cpuUsage()
   const started = performance.now()

@@ -7,8 +7,12 @@
 // user + system from /proc), the per-delivery cost of the worker's encoding of the batch, and, when
 // the server loads pg_stat_statements, the statements (track = all) that cost the most.
 //
-//   node bench/_profile-webhook-sql.ts     env: EVENTS (10,000), ROUNDS (3), CONCURRENCY (4)
-// The machine's load moves the figures: compare runs made in turns.
+//   node bench/_profile-webhook-sql.ts     env: EVENTS (10,000), ROUNDS (3), CONCURRENCY (4), VARIANTS (current)
+// VARIANTS, comma-separated, taken in turns round after round, asks what the delivery log's parts
+// cost (an experiment on a throwaway database, never a change to make): `current`;
+// `without:INDEX+INDEX...`, those indexes of crm dropped for the round (and made again after it);
+// `no-attempt-rows`, attempts not written at all (a trigger skips each row), which is the floor of
+// any cheaper way to log them.
 import pg from 'pg'
 // @ts-expect-error: pg's own parameter encoding, untyped
 import { prepareValue } from 'pg/lib/utils.js'
@@ -17,6 +21,26 @@ import { BENCH_APP_SECRET, postgresCpuMeter, provision } from './_database.ts'
 const EVENTS = Number(process.env.EVENTS ?? 10_000)
 const ROUNDS = Number(process.env.ROUNDS ?? 3)
 const CONCURRENCY = Number(process.env.CONCURRENCY ?? 4)
+const VARIANTS = (process.env.VARIANTS ?? 'current').split(',')
+
+/** A variant's change to the schema before its round, and what undoes it after. */
+async function applyVariant(owner: pg.Pool, variant: string): Promise<string> {
+  if (variant === 'current') return ''
+  if (variant === 'no-attempt-rows') {
+    await owner.query(`create function crm.bench_skip_row() returns trigger language plpgsql as 'begin return null; end';
+      create trigger bench_skip_attempts before insert on crm.webhook_attempts for each row execute function crm.bench_skip_row()`)
+    return 'drop trigger bench_skip_attempts on crm.webhook_attempts; drop function crm.bench_skip_row()'
+  }
+  const indexes = variant.slice('without:'.length).split('+')
+  const { rows } = await owner.query(
+    `select pg_get_indexdef(format('crm.%I', name)::regclass) as definition from unnest($1::text[]) name`,
+    [indexes],
+  )
+  await owner.query(indexes.map((name) => `drop index crm.${name}`).join('; '))
+  return rows.map((row) => row.definition).join('; ')
+}
+for (const variant of VARIANTS)
+  if (!/^(current|no-attempt-rows|without:[a-z_+]+)$/.test(variant)) throw new Error(`VARIANTS: no variant ${variant}`)
 const BATCH = 100
 
 const db = await provision()
@@ -39,6 +63,7 @@ try {
   const url = 'http://127.0.0.1:9/hook'
   for (let round = 1; round <= ROUNDS; round++) {
     const slug = `hooks-${round}`
+    const variant = VARIANTS[(round - 1) % VARIANTS.length]
     const {
       rows: [ws],
     } = await owner.query(`insert into crm.workspaces (slug, name, plan) values ($1, 'Bench', 'pro') returning id`, [slug])
@@ -77,6 +102,7 @@ try {
     await owner.query('vacuum analyze')
     if (statementStats) await owner.query('select pg_stat_statements_reset()')
 
+    const undo = await applyVariant(owner, variant)
     let encodeMs = 0
     const pgFrom = pgCpu?.() ?? Number.NaN
     const started = performance.now()
@@ -123,6 +149,7 @@ try {
     )
     const elapsed = performance.now() - started
     const pgMs = (pgCpu?.() ?? Number.NaN) - pgFrom
+    if (undo) await owner.query(undo)
     const {
       rows: [check],
     } = await owner.query(
@@ -131,7 +158,7 @@ try {
       [ws.id],
     )
     console.log(
-      `round ${round}: ${check.delivered} delivered, ${check.attempts} attempts, ${Math.round((events.length / elapsed) * 1000)}/s, ` +
+      `round ${round} (${variant}): ${check.delivered} delivered, ${check.attempts} attempts, ${Math.round((events.length / elapsed) * 1000)}/s, ` +
         `PostgreSQL ${((pgMs * 1000) / events.length).toFixed(1)} µs CPU per delivery, the batch's encoding ${((encodeMs * 1000) / events.length).toFixed(1)} µs`,
     )
     if (statementStats && round === ROUNDS) {
