@@ -19,8 +19,8 @@ import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { API_NODE_FLAGS, benchWorkspace, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
-import { seedDeals } from './records.ts'
+import { API_NODE_FLAGS, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { workspaceWithDeals } from './records.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const RECORDS = fileURLToPath(new URL('records.ts', import.meta.url))
@@ -94,14 +94,7 @@ else {
   const database = await provision()
   const children: ChildProcess[] = []
   try {
-    const { tenant, slug, admin } = await benchWorkspace(database.url)
-    const client = new pg.Client({ connectionString: database.url })
-    await client.connect()
-    await seedDeals(client, tenant.id, admin.id, deals, () => {})
-    const { rows: sample } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [
-      tenant.id,
-    ])
-    const ids = sample.map((row) => row.id as string)
+    const { tenant, slug, admin, client, ids } = await workspaceWithDeals(database.url, deals, () => {})
     const postgresMs = await postgresCpuMeter((text) => client.query(text))
     // Each server's V8 profile over its whole life (start-up is a small part of it at 5 rounds).
     const profiling = process.env.PROFILE_DIR ? ['--cpu-prof', '--cpu-prof-interval=200', `--cpu-prof-dir=${process.env.PROFILE_DIR}`] : []

@@ -24,8 +24,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import pg from 'pg'
-import { BENCH_APP_SECRET, benchWorkspace, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { BENCH_APP_SECRET, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -280,15 +279,10 @@ async function main(): Promise<void> {
   const database = await provision()
   const children: ChildProcess[] = []
   try {
-    const { tenant, slug, admin } = await benchWorkspace(database.url)
-    const client = new pg.Client({ connectionString: database.url })
-    await client.connect()
-    const { seedDeals } = await import('./records.ts')
-    await seedDeals(client, tenant.id, admin.id, dealCount, () => {})
-    const { rows } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
+    const { workspaceWithDeals } = await import('./records.ts')
+    const { tenant, slug, admin, client, ids } = await workspaceWithDeals(database.url, dealCount, () => {})
     const postgresCpuMs = await postgresCpuMeter((text) => client.query(text))
     await client.end()
-    const ids = rows.map((row) => row.id as string)
 
     // The API of this tree, and of COMPARE (another checkout, e.g. the code before a change) when set.
     const trees = [

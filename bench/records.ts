@@ -222,6 +222,22 @@ export async function seedDeals(
   await client.query('checkpoint').catch(() => {})
 }
 
+/**
+ * A migrated database's new workspace with `count` deals (seedDeals), an owner's client connected to
+ * it, and 1,000 of the deals' ids at random, among which the requests for one deal pick.
+ */
+export async function workspaceWithDeals(url: string, count: number, log: (line: string) => void) {
+  const { tenant, slug, admin } = await benchWorkspace(url)
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  log(`loading ${count} deals into workspace ${slug}`)
+  const loadStarted = Date.now()
+  await seedDeals(client, tenant.id, admin.id, count, log)
+  const loadSeconds = Math.round((Date.now() - loadStarted) / 1000)
+  const { rows } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [tenant.id])
+  return { tenant, slug, admin, client, ids: rows.map((row) => row.id as string), loadSeconds }
+}
+
 /** Rounds of one side: mean throughput, median p50, worst p99, all errors. */
 function combine(rounds: Result[]): Result {
   const sorted = rounds.map((round) => round.p50).sort((a, b) => a - b)
@@ -285,18 +301,7 @@ export async function benchRecords(options: { deals?: number; seconds?: number; 
   const database = await provision()
   const children: ChildProcess[] = []
   try {
-    const { tenant, slug, admin } = await benchWorkspace(database.url)
-
-    const client = new pg.Client({ connectionString: database.url })
-    await client.connect()
-    log(`loading ${dealCount} deals into workspace ${slug}`)
-    const loadStarted = Date.now()
-    await seedDeals(client, tenant.id, admin.id, dealCount, log)
-    const loadSeconds = Math.round((Date.now() - loadStarted) / 1000)
-    const { rows: sample } = await client.query('select id from crm.deals where workspace_id = $1 order by random() limit 1000', [
-      tenant.id,
-    ])
-    const ids = sample.map((row) => row.id as string)
+    const { tenant, slug, admin, client, ids, loadSeconds } = await workspaceWithDeals(database.url, dealCount, log)
     const historyDeal = ids[0]
     await giveHistory(client, admin.email, slug, historyDeal, HISTORY_CHANGES)
     // Statistics of the events as autovacuum would leave them after 1,000 new rows: the planner
