@@ -1,11 +1,16 @@
 // Experiment (not run by `make bench`: files starting with _ are helpers): how much of GET one's gap
-// to the bare baseline of bench/records.ts is the contract itself, before any authentication or
-// row-level security. Three servers, each in its own process, take turns under the same load:
+// to the bare baseline of bench/records.ts is the contract itself, how much the database work of
+// authentication and row-level security, and how much the API's layers. Four servers, each in its
+// own process, take turns under the same load:
 //   - bare: bench/records.ts's baseline (node:http + pg, the owner's statement, two headers);
 //   - floor: the same statement and server, plus what docs/api.md makes every answer carry and
 //     the least work behind it: the bearer token's SHA-256 (the lookup key of any token store),
 //     an X-Request-Id (a random UUID), the three RateLimit headers, and a strong ETag (the body's
-//     SHA-256) — no database work beyond the bare statement;
+//     SHA-256), with no database work beyond the bare statement;
+//   - lean: the floor's server sending the API's statement for GET one instead: crm.resume_identity
+//     and the read under row-level security in one named statement, on the runtime role's
+//     connections (as src/auth/authenticate.ts wraps it for a cached identity), with none of the
+//     API's layers (routing, middleware, admission, the identity cache, the statement wrapper);
 //   - API: the real service (bench/records.ts --serve-api), with the service's V8 flags.
 // It prints req/s (mean of the slices) and the CPU per request of each server process, of
 // PostgreSQL (every backend) and of the whole machine (autocannon included).
@@ -19,28 +24,60 @@ import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { API_NODE_FLAGS, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { API_NODE_FLAGS, BENCH_APP_SECRET, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 import { workspaceWithDeals } from './records.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const RECORDS = fileURLToPath(new URL('records.ts', import.meta.url))
 const CONNECTIONS = 50
 
-/** The floor server: GET one deal as the baseline runs it, answered with the contract's headers. */
-async function serveFloor(databaseUrl: string, workspaceId: string): Promise<void> {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 20 })
+/**
+ * The floor server (and the lean one, with `lean`): GET one deal answered with the contract's
+ * headers. The floor reads the deal as the baseline does; the lean server sends the API's statement
+ * for a cached identity, whose values it learnt from one crm.authenticate at start.
+ */
+async function serveFloor(databaseUrl: string, workspaceId: string, lean?: { token: string; runtimeUrl: string }): Promise<void> {
+  const pool = new pg.Pool({ connectionString: lean?.runtimeUrl ?? databaseUrl, max: 20 })
   pool.on('error', () => {})
+  let read: (tokenHash: Buffer, id: string) => Promise<string | null> = async (_tokenHash, id) => {
+    const { rows } = await pool.query('select crm.deal_json(t)::text as record from crm.deals t where t.workspace_id = $1 and t.id = $2', [
+      workspaceId,
+      id,
+    ])
+    return rows[0]?.record ?? null
+  }
+  if (lean) {
+    const {
+      rows: [identity],
+    } = await pool.query(`select workspace_id, access_version from crm.authenticate($1, null, 'api', 1000000)`, [
+      createHash('sha256').update(lean.token).digest(),
+    ])
+    read = async (tokenHash, id) => {
+      const { rows } = await pool.query({
+        name: 'lean_get_one',
+        text: `select row_to_json(a)::text as auth_row, r.*
+                 from crm.resume_identity($1, $2, $3, 'api', true) a
+                 left join lateral (
+                   select true as auth_row_found, q.*
+                     from (select crm.deal_json(t)::text as record from crm.deals t where t.id = $4::uuid) q
+                    where a.failure is null
+                   offset 0
+                 ) r on true
+                where (select crm.require_confined_role())`,
+        values: [tokenHash, identity.workspace_id, identity.access_version, id],
+      })
+      if (JSON.parse(rows[0].auth_row).failure !== null) throw new Error('the cached identity went stale')
+      return rows[0].auth_row_found ? rows[0].record : null
+    }
+  }
   let remaining = 1_000_000
   const server = createServer(async (req, res) => {
     const tokenHash = createHash('sha256')
       .update(req.headers.authorization?.slice(7) ?? '')
       .digest()
-    const { rows } = await pool.query('select crm.deal_json(t) as record from crm.deals t where t.workspace_id = $1 and t.id = $2', [
-      workspaceId,
-      (req.url ?? '').slice(11),
-    ])
-    const text = JSON.stringify({ data: rows[0]?.record ?? null })
-    res.writeHead(rows[0] && tokenHash.length === 32 ? 200 : 404, {
+    const record = await read(tokenHash, (req.url ?? '').slice(11))
+    const text = `{"data":${record ?? 'null'}}`
+    res.writeHead(record ? 200 : 404, {
       'x-request-id': randomUUID(),
       'ratelimit-limit': '1000000',
       'ratelimit-remaining': String(--remaining),
@@ -87,6 +124,8 @@ const autocannon = createRequire(import.meta.url)('autocannon') as (options: Rec
 }>
 
 if (process.argv[2] === '--serve-floor') await serveFloor(process.argv[3], process.argv[4])
+else if (process.argv[2] === '--serve-lean')
+  await serveFloor(process.argv[3], process.argv[4], { token: process.argv[5], runtimeUrl: process.argv[6] })
 else {
   const deals = Number(process.env.BENCH_DEALS ?? 20_000)
   const rounds = Number(process.env.ROUNDS ?? 5)
@@ -98,6 +137,8 @@ else {
     const postgresMs = await postgresCpuMeter((text) => client.query(text))
     // Each server's V8 profile over its whole life (start-up is a small part of it at 5 rounds).
     const profiling = process.env.PROFILE_DIR ? ['--cpu-prof', '--cpu-prof-interval=200', `--cpu-prof-dir=${process.env.PROFILE_DIR}`] : []
+    const { ensureRuntimeRole } = await import('../src/db/runtime-role.ts')
+    const runtimeUrl = await ensureRuntimeRole(database.url, BENCH_APP_SECRET)
     const sides = [
       {
         name: 'bare',
@@ -107,6 +148,11 @@ else {
       {
         name: 'floor',
         ...(await startChild([SELF, '--serve-floor', database.url, tenant.id], profiling)),
+        headers: { authorization: `Bearer ${admin.token}` },
+      },
+      {
+        name: 'lean',
+        ...(await startChild([SELF, '--serve-lean', database.url, tenant.id, admin.token, runtimeUrl], profiling)),
         headers: { authorization: `Bearer ${admin.token}` },
       },
       {
