@@ -171,3 +171,10 @@ export async function queueContactsImport(
   )
   return rows[0].id as string
 }
+
+/** CPU time of every core since boot (/proc/stat, ms): busy (user, system, interrupts, steal) and idle (with iowait). */
+export function machineCpuMs(): { busy: number; idle: number } {
+  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1, 9).map(Number)
+  const [user, nice, system, idle, iowait, irq, softirq, steal] = fields
+  return { busy: ((user + nice + system + irq + softirq + steal) * 1000) / 100, idle: ((idle + iowait) * 1000) / 100 }
+}

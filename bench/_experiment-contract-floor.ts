@@ -19,12 +19,11 @@
 //                                                 PROFILE_DIR (each server writes a V8 CPU profile there, for DevTools)
 import { type ChildProcess, spawn } from 'node:child_process'
 import { createHash, randomUUID } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { API_NODE_FLAGS, BENCH_APP_SECRET, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { API_NODE_FLAGS, BENCH_APP_SECRET, machineCpuMs, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 import { workspaceWithDeals } from './records.ts'
 
 const SELF = fileURLToPath(import.meta.url)
@@ -106,17 +105,6 @@ function startChild(args: string[], nodeFlags: string[] = []): Promise<{ url: st
   })
 }
 
-/** Busy CPU of every core since boot, ms (/proc/stat: all but idle and iowait). */
-function machineBusyMs(): number {
-  const [user, nice, system, , , irq, softirq, steal] = readFileSync('/proc/stat', 'utf8')
-    .split('\n')[0]
-    .trim()
-    .split(/\s+/)
-    .slice(1, 9)
-    .map(Number)
-  return (user + nice + system + irq + softirq + steal) * 10
-}
-
 const autocannon = createRequire(import.meta.url)('autocannon') as (options: Record<string, unknown>) => Promise<{
   requests: { total: number; average: number }
   non2xx: number
@@ -167,7 +155,7 @@ else {
       for (const side of sides) {
         const beforeProcess = processCpuMs(side.child.pid!) ?? 0
         const beforePostgres = postgresMs?.() ?? Number.NaN
-        const beforeMachine = machineBusyMs()
+        const beforeMachine = machineCpuMs().busy
         const result = await autocannon({
           url: side.url,
           connections: CONNECTIONS,
@@ -187,7 +175,7 @@ else {
         total.rps += result.requests.average / rounds
         total.processMs += (processCpuMs(side.child.pid!) ?? 0) - beforeProcess
         total.postgresMs += (postgresMs?.() ?? Number.NaN) - beforePostgres
-        total.machineMs += machineBusyMs() - beforeMachine
+        total.machineMs += machineCpuMs().busy - beforeMachine
       }
     }
     const bare = totals.get('bare')!

@@ -24,7 +24,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { BENCH_APP_SECRET, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
+import { BENCH_APP_SECRET, machineCpuMs, postgresCpuMeter, processCpuMs, provision } from './_database.ts'
 
 const SELF = fileURLToPath(import.meta.url)
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -142,13 +142,6 @@ async function cpuPerRequest(
 function systemCalls(pid: number): { reads: number; writes: number } {
   const io = readFileSync(`/proc/${pid}/io`, 'utf8')
   return { reads: Number(/syscr: (\d+)/.exec(io)?.[1]), writes: Number(/syscw: (\d+)/.exec(io)?.[1]) }
-}
-
-/** CPU time of every core since boot (/proc/stat, ms): busy (user, system, interrupts, steal) and idle (with iowait). */
-function machineCpuMs(): { busy: number; idle: number } {
-  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1, 9).map(Number)
-  const [user, nice, system, idle, iowait, irq, softirq, steal] = fields
-  return { busy: ((user + nice + system + irq + softirq + steal) * 1000) / 100, idle: ((idle + iowait) * 1000) / 100 }
 }
 
 function startChild(args: string[], ipc: boolean): Promise<{ url: string; child: ChildProcess }> {

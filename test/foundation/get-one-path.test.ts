@@ -68,6 +68,7 @@ t.test('GET one record by a cached token passes through at most 9 files of src/'
   // statement included (V8's call counts, reset just before the request). A timer of the process
   // firing meanwhile (a settlement of the rate limit) would count its files too, so the files are
   // those that ran in each of three requests.
+  const base = pathToFileURL(SRC).href
   const runs: string[][] = []
   for (let attempt = 0; attempt < 3; attempt++) {
     const inspector = new Session()
@@ -80,7 +81,6 @@ t.test('GET one record by a cached token passes through at most 9 files of src/'
     capture = false
     const { result } = await inspector.post('Profiler.takePreciseCoverage')
     inspector.disconnect()
-    const base = pathToFileURL(SRC).href
     runs.push(
       result
         .filter((script) => script.url.startsWith(base) && script.functions.some((fn) => fn.ranges[0].count > 0))
